@@ -1,0 +1,120 @@
+"""Every refusal the ledger can give, as a typed error.
+
+A refusal always means nothing was written. Each class says in its docstring what was
+wrong; each message also says what to do next. ``exit_code`` is what the CLI returns:
+1 the ledger's rules said no, 2 the input was malformed, 3 the store itself failed.
+"""
+
+from __future__ import annotations
+
+
+class LedgerError(Exception):
+    """Base of every error this library raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    @property
+    def type(self) -> str:
+        return type(self).__name__
+
+
+# --- refused by the rules (exit 1) -------------------------------------------------
+
+
+class Refused(LedgerError):
+    """The ledger's rules do not allow this write."""
+
+
+class SeqConflict(Refused):
+    """The caller expected another head seq; someone else wrote first."""
+
+
+class StaleLease(Refused):
+    """The write carried a lease that is no longer the run's current one."""
+
+
+class IdempotencyConflict(Refused):
+    """An idempotency key was reused for a different request."""
+
+
+class IllegalTransition(Refused):
+    """The lifecycle table does not allow this move from the run's current state."""
+
+
+class TerminalRun(Refused):
+    """The run has ended; only read-only observation is accepted."""
+
+
+class NotAuthorized(Refused):
+    """The actor may not perform this action (owner-only without a transfer, and so on)."""
+
+
+class DeliveryRefused(Refused):
+    """The delivery step is out of order: not ready, never attempted, already confirmed."""
+
+
+class EvidenceMissing(Refused):
+    """A result was submitted without a substantive, existing artifact."""
+
+
+class CapacityExceeded(Refused):
+    """The owner already has as many active runs as its cap allows."""
+
+
+class RunExists(Refused):
+    """A run with this id already exists."""
+
+
+class UnknownRun(Refused):
+    """No run has this id."""
+
+
+# --- malformed input (exit 2) ------------------------------------------------------
+
+
+class InvalidInput(LedgerError):
+    """A field the caller supplied is malformed; ``field`` names which."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, field: str | None = None, **details: object) -> None:
+        super().__init__(message, field=field, **details)
+        self.field = field
+
+
+class PayloadTooLarge(InvalidInput):
+    """An event's encoded payload is over the store's size limit."""
+
+
+class UnknownEventType(InvalidInput):
+    """The event is not one of the types in ledger/events.py."""
+
+
+# --- the store failed (exit 3) -----------------------------------------------------
+
+
+class StoreError(LedgerError):
+    """The store could not do its job; nothing was written."""
+
+    exit_code = 3
+
+
+class NotALedger(StoreError):
+    """The file exists but is not a handoff ledger."""
+
+
+class SchemaTooNew(StoreError):
+    """The ledger was written by a newer version of handoff-ledger."""
+
+
+class StoreUnavailable(StoreError):
+    """Locked past the timeout, read-only, disk full or otherwise unwritable."""
+
+
+class CorruptLedger(StoreError):
+    """The file or a stored event cannot be read back as written."""

@@ -1,0 +1,267 @@
+"""Every fact the ledger can hold, as one tagged union of frozen msgspec Structs.
+
+Tags are explicit and stable: they are what is stored, so renaming a class never
+changes stored data. New fields must take defaults and no stored field may change its
+type; that is the whole schema-evolution rule (see docs/events.md).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+#: Bumped when the meaning of stored payloads changes in a way a reader must know.
+#: Version 1 wrote ``progress_recorded`` without ``advances``; readers default it.
+SCHEMA_VERSION = 2
+
+
+class Event(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=False):
+    """Base of every event. Subclasses name a past-tense fact."""
+
+
+class Policy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Timeouts and budgets a watchdog applies to one run, fixed when it opens."""
+
+    heartbeat_timeout_s: float = 60.0
+    progress_timeout_s: float = 300.0
+    retry_budget: int = 3
+    delivery_timeout_s: float = 600.0
+    owner_cap: int = 10
+
+
+class HandoffOpened(Event, tag="handoff_opened"):
+    """The contract, written before any worker may start."""
+
+    goal: str
+    target: str
+    owner: str
+    origin: str = ""
+    result_path: str | None = None
+    stop_rules: tuple[str, ...] = ()
+    require_review: bool = False
+    policy: Policy = Policy()
+
+
+class LeaseGranted(Event, tag="lease_granted"):
+    """A worker now holds the run; ``lease`` is its fencing token (strictly increasing)."""
+
+    worker: str
+    lease: int
+
+
+class LeaseReleased(Event, tag="lease_released"):
+    """The holder gave the run back of its own accord."""
+
+    lease: int
+    reason: str = ""
+
+
+class LeaseRevoked(Event, tag="lease_revoked"):
+    """Someone else (watchdog, owner, operator) took the run away from its holder."""
+
+    lease: int
+    reason: str
+
+
+class AuthorityTransferred(Event, tag="authority_transferred"):
+    """The owner let a named actor perform one owner-only action (review, deliver, close)."""
+
+    action: str
+    to: str
+
+
+class HeartbeatRecorded(Event, tag="heartbeat_recorded"):
+    """The lease holder is alive. Says nothing about progress."""
+
+
+class StateChanged(Event, tag="state_changed"):
+    """The lifecycle moved from one state to another (see reducers/transitions.py)."""
+
+    from_state: str
+    to_state: str
+    reason: str = ""
+
+
+class ProgressRecorded(Event, tag="progress_recorded"):
+    """The worker reports a step; ``advances`` says whether it counts as progress."""
+
+    kind: str
+    detail: str = ""
+    advances: bool = True
+
+
+class ArtifactRecorded(Event, tag="artifact_recorded"):
+    """A file the run produced, measured by the ledger itself, not taken on trust."""
+
+    path: str
+    kind: str
+    bytes: int
+    sha256: str
+    exists: bool = True
+
+
+class EvidenceRecorded(Event, tag="evidence_recorded"):
+    """A check that was run (tests, lint, inspection) and how it came out."""
+
+    kind: str
+    outcome: Literal["pass", "fail", "skipped"]
+    detail: str = ""
+
+
+class BlockerRaised(Event, tag="blocker_raised"):
+    """The run cannot go on without something named; ``next_action`` says what."""
+
+    blocker_id: int
+    reason: str
+    next_action: str
+
+
+class BlockerCleared(Event, tag="blocker_cleared"):
+    """A blocker is gone and why."""
+
+    blocker_id: int
+    resolution: str
+
+
+class SideEffectStarted(Event, tag="side_effect_started"):
+    """An external action began whose outcome must be confirmed before any retry."""
+
+    key: str
+    what: str
+
+
+class SideEffectConfirmed(Event, tag="side_effect_confirmed"):
+    """The outcome of a started side effect is known: it happened, or it did not."""
+
+    key: str
+    outcome: Literal["done", "absent"]
+
+
+class ReconciliationRecorded(Event, tag="reconciliation_recorded"):
+    """Someone looked at the world to learn a side effect's fate after its worker was lost."""
+
+    key: str
+    outcome: Literal["done", "absent"]
+    note: str = ""
+
+
+class ResultSubmitted(Event, tag="result_submitted"):
+    """The worker says the work is done and points at the artifacts that prove it."""
+
+    summary: str = ""
+    artifacts: tuple[str, ...] = ()
+
+
+class ReviewDecided(Event, tag="review_decided"):
+    """The owner (or whoever holds review authority) approved or rejected the result."""
+
+    by: str
+    approved: bool
+    notes: str = ""
+
+
+class DeliveryAttempted(Event, tag="delivery_attempted"):
+    """A send of the result to the recorded target began, under an idempotency key."""
+
+    key: str
+    target: str
+    by: str
+
+
+class DeliveryConfirmed(Event, tag="delivery_confirmed"):
+    """The target acknowledged the send; ``receipt`` is its proof."""
+
+    key: str
+    receipt: str
+
+
+class DeliveryFailed(Event, tag="delivery_failed"):
+    """The send is known not to have arrived; a new attempt may follow."""
+
+    key: str
+    error: str
+
+
+class RunClosed(Event, tag="run_closed"):
+    """The run ended without delivery: no-op, cancelled or failed."""
+
+    disposition: Literal["no_op", "cancelled", "failed"]
+    by: str
+    reason: str = ""
+
+
+class WatchdogObserved(Event, tag="watchdog_observed"):
+    """A watchdog looked at the run and classified it; no action implied."""
+
+    watcher: str
+    classification: str
+    progress_seq: int
+    reason: str = ""
+    interval_s: float = 0.0
+
+
+class RecoveryDecided(Event, tag="recovery_decided"):
+    """A watchdog chose one bounded recovery action for the run."""
+
+    watcher: str
+    action: str
+    classification: str
+    progress_seq: int
+    reason: str = ""
+
+
+class RunForked(Event, tag="run_forked"):
+    """First event of a child run: it continues ``parent`` as it stood at ``parent_seq``."""
+
+    parent: str
+    parent_seq: int
+
+
+AnyEvent = (
+    HandoffOpened
+    | LeaseGranted
+    | LeaseReleased
+    | LeaseRevoked
+    | AuthorityTransferred
+    | HeartbeatRecorded
+    | StateChanged
+    | ProgressRecorded
+    | ArtifactRecorded
+    | EvidenceRecorded
+    | BlockerRaised
+    | BlockerCleared
+    | SideEffectStarted
+    | SideEffectConfirmed
+    | ReconciliationRecorded
+    | ResultSubmitted
+    | ReviewDecided
+    | DeliveryAttempted
+    | DeliveryConfirmed
+    | DeliveryFailed
+    | RunClosed
+    | WatchdogObserved
+    | RecoveryDecided
+    | RunForked
+)
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__struct_config__.tag: cls for cls in AnyEvent.__args__  # type: ignore[attr-defined]
+}
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(AnyEvent)
+
+
+def encode(event: Event) -> bytes:
+    """The canonical payload bytes of an event (JSON, keys in field order, tag first)."""
+    return _encoder.encode(event)
+
+
+def decode(payload: bytes) -> Event:
+    """Decode stored payload bytes; raises msgspec.ValidationError / DecodeError."""
+    return _decoder.decode(payload)
+
+
+def tag_of(event: Event) -> str:
+    return event.__struct_config__.tag  # type: ignore[return-value]

@@ -1,0 +1,807 @@
+"""The SQLite event store: one file, WAL, every write under BEGIN IMMEDIATE.
+
+Durability first: ``synchronous=FULL`` unless the caller names ``NORMAL``. The events
+table refuses UPDATE and DELETE by trigger. Positions are assigned inside the write
+lock, so they become visible in order and a catch-up reader never skips one.
+Checkpoints run only under the writer lock (see docs/architecture.md, "WAL reset").
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sqlite3
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal, TypeVar
+
+import sqlite_utils
+
+from . import events as ev
+from .errors import (
+    CorruptLedger,
+    IdempotencyConflict,
+    InvalidInput,
+    LedgerError,
+    NotALedger,
+    SchemaTooNew,
+    SeqConflict,
+    StaleLease,
+    StoreUnavailable,
+)
+from .store import (
+    GENESIS_HASH,
+    Actor,
+    Aggregate,
+    AppendResult,
+    Decision,
+    EventStore,
+    Head,
+    Problem,
+    Recorded,
+    chain_hash,
+    check_actor,
+    check_idempotency_key,
+    check_run_id,
+    encode_events,
+    request_digest,
+    DEFAULT_MAX_PAYLOAD,
+)
+
+S = TypeVar("S")
+
+#: Layout version of the file itself (tables, indexes, triggers).
+STORE_SCHEMA_VERSION = 1
+FORMAT_NAME = "handoff-ledger"
+PAGE = 1000
+#: Checkpoint once the WAL file grows past this many bytes (checked after commits).
+WAL_CHECKPOINT_BYTES = 8 << 20
+
+Sync = Literal["FULL", "NORMAL"]
+
+_COLUMNS = (
+    "run_id, seq, position, type, actor, lease, idem_key, recorded_us, "
+    "schema_version, payload, prev_hash, hash"
+)
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _explain(exc: sqlite3.Error, doing: str, path: str) -> LedgerError:
+    """Map a driver error to the library's own, in one place."""
+    text = str(exc)
+    low = text.lower()
+    if "locked" in low or "busy" in low:
+        return StoreUnavailable(
+            f"the ledger {path} stayed locked by another process past the busy timeout while "
+            f"{doing}; nothing was written. Retry, or raise the timeout (--busy-timeout)",
+            cause=text,
+        )
+    if "readonly" in low or "read-only" in low:
+        return StoreUnavailable(
+            f"the ledger {path} is read-only, so {doing} wrote nothing. Check the file's "
+            "permissions and the directory's (SQLite writes -wal and -shm files beside it)",
+            cause=text,
+        )
+    if "disk is full" in low or "disk or i/o" in low or "i/o error" in low:
+        return StoreUnavailable(
+            f"the disk holding {path} is full or failing ({text}) while {doing}; nothing was "
+            "written. Free space and retry; acknowledged events are intact",
+            cause=text,
+        )
+    if "not a database" in low or "malformed" in low or "corrupt" in low:
+        return CorruptLedger(
+            f"{path} is damaged or not a database ({text}) while {doing}. Run "
+            "'handoff verify' on a copy, and restore from a backup or export",
+            cause=text,
+        )
+    if "unable to open" in low:
+        return StoreUnavailable(
+            f"cannot open {path} ({text}); check that the directory exists and is writable",
+            cause=text,
+        )
+    return StoreUnavailable(f"SQLite failed while {doing} on {path}: {text}", cause=text)
+
+
+class SqliteStore(EventStore):
+    """An EventStore in one SQLite file (or ``:memory:`` for tests and scratch work).
+
+    One store object owns one connection and may be shared by threads; open one per
+    process for multi-process use. ``synchronous`` is ``"FULL"`` (acknowledged means on
+    disk after power loss) or ``"NORMAL"`` (faster; the last commits may be lost on
+    power loss, never on a process crash).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: Sync = "FULL",
+        busy_timeout_s: float = 5.0,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        clock: Callable[[], int] | None = None,
+        create: bool = True,
+        readonly: bool = False,
+    ) -> None:
+        if synchronous not in ("FULL", "NORMAL"):
+            raise InvalidInput(
+                f"synchronous must be FULL or NORMAL, got {synchronous!r}", field="synchronous"
+            )
+        self.path = os.fspath(path)
+        self.synchronous = synchronous
+        self.busy_timeout_s = busy_timeout_s
+        self.max_payload = max_payload
+        self._clock = clock or _now_us
+        self._lock = threading.RLock()
+        self._cache: collections.OrderedDict[tuple[int, str], tuple[int, bytes, Any]] = (
+            collections.OrderedDict()
+        )
+        self._memory = self.path == ":memory:"
+        self._commits_since_check = 0
+        self.readonly = readonly
+        self._conn = self._connect(create=create, readonly=readonly)
+        self.db = sqlite_utils.Database(self._conn)
+        try:
+            self._ensure_schema(create and not readonly)
+        except BaseException:
+            self._conn.close()
+            raise
+
+    @classmethod
+    def memory(cls, **kw: Any) -> SqliteStore:
+        return cls(":memory:", **kw)
+
+    # --- opening -------------------------------------------------------------------
+
+    def _connect(self, *, create: bool, readonly: bool) -> sqlite3.Connection:
+        path = self.path
+        if not self._memory:
+            exists = os.path.exists(path)
+            if exists and not stat.S_ISREG(os.stat(path).st_mode):
+                raise NotALedger(f"{path} is not a regular file, so it cannot be a ledger")
+            if not exists:
+                if not create or readonly:
+                    raise StoreUnavailable(
+                        f"no ledger at {path}; create one with 'handoff init' or pass --db"
+                    )
+                try:
+                    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+                    os.close(fd)
+                except FileExistsError:
+                    pass
+                except OSError as exc:
+                    raise StoreUnavailable(
+                        f"cannot create the ledger {path}: {exc.strerror}; check the directory",
+                    ) from exc
+        try:
+            if readonly and not self._memory:
+                uri = f"file:{os.path.abspath(path)}?mode=ro"
+                conn = sqlite3.connect(
+                    uri, uri=True, timeout=self.busy_timeout_s, isolation_level=None,
+                    check_same_thread=False,
+                )
+            else:
+                conn = sqlite3.connect(
+                    path, timeout=self.busy_timeout_s, isolation_level=None,
+                    check_same_thread=False,
+                )
+        except sqlite3.Error as exc:
+            raise _explain(exc, "opening", path) from exc
+        if hasattr(conn, "enable_load_extension"):
+            conn.enable_load_extension(False)
+        try:
+            conn.execute("PRAGMA trusted_schema=OFF")
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+            if not self._memory and not readonly:
+                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise StoreUnavailable(
+                        f"could not switch {path} to WAL mode (got {mode}); is it on a "
+                        "network filesystem? Those are not supported"
+                    )
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            # No automatic (passive) checkpoints: see _maybe_checkpoint.
+            conn.execute("PRAGMA wal_autocheckpoint=0")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise _explain(exc, "opening", path) from exc
+        return conn
+
+    def _ensure_schema(self, may_create: bool) -> None:
+        conn = self._conn
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        except sqlite3.DatabaseError as exc:
+            raise NotALedger(
+                f"{self.path} is not a handoff ledger (SQLite says: {exc}); point --db at a "
+                "ledger or at a new file name"
+            ) from exc
+        if "handoff_meta" not in tables:
+            if tables:
+                raise NotALedger(
+                    f"{self.path} is an SQLite database but not a handoff ledger (it has "
+                    f"tables {', '.join(sorted(tables)[:5])}); use another file name"
+                )
+            if not may_create:
+                raise NotALedger(f"{self.path} is empty, not a handoff ledger; run 'handoff init'")
+            self._create_schema()
+            return
+        meta = dict(conn.execute("SELECT key, value FROM handoff_meta"))
+        if meta.get("format") != FORMAT_NAME:
+            raise NotALedger(f"{self.path} has a handoff_meta table but no handoff-ledger format mark")
+        version = int(meta.get("schema_version", "0"))
+        if version > STORE_SCHEMA_VERSION:
+            raise SchemaTooNew(
+                f"{self.path} was written by a newer handoff-ledger (file schema {version}, "
+                f"this version reads up to {STORE_SCHEMA_VERSION}); upgrade handoff-ledger"
+            )
+        if version < STORE_SCHEMA_VERSION and may_create:
+            self._migrate(version)
+
+    def _create_schema(self) -> None:
+        db = self.db
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+            # Another process may have created it while we waited for the lock.
+            if db["handoff_meta"].exists():
+                self._conn.execute("COMMIT")
+                return
+            db.create_table("handoff_meta", {"key": str, "value": str}, pk="key")
+            db["handoff_meta"].insert_all(
+                [
+                    {"key": "format", "value": FORMAT_NAME},
+                    {"key": "schema_version", "value": str(STORE_SCHEMA_VERSION)},
+                    {"key": "created_us", "value": str(self._clock())},
+                ]
+            )
+            db.create_table(
+                "events",
+                {
+                    "position": int,
+                    "run_id": str,
+                    "seq": int,
+                    "type": str,
+                    "actor": str,
+                    "lease": int,
+                    "idem_key": str,
+                    "idem_digest": bytes,
+                    "batch_size": int,
+                    "recorded_us": int,
+                    "schema_version": int,
+                    "payload": bytes,
+                    "prev_hash": bytes,
+                    "hash": bytes,
+                },
+                pk="position",
+                not_null=[
+                    "run_id", "seq", "type", "actor", "batch_size", "recorded_us",
+                    "schema_version", "payload", "prev_hash", "hash",
+                ],
+            )
+            db["events"].create_index(["run_id", "seq"], index_name="events_run_seq", unique=True)
+            self._conn.execute(
+                "CREATE UNIQUE INDEX events_idem ON events(run_id, idem_key) "
+                "WHERE idem_key IS NOT NULL"
+            )
+            self._conn.execute(
+                "CREATE TRIGGER events_no_update BEFORE UPDATE ON events BEGIN "
+                "SELECT RAISE(ABORT, 'handoff ledger events are append-only: UPDATE refused'); END"
+            )
+            self._conn.execute(
+                "CREATE TRIGGER events_no_delete BEFORE DELETE ON events BEGIN "
+                "SELECT RAISE(ABORT, 'handoff ledger events are append-only: DELETE refused'); END"
+            )
+            db.create_table(
+                "heads",
+                {
+                    "run_id": str,
+                    "last_seq": int,
+                    "last_hash": bytes,
+                    "lease": int,
+                    "lease_holder": str,
+                    "max_lease": int,
+                    "first_position": int,
+                    "last_position": int,
+                },
+                pk="run_id",
+                not_null=["last_seq", "last_hash", "max_lease", "first_position", "last_position"],
+            )
+            self._conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            raise _explain(exc, "creating the ledger schema", self.path) from exc
+
+    def _migrate(self, from_version: int) -> None:  # pragma: no cover - first version
+        raise SchemaTooNew(f"no migration from file schema {from_version} is known")
+
+    # --- writing -------------------------------------------------------------------
+
+    def _begin(self, doing: str) -> None:
+        if self.readonly:
+            raise StoreUnavailable(f"the ledger {self.path} was opened read-only; {doing} refused")
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _explain(exc, doing, self.path) from exc
+
+    def _finish(self, ok: bool, doing: str) -> None:
+        conn = self._conn
+        if ok:
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise _explain(exc, doing, self.path) from exc
+            self._maybe_checkpoint()
+        elif conn.in_transaction:
+            conn.execute("ROLLBACK")
+
+    def _maybe_checkpoint(self) -> None:
+        """Checkpoint only in TRUNCATE mode, which takes the writer lock for its whole run.
+
+        Automatic checkpoints are off on every connection we open, so no checkpoint ever
+        runs beside a commit: that closes the window of SQLite's WAL-reset bug (fixed in
+        3.51.3) on the 3.40 library this machine ships. A busy reader makes it give up at
+        once (busy_timeout 0), to be retried after a later commit.
+        """
+        if self._memory:
+            return
+        self._commits_since_check += 1
+        if self._commits_since_check < 64:
+            return
+        self._commits_since_check = 0
+        try:
+            size = os.stat(self.path + "-wal").st_size
+        except OSError:
+            return
+        if size >= WAL_CHECKPOINT_BYTES:
+            self.checkpoint(wait=False)
+
+    def checkpoint(self, *, wait: bool = True) -> tuple[int, int, int]:
+        """Copy the WAL into the database and truncate it, holding the writer lock."""
+        with self._lock:
+            conn = self._conn
+            try:
+                if not wait:
+                    conn.execute("PRAGMA busy_timeout=0")
+                row = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                return tuple(row)  # type: ignore[return-value]
+            except sqlite3.Error as exc:
+                raise _explain(exc, "checkpointing", self.path) from exc
+            finally:
+                if not wait:
+                    conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+
+    def _head_locked(self, run_id: str) -> tuple[Head | None, int]:
+        row = self._conn.execute(
+            "SELECT run_id, last_seq, last_hash, lease, lease_holder, first_position, "
+            "last_position, max_lease FROM heads WHERE run_id=?",
+            (run_id,),
+        ).fetchone()
+        if row is None:
+            return None, 0
+        return Head(*row[:7]), row[7]
+
+    def _find_duplicate(
+        self, run_id: str, key: str, digest: bytes
+    ) -> AppendResult | None:
+        row = self._conn.execute(
+            "SELECT seq, position, idem_digest, batch_size FROM events "
+            "WHERE run_id=? AND idem_key=?",
+            (run_id, key),
+        ).fetchone()
+        if row is None:
+            return None
+        seq, position, stored, size = row
+        if stored != digest:
+            raise IdempotencyConflict(
+                f"idempotency key {key!r} was already used on run {run_id} (seq {seq}) for a "
+                "different request; use a new key for a new request",
+                run_id=run_id,
+                seq=seq,
+            )
+        return AppendResult(
+            run_id=run_id,
+            outcome="duplicate",
+            first_seq=seq,
+            last_seq=seq + size - 1,
+            positions=tuple(range(position, position + size)),
+        )
+
+    def _insert_locked(
+        self,
+        run_id: str,
+        head: Head | None,
+        max_lease: int,
+        batch: Sequence[ev.Event],
+        encoded: list[tuple[str, bytes]],
+        actor: str,
+        lease: int | None,
+        key: str | None,
+        digest: bytes | None,
+    ) -> AppendResult:
+        conn = self._conn
+        last_pos = conn.execute("SELECT coalesce(max(position), 0) FROM events").fetchone()[0]
+        seq = head.last_seq if head else 0
+        prev = head.last_hash if head else GENESIS_HASH
+        cur_lease = head.lease if head else None
+        holder = head.lease_holder if head else None
+        first_position = head.first_position if head else last_pos + 1
+        now = self._clock()
+        rows = []
+        n = len(encoded)
+        for i, ((tag, payload), event) in enumerate(zip(encoded, batch)):
+            seq += 1
+            pos = last_pos + 1 + i
+            k = key if i == 0 else None
+            h = chain_hash(prev, run_id, seq, tag, actor, lease, k, now, ev.SCHEMA_VERSION, payload)
+            rows.append(
+                (pos, run_id, seq, tag, actor, lease, k, digest if i == 0 else None, n, now,
+                 ev.SCHEMA_VERSION, payload, prev, h)
+            )
+            prev = h
+            if isinstance(event, ev.LeaseGranted):
+                if event.lease <= max_lease:
+                    raise InvalidInput(
+                        f"lease token {event.lease} is not above the run's highest lease "
+                        f"{max_lease}; fencing tokens only grow",
+                        field="lease",
+                    )
+                cur_lease, holder, max_lease = event.lease, event.worker, event.lease
+            elif isinstance(event, (ev.LeaseReleased, ev.LeaseRevoked)):
+                if event.lease == cur_lease:
+                    cur_lease, holder = None, None
+        conn.executemany(
+            "INSERT INTO events (position, run_id, seq, type, actor, lease, idem_key, "
+            "idem_digest, batch_size, recorded_us, schema_version, payload, prev_hash, hash) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            rows,
+        )
+        conn.execute(
+            "INSERT INTO heads (run_id, last_seq, last_hash, lease, lease_holder, max_lease, "
+            "first_position, last_position) VALUES (?,?,?,?,?,?,?,?) "
+            "ON CONFLICT(run_id) DO UPDATE SET last_seq=excluded.last_seq, "
+            "last_hash=excluded.last_hash, lease=excluded.lease, "
+            "lease_holder=excluded.lease_holder, max_lease=excluded.max_lease, "
+            "last_position=excluded.last_position",
+            (run_id, seq, prev, cur_lease, holder, max_lease, first_position, last_pos + n),
+        )
+        self._after_insert(rows)
+        return AppendResult(
+            run_id=run_id,
+            outcome="committed",
+            first_seq=seq - n + 1,
+            last_seq=seq,
+            positions=tuple(range(last_pos + 1, last_pos + n + 1)),
+        )
+
+    def _after_insert(self, rows: list[tuple[Any, ...]]) -> None:
+        """Hook for inline projections; runs inside the write transaction."""
+
+    def _check_fence(
+        self, run_id: str, head: Head | None, expected_seq: int | None, lease: int | None
+    ) -> None:
+        actual = head.last_seq if head else 0
+        if expected_seq is not None and expected_seq != actual:
+            raise SeqConflict(
+                f"run {run_id} is at seq {actual}, not {expected_seq} as expected; someone "
+                "else wrote first. Re-read the run and decide again",
+                run_id=run_id,
+                actual_seq=actual,
+                expected_seq=expected_seq,
+            )
+        if lease is not None:
+            current = head.lease if head else None
+            if current != lease:
+                now = (
+                    f"the current lease is {current}, held by {head.lease_holder}"
+                    if current is not None
+                    else "no lease is held now"
+                )
+                raise StaleLease(
+                    f"lease {lease} is no longer valid for run {run_id} ({now}); this worker "
+                    "was replaced or released the run and must stop writing",
+                    run_id=run_id,
+                    lease=lease,
+                    current_lease=current,
+                )
+
+    def append(
+        self,
+        run_id: str,
+        events: Sequence[ev.Event],
+        *,
+        actor: Actor,
+        expected_seq: int | None = None,
+        lease: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> AppendResult:
+        check_run_id(run_id)
+        check_actor(actor)
+        check_idempotency_key(idempotency_key)
+        if not events:
+            raise InvalidInput("an append needs at least one event", field="events")
+        if expected_seq is not None and (not isinstance(expected_seq, int) or expected_seq < 0):
+            raise InvalidInput("expected_seq must be a whole number >= 0", field="expected_seq")
+        if lease is not None and (not isinstance(lease, int) or lease < 1):
+            raise InvalidInput("lease must be a whole number >= 1", field="lease")
+        encoded = encode_events(events, self.max_payload)
+        actor_s = str(actor)
+        digest = (
+            request_digest(actor_s, lease, [p for _, p in encoded]) if idempotency_key else None
+        )
+        with self._lock:
+            self._begin("appending")
+            ok = False
+            try:
+                if idempotency_key:
+                    dup = self._find_duplicate(run_id, idempotency_key, digest)  # type: ignore[arg-type]
+                    if dup is not None:
+                        ok = True
+                        return dup
+                head, max_lease = self._head_locked(run_id)
+                self._check_fence(run_id, head, expected_seq, lease)
+                result = self._insert_locked(
+                    run_id, head, max_lease, events, encoded, actor_s, lease, idempotency_key, digest
+                )
+                ok = True
+                return result
+            except sqlite3.Error as exc:
+                raise _explain(exc, "appending", self.path) from exc
+            finally:
+                self._finish(ok, "committing an append")
+
+    def _state_locked(self, run_id: str, aggregate: Aggregate[S], head: Head | None) -> S:
+        """The folded state at the head, reusing a cached fold when it is still current."""
+        ckey = (id(aggregate), run_id)
+        cached = self._cache.get(ckey)
+        if head is None:
+            return aggregate.initial(run_id)
+        if cached is not None and cached[0] <= head.last_seq:
+            seq, h, state = cached
+            if seq == head.last_seq and h == head.last_hash:
+                self._cache.move_to_end(ckey)
+                return state
+            # Verify the cached point is still on the chain before folding forward.
+            row = self._conn.execute(
+                "SELECT hash FROM events WHERE run_id=? AND seq=?", (run_id, seq)
+            ).fetchone()
+            if row is not None and row[0] == h:
+                for rec in self._read_run_locked(run_id, seq, None):
+                    state = aggregate.evolve(state, rec)
+                return state
+        state = aggregate.initial(run_id)
+        for rec in self.history(run_id):
+            state = aggregate.evolve(state, rec)
+        return state
+
+    def _remember(self, aggregate: Aggregate[Any], run_id: str, seq: int, h: bytes, state: Any) -> None:
+        ckey = (id(aggregate), run_id)
+        self._cache[ckey] = (seq, h, state)
+        self._cache.move_to_end(ckey)
+        while len(self._cache) > 4096:
+            self._cache.popitem(last=False)
+
+    def execute(
+        self,
+        run_id: str,
+        aggregate: Aggregate[S],
+        decide: Callable[[S, Head | None], Decision],
+        *,
+        actor: Actor,
+        idempotency_key: str | None = None,
+        digest_of: bytes | None = None,
+    ) -> tuple[AppendResult, S]:
+        check_run_id(run_id)
+        check_actor(actor)
+        check_idempotency_key(idempotency_key)
+        actor_s = str(actor)
+        digest = None
+        if idempotency_key:
+            digest = request_digest(actor_s, None, [digest_of or b""])
+        with self._lock:
+            self._begin("appending")
+            ok = False
+            try:
+                head, max_lease = self._head_locked(run_id)
+                if idempotency_key:
+                    dup = self._find_duplicate(run_id, idempotency_key, digest)  # type: ignore[arg-type]
+                    if dup is not None:
+                        ok = True
+                        return dup, self._state_locked(run_id, aggregate, head)
+                state = self._state_locked(run_id, aggregate, head)
+                decision = decide(state, head)
+                if not decision.events:
+                    ok = True
+                    seq = head.last_seq if head else 0
+                    return AppendResult(run_id, "duplicate", seq + 1, seq, ()), state
+                self._check_fence(run_id, head, None, decision.lease)
+                encoded = encode_events(decision.events, self.max_payload)
+                result = self._insert_locked(
+                    run_id, head, max_lease, decision.events, encoded, actor_s,
+                    decision.lease, idempotency_key, digest,
+                )
+                new_state = state
+                for rec in self._read_run_locked(run_id, result.first_seq - 1, None):
+                    new_state = aggregate.evolve(new_state, rec)
+                ok = True
+            except sqlite3.Error as exc:
+                raise _explain(exc, "appending", self.path) from exc
+            finally:
+                self._finish(ok, "committing a command")
+            new_head, _ = self._head_locked(run_id)
+            if new_head is not None and new_head.last_seq == result.last_seq:
+                self._remember(aggregate, run_id, result.last_seq, new_head.last_hash, new_state)
+            return result, new_state
+
+    # --- reading -------------------------------------------------------------------
+
+    def _read_run_locked(
+        self, run_id: str, after_seq: int, until_seq: int | None
+    ) -> list[Recorded]:
+        sql = f"SELECT {_COLUMNS} FROM events WHERE run_id=? AND seq>?"
+        args: list[Any] = [run_id, after_seq]
+        if until_seq is not None:
+            sql += " AND seq<=?"
+            args.append(until_seq)
+        sql += " ORDER BY seq"
+        return [Recorded(*r) for r in self._conn.execute(sql, args)]
+
+    def read_run(
+        self, run_id: str, *, after_seq: int = 0, until_seq: int | None = None
+    ) -> Iterator[Recorded]:
+        check_run_id(run_id)
+        cursor = after_seq
+        while True:
+            stop = cursor + PAGE if until_seq is None else min(cursor + PAGE, until_seq)
+            if until_seq is not None and cursor >= until_seq:
+                return
+            with self._lock:
+                try:
+                    page = self._read_run_locked(run_id, cursor, stop)
+                except sqlite3.Error as exc:
+                    raise _explain(exc, "reading", self.path) from exc
+            yield from page
+            if len(page) < stop - cursor:
+                return
+            cursor = stop
+
+    def read_all(
+        self, *, after_position: int = 0, until_position: int | None = None, page: int = PAGE
+    ) -> Iterator[Recorded]:
+        cursor = after_position
+        while True:
+            sql = f"SELECT {_COLUMNS} FROM events WHERE position>?"
+            args: list[Any] = [cursor]
+            if until_position is not None:
+                sql += " AND position<=?"
+                args.append(until_position)
+            sql += " ORDER BY position LIMIT ?"
+            args.append(page)
+            with self._lock:
+                try:
+                    rows = self._conn.execute(sql, args).fetchall()
+                except sqlite3.Error as exc:
+                    raise _explain(exc, "reading", self.path) from exc
+            if not rows:
+                return
+            for r in rows:
+                yield Recorded(*r)
+            cursor = rows[-1][2]
+            if len(rows) < page:
+                return
+
+    def head(self, run_id: str) -> Head | None:
+        check_run_id(run_id)
+        with self._lock:
+            try:
+                return self._head_locked(run_id)[0]
+            except sqlite3.Error as exc:
+                raise _explain(exc, "reading a run's head", self.path) from exc
+
+    def list_runs(self) -> Iterator[Head]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT run_id, last_seq, last_hash, lease, lease_holder, first_position, "
+                "last_position FROM heads ORDER BY first_position"
+            ).fetchall()
+        for r in rows:
+            yield Head(*r)
+
+    def last_position(self) -> int:
+        with self._lock:
+            return self._conn.execute("SELECT coalesce(max(position), 0) FROM events").fetchone()[0]
+
+    # --- checking ------------------------------------------------------------------
+
+    def verify(
+        self, run_id: str | None = None, *, progress: Callable[[int, int], None] | None = None
+    ) -> list[Problem]:
+        """Walk the log and report broken links, seq gaps, bad payloads and stale heads.
+
+        Reports the first problem of each run (later ones usually follow from it) and any
+        hole in the global positions, which is where a deleted row shows.
+        """
+        problems: list[Problem] = []
+        broken: set[str] = set()
+        seen: dict[str, tuple[int, bytes]] = {}
+        total = self.last_position()
+        expected_pos = None
+        source: Iterator[Recorded] = (
+            self.read_run(run_id) if run_id is not None else self.read_all()
+        )
+        for rec in source:
+            if run_id is None:
+                if expected_pos is not None and rec.position != expected_pos:
+                    problems.append(
+                        Problem("position_gap", rec.run_id, rec.seq, rec.position,
+                                f"positions jump from {expected_pos - 1} to {rec.position}: "
+                                "events are missing")
+                    )
+                expected_pos = rec.position + 1
+            if progress is not None and rec.position % 10_000 == 0:
+                progress(rec.position, total)
+            if rec.run_id in broken:
+                continue
+            last_seq, prev = seen.get(rec.run_id, (0, GENESIS_HASH))
+            problem = None
+            if rec.seq != last_seq + 1:
+                problem = ("seq_gap", f"seq {rec.seq} follows seq {last_seq}")
+            elif rec.prev_hash != prev:
+                problem = ("broken_link", "prev_hash does not match the previous event's hash")
+            elif rec.hash != chain_hash(
+                rec.prev_hash, rec.run_id, rec.seq, rec.type, rec.actor, rec.lease,
+                rec.idempotency_key, rec.recorded_us, rec.schema_version, rec.payload,
+            ):
+                problem = ("bad_hash", "the event's content does not match its hash")
+            else:
+                try:
+                    event = ev.decode(rec.payload)
+                    if ev.tag_of(event) != rec.type:
+                        problem = ("type_mismatch", f"type column {rec.type} but payload is {ev.tag_of(event)}")
+                except Exception as exc:  # msgspec errors, bad UTF-8
+                    problem = ("undecodable", f"payload cannot be decoded: {exc}")
+            if problem:
+                broken.add(rec.run_id)
+                problems.append(Problem(problem[0], rec.run_id, rec.seq, rec.position, problem[1]))
+                continue
+            seen[rec.run_id] = (rec.seq, rec.hash)
+        heads = {h.run_id: h for h in self.list_runs()} if run_id is None else (
+            {run_id: h} if (h := self.head(run_id)) else {}
+        )
+        for rid, (last_seq, last_hash) in seen.items():
+            if rid in broken:
+                continue
+            h = heads.get(rid)
+            if h is None or h.last_seq != last_seq or h.last_hash != last_hash:
+                problems.append(
+                    Problem("head_mismatch", rid, last_seq, None,
+                            f"the heads table says seq {h.last_seq if h else None}, the log ends "
+                            f"at seq {last_seq}: events were removed or added behind the store")
+                )
+        for rid, h in heads.items():
+            if rid not in seen and rid not in broken:
+                problems.append(Problem("head_mismatch", rid, None, None,
+                                        f"run {rid} has a head at seq {h.last_seq} but no events"))
+        return problems
+
+    def integrity_check(self) -> str:
+        with self._lock:
+            return "; ".join(r[0] for r in self._conn.execute("PRAGMA integrity_check"))
+
+    @property
+    def sqlite_version(self) -> str:
+        return sqlite3.sqlite_version
+
+    def close(self) -> None:
+        with self._lock:
+            try:
+                self._conn.close()
+            except sqlite3.Error:
+                pass

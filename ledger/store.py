@@ -1,0 +1,317 @@
+"""The storage contract every backend honours, and the envelope it stores.
+
+Backends see envelopes and payload bytes; the meaning of events belongs to reducers.
+The one exception is fencing: lease events set the token a write must carry, so a
+superseded worker is refused inside the very transaction that would have written.
+Everything here is backend-neutral so a PostgreSQL store can follow without callers
+changing; the conformance suite in tests/ledger/conformance.py is the contract in code.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import re
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime, timezone
+from typing import Any, Generic, Literal, TypeVar
+
+import msgspec
+
+from . import events as ev
+from .errors import InvalidInput, PayloadTooLarge, UnknownEventType
+
+RUN_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+ACTOR_KINDS = ("worker", "owner", "watchdog", "operator")
+ACTOR_NAME_RE = re.compile(r"[^\x00-\x1f\x7f]{1,128}")
+DEFAULT_MAX_PAYLOAD = 1 << 20
+GENESIS_HASH = b"\x00" * 32
+
+
+class Actor(msgspec.Struct, frozen=True):
+    """Who wrote an event: a kind (worker, owner, watchdog, operator) and a name."""
+
+    kind: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.name}"
+
+    @classmethod
+    def parse(cls, text: str) -> Actor:
+        kind, _, name = text.partition(":")
+        return cls(kind, name)
+
+
+class Recorded(msgspec.Struct, frozen=True):
+    """One stored event with its envelope. ``recorded_us`` is the store's clock (UTC µs)."""
+
+    run_id: str
+    seq: int
+    position: int
+    type: str
+    actor: str
+    lease: int | None
+    idempotency_key: str | None
+    recorded_us: int
+    schema_version: int
+    payload: bytes
+    prev_hash: bytes
+    hash: bytes
+
+    @property
+    def event(self) -> ev.Event:
+        return ev.decode(self.payload)
+
+    @property
+    def recorded_at(self) -> datetime:
+        return datetime.fromtimestamp(self.recorded_us / 1_000_000, tz=timezone.utc)
+
+
+class Head(msgspec.Struct, frozen=True):
+    """Where a run stands in the log: last seq and hash, and the lease writes must carry."""
+
+    run_id: str
+    last_seq: int
+    last_hash: bytes
+    lease: int | None
+    lease_holder: str | None
+    first_position: int
+    last_position: int
+
+
+class AppendResult(msgspec.Struct, frozen=True):
+    """What an append did: ``committed`` new events, or ``duplicate`` of an earlier append."""
+
+    run_id: str
+    outcome: Literal["committed", "duplicate"]
+    first_seq: int
+    last_seq: int
+    positions: tuple[int, ...]
+
+
+class Problem(msgspec.Struct, frozen=True):
+    """One thing ``verify`` found wrong, at the first position where it shows."""
+
+    kind: str
+    run_id: str
+    seq: int | None
+    position: int | None
+    message: str
+
+
+S = TypeVar("S")
+
+
+class Aggregate(abc.ABC, Generic[S]):
+    """A fold the store can keep warm: ``initial`` then ``evolve`` over recorded events.
+
+    The store calls it inside a write transaction to rebuild a run's state, and may
+    cache the result per (run, seq); it never needs to know what the state means.
+    """
+
+    @abc.abstractmethod
+    def initial(self, run_id: str) -> S: ...
+
+    @abc.abstractmethod
+    def evolve(self, state: S, recorded: Recorded) -> S: ...
+
+
+class Decision(msgspec.Struct, frozen=True):
+    """What a decide callback returns: events to append (may be empty) and the lease they use."""
+
+    events: tuple[ev.Event, ...]
+    lease: int | None = None
+
+
+# --- helpers every backend shares --------------------------------------------------
+
+
+def check_run_id(run_id: object, field: str = "run_id") -> str:
+    if not isinstance(run_id, str) or not RUN_ID_RE.fullmatch(run_id):
+        shown = repr(run_id)[:60]
+        raise InvalidInput(
+            f"{field} {shown} is not a valid run id: use 1 to 128 characters from "
+            "letters, digits and . _ : -",
+            field=field,
+        )
+    return run_id
+
+
+def check_actor(actor: Actor) -> Actor:
+    if not isinstance(actor, Actor) or actor.kind not in ACTOR_KINDS:
+        raise InvalidInput(
+            f"actor kind must be one of {', '.join(ACTOR_KINDS)}, got {getattr(actor, 'kind', actor)!r}",
+            field="actor",
+        )
+    if not isinstance(actor.name, str) or not ACTOR_NAME_RE.fullmatch(actor.name):
+        raise InvalidInput(
+            "actor name must be 1 to 128 printable characters", field="actor.name"
+        )
+    return actor
+
+
+def check_idempotency_key(key: str | None) -> str | None:
+    if key is None:
+        return None
+    if not isinstance(key, str) or not ACTOR_NAME_RE.fullmatch(key) or len(key) > 200:
+        raise InvalidInput(
+            "idempotency key must be 1 to 128 printable characters", field="idempotency_key"
+        )
+    return key
+
+
+def encode_events(events: Sequence[ev.Event], max_payload: int) -> list[tuple[str, bytes]]:
+    """Validate and encode a batch: each must be a known event type under the size limit."""
+    out = []
+    for i, event in enumerate(events):
+        if type(event) not in ev.EVENT_TYPES.values():
+            raise UnknownEventType(
+                f"event #{i + 1} is a {type(event).__name__}, not one of the ledger's event "
+                "types (see docs/events.md)",
+                field=f"events[{i}]",
+            )
+        payload = ev.encode(event)
+        if len(payload) > max_payload:
+            raise PayloadTooLarge(
+                f"event #{i + 1} ({ev.tag_of(event)}) encodes to {len(payload)} bytes, over "
+                f"the limit of {max_payload}; store large content as an artifact file instead",
+                field=f"events[{i}]",
+            )
+        out.append((ev.tag_of(event), payload))
+    return out
+
+
+_hdr = msgspec.msgpack.Encoder()
+
+
+def chain_hash(
+    prev_hash: bytes,
+    run_id: str,
+    seq: int,
+    type_: str,
+    actor: str,
+    lease: int | None,
+    idempotency_key: str | None,
+    recorded_us: int,
+    schema_version: int,
+    payload: bytes,
+) -> bytes:
+    """sha256 over the previous hash, the envelope (minus position) and the payload.
+
+    The global position is left out so that an exported run re-imported elsewhere keeps
+    its hashes; everything a reader could act on is covered.
+    """
+    header = _hdr.encode(
+        (run_id, seq, type_, actor, lease, idempotency_key, recorded_us, schema_version)
+    )
+    h = hashlib.sha256(prev_hash)
+    h.update(len(header).to_bytes(4, "big"))
+    h.update(header)
+    h.update(payload)
+    return h.digest()
+
+
+def request_digest(actor: str, lease: int | None, payloads: Sequence[bytes]) -> bytes:
+    """What an idempotency key stands for: the same actor sending the same bytes."""
+    h = hashlib.sha256(actor.encode())
+    h.update(b"\x00" + str(lease).encode() + b"\x00")
+    for p in payloads:
+        h.update(len(p).to_bytes(4, "big"))
+        h.update(p)
+    return h.digest()
+
+
+class EventStore(abc.ABC):
+    """The interface: append-only per-run streams with a global order.
+
+    Every write is all-or-nothing; every refusal raises a LedgerError and writes nothing.
+    """
+
+    @abc.abstractmethod
+    def append(
+        self,
+        run_id: str,
+        events: Sequence[ev.Event],
+        *,
+        actor: Actor,
+        expected_seq: int | None = None,
+        lease: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> AppendResult:
+        """Append a batch to one run atomically.
+
+        ``expected_seq`` is the head the caller saw (0 for a new run); ``lease`` must be
+        the run's current lease when given; a repeated ``idempotency_key`` with the same
+        request returns the earlier result as ``duplicate``.
+        """
+
+    @abc.abstractmethod
+    def execute(
+        self,
+        run_id: str,
+        aggregate: Aggregate[S],
+        decide: Callable[[S, Head | None], Decision],
+        *,
+        actor: Actor,
+        idempotency_key: str | None = None,
+        digest_of: bytes | None = None,
+    ) -> tuple[AppendResult, S]:
+        """Fold the run, call ``decide`` and append what it returns, in one write transaction.
+
+        Two racing commands therefore cannot both pass a check only one may pass.
+        Returns the append result and the folded state after the new events.
+        """
+
+    @abc.abstractmethod
+    def read_run(
+        self, run_id: str, *, after_seq: int = 0, until_seq: int | None = None
+    ) -> Iterator[Recorded]:
+        """The run's own events in seq order, streamed."""
+
+    @abc.abstractmethod
+    def read_all(
+        self, *, after_position: int = 0, until_position: int | None = None
+    ) -> Iterator[Recorded]:
+        """Every event in global order after a position, streamed; never skips one."""
+
+    @abc.abstractmethod
+    def head(self, run_id: str) -> Head | None: ...
+
+    @abc.abstractmethod
+    def list_runs(self) -> Iterator[Head]: ...
+
+    @abc.abstractmethod
+    def last_position(self) -> int: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    # --- shared behaviour built on the primitives above --------------------------
+
+    def history(self, run_id: str, *, until_seq: int | None = None) -> Iterator[Recorded]:
+        """The run's events with a forked run's inherited prefix first.
+
+        A child run begins with ``run_forked``; the parent's events up to the fork point
+        are yielded before it, recursively, so a fold sees the whole lineage.
+        """
+        first = True
+        for rec in self.read_run(run_id, until_seq=until_seq):
+            if first and rec.type == "run_forked":
+                fork = rec.event
+                assert isinstance(fork, ev.RunForked)
+                yield from self.history(fork.parent, until_seq=fork.parent_seq)
+            first = False
+            yield rec
+
+    def fold(self, run_id: str, aggregate: Aggregate[S], *, until_seq: int | None = None) -> S:
+        state = aggregate.initial(run_id)
+        for rec in self.history(run_id, until_seq=until_seq):
+            state = aggregate.evolve(state, rec)
+        return state
+
+    def __enter__(self) -> EventStore:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

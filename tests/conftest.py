@@ -1,0 +1,41 @@
+"""Shared fixtures: real SQLite files in a temporary directory, never a mocked store."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from ledger.sqlite import SqliteStore  # noqa: E402
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slow",
+        action="store_true",
+        default=False,
+        help="run the long soak and fault-injection tests at full size",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Fault and soak tests read this to choose their size: full with --slow,
+    # a bounded version otherwise (what CI runs).
+    os.environ["HANDOFF_TEST_SCALE"] = "full" if config.getoption("--slow") else "bounded"
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return str(tmp_path / "ledger.db")
+
+
+@pytest.fixture
+def store(db_path):
+    s = SqliteStore(db_path)
+    yield s
+    s.close()
