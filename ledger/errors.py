@@ -118,3 +118,15 @@ class StoreUnavailable(StoreError):
 
 class CorruptLedger(StoreError):
     """The file or a stored event cannot be read back as written."""
+
+
+class LeaseHeld(Refused):
+    """Another worker holds the run's lease; it must be released or revoked first."""
+
+
+class UnknownEffect(Refused):
+    """No side effect with this key was started on the run."""
+
+
+class IllegalProgress(Refused):
+    """This progress kind is not progress in the run's current state."""

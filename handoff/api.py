@@ -1,0 +1,326 @@
+"""The Python API: every operation the CLI offers, as plain calls on one ``Ledger``.
+
+This is the only place that joins the store, the reducers and the outside world (files
+to measure, the clock for "now", environment defaults). The CLI is a thin shell over it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import stat
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+
+from ledger import events as ev
+from ledger.errors import InvalidInput, UnknownRun
+from ledger.sqlite import SqliteStore, Sync
+from ledger.store import Actor, AppendResult, Decision, Head, Recorded, check_run_id
+from reducers import commands as C
+from reducers import stall
+from reducers.checkpoint import AGGREGATE, Checkpoint, fold, packet
+from reducers.decide import Context, decide
+
+WATCHER_PREFIX = "watcher:"
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    """What a command did: the append result and the run's checkpoint right after it."""
+
+    result: AppendResult
+    checkpoint: Checkpoint
+
+    @property
+    def duplicate(self) -> bool:
+        return self.result.outcome == "duplicate"
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def new_run_id() -> str:
+    return "run-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def measure(path: str, *, root: str | None = None) -> tuple[str, int, str, bool]:
+    """(resolved path, size, sha256, exists) of an artifact, read by the ledger itself.
+
+    Refuses directories, FIFOs and devices (reading them could hang or mean nothing),
+    and, when ``root`` is given, any path that resolves outside it (``..``, symlinks).
+    """
+    if not isinstance(path, str) or not path or "\x00" in path:
+        raise InvalidInput("artifact path must be a non-empty path without NUL bytes", field="path")
+    real = os.path.realpath(path)
+    if root is not None:
+        base = os.path.realpath(root)
+        if os.path.commonpath([base, real]) != base:
+            raise InvalidInput(
+                f"artifact {path} resolves to {real}, outside the declared root {base}", field="path"
+            )
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        return real, 0, "", False
+    except OSError as exc:
+        raise InvalidInput(f"cannot read artifact {path}: {exc.strerror}", field="path") from exc
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise InvalidInput(f"artifact {path} is {kind}; record a regular file", field="path")
+    h = hashlib.sha256()
+    size = 0
+    with open(real, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return real, size, h.hexdigest(), True
+
+
+class Ledger:
+    """A handoff ledger in one SQLite file. Open it, issue commands, read packets.
+
+    >>> lg = Ledger("handoff.db")                                   # doctest: +SKIP
+    >>> run = lg.open(goal="Draft the report", target="chat:#ops", owner="alice")
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] = "handoff.db",
+        *,
+        synchronous: Sync = "FULL",
+        busy_timeout_s: float = 5.0,
+        readonly: bool = False,
+        create: bool = True,
+        clock: Any = None,
+    ) -> None:
+        self.clock = clock or now_us
+        self.store = SqliteStore(
+            path, synchronous=synchronous, busy_timeout_s=busy_timeout_s,
+            readonly=readonly, create=create, clock=self.clock,
+        )
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # --- the one write path ----------------------------------------------------------
+
+    def execute(
+        self, run_id: str, cmd: C.Command, *, actor: Actor, key: str | None = None
+    ) -> Outcome:
+        """Fold, decide and append in one write transaction; refusals write nothing."""
+        check_run_id(run_id)
+
+        def _decide(cp: Checkpoint, head: Head | None) -> Decision:
+            load = None
+            parent = None
+            if isinstance(cmd, C.Claim) and cp.opened:
+                load = self._owner_load_locked(cp.owner, exclude=run_id)
+            if isinstance(cmd, C.Fork):
+                check_run_id(cmd.parent, "parent")
+                if self.store.head(cmd.parent) is not None:
+                    parent = self.store.fold(cmd.parent, AGGREGATE, until_seq=cmd.at_seq)
+            events = decide(cp, cmd, Context(actor=actor, owner_load=load, parent=parent))
+            lease = getattr(cmd, "lease", None) if actor.kind == "worker" else None
+            return Decision(tuple(events), lease=lease)
+
+        result, state = self.store.execute(
+            run_id, AGGREGATE, _decide, actor=actor, idempotency_key=key,
+            digest_of=C.encode(cmd) if key else None,
+        )
+        return Outcome(result, state)
+
+    def _owner_load_locked(self, owner: str, *, exclude: str) -> int:
+        load = 0
+        for head in self.store.list_runs():
+            if head.lease is None or head.run_id == exclude or head.run_id.startswith(WATCHER_PREFIX):
+                continue
+            cp = self.store._state_locked(head.run_id, AGGREGATE, head)
+            if cp.owner == owner and not cp.terminal:
+                load += 1
+        return load
+
+    # --- verbs -------------------------------------------------------------------------
+
+    def open(
+        self, *, goal: str, target: str, owner: str, origin: str = "", run_id: str | None = None,
+        result_path: str | None = None, stop_rules: tuple[str, ...] = (), require_review: bool = False,
+        heartbeat_timeout_s: float = 60.0, progress_timeout_s: float = 300.0, retry_budget: int = 3,
+        delivery_timeout_s: float = 600.0, owner_cap: int = 10, key: str | None = None,
+        actor: Actor | None = None,
+    ) -> str:
+        run_id = run_id or new_run_id()
+        policy = ev.Policy(heartbeat_timeout_s, progress_timeout_s, retry_budget, delivery_timeout_s, owner_cap)
+        cmd = C.Open(goal=goal, target=target, owner=owner, origin=origin, result_path=result_path,
+                     stop_rules=tuple(stop_rules), require_review=require_review, policy=policy)
+        self.execute(run_id, cmd, actor=actor or Actor("owner", owner if isinstance(owner, str) and owner else "?"), key=key)
+        return run_id
+
+    def claim(self, run_id: str, worker: str, *, key: str | None = None) -> int:
+        out = self.execute(run_id, C.Claim(worker=worker), actor=Actor("worker", worker), key=key)
+        assert out.checkpoint.lease is not None
+        return out.checkpoint.lease
+
+    def _worker(self, worker: str | None) -> Actor:
+        return Actor("worker", worker or os.environ.get("HANDOFF_WORKER") or "worker")
+
+    def heartbeat(self, run_id: str, lease: int, *, worker: str | None = None) -> Outcome:
+        return self.execute(run_id, C.Heartbeat(lease=lease), actor=self._worker(worker))
+
+    def transition(self, run_id: str, lease: int, to: str, *, reason: str = "", worker: str | None = None, key: str | None = None) -> Outcome:
+        return self.execute(run_id, C.Transition(lease=lease, to=to, reason=reason), actor=self._worker(worker), key=key)
+
+    def progress(self, run_id: str, lease: int, kind: str, detail: str = "", *, key: str | None = None, worker: str | None = None) -> Outcome:
+        return self.execute(run_id, C.Progress(lease=lease, kind=kind, detail=detail), actor=self._worker(worker), key=key)
+
+    def artifact(self, run_id: str, lease: int, path: str, *, kind: str = "result", root: str | None = None,
+                 key: str | None = None, worker: str | None = None) -> Outcome:
+        real, size, sha, exists = measure(path, root=root)
+        cmd = C.RecordArtifact(lease=lease, path=real, kind=kind, bytes=size, sha256=sha, exists=exists)
+        return self.execute(run_id, cmd, actor=self._worker(worker), key=key)
+
+    def evidence(self, run_id: str, kind: str, outcome: str, detail: str = "", *, lease: int | None = None,
+                 actor: Actor | None = None, key: str | None = None) -> Outcome:
+        actor = actor or (self._worker(None) if lease is not None else Actor("operator", _user()))
+        return self.execute(run_id, C.RecordEvidence(kind=kind, outcome=outcome, detail=detail, lease=lease),  # type: ignore[arg-type]
+                            actor=actor, key=key)
+
+    def block(self, run_id: str, reason: str, next_action: str, *, lease: int | None = None,
+              actor: Actor | None = None, key: str | None = None) -> Outcome:
+        actor = actor or (self._worker(None) if lease is not None else Actor("operator", _user()))
+        return self.execute(run_id, C.Block(reason=reason, next_action=next_action, lease=lease), actor=actor, key=key)
+
+    def unblock(self, run_id: str, resolution: str, *, blocker_id: int | None = None, lease: int | None = None,
+                actor: Actor | None = None, key: str | None = None) -> Outcome:
+        actor = actor or (self._worker(None) if lease is not None else Actor("operator", _user()))
+        return self.execute(run_id, C.Unblock(resolution=resolution, blocker_id=blocker_id, lease=lease), actor=actor, key=key)
+
+    def effect_start(self, run_id: str, lease: int, key: str, what: str, *, worker: str | None = None) -> Outcome:
+        return self.execute(run_id, C.StartEffect(lease=lease, key=key, what=what), actor=self._worker(worker))
+
+    def effect_confirm(self, run_id: str, key: str, outcome: str, *, note: str = "", lease: int | None = None,
+                       actor: Actor | None = None) -> Outcome:
+        actor = actor or (self._worker(None) if lease is not None else Actor("operator", _user()))
+        return self.execute(run_id, C.ConfirmEffect(key=key, outcome=outcome, note=note, lease=lease), actor=actor)  # type: ignore[arg-type]
+
+    def submit(self, run_id: str, lease: int, summary: str = "", *, worker: str | None = None, key: str | None = None) -> Outcome:
+        return self.execute(run_id, C.Submit(lease=lease, summary=summary), actor=self._worker(worker), key=key)
+
+    def review(self, run_id: str, by: str, approve: bool, notes: str = "", *, key: str | None = None) -> Outcome:
+        return self.execute(run_id, C.ReviewResult(approve=approve, notes=notes), actor=Actor("owner", by), key=key)
+
+    def transfer(self, run_id: str, action: str, to: str, *, by: str) -> Outcome:
+        return self.execute(run_id, C.TransferAuthority(action=action, to=to), actor=Actor("owner", by))
+
+    def deliver(self, run_id: str, by: str, key: str) -> Outcome:
+        """Record a delivery attempt. The key doubles as the command's idempotency key."""
+        return self.execute(run_id, C.Deliver(key=key), actor=Actor("owner", by), key=f"deliver:{key}")
+
+    def delivered(self, run_id: str, key: str, receipt: str, *, by: str | None = None) -> Outcome:
+        cp = self.checkpoint(run_id)
+        return self.execute(run_id, C.ConfirmDelivery(key=key, receipt=receipt), actor=Actor("owner", by or cp.owner))
+
+    def delivery_failed(self, run_id: str, key: str, error: str, *, by: str | None = None) -> Outcome:
+        cp = self.checkpoint(run_id)
+        return self.execute(run_id, C.FailDelivery(key=key, error=error), actor=Actor("owner", by or cp.owner))
+
+    def release(self, run_id: str, lease: int, reason: str = "", *, worker: str | None = None) -> Outcome:
+        return self.execute(run_id, C.Release(lease=lease, reason=reason), actor=self._worker(worker))
+
+    def revoke(self, run_id: str, reason: str, *, lease: int | None = None, actor: Actor | None = None,
+               key: str | None = None) -> Outcome:
+        return self.execute(run_id, C.Revoke(reason=reason, lease=lease), actor=actor or Actor("operator", _user()), key=key)
+
+    def close_run(self, run_id: str, by: str, disposition: str, reason: str = "", *, as_operator: bool = False) -> Outcome:
+        actor = Actor("operator" if as_operator else "owner", by)
+        return self.execute(run_id, C.Close(disposition=disposition, reason=reason), actor=actor)  # type: ignore[arg-type]
+
+    def fork(self, run_id: str, at_seq: int, *, new_run_id: str | None = None, by: str | None = None) -> str:
+        child = new_run_id or f"{run_id}.fork{at_seq}-{secrets.token_hex(2)}"
+        actor = Actor("operator", by or _user())
+        self.execute(child, C.Fork(parent=run_id, at_seq=at_seq), actor=actor)
+        return child
+
+    def observe(self, run_id: str, watcher: str, classification: str, progress_seq: int, *, reason: str = "",
+                interval_s: float = 0.0, key: str | None = None) -> Outcome:
+        cmd = C.Observe(classification=classification, progress_seq=progress_seq, reason=reason, interval_s=interval_s)
+        return self.execute(run_id, cmd, actor=Actor("watchdog", watcher), key=key)
+
+    def recover(self, run_id: str, watcher: str, action: str, classification: str, progress_seq: int, *,
+                reason: str = "", key: str | None = None) -> Outcome:
+        cmd = C.Recover(action=action, classification=classification, progress_seq=progress_seq, reason=reason)
+        return self.execute(run_id, cmd, actor=Actor("watchdog", watcher), key=key)
+
+    # --- reading -----------------------------------------------------------------------
+
+    def checkpoint(self, run_id: str, *, at_seq: int | None = None, as_of_us: int | None = None) -> Checkpoint:
+        check_run_id(run_id)
+        if self.store.head(run_id) is None:
+            raise UnknownRun(f"no run {run_id} in {self.store.path}; list runs with 'handoff status'")
+        if as_of_us is not None:
+            at_seq = 0
+            for rec in self.store.read_run(run_id):
+                if rec.recorded_us > as_of_us:
+                    break
+                at_seq = rec.seq
+            if at_seq == 0:
+                raise InvalidInput(f"run {run_id} did not exist yet at that time", field="as_of")
+        if at_seq is not None and at_seq < 1:
+            raise InvalidInput("--at must be a seq of 1 or more", field="at")
+        return self.store.fold(run_id, AGGREGATE, until_seq=at_seq)
+
+    def watchers(self) -> dict[str, tuple[int, float]]:
+        """Each watcher's last beat (µs) and interval, from its own stream in the log."""
+        out: dict[str, tuple[int, float]] = {}
+        for head in self.store.list_runs():
+            if head.run_id.startswith(WATCHER_PREFIX):
+                for rec in self.store.read_run(head.run_id, after_seq=head.last_seq - 1):
+                    e = rec.event
+                    if isinstance(e, ev.WatchdogObserved):
+                        out[e.watcher] = (rec.recorded_us, e.interval_s)
+        return out
+
+    def status(self, run_id: str, *, now: int | None = None, at_seq: int | None = None,
+               as_of_us: int | None = None) -> dict[str, Any]:
+        """The checkpoint packet (docs/cli.md documents its keys)."""
+        cp = self.checkpoint(run_id, at_seq=at_seq, as_of_us=as_of_us)
+        when = now if now is not None else (as_of_us if as_of_us is not None else self.clock())
+        if at_seq is not None and as_of_us is None and now is None:
+            when = cp.last_event_us or when
+        return packet(cp, now_us=when, watchers=self.watchers())
+
+    def runs(self, *, include_terminal: bool = False) -> Iterator[Checkpoint]:
+        for head in self.store.list_runs():
+            if head.run_id.startswith(WATCHER_PREFIX):
+                continue
+            cp = self.store.fold(head.run_id, AGGREGATE)
+            if include_terminal or not cp.terminal:
+                yield cp
+
+    def stalls(self, *, now: int | None = None) -> list[tuple[Checkpoint, stall.Health]]:
+        when = now if now is not None else self.clock()
+        out = []
+        for cp in self.runs():
+            h = stall.classify(cp, now_us=when)
+            if h.needs_attention:
+                out.append((cp, h))
+        return out
+
+    def log(self, run_id: str) -> Iterator[Recorded]:
+        check_run_id(run_id)
+        if self.store.head(run_id) is None:
+            raise UnknownRun(f"no run {run_id} in {self.store.path}")
+        return self.store.read_run(run_id)
+
+
+def _user() -> str:
+    return os.environ.get("HANDOFF_ACTOR") or os.environ.get("USER") or "operator"

@@ -1,0 +1,171 @@
+"""What callers ask for: one frozen Struct per command, tagged so it encodes stably.
+
+A command's encoding is what an idempotency key stands for: a retried command with the
+same key and the same fields is a no-op; the same key with other fields is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from ledger.events import Policy
+
+
+class Command(msgspec.Struct, frozen=True, tag_field="command"):
+    pass
+
+
+class Open(Command, tag="open"):
+    goal: str
+    target: str
+    owner: str
+    origin: str = ""
+    result_path: str | None = None
+    stop_rules: tuple[str, ...] = ()
+    require_review: bool = False
+    policy: Policy = Policy()
+
+
+class Claim(Command, tag="claim"):
+    worker: str
+
+
+class Heartbeat(Command, tag="heartbeat"):
+    lease: int
+
+
+class Transition(Command, tag="transition"):
+    lease: int
+    to: str
+    reason: str = ""
+
+
+class Progress(Command, tag="progress"):
+    lease: int
+    kind: str
+    detail: str = ""
+
+
+class RecordArtifact(Command, tag="artifact"):
+    """Measured by the caller's API layer (size, sha256, existence), never by the worker's word."""
+
+    lease: int
+    path: str
+    kind: str
+    bytes: int
+    sha256: str
+    exists: bool
+
+
+class RecordEvidence(Command, tag="evidence"):
+    kind: str
+    outcome: Literal["pass", "fail", "skipped"]
+    detail: str = ""
+    lease: int | None = None
+
+
+class Block(Command, tag="block"):
+    reason: str
+    next_action: str
+    lease: int | None = None
+
+
+class Unblock(Command, tag="unblock"):
+    resolution: str
+    blocker_id: int | None = None
+    lease: int | None = None
+
+
+class StartEffect(Command, tag="effect_start"):
+    lease: int
+    key: str
+    what: str
+
+
+class ConfirmEffect(Command, tag="effect_confirm"):
+    key: str
+    outcome: Literal["done", "absent"]
+    note: str = ""
+    lease: int | None = None
+
+
+class Submit(Command, tag="submit"):
+    lease: int
+    summary: str = ""
+
+
+class ReviewResult(Command, tag="review"):
+    approve: bool
+    notes: str = ""
+
+
+class TransferAuthority(Command, tag="transfer"):
+    action: str
+    to: str
+
+
+class Deliver(Command, tag="deliver"):
+    key: str
+
+
+class ConfirmDelivery(Command, tag="delivered"):
+    key: str
+    receipt: str
+
+
+class FailDelivery(Command, tag="delivery_failed"):
+    key: str
+    error: str
+
+
+class Release(Command, tag="release"):
+    lease: int
+    reason: str = ""
+
+
+class Revoke(Command, tag="revoke"):
+    reason: str
+    lease: int | None = None
+
+
+class Close(Command, tag="close"):
+    disposition: Literal["no_op", "cancelled", "failed"]
+    reason: str = ""
+
+
+class Fork(Command, tag="fork"):
+    parent: str
+    at_seq: int
+
+
+class Observe(Command, tag="observe"):
+    classification: str
+    progress_seq: int
+    reason: str = ""
+    interval_s: float = 0.0
+
+
+class Recover(Command, tag="recover"):
+    action: str
+    classification: str
+    progress_seq: int
+    reason: str = ""
+
+
+AnyCommand = (
+    Open | Claim | Heartbeat | Transition | Progress | RecordArtifact | RecordEvidence | Block
+    | Unblock | StartEffect | ConfirmEffect | Submit | ReviewResult | TransferAuthority | Deliver
+    | ConfirmDelivery | FailDelivery | Release | Revoke | Close | Fork | Observe | Recover
+)
+
+_enc = msgspec.json.Encoder()
+
+
+def encode(command: Command) -> bytes:
+    return _enc.encode(command)
+
+
+def name_of(command: Command) -> str:
+    return command.__struct_config__.tag  # type: ignore[return-value]

@@ -1,0 +1,500 @@
+"""Decide: turn a command into events, or refuse it with a typed error and write nothing.
+
+``decide(state, command, context)`` reads the checkpoint fold and the tables in
+transitions.py and nothing else: no I/O, no clock. The store calls it inside the write
+transaction that appends its events, so a check and the write it guards cannot be split
+by another writer.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import msgspec
+
+from ledger import events as ev
+from ledger.errors import (
+    CapacityExceeded,
+    DeliveryRefused,
+    EvidenceMissing,
+    IdempotencyConflict,
+    IllegalProgress,
+    IllegalTransition,
+    InvalidInput,
+    LeaseHeld,
+    NotAuthorized,
+    RunExists,
+    StaleLease,
+    TerminalRun,
+    UnknownEffect,
+    UnknownRun,
+)
+from ledger.store import Actor
+
+from . import commands as C
+from . import transitions as T
+from .checkpoint import Checkpoint
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+MAX_TEXT = 16_384
+MAX_NAME = 200
+
+
+class Context(msgspec.Struct, frozen=True):
+    """Everything decide needs beyond the run's own fold, passed in by the caller.
+
+    ``owner_load`` is how many runs the owner already has under an active lease (the
+    concurrency cap); ``parent`` is the parent's checkpoint at the fork point.
+    """
+
+    actor: Actor
+    owner_load: int | None = None
+    parent: Checkpoint | None = None
+
+
+def _text(field: str, value: object, *, max_len: int = MAX_TEXT, empty: bool = True) -> str:
+    if not isinstance(value, str):
+        raise InvalidInput(f"{field} must be text, got {type(value).__name__}", field=field)
+    if not empty and not value.strip():
+        raise InvalidInput(f"{field} must not be empty", field=field)
+    if len(value) > max_len:
+        raise InvalidInput(f"{field} is {len(value)} characters, over the limit of {max_len}", field=field)
+    if _CONTROL.search(value):
+        raise InvalidInput(
+            f"{field} contains a NUL or control character; only printable text, tabs and "
+            "newlines are accepted",
+            field=field,
+        )
+    return value
+
+
+def _name(field: str, value: object) -> str:
+    v = _text(field, value, max_len=MAX_NAME, empty=False)
+    if "\n" in v or "\t" in v:
+        raise InvalidInput(f"{field} must be a single line", field=field)
+    return v
+
+
+def _count(field: str, value: object, *, low: int = 0, high: int = 2**53) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidInput(f"{field} must be a whole number from {low} to {high}, got {value!r}", field=field)
+    return value
+
+
+def _seconds(field: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 < value <= 10**7:
+        raise InvalidInput(f"{field} must be a number of seconds above 0 and at most 10^7, got {value!r}", field=field)
+    return float(value)
+
+
+def _choice(field: str, value: object, allowed) -> str:
+    if value not in allowed:
+        raise InvalidInput(f"{field} must be one of {', '.join(sorted(allowed))}, got {value!r}", field=field)
+    return value  # type: ignore[return-value]
+
+
+# --- authorization -----------------------------------------------------------------
+
+
+def _authorize(cp: Checkpoint, name: str, cmd: C.Command, actor: Actor) -> None:
+    perms = T.PERMISSIONS[name]
+    lease = getattr(cmd, "lease", None)
+    if lease is not None:
+        _count("lease", lease, low=1)
+    if actor.kind == T.WORKER and "lease" in perms:
+        if lease is None:
+            raise NotAuthorized(f"a worker must pass its lease to {name} run {cp.run_id}", field="lease")
+        if cp.lease != lease:
+            now = (f"the current lease is {cp.lease}, held by {cp.worker}" if cp.lease is not None
+                   else "no lease is held now")
+            raise StaleLease(
+                f"lease {lease} is no longer valid for run {cp.run_id} ({now}); this worker was "
+                "replaced or released the run and must stop writing",
+                run_id=cp.run_id, lease=lease, current_lease=cp.lease,
+            )
+        return
+    if actor.kind in perms and actor.kind != T.OWNER:
+        return
+    if actor.kind == T.OWNER and T.OWNER in perms:
+        if name == "open" or actor.name == cp.owner:
+            return
+        if name in T.TRANSFERABLE and cp.may(name, actor.name):
+            return
+        raise NotAuthorized(
+            f"{actor.name} is not the owner of run {cp.run_id} (the owner is {cp.owner}); "
+            f"only the owner, an operator, or someone the owner transferred '{name}' to may do it"
+        )
+    if name in T.TRANSFERABLE and cp.may(name, actor.name):
+        return
+    who = " or ".join(sorted("a worker holding the lease" if p == "lease" else f"the {p}" for p in perms))
+    extra = (" Review, delivery and closing belong to the owner unless it transfers them "
+             "('handoff transfer')." if name in T.TRANSFERABLE else "")
+    raise NotAuthorized(f"a {actor.kind} ({actor.name}) may not {name} run {cp.run_id}; only {who} may.{extra}")
+
+
+def _move(cp: Checkpoint, to: str, via: str, reason: str = "") -> ev.StateChanged:
+    if not T.can_move(cp.state, to, via):
+        allowed = T.allowed_targets(cp.state, via)
+        hint = f"from {cp.state}, {via} may move it to {', '.join(allowed)}" if allowed else f"{via} cannot move a run that is {cp.state}"
+        raise IllegalTransition(
+            f"run {cp.run_id} is {cp.state}; moving it to {to} by {via} is not allowed ({hint})",
+            state=cp.state, to=to,
+        )
+    return ev.StateChanged(from_state=cp.state, to_state=to, reason=reason)
+
+
+# --- the handlers, one per command -------------------------------------------------
+
+
+def _open(cp: Checkpoint, c: C.Open, ctx: Context) -> list[ev.Event]:
+    p = c.policy
+    policy = ev.Policy(
+        heartbeat_timeout_s=_seconds("heartbeat_timeout", p.heartbeat_timeout_s),
+        progress_timeout_s=_seconds("progress_timeout", p.progress_timeout_s),
+        retry_budget=_count("retry_budget", p.retry_budget, high=1000),
+        delivery_timeout_s=_seconds("delivery_timeout", p.delivery_timeout_s),
+        owner_cap=_count("owner_cap", p.owner_cap, low=1, high=100_000),
+    )
+    if not isinstance(c.stop_rules, (tuple, list)):
+        raise InvalidInput("stop_rules must be a list of text", field="stop_rules")
+    return [
+        ev.HandoffOpened(
+            goal=_text("goal", c.goal, empty=False),
+            target=_name("target", c.target),
+            owner=_name("owner", c.owner),
+            origin=_text("origin", c.origin, max_len=MAX_NAME),
+            result_path=None if c.result_path is None else _text("result_path", c.result_path, max_len=4096, empty=False),
+            stop_rules=tuple(_text(f"stop_rules[{i}]", r, empty=False) for i, r in enumerate(c.stop_rules)),
+            require_review=bool(c.require_review),
+            policy=policy,
+        )
+    ]
+
+
+def _claim(cp: Checkpoint, c: C.Claim, ctx: Context) -> list[ev.Event]:
+    worker = _name("worker", c.worker)
+    if ctx.actor.name != worker:
+        raise NotAuthorized(f"worker {ctx.actor.name} cannot claim run {cp.run_id} on behalf of {worker}")
+    if cp.lease is not None:
+        raise LeaseHeld(
+            f"run {cp.run_id} is held by {cp.worker} under lease {cp.lease}; wait for it to "
+            "release, or have the owner or watchdog revoke it ('handoff revoke')",
+            lease=cp.lease,
+        )
+    if ctx.owner_load is not None and ctx.owner_load >= cp.policy.owner_cap:
+        raise CapacityExceeded(
+            f"owner {cp.owner} already has {ctx.owner_load} active runs, its cap of "
+            f"{cp.policy.owner_cap}; wait for one to finish or close one",
+        )
+    return [ev.LeaseGranted(worker=worker, lease=cp.max_lease + 1)]
+
+
+def _heartbeat(cp: Checkpoint, c: C.Heartbeat, ctx: Context) -> list[ev.Event]:
+    return [ev.HeartbeatRecorded()]
+
+
+def _transition(cp: Checkpoint, c: C.Transition, ctx: Context) -> list[ev.Event]:
+    to = _choice("to", c.to, T.STATES)
+    if cp.state == T.UNKNOWN and cp.pending_effects:
+        keys = ", ".join(e.key for e in cp.pending_effects)
+        raise IllegalTransition(
+            f"run {cp.run_id} has side effects of unknown outcome ({keys}); record what happened "
+            "with 'handoff effect-confirm' before moving on, never retry blindly"
+        )
+    return [_move(cp, to, "transition", _text("reason", c.reason))]
+
+
+def _progress(cp: Checkpoint, c: C.Progress, ctx: Context) -> list[ev.Event]:
+    kind = _name("kind", c.kind)
+    detail = _text("detail", c.detail)
+    if kind in T.NOT_PROGRESS:
+        if cp.state not in T.WORKING | {T.BLOCKED, T.UNKNOWN}:
+            raise IllegalProgress(f"run {cp.run_id} is {cp.state}; no worker activity is expected now")
+        return [ev.ProgressRecorded(kind=kind, detail=detail, advances=False)]
+    if kind in T.PROGRESS_KINDS.get(cp.state, ()) and cp.state in T.WORKING:
+        return [ev.ProgressRecorded(kind=kind, detail=detail, advances=True)]
+    if kind in T.ALL_PROGRESS_KINDS:
+        where = [s for s, kinds in T.PROGRESS_KINDS.items() if kind in kinds]
+        expected = sorted(T.PROGRESS_KINDS.get(cp.state, ()))
+        how = (f"in {cp.state} progress is {', '.join(expected)}" if expected and cp.state in T.WORKING
+               else "record it with 'handoff block' or 'handoff effect-confirm'" if where[0] in (T.BLOCKED, T.UNKNOWN)
+               else f"move the run to {where[0]} first")
+        raise IllegalProgress(f"'{kind}' is progress in {', '.join(where)}, not while run {cp.run_id} is {cp.state}; {how}")
+    known = sorted(T.ALL_PROGRESS_KINDS | T.NOT_PROGRESS)
+    raise InvalidInput(f"unknown progress kind {kind!r}; known kinds: {', '.join(known)}", field="kind")
+
+
+def _artifact(cp: Checkpoint, c: C.RecordArtifact, ctx: Context) -> list[ev.Event]:
+    sha = _text("sha256", c.sha256, max_len=64)
+    if c.exists and not re.fullmatch(r"[0-9a-f]{64}", sha):
+        raise InvalidInput("sha256 must be 64 lowercase hex digits", field="sha256")
+    return [ev.ArtifactRecorded(
+        path=_text("path", c.path, max_len=4096, empty=False), kind=_name("kind", c.kind),
+        bytes=_count("bytes", c.bytes), sha256=sha, exists=bool(c.exists),
+    )]
+
+
+def _evidence(cp: Checkpoint, c: C.RecordEvidence, ctx: Context) -> list[ev.Event]:
+    return [ev.EvidenceRecorded(
+        kind=_name("kind", c.kind), outcome=_choice("outcome", c.outcome, {"pass", "fail", "skipped"}),  # type: ignore[arg-type]
+        detail=_text("detail", c.detail),
+    )]
+
+
+def _block(cp: Checkpoint, c: C.Block, ctx: Context, *, via: str = "block") -> list[ev.Event]:
+    reason = _text("reason", c.reason, empty=False)
+    nxt = _text("next_action", c.next_action, empty=False)
+    out: list[ev.Event] = [ev.BlockerRaised(blocker_id=cp.blockers_raised + 1, reason=reason, next_action=nxt)]
+    if cp.state != T.BLOCKED:
+        out.append(_move(cp, T.BLOCKED, via, reason))
+    return out
+
+
+def _unblock(cp: Checkpoint, c: C.Unblock, ctx: Context) -> list[ev.Event]:
+    resolution = _text("resolution", c.resolution, empty=False)
+    if cp.state != T.BLOCKED or not cp.blockers:
+        raise IllegalTransition(f"run {cp.run_id} is {cp.state}, not blocked; nothing to unblock")
+    if c.blocker_id is None:
+        clearing = list(cp.blockers)
+    else:
+        clearing = [b for b in cp.blockers if b.id == c.blocker_id]
+        if not clearing:
+            ids = ", ".join(str(b.id) for b in cp.blockers)
+            raise InvalidInput(f"run {cp.run_id} has no open blocker {c.blocker_id} (open: {ids})", field="blocker_id")
+    out: list[ev.Event] = [ev.BlockerCleared(blocker_id=b.id, resolution=resolution) for b in clearing]
+    if len(clearing) == len(cp.blockers):
+        out.append(_move(cp, cp.blockers[0].prior_state, "unblock", resolution))
+    return out
+
+
+def _effect_start(cp: Checkpoint, c: C.StartEffect, ctx: Context) -> list[ev.Event]:
+    key = _name("key", c.key)
+    what = _text("what", c.what, empty=False)
+    if cp.state not in T.WORKING:
+        raise IllegalTransition(f"run {cp.run_id} is {cp.state}; side effects start only while planning, executing or verifying")
+    for e in cp.pending_effects:
+        if e.key == key:
+            if e.what == what:
+                return []
+            raise IdempotencyConflict(f"side effect key {key!r} is already in use on run {cp.run_id} for {e.what!r}")
+    if any(k == key for k, _ in cp.settled_effects):
+        raise IdempotencyConflict(f"side effect key {key!r} was already used and settled on run {cp.run_id}; use a new key")
+    return [ev.SideEffectStarted(key=key, what=what)]
+
+
+def _effect_confirm(cp: Checkpoint, c: C.ConfirmEffect, ctx: Context) -> list[ev.Event]:
+    key = _name("key", c.key)
+    outcome = _choice("outcome", c.outcome, {"done", "absent"})
+    pending = next((e for e in cp.pending_effects if e.key == key), None)
+    if pending is None:
+        if (key, outcome) in cp.settled_effects:
+            return []
+        if any(k == key for k, _ in cp.settled_effects):
+            raise IdempotencyConflict(f"side effect {key!r} on run {cp.run_id} was already settled with another outcome")
+        raise UnknownEffect(f"no side effect with key {key!r} was started on run {cp.run_id}; check 'handoff status {cp.run_id}'")
+    if ctx.actor.kind == T.WORKER and pending.lease == cp.lease:
+        return [ev.SideEffectConfirmed(key=key, outcome=outcome)]  # type: ignore[arg-type]
+    return [ev.ReconciliationRecorded(key=key, outcome=outcome, note=_text("note", c.note))]  # type: ignore[arg-type]
+
+
+def _submit(cp: Checkpoint, c: C.Submit, ctx: Context) -> list[ev.Event]:
+    to = T.READY_FOR_REVIEW if cp.require_review else T.SUCCEEDED
+    move = _move(cp, to, "submit")
+    if not cp.artifacts:
+        raise EvidenceMissing(
+            f"run {cp.run_id} has no recorded artifact; record the result file with 'handoff "
+            "artifact' (the ledger measures it) before submitting"
+        )
+    bad = [a for a in cp.artifacts if not a.substantive]
+    if bad:
+        a = bad[0]
+        what = "missing" if not a.exists else "empty"
+        raise EvidenceMissing(f"artifact {a.path} was recorded as {what}; a result must point at files that exist and have content")
+    if cp.result_path is not None and not any(a.path == cp.result_path for a in cp.artifacts):
+        raise EvidenceMissing(f"the contract names the result file {cp.result_path}, but no artifact was recorded at that path")
+    return [ev.ResultSubmitted(summary=_text("summary", c.summary), artifacts=tuple(a.path for a in cp.artifacts)), move]
+
+
+def _review(cp: Checkpoint, c: C.ReviewResult, ctx: Context) -> list[ev.Event]:
+    to = T.SUCCEEDED if c.approve else T.EXECUTING
+    move = _move(cp, to, "review", "approved" if c.approve else "rejected")
+    return [ev.ReviewDecided(by=ctx.actor.name, approved=bool(c.approve), notes=_text("notes", c.notes)), move]
+
+
+def _transfer(cp: Checkpoint, c: C.TransferAuthority, ctx: Context) -> list[ev.Event]:
+    action = _choice("action", c.action, T.TRANSFERABLE)
+    return [ev.AuthorityTransferred(action=action, to=_name("to", c.to))]
+
+
+def _deliver(cp: Checkpoint, c: C.Deliver, ctx: Context) -> list[ev.Event]:
+    key = _name("key", c.key)
+    d = cp.delivery
+    if d.confirmed_key is not None:
+        if d.confirmed_key == key:
+            return []  # a retried attempt of a confirmed delivery: nothing to send again
+        raise DeliveryRefused(
+            f"run {cp.run_id} was already delivered to {d.target} under key {d.confirmed_key}; a "
+            "second delivery would be a double send"
+        )
+    same = d.attempt(key)
+    if same is not None:
+        if same.outcome is None:
+            return []
+        raise DeliveryRefused(f"delivery key {key!r} already failed on run {cp.run_id}; a new attempt needs a new key")
+    pending = d.pending
+    if pending is not None:
+        raise DeliveryRefused(
+            f"delivery {pending.key!r} of run {cp.run_id} has no outcome yet; confirm it ('handoff "
+            "delivered') or mark it failed ('handoff delivery-failed') before another attempt"
+        )
+    if not cp.delivery_ready:
+        why = ("it is " + cp.state) if cp.state != T.SUCCEEDED else (
+            "no passing evidence is recorded" if not cp.evidence_ok else "the review has not approved it")
+        raise DeliveryRefused(f"run {cp.run_id} is not ready to deliver: {why}")
+    return [ev.DeliveryAttempted(key=key, target=cp.target, by=ctx.actor.name)]
+
+
+def _delivered(cp: Checkpoint, c: C.ConfirmDelivery, ctx: Context) -> list[ev.Event]:
+    key = _name("key", c.key)
+    receipt = _text("receipt", c.receipt, empty=False)
+    d = cp.delivery
+    attempt = d.attempt(key)
+    if attempt is None:
+        raise DeliveryRefused(f"no delivery with key {key!r} was attempted on run {cp.run_id}; record the attempt with 'handoff deliver' first")
+    if attempt.outcome == "confirmed":
+        if attempt.receipt == receipt:
+            return []
+        raise DeliveryRefused(f"delivery {key!r} of run {cp.run_id} was already confirmed with another receipt")
+    if d.confirmed_key is not None:
+        raise DeliveryRefused(f"run {cp.run_id} was already delivered under key {d.confirmed_key}; this would be a double send")
+    if attempt.outcome == "failed":
+        raise DeliveryRefused(f"delivery {key!r} of run {cp.run_id} was marked failed; it cannot be confirmed now")
+    out: list[ev.Event] = [ev.DeliveryConfirmed(key=key, receipt=receipt), _move(cp, T.DELIVERED, "delivered")]
+    if cp.lease is not None:
+        out.append(ev.LeaseReleased(lease=cp.lease, reason="delivered"))
+    return out
+
+
+def _delivery_failed(cp: Checkpoint, c: C.FailDelivery, ctx: Context) -> list[ev.Event]:
+    key = _name("key", c.key)
+    attempt = cp.delivery.attempt(key)
+    if attempt is None or attempt.outcome is not None:
+        state = "was never attempted" if attempt is None else f"is already {attempt.outcome}"
+        raise DeliveryRefused(f"delivery {key!r} of run {cp.run_id} {state}; nothing to mark failed")
+    return [ev.DeliveryFailed(key=key, error=_text("error", c.error, empty=False))]
+
+
+def _release(cp: Checkpoint, c: C.Release, ctx: Context) -> list[ev.Event]:
+    return [ev.LeaseReleased(lease=c.lease, reason=_text("reason", c.reason))]
+
+
+def _lost_lease_events(cp: Checkpoint, reason: str, via: str) -> list[ev.Event]:
+    out: list[ev.Event] = [ev.LeaseRevoked(lease=cp.lease, reason=reason)]  # type: ignore[arg-type]
+    lost = [e for e in cp.pending_effects if e.lease == cp.lease]
+    if lost and cp.state in T.WORKING:
+        keys = ", ".join(e.key for e in lost)
+        out.append(ev.StateChanged(from_state=cp.state, to_state=T.UNKNOWN,
+                                   reason=f"side effect {keys} has no recorded outcome and its worker lost the lease"))
+    return out
+
+
+def _revoke(cp: Checkpoint, c: C.Revoke, ctx: Context) -> list[ev.Event]:
+    reason = _text("reason", c.reason, empty=False)
+    if cp.lease is None:
+        raise StaleLease(f"run {cp.run_id} has no lease to revoke")
+    if c.lease is not None and c.lease != cp.lease:
+        raise StaleLease(f"lease {c.lease} is not run {cp.run_id}'s current lease ({cp.lease}); nothing revoked")
+    return _lost_lease_events(cp, reason, "revoke")
+
+
+def _close(cp: Checkpoint, c: C.Close, ctx: Context) -> list[ev.Event]:
+    disposition = _choice("disposition", c.disposition, {"no_op", "cancelled", "failed"})
+    pending = cp.delivery.pending
+    if pending is not None:
+        raise DeliveryRefused(
+            f"delivery {pending.key!r} of run {cp.run_id} has no outcome; confirm or fail it before "
+            "closing, or the run could end with a send nobody accounted for"
+        )
+    move = _move(cp, disposition, "close", c.reason)
+    out: list[ev.Event] = [ev.RunClosed(disposition=disposition, by=ctx.actor.name, reason=_text("reason", c.reason)), move]  # type: ignore[arg-type]
+    if cp.lease is not None:
+        out.append(ev.LeaseReleased(lease=cp.lease, reason=f"closed as {disposition}"))
+    return out
+
+
+def _fork(cp: Checkpoint, c: C.Fork, ctx: Context) -> list[ev.Event]:
+    parent = ctx.parent
+    at = _count("at_seq", c.at_seq, low=1)
+    if parent is None or not parent.opened:
+        raise UnknownRun(f"cannot fork: run {c.parent} does not exist")
+    if at > parent.last_seq:
+        raise InvalidInput(f"run {c.parent} has only {parent.last_seq} events; fork at a seq from 1 to {parent.last_seq}", field="at_seq")
+    if parent.terminal:
+        raise TerminalRun(f"run {c.parent} had already ended ({parent.state}) at seq {at}; fork at an earlier seq")
+    return [ev.RunForked(parent=c.parent, parent_seq=at)]
+
+
+def _observe(cp: Checkpoint, c: C.Observe, ctx: Context) -> list[ev.Event]:
+    return [ev.WatchdogObserved(
+        watcher=ctx.actor.name, classification=_name("classification", c.classification),
+        progress_seq=_count("progress_seq", c.progress_seq), reason=_text("reason", c.reason),
+        interval_s=float(c.interval_s),
+    )]
+
+
+def _recover(cp: Checkpoint, c: C.Recover, ctx: Context) -> list[ev.Event]:
+    action = _choice("action", c.action, T.RECOVERY_ACTIONS)
+    reason = _text("reason", c.reason)
+    decided = ev.RecoveryDecided(
+        watcher=ctx.actor.name, action=action, classification=_name("classification", c.classification),
+        progress_seq=_count("progress_seq", c.progress_seq), reason=reason,
+    )
+    if action == "revoke_lease":
+        if cp.lease is None:
+            raise StaleLease(f"run {cp.run_id} has no lease to revoke")
+        return [decided, *_lost_lease_events(cp, reason or "heartbeat timeout", "recover")]
+    if action == "pause":
+        block = C.Block(
+            reason=f"paused by watchdog {ctx.actor.name}: {reason or 'progress repeated past the retry budget'}",
+            next_action="a person reviews the run, then 'handoff unblock' (or close it)",
+        )
+        return [decided, *_block(cp, block, ctx, via="recover")]
+    return [decided]
+
+
+HANDLERS = {
+    C.Open: _open, C.Claim: _claim, C.Heartbeat: _heartbeat, C.Transition: _transition,
+    C.Progress: _progress, C.RecordArtifact: _artifact, C.RecordEvidence: _evidence,
+    C.Block: _block, C.Unblock: _unblock, C.StartEffect: _effect_start,
+    C.ConfirmEffect: _effect_confirm, C.Submit: _submit, C.ReviewResult: _review,
+    C.TransferAuthority: _transfer, C.Deliver: _deliver, C.ConfirmDelivery: _delivered,
+    C.FailDelivery: _delivery_failed, C.Release: _release, C.Revoke: _revoke, C.Close: _close,
+    C.Fork: _fork, C.Observe: _observe, C.Recover: _recover,
+}
+#: Commands that may answer on a terminal run: observation, and the idempotent
+#: retries of the delivery that ended it (which either do nothing or refuse clearly).
+_ON_TERMINAL = T.READ_ONLY | {"deliver", "delivered"}
+
+
+def decide(cp: Checkpoint, cmd: C.Command, ctx: Context) -> list[ev.Event]:
+    """The events ``cmd`` produces against ``cp``, or a LedgerError that names why not."""
+    handler = HANDLERS.get(type(cmd))
+    if handler is None:
+        raise InvalidInput(f"unknown command {type(cmd).__name__}", field="command")
+    name = C.name_of(cmd)
+    if name in ("open", "fork"):
+        if cp.opened:
+            raise RunExists(f"run {cp.run_id} already exists; choose another run id")
+    elif not cp.opened:
+        raise UnknownRun(f"no run {cp.run_id} exists; open it first ('handoff open')")
+    elif cp.terminal and name not in _ON_TERMINAL:
+        raise TerminalRun(
+            f"run {cp.run_id} has ended ({cp.state}); it accepts only read-only observations. "
+            "Fork it ('handoff fork') to continue the work in a new run",
+            state=cp.state,
+        )
+    if cp.terminal and name in ("deliver", "delivered") and cp.state != T.DELIVERED:
+        raise TerminalRun(f"run {cp.run_id} ended as {cp.state}; it will not be delivered", state=cp.state)
+    _authorize(cp, name, cmd, ctx.actor)
+    return handler(cp, cmd, ctx)

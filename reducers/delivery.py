@@ -1,0 +1,108 @@
+"""Delivery proof: was the result sent to the recorded target, and exactly once?
+
+The fold keeps what the log says happened; ``status`` adds the one judgement that
+needs a clock (an attempt with no outcome for too long is *ambiguous*), with ``now``
+passed in. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+from msgspec.structs import replace
+
+from ledger import events as ev
+from ledger.store import Recorded
+
+
+class Attempt(msgspec.Struct, frozen=True):
+    key: str
+    by: str
+    at_us: int
+    seq: int
+    outcome: str | None = None  # None (pending), "confirmed", "failed"
+    receipt: str = ""
+    error: str = ""
+
+
+class Delivery(msgspec.Struct, frozen=True):
+    target: str = ""
+    attempts: tuple[Attempt, ...] = ()
+    confirmed_key: str | None = None
+    receipt: str | None = None
+    confirmed_seq: int | None = None
+
+    @property
+    def pending(self) -> Attempt | None:
+        for a in reversed(self.attempts):
+            if a.outcome is None:
+                return a
+        return None
+
+    def attempt(self, key: str) -> Attempt | None:
+        for a in self.attempts:
+            if a.key == key:
+                return a
+        return None
+
+
+def initial() -> Delivery:
+    return Delivery()
+
+
+def _set_outcome(d: Delivery, key: str, **changes: object) -> Delivery:
+    return replace(
+        d, attempts=tuple(replace(a, **changes) if a.key == key else a for a in d.attempts)
+    )
+
+
+def evolve(d: Delivery, rec: Recorded, event: ev.Event) -> Delivery:
+    match event:
+        case ev.HandoffOpened(target=target):
+            return replace(d, target=target)
+        case ev.DeliveryAttempted(key=key, by=by):
+            return replace(d, attempts=d.attempts + (Attempt(key, by, rec.recorded_us, rec.seq),))
+        case ev.DeliveryConfirmed(key=key, receipt=receipt):
+            d = _set_outcome(d, key, outcome="confirmed", receipt=receipt)
+            return replace(d, confirmed_key=key, receipt=receipt, confirmed_seq=rec.seq)
+        case ev.DeliveryFailed(key=key, error=error):
+            return _set_outcome(d, key, outcome="failed", error=error)
+        case ev.RunForked():
+            # A child run's delivery starts over; an unresolved parent attempt stays the parent's.
+            return Delivery(target=d.target)
+    return d
+
+
+def fold(records: Iterable[Recorded]) -> Delivery:
+    d = initial()
+    for rec in records:
+        d = evolve(d, rec, rec.event)
+    return d
+
+
+def status(
+    d: Delivery, *, ready: bool, now_us: int, timeout_s: float
+) -> tuple[str, str]:
+    """(status, why): not_ready, ready, attempted, ambiguous, failed or confirmed.
+
+    ``ready`` comes from the checkpoint (result submitted, evidence present, review
+    approved when required); the delivery view alone cannot know it.
+    """
+    if d.confirmed_key is not None:
+        return "confirmed", f"confirmed under key {d.confirmed_key}: {d.receipt}"
+    pending = d.pending
+    if pending is not None:
+        age = (now_us - pending.at_us) / 1e6
+        if age > timeout_s:
+            return "ambiguous", (
+                f"attempt {pending.key} by {pending.by} has had no outcome for {age:.0f}s; "
+                "reconcile with the target before any retry"
+            )
+        return "attempted", f"attempt {pending.key} by {pending.by} awaits its outcome"
+    if d.attempts and d.attempts[-1].outcome == "failed":
+        last = d.attempts[-1]
+        return "failed", f"attempt {last.key} failed: {last.error}; a new attempt may be made"
+    if ready:
+        return "ready", "result, evidence and review are in place"
+    return "not_ready", "no approved, evidenced result yet"

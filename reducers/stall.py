@@ -1,0 +1,182 @@
+"""Stall detection: liveness (heartbeats) and advancement (progress_seq) as two signals.
+
+The fold tracks both; ``classify`` judges them against a policy at a ``now`` the caller
+passes in. Advancement is read from the progress sequence only: a heartbeat-only loop,
+a clock that jumps back, or a replayed event never bumps it. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+from msgspec.structs import replace
+
+from ledger import events as ev
+from ledger.store import Recorded
+
+from . import transitions as T
+
+
+class LastProgress(msgspec.Struct, frozen=True):
+    seq: int
+    kind: str
+    at_us: int
+    event_seq: int
+
+
+class Watch(msgspec.Struct, frozen=True):
+    """What the watchdog needs, folded from the log."""
+
+    progress_seq: int = 0
+    last_progress: LastProgress | None = None
+    last_heartbeat_us: int | None = None
+    lease_since_us: int | None = None
+    #: Consecutive "stalled" observations that saw the same progress_seq.
+    repeats: int = 0
+    observed_seq: int | None = None
+    watcher: str | None = None
+    watcher_seen_us: int | None = None
+    watcher_interval_s: float = 0.0
+
+
+class Health(msgspec.Struct, frozen=True):
+    classification: str
+    reason: str
+    action: str
+    needs_attention: bool
+
+
+def initial() -> Watch:
+    return Watch()
+
+
+def _kind_of(event: ev.Event) -> str:
+    if isinstance(event, ev.ProgressRecorded):
+        return event.kind
+    if isinstance(event, ev.StateChanged):
+        return f"state:{event.to_state}"
+    return ev.tag_of(event)
+
+
+def evolve(w: Watch, rec: Recorded, event: ev.Event) -> Watch:
+    tag = rec.type
+    advances = (
+        event.advances if isinstance(event, ev.ProgressRecorded) else tag in T.ADVANCING_EVENTS
+    )
+    if advances:
+        seq = w.progress_seq + 1
+        return replace(
+            w,
+            progress_seq=seq,
+            last_progress=LastProgress(seq, _kind_of(event), rec.recorded_us, rec.seq),
+            repeats=0,
+        )
+    match event:
+        case ev.HeartbeatRecorded():
+            return replace(w, last_heartbeat_us=rec.recorded_us)
+        case ev.LeaseGranted():
+            return replace(w, lease_since_us=rec.recorded_us, last_heartbeat_us=rec.recorded_us, repeats=0)
+        case ev.LeaseRevoked() | ev.LeaseReleased():
+            return replace(w, lease_since_us=None)
+        case ev.WatchdogObserved(watcher=name, classification=c, progress_seq=pseq, interval_s=iv):
+            repeats = w.repeats
+            if c == "stalled":
+                repeats = repeats + 1 if (pseq == w.progress_seq) else 0
+            return replace(
+                w, repeats=repeats, observed_seq=pseq, watcher=name,
+                watcher_seen_us=rec.recorded_us, watcher_interval_s=iv,
+            )
+        case ev.RecoveryDecided(action="pause"):
+            return replace(w, repeats=0)
+        case ev.RunForked():
+            # Timers and watchers belong to the parent; the child's clocks start at the fork.
+            return replace(
+                w, last_heartbeat_us=None, lease_since_us=None, repeats=0,
+                observed_seq=None, watcher=None, watcher_seen_us=None, watcher_interval_s=0.0,
+            )
+    return w
+
+
+def fold(records: Iterable[Recorded]) -> Watch:
+    w = initial()
+    for rec in records:
+        w = evolve(w, rec, rec.event)
+    return w
+
+
+def classify(cp, *, now_us: int, policy: ev.Policy | None = None) -> Health:
+    """Judge one run's checkpoint at ``now_us``; return a classification and one bounded action.
+
+    ``cp`` is a reducers.checkpoint.Checkpoint. The order of the checks is the order of
+    precedence: a finished run is silent; a named blocker is not a stall; an unknown side
+    effect must be reconciled before any liveness judgement leads to a retry.
+    """
+    policy = policy or cp.policy
+    w: Watch = cp.watch
+    state = cp.state
+    if not cp.opened:
+        return Health("unopened", "no contract has been written for this run", "open", True)
+    if state in T.TERMINAL:
+        return Health("silent", f"the run ended as {state}; monitors stay quiet", "none", False)
+    if state == T.BLOCKED:
+        open_ = cp.blockers[-1] if cp.blockers else None
+        why = f"{open_.reason}; next: {open_.next_action}" if open_ else "blocked"
+        return Health("blocked", why, "none", False)
+    lost = [e for e in cp.pending_effects if e.lease != cp.lease or cp.lease is None]
+    if lost or state == T.UNKNOWN:
+        keys = ", ".join(e.key for e in lost) or "(none pending)"
+        if lost:
+            return Health(
+                "needs_reconciliation",
+                f"side effect(s) {keys} started under a lost lease have no recorded outcome",
+                "reconcile", True,
+            )
+        return Health(
+            "needs_worker", "side effects are reconciled; a worker must claim and continue",
+            "claim", True,
+        )
+    from .delivery import status as delivery_status  # local: avoids a cycle at import
+
+    dstatus, dwhy = delivery_status(
+        cp.delivery, ready=cp.delivery_ready, now_us=now_us, timeout_s=policy.delivery_timeout_s
+    )
+    if dstatus == "ambiguous":
+        return Health("delivery_ambiguous", dwhy, "reconcile_delivery", True)
+    if state == T.READY_FOR_REVIEW:
+        return Health("awaiting_owner", "the result waits for the owner's review", "none", False)
+    if state == T.SUCCEEDED:
+        if dstatus == "attempted":
+            return Health("delivering", dwhy, "none", False)
+        return Health("awaiting_owner", f"the result waits for delivery ({dstatus})", "none", False)
+    if cp.lease is None:
+        return Health("unclaimed", "no worker holds the run", "claim", state != T.QUEUED)
+    beat = w.last_heartbeat_us if w.last_heartbeat_us is not None else w.lease_since_us
+    if beat is None or (now_us - beat) / 1e6 > policy.heartbeat_timeout_s:
+        age = "never" if beat is None else f"{(now_us - beat) / 1e6:.0f}s ago"
+        return Health(
+            "unavailable",
+            f"worker {cp.worker} (lease {cp.lease}) last beat {age}, over the "
+            f"{policy.heartbeat_timeout_s:g}s heartbeat timeout",
+            "revoke_lease", True,
+        )
+    since = w.lease_since_us or 0
+    if w.last_progress is not None:
+        since = max(since, w.last_progress.at_us)
+    idle = (now_us - since) / 1e6
+    if idle > policy.progress_timeout_s:
+        kind = w.last_progress.kind if w.last_progress else "none"
+        if w.repeats >= policy.retry_budget:
+            return Health(
+                "stalled",
+                f"progress_seq {w.progress_seq} seen stalled {w.repeats} times, past the retry "
+                f"budget of {policy.retry_budget}",
+                "pause", True,
+            )
+        return Health(
+            "stalled",
+            f"heartbeats continue but progress_seq {w.progress_seq} (last: {kind}) has not "
+            f"moved for {idle:.0f}s, over the {policy.progress_timeout_s:g}s progress timeout",
+            "mark_stalled", True,
+        )
+    return Health("healthy", f"progress_seq {w.progress_seq}, worker {cp.worker} beating", "none", False)

@@ -1,0 +1,154 @@
+"""The whole lifecycle as data: every rule that affects a transition lives in this file.
+
+Theory of operation. A run opens in ``queued``. A worker that holds the lease moves it
+through planning, executing and verifying, and submits a result; the owner reviews (if
+the contract asks for review) and delivers it once to the recorded target, which ends
+the run in ``delivered``. ``blocked`` and ``unknown`` are detours: a named blocker, or a
+side effect whose outcome must be reconciled before anything is retried. ``no_op``,
+``cancelled`` and ``failed`` end a run without delivery. Terminal states absorb: after
+one, only read-only observation is accepted.
+
+``decide`` consults these tables and nothing else, and docs/lifecycle.md's diagram is
+generated from ``MOVES`` (a test fails when it is stale).
+"""
+
+from __future__ import annotations
+
+QUEUED = "queued"
+PLANNING = "planning"
+EXECUTING = "executing"
+VERIFYING = "verifying"
+BLOCKED = "blocked"
+UNKNOWN = "unknown"
+READY_FOR_REVIEW = "ready_for_review"
+SUCCEEDED = "succeeded"
+DELIVERED = "delivered"
+NO_OP = "no_op"
+CANCELLED = "cancelled"
+FAILED = "failed"
+
+STATES = (
+    QUEUED, PLANNING, EXECUTING, VERIFYING, BLOCKED, UNKNOWN,
+    READY_FOR_REVIEW, SUCCEEDED, DELIVERED, NO_OP, CANCELLED, FAILED,
+)
+TERMINAL = frozenset({DELIVERED, NO_OP, CANCELLED, FAILED})
+#: States in which a worker is doing the work (and heartbeats and progress are expected).
+WORKING = frozenset({PLANNING, EXECUTING, VERIFYING})
+#: States from which ``block`` may be raised and to which ``unblock`` returns.
+BLOCKABLE = frozenset({QUEUED, PLANNING, EXECUTING, VERIFYING, UNKNOWN, READY_FOR_REVIEW, SUCCEEDED})
+
+_CLOSE = ("close",)
+
+#: (from, to) -> the commands that may cause that move. Nothing else moves a run.
+MOVES: dict[tuple[str, str], tuple[str, ...]] = {
+    (QUEUED, PLANNING): ("transition",),
+    (PLANNING, EXECUTING): ("transition",),
+    (EXECUTING, PLANNING): ("transition",),
+    (EXECUTING, VERIFYING): ("transition",),
+    (VERIFYING, EXECUTING): ("transition",),
+    (UNKNOWN, EXECUTING): ("transition",),
+    (UNKNOWN, VERIFYING): ("transition",),
+    (VERIFYING, READY_FOR_REVIEW): ("submit",),
+    (VERIFYING, SUCCEEDED): ("submit",),
+    (READY_FOR_REVIEW, SUCCEEDED): ("review",),
+    (READY_FOR_REVIEW, EXECUTING): ("review",),
+    (SUCCEEDED, DELIVERED): ("delivered",),
+    (PLANNING, UNKNOWN): ("revoke", "recover"),
+    (EXECUTING, UNKNOWN): ("revoke", "recover"),
+    (VERIFYING, UNKNOWN): ("revoke", "recover"),
+}
+for _s in BLOCKABLE:
+    MOVES[(_s, BLOCKED)] = ("block", "recover")
+    MOVES[(BLOCKED, _s)] = ("unblock",)
+for _s in STATES:
+    if _s not in TERMINAL:
+        for _t in (NO_OP, CANCELLED, FAILED):
+            MOVES[(_s, _t)] = _CLOSE
+
+#: Progress that counts in each state (seed 003's table). Recording one of these
+#: advances progress_seq; the watchdog judges advancement by that sequence alone.
+PROGRESS_KINDS: dict[str, frozenset[str]] = {
+    PLANNING: frozenset({"plan_committed"}),
+    EXECUTING: frozenset({"tool_outcome", "child_result", "diff_validated"}),
+    VERIFYING: frozenset({"verifier_result"}),
+    # In blocked and unknown, progress is a command of its own: saving a blocker with its
+    # next action, and recording a reconciliation. These kinds name those events.
+    BLOCKED: frozenset({"blocker_recorded"}),
+    UNKNOWN: frozenset({"reconciliation_recorded"}),
+}
+#: Activity that may be logged in any working state but never counts as progress.
+NOT_PROGRESS = frozenset(
+    {"token_callback", "tool_retry", "tool_requested", "verifier_heartbeat", "waiting", "note", "worker_restart"}
+)
+ALL_PROGRESS_KINDS = frozenset().union(*PROGRESS_KINDS.values())
+
+#: Event types whose arrival advances progress_seq. Heartbeats, leases, watchdog
+#: observations, a side effect merely started and a delivery merely attempted do not.
+ADVANCING_EVENTS = frozenset(
+    {
+        "state_changed", "artifact_recorded", "evidence_recorded", "blocker_raised",
+        "blocker_cleared", "side_effect_confirmed", "reconciliation_recorded",
+        "result_submitted", "review_decided", "delivery_confirmed", "delivery_failed",
+    }
+)
+
+WORKER, OWNER, WATCHDOG, OPERATOR = "worker", "owner", "watchdog", "operator"
+
+#: Who may issue each command. "lease" means a worker holding the current lease;
+#: "owner" means the contract's owner by name, or whoever it transferred the action to.
+PERMISSIONS: dict[str, frozenset[str]] = {
+    "open": frozenset({OWNER, OPERATOR}),
+    "claim": frozenset({WORKER}),
+    "heartbeat": frozenset({"lease"}),
+    "transition": frozenset({"lease"}),
+    "progress": frozenset({"lease"}),
+    "artifact": frozenset({"lease"}),
+    "evidence": frozenset({"lease", OWNER, OPERATOR}),
+    "block": frozenset({"lease", OWNER, OPERATOR}),
+    "unblock": frozenset({"lease", OWNER, OPERATOR}),
+    "effect_start": frozenset({"lease"}),
+    "effect_confirm": frozenset({"lease", OWNER, OPERATOR}),
+    "submit": frozenset({"lease"}),
+    "release": frozenset({"lease"}),
+    "revoke": frozenset({OWNER, WATCHDOG, OPERATOR}),
+    "transfer": frozenset({OWNER, OPERATOR}),
+    "review": frozenset({OWNER, OPERATOR}),
+    "deliver": frozenset({OWNER, OPERATOR}),
+    "delivered": frozenset({OWNER, OPERATOR}),
+    "delivery_failed": frozenset({OWNER, OPERATOR}),
+    "close": frozenset({OWNER, OPERATOR}),
+    "fork": frozenset({OWNER, OPERATOR}),
+    "observe": frozenset({WATCHDOG, OPERATOR}),
+    "recover": frozenset({WATCHDOG, OPERATOR}),
+}
+#: Owner actions that a transfer of authority can hand to another named actor.
+TRANSFERABLE = frozenset({"review", "deliver", "delivered", "delivery_failed", "close"})
+#: Commands accepted on a terminal run (read-only observation only).
+READ_ONLY = frozenset({"observe"})
+
+#: Recovery actions the watchdog may choose from; all are bounded and reversible by a person.
+RECOVERY_ACTIONS = frozenset({"revoke_lease", "mark_stalled", "pause", "reconcile", "reconcile_delivery"})
+
+
+def allowed_targets(state: str, via: str | None = None) -> list[str]:
+    return sorted(t for (f, t), vias in MOVES.items() if f == state and (via is None or via in vias))
+
+
+def can_move(state: str, to: str, via: str) -> bool:
+    return via in MOVES.get((state, to), ())
+
+
+def mermaid() -> str:
+    """The state diagram, generated from MOVES, for docs/lifecycle.md."""
+    lines = ["stateDiagram-v2", f"    [*] --> {QUEUED}: open"]
+    grouped: dict[tuple[str, str], set[str]] = {}
+    for (f, t), vias in sorted(MOVES.items()):
+        if vias == _CLOSE:
+            continue
+        grouped.setdefault((f, t), set()).update(vias)
+    for (f, t), vias in sorted(grouped.items()):
+        lines.append(f"    {f} --> {t}: {' / '.join(sorted(vias))}")
+    lines.append("    note right of queued: any non-terminal state --> no_op / cancelled / failed (close)")
+    for t in sorted(TERMINAL):
+        lines.append(f"    {t} --> [*]")
+    return "\n".join(lines) + "\n"
