@@ -315,6 +315,22 @@ class Ledger:
                 out.append((cp, h))
         return out
 
+    def watcher_beat(self, watcher: str, interval_s: float) -> AppendResult:
+        """Record that a watcher is alive and how often it looks, in its own stream.
+
+        ``status`` reads these beats to say truthfully whether any watcher covers a run.
+        """
+        run_id = WATCHER_PREFIX + watcher
+        check_run_id(run_id, "watcher")
+        beat = ev.WatchdogObserved(watcher=watcher, classification="alive", progress_seq=0, interval_s=float(interval_s))
+        return self.store.append(run_id, [beat], actor=Actor("watchdog", watcher))
+
+    def verify(self, run_id: str | None = None, *, progress: Any = None) -> list[Any]:
+        """Hash chain, seq gaps, decodability and heads; an empty list means all is well."""
+        if run_id is not None:
+            check_run_id(run_id)
+        return self.store.verify(run_id, progress=progress)
+
     def log(self, run_id: str) -> Iterator[Recorded]:
         check_run_id(run_id)
         if self.store.head(run_id) is None:
