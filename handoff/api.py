@@ -24,6 +24,7 @@ from reducers import commands as C
 from reducers import stall
 from reducers.checkpoint import AGGREGATE, Checkpoint, fold, packet
 from reducers.decide import Context, decide
+from projections import Projector, queries
 
 WATCHER_PREFIX = "watcher:"
 
@@ -102,6 +103,11 @@ class Ledger:
             path, synchronous=synchronous, busy_timeout_s=busy_timeout_s,
             readonly=readonly, create=create, clock=self.clock,
         )
+        try:
+            self.projector = Projector(self.store)
+        except BaseException:
+            self.store.close()
+            raise
 
     def close(self) -> None:
         self.store.close()
@@ -140,14 +146,8 @@ class Ledger:
         return Outcome(result, state)
 
     def _owner_load_locked(self, owner: str, *, exclude: str) -> int:
-        load = 0
-        for head in self.store.list_runs():
-            if head.lease is None or head.run_id == exclude or head.run_id.startswith(WATCHER_PREFIX):
-                continue
-            cp = self.store._state_locked(head.run_id, AGGREGATE, head)
-            if cp.owner == owner and not cp.terminal:
-                load += 1
-        return load
+        # Read inside the claim's own write transaction, so two racing claims see each other.
+        return queries.owner_load(self.store, owner, exclude=exclude)
 
     # --- verbs -------------------------------------------------------------------------
 
@@ -276,6 +276,10 @@ class Ledger:
                 raise InvalidInput(f"run {run_id} did not exist yet at that time", field="as_of")
         if at_seq is not None and at_seq < 1:
             raise InvalidInput("--at must be a seq of 1 or more", field="at")
+        if at_seq is None:
+            cp = queries.checkpoint(self.store, run_id)
+            if cp is not None:
+                return cp
         return self.store.fold(run_id, AGGREGATE, until_seq=at_seq)
 
     def watchers(self) -> dict[str, tuple[int, float]]:
@@ -298,22 +302,35 @@ class Ledger:
             when = cp.last_event_us or when
         return packet(cp, now_us=when, watchers=self.watchers())
 
-    def runs(self, *, include_terminal: bool = False) -> Iterator[Checkpoint]:
-        for head in self.store.list_runs():
-            if head.run_id.startswith(WATCHER_PREFIX):
-                continue
-            cp = self.store.fold(head.run_id, AGGREGATE)
-            if include_terminal or not cp.terminal:
-                yield cp
+    def runs(self, *, include_terminal: bool = False, state: str | None = None,
+             owner: str | None = None, target: str | None = None) -> Iterator[Checkpoint]:
+        """Runs from the checkpoints view, oldest first (not terminal unless asked)."""
+        return queries.runs(self.store, state=state, owner=owner, target=target,
+                            include_terminal=include_terminal)
 
     def stalls(self, *, now: int | None = None) -> list[tuple[Checkpoint, stall.Health]]:
+        """Every run that needs attention at ``now``: an index scan, then classify each candidate."""
         when = now if now is not None else self.clock()
         out = []
-        for cp in self.runs():
+        for cp in queries.stall_candidates(self.store, when):
             h = stall.classify(cp, now_us=when)
             if h.needs_attention:
                 out.append((cp, h))
         return out
+
+    def owner_load(self, owner: str) -> int:
+        return queries.owner_load(self.store, owner)
+
+    def deliveries(self, *, status: str | None = None, now: int | None = None) -> list[dict[str, Any]]:
+        return queries.deliveries(self.store, now_us=now if now is not None else self.clock(), status=status)
+
+    def rebuild(self, name: str | None = None, *, progress: Any = None) -> dict[str, int]:
+        """Drop and refold one projection (or all) from the log; atomic, memory flat."""
+        return self.projector.rebuild(None if name is None else [name], progress=progress)
+
+    def check(self, name: str | None = None, *, progress: Any = None) -> list[dict[str, Any]]:
+        """Differences between the kept projections and a fresh fold of the log."""
+        return self.projector.check(None if name is None else [name], progress=progress)
 
     def watcher_beat(self, watcher: str, interval_s: float) -> AppendResult:
         """Record that a watcher is alive and how often it looks, in its own stream.

@@ -14,6 +14,7 @@ import sqlite3
 import stat
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -69,6 +70,25 @@ _COLUMNS = (
 
 def _now_us() -> int:
     return time.time_ns() // 1000
+
+
+def _encode_checked(events: Sequence[ev.Event], max_payload: int) -> list[tuple[str, bytes]]:
+    """encode_events, then prove each payload decodes back (what every reader will do).
+
+    msgspec does not type-check Struct constructors, so ProgressRecorded(kind=5) would
+    otherwise be stored, acknowledged, and then be unreadable (verify: undecodable).
+    """
+    encoded = encode_events(events, max_payload)
+    for i, (tag, payload) in enumerate(encoded):
+        try:
+            ev.decode(payload)
+        except Exception as exc:  # msgspec.ValidationError / DecodeError
+            raise InvalidInput(
+                f"event #{i + 1} ({tag}) has a field of the wrong type and could not be "
+                f"read back: {exc}",
+                field=f"events[{i}]",
+            ) from None
+    return encoded
 
 
 def _explain(exc: sqlite3.Error, doing: str, path: str) -> LedgerError:
@@ -137,16 +157,21 @@ class SqliteStore(EventStore):
         self.max_payload = max_payload
         self._clock = clock or _now_us
         self._lock = threading.RLock()
-        self._cache: collections.OrderedDict[tuple[int, str], tuple[int, bytes, Any]] = (
+        self._cache: collections.OrderedDict[tuple[int, str], tuple[Any, int, bytes, Any]] = (
             collections.OrderedDict()
         )
         self._memory = self.path == ":memory:"
+        self._hooks: list[tuple[Aggregate[Any], Callable[..., None]]] = []
         self._commits_since_check = 0
         self.readonly = readonly
         self._conn = self._connect(create=create, readonly=readonly)
         self.db = sqlite_utils.Database(self._conn)
         try:
             self._ensure_schema(create and not readonly)
+            # Only once the file is known to be a ledger: switching a foreign database
+            # to WAL would rewrite its header even though we then refuse it.
+            if not self._memory and not readonly:
+                self._enable_wal()
         except BaseException:
             self._conn.close()
             raise
@@ -179,7 +204,7 @@ class SqliteStore(EventStore):
                     ) from exc
         try:
             if readonly and not self._memory:
-                uri = f"file:{os.path.abspath(path)}?mode=ro"
+                uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro"
                 conn = sqlite3.connect(
                     uri, uri=True, timeout=self.busy_timeout_s, isolation_level=None,
                     check_same_thread=False,
@@ -196,13 +221,6 @@ class SqliteStore(EventStore):
         try:
             conn.execute("PRAGMA trusted_schema=OFF")
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
-            if not self._memory and not readonly:
-                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-                if str(mode).lower() != "wal":
-                    raise StoreUnavailable(
-                        f"could not switch {path} to WAL mode (got {mode}); is it on a "
-                        "network filesystem? Those are not supported"
-                    )
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             # No automatic (passive) checkpoints: see _maybe_checkpoint.
             conn.execute("PRAGMA wal_autocheckpoint=0")
@@ -210,6 +228,17 @@ class SqliteStore(EventStore):
             conn.close()
             raise _explain(exc, "opening", path) from exc
         return conn
+
+    def _enable_wal(self) -> None:
+        try:
+            mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise _explain(exc, "opening", self.path) from exc
+        if str(mode).lower() != "wal":
+            raise StoreUnavailable(
+                f"could not switch {self.path} to WAL mode (got {mode}); is it on a "
+                "network filesystem? Those are not supported"
+            )
 
     def _ensure_schema(self, may_create: bool) -> None:
         conn = self._conn
@@ -457,6 +486,8 @@ class SqliteStore(EventStore):
             elif isinstance(event, (ev.LeaseReleased, ev.LeaseRevoked)):
                 if event.lease == cur_lease:
                     cur_lease, holder = None, None
+            elif isinstance(event, ev.RunForked):
+                self._check_fork(run_id, seq, event)
         conn.executemany(
             "INSERT INTO events (position, run_id, seq, type, actor, lease, idem_key, "
             "idem_digest, batch_size, recorded_us, schema_version, payload, prev_hash, hash) "
@@ -481,8 +512,66 @@ class SqliteStore(EventStore):
             positions=tuple(range(last_pos + 1, last_pos + n + 1)),
         )
 
+    def _check_fork(self, run_id: str, seq: int, fork: ev.RunForked) -> None:
+        """history() follows run_forked to the parent: refuse what would loop or dangle.
+
+        The parent must already exist, so lineage is acyclic by construction.
+        """
+        if seq != 1:
+            raise InvalidInput(
+                f"run_forked can only be the first event of a new run; run {run_id} "
+                f"would get it at seq {seq}",
+                field="events",
+            )
+        parent = fork.parent
+        if parent == run_id or not isinstance(parent, str):
+            raise InvalidInput(f"run {run_id} cannot be forked from itself", field="parent")
+        check_run_id(parent, "parent")
+        parent_head, _ = self._head_locked(parent)
+        if parent_head is None or not 0 <= fork.parent_seq <= parent_head.last_seq:
+            at = parent_head.last_seq if parent_head else None
+            raise InvalidInput(
+                f"cannot fork {run_id} from {parent} at seq {fork.parent_seq}: the parent "
+                + ("does not exist" if at is None else f"is at seq {at}"),
+                field="parent_seq",
+            )
+
     def _after_insert(self, rows: list[tuple[Any, ...]]) -> None:
-        """Hook for inline projections; runs inside the write transaction."""
+        """Hook for subclasses; runs inside the write transaction."""
+
+    def attach(self, aggregate: Aggregate[Any], hook: Callable[..., None]) -> None:
+        """Run ``hook(conn, run_id, state, last_position)`` inside every append's transaction.
+
+        ``state`` is ``aggregate``'s fold of the run after the append. This is how inline
+        projections stay in step with the log: a failing hook rolls the append back.
+        """
+        self._hooks.append((aggregate, hook))
+
+    def _run_hooks(
+        self, run_id: str, known: tuple[Aggregate[Any], Any] | None
+    ) -> tuple[Head | None, list[tuple[Aggregate[Any], Any]]]:
+        if not self._hooks:
+            return None, []
+        head, _ = self._head_locked(run_id)
+        assert head is not None
+        folded = []
+        for aggregate, hook in self._hooks:
+            if known is not None and known[0] is aggregate:
+                state = known[1]
+            else:
+                state = self._state_locked(run_id, aggregate, head)
+            hook(self._conn, run_id, state, head.last_position)
+            folded.append((aggregate, state))
+        return head, folded
+
+    def _remember_all(
+        self, run_id: str, folded: tuple[Head | None, list[tuple[Aggregate[Any], Any]]]
+    ) -> None:
+        head, states = folded
+        if head is None:
+            return
+        for aggregate, state in states:
+            self._remember(aggregate, run_id, head.last_seq, head.last_hash, state)
 
     def _check_fence(
         self, run_id: str, head: Head | None, expected_seq: int | None, lease: int | None
@@ -525,13 +614,19 @@ class SqliteStore(EventStore):
         check_run_id(run_id)
         check_actor(actor)
         check_idempotency_key(idempotency_key)
+        try:
+            # Materialise once: a generator would be consumed by encode_events and the
+            # insert would then see an empty batch yet acknowledge it.
+            events = tuple(events)
+        except TypeError:
+            raise InvalidInput("events must be a sequence of events", field="events") from None
         if not events:
             raise InvalidInput("an append needs at least one event", field="events")
         if expected_seq is not None and (not isinstance(expected_seq, int) or expected_seq < 0):
             raise InvalidInput("expected_seq must be a whole number >= 0", field="expected_seq")
         if lease is not None and (not isinstance(lease, int) or lease < 1):
             raise InvalidInput("lease must be a whole number >= 1", field="lease")
-        encoded = encode_events(events, self.max_payload)
+        encoded = _encode_checked(events, self.max_payload)
         actor_s = str(actor)
         digest = (
             request_digest(actor_s, lease, [p for _, p in encoded]) if idempotency_key else None
@@ -550,12 +645,14 @@ class SqliteStore(EventStore):
                 result = self._insert_locked(
                     run_id, head, max_lease, events, encoded, actor_s, lease, idempotency_key, digest
                 )
+                folded = self._run_hooks(run_id, None)
                 ok = True
-                return result
             except sqlite3.Error as exc:
                 raise _explain(exc, "appending", self.path) from exc
             finally:
                 self._finish(ok, "committing an append")
+            self._remember_all(run_id, folded)
+            return result
 
     def _state_locked(self, run_id: str, aggregate: Aggregate[S], head: Head | None) -> S:
         """The folded state at the head, reusing a cached fold when it is still current."""
@@ -563,8 +660,8 @@ class SqliteStore(EventStore):
         cached = self._cache.get(ckey)
         if head is None:
             return aggregate.initial(run_id)
-        if cached is not None and cached[0] <= head.last_seq:
-            seq, h, state = cached
+        if cached is not None and cached[0] is aggregate and cached[1] <= head.last_seq:
+            _, seq, h, state = cached
             if seq == head.last_seq and h == head.last_hash:
                 self._cache.move_to_end(ckey)
                 return state
@@ -583,7 +680,8 @@ class SqliteStore(EventStore):
 
     def _remember(self, aggregate: Aggregate[Any], run_id: str, seq: int, h: bytes, state: Any) -> None:
         ckey = (id(aggregate), run_id)
-        self._cache[ckey] = (seq, h, state)
+        # Holding the aggregate keeps its id() from being reused by another object.
+        self._cache[ckey] = (aggregate, seq, h, state)
         self._cache.move_to_end(ckey)
         while len(self._cache) > 4096:
             self._cache.popitem(last=False)
@@ -622,7 +720,7 @@ class SqliteStore(EventStore):
                     seq = head.last_seq if head else 0
                     return AppendResult(run_id, "duplicate", seq + 1, seq, ()), state
                 self._check_fence(run_id, head, None, decision.lease)
-                encoded = encode_events(decision.events, self.max_payload)
+                encoded = _encode_checked(decision.events, self.max_payload)
                 result = self._insert_locked(
                     run_id, head, max_lease, decision.events, encoded, actor_s,
                     decision.lease, idempotency_key, digest,
@@ -630,14 +728,18 @@ class SqliteStore(EventStore):
                 new_state = state
                 for rec in self._read_run_locked(run_id, result.first_seq - 1, None):
                     new_state = aggregate.evolve(new_state, rec)
+                folded = self._run_hooks(run_id, (aggregate, new_state))
                 ok = True
             except sqlite3.Error as exc:
                 raise _explain(exc, "appending", self.path) from exc
             finally:
                 self._finish(ok, "committing a command")
-            new_head, _ = self._head_locked(run_id)
-            if new_head is not None and new_head.last_seq == result.last_seq:
-                self._remember(aggregate, run_id, result.last_seq, new_head.last_hash, new_state)
+            if folded[0] is None:
+                new_head, _ = self._head_locked(run_id)
+                folded = (new_head, [(aggregate, new_state)])
+            elif all(a is not aggregate for a, _ in folded[1]):
+                folded[1].append((aggregate, new_state))
+            self._remember_all(run_id, folded)
             return result, new_state
 
     # --- reading -------------------------------------------------------------------
@@ -726,8 +828,25 @@ class SqliteStore(EventStore):
         """Walk the log and report broken links, seq gaps, bad payloads and stale heads.
 
         Reports the first problem of each run (later ones usually follow from it) and any
-        hole in the global positions, which is where a deleted row shows.
+        hole in the global positions, which is where a deleted row shows. Runs in one
+        read transaction, so a concurrent writer cannot make the heads look ahead of the
+        events walked (a false head_mismatch).
         """
+        with self._lock:
+            began = not self._conn.in_transaction
+            try:
+                if began:
+                    self._conn.execute("BEGIN")
+                return self._verify_snapshot(run_id, progress)
+            except sqlite3.Error as exc:
+                raise _explain(exc, "verifying", self.path) from exc
+            finally:
+                if began and self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+
+    def _verify_snapshot(
+        self, run_id: str | None, progress: Callable[[int, int], None] | None
+    ) -> list[Problem]:
         problems: list[Problem] = []
         broken: set[str] = set()
         seen: dict[str, tuple[int, bytes]] = {}

@@ -1,0 +1,373 @@
+"""Keeping the views: inline with every append, rebuilt from the log, checked against it.
+
+A projection is a name, the rows it derives from a run's checkpoint (views.py), and the
+tables that hold them. Inline upkeep happens inside the append's own write transaction,
+with a tracking row (name, last position applied), so a reader never sees an event
+without its projection or the reverse. The log stays the only truth: ``rebuild`` drops
+and refolds, ``check`` compares, ``catch_up`` brings a late-added projection level.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgspec
+
+from ledger.errors import InvalidInput
+from ledger.sqlite import SqliteStore, _explain
+from reducers.checkpoint import AGGREGATE, Checkpoint
+
+from . import views
+
+Progress = Callable[[int, int], None] | None
+
+
+class Projection(msgspec.Struct, frozen=True):
+    """One named view: its tables' DDL (``{t}`` is the table name) and its row function."""
+
+    name: str
+    table: str
+    columns: dict[str, str]
+    pk: tuple[str, ...]
+    indexes: tuple[str, ...]  # CREATE INDEX statements with {t} for the table, {i} for a prefix
+    rows: Callable[[Checkpoint, int], list[dict[str, Any]]]
+    many: bool = False  # rows per run may be 0..n (delete then insert)
+
+
+def _ck_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
+    return [views.checkpoint_row(cp, last_position)]
+
+
+def _stall_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
+    return [views.stall_row(cp)]
+
+
+def _delivery_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
+    return [views.delivery_row(cp)] if cp.opened else []
+
+
+def _owner_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
+    owner, active = views.owner_active(cp)
+    return [{"owner": owner, "run_id": cp.run_id, "lease": cp.lease}] if active else []
+
+
+PROJECTIONS: tuple[Projection, ...] = (
+    Projection(
+        name="checkpoints",
+        table="checkpoints",
+        columns={
+            "run_id": "TEXT NOT NULL", "state": "TEXT NOT NULL", "terminal": "INTEGER NOT NULL",
+            "owner": "TEXT NOT NULL", "target": "TEXT NOT NULL", "worker": "TEXT", "lease": "INTEGER",
+            "progress_seq": "INTEGER NOT NULL", "last_seq": "INTEGER NOT NULL",
+            "last_position": "INTEGER NOT NULL", "updated_us": "INTEGER", "fork_parent": "TEXT",
+            "packet": "BLOB NOT NULL",
+        },
+        pk=("run_id",),
+        indexes=(
+            "CREATE INDEX {i}_state ON {t}(state, run_id)",
+            "CREATE INDEX {i}_owner ON {t}(owner, state)",
+            "CREATE INDEX {i}_target ON {t}(target, state)",
+            "CREATE INDEX {i}_live ON {t}(terminal, state, run_id)",
+        ),
+        rows=_ck_rows,
+    ),
+    Projection(
+        name="stall_watch",
+        table="stall_watch",
+        columns={
+            "run_id": "TEXT NOT NULL", "live": "INTEGER NOT NULL", "state": "TEXT NOT NULL",
+            "lease": "INTEGER", "last_heartbeat_us": "INTEGER", "lease_since_us": "INTEGER",
+            "progress_seq": "INTEGER NOT NULL", "last_progress_kind": "TEXT",
+            "last_progress_us": "INTEGER", "retry_count": "INTEGER NOT NULL",
+            "pending_effects": "INTEGER NOT NULL", "next_deadline_us": "INTEGER",
+        },
+        pk=("run_id",),
+        # The stall scan is a range scan of this partial covering index and nothing else.
+        indexes=(
+            "CREATE INDEX {i}_due ON {t}(next_deadline_us, run_id) "
+            "WHERE live = 1 AND next_deadline_us IS NOT NULL",
+        ),
+        rows=_stall_rows,
+    ),
+    Projection(
+        name="deliveries",
+        table="deliveries",
+        columns={
+            "run_id": "TEXT NOT NULL", "target": "TEXT NOT NULL", "status": "TEXT NOT NULL",
+            "key": "TEXT", "receipt": "TEXT", "attempts": "INTEGER NOT NULL",
+            "attempted_us": "INTEGER", "ambiguous_after_us": "INTEGER",
+        },
+        pk=("run_id", "target"),
+        indexes=("CREATE INDEX {i}_status ON {t}(status, ambiguous_after_us)",),
+        rows=_delivery_rows,
+        many=True,
+    ),
+    Projection(
+        name="owner_load",
+        table="owner_load",
+        columns={"owner": "TEXT NOT NULL", "run_id": "TEXT NOT NULL", "lease": "INTEGER"},
+        pk=("owner", "run_id"),
+        indexes=("CREATE INDEX {i}_run ON {t}(run_id)",),
+        rows=_owner_rows,
+        many=True,
+    ),
+)
+BY_NAME = {p.name: p for p in PROJECTIONS}
+TRACKING = "projection_positions"
+
+
+def _create_sql(p: Projection, table: str) -> str:
+    cols = ", ".join(f"{c} {t}" for c, t in p.columns.items())
+    return f"CREATE TABLE {table} ({cols}, PRIMARY KEY ({', '.join(p.pk)}))"
+
+
+def _insert_sql(p: Projection, table: str) -> str:
+    cols = list(p.columns)
+    return (
+        f"INSERT OR REPLACE INTO {table} ({', '.join(cols)}) "
+        f"VALUES ({', '.join(':' + c for c in cols)})"
+    )
+
+
+def _write(conn: sqlite3.Connection, p: Projection, table: str, cp: Checkpoint, last_position: int) -> None:
+    if not cp.opened:
+        return  # a stream that is not a handoff run (a watcher's beats): no view rows
+    rows = p.rows(cp, last_position)
+    if p.many:
+        conn.execute(f"DELETE FROM {table} WHERE run_id=?", (cp.run_id,))
+    if rows:
+        conn.executemany(_insert_sql(p, table), rows)
+
+
+def _named(names: Iterable[str] | None) -> list[Projection]:
+    if names is None:
+        return list(PROJECTIONS)
+    out = []
+    for n in names:
+        if n not in BY_NAME:
+            raise InvalidInput(
+                f"no projection named {n!r}; the projections are {', '.join(BY_NAME)}", field="projection"
+            )
+        out.append(BY_NAME[n])
+    return out
+
+
+class Projector:
+    """Attaches the projections to a SqliteStore and keeps them inline with every append."""
+
+    def __init__(self, store: SqliteStore, names: Iterable[str] | None = None) -> None:
+        self.store = store
+        self.projections = _named(names)
+        self._ensure_tables()
+        store.attach(AGGREGATE, self._inline)
+        if not store.readonly:
+            self.catch_up()
+
+    # --- tables --------------------------------------------------------------------
+
+    def _ensure_tables(self) -> None:
+        store = self.store
+        conn = store._conn
+        existing = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        missing = [p for p in self.projections if p.table not in existing]
+        if TRACKING in existing and not missing:
+            return
+        if store.readonly:
+            return
+        with store._lock:
+            store._begin("creating projection tables")
+            ok = False
+            try:
+                conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {TRACKING} (name TEXT PRIMARY KEY, position INTEGER NOT NULL)"
+                )
+                existing = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+                for p in self.projections:
+                    if p.table not in existing:
+                        conn.execute(_create_sql(p, p.table))
+                        for ddl in p.indexes:
+                            conn.execute(ddl.format(t=p.table, i=p.table))
+                        conn.execute(f"INSERT OR REPLACE INTO {TRACKING} VALUES (?, 0)", (p.name,))
+                ok = True
+            except sqlite3.Error as exc:
+                raise _explain(exc, "creating projection tables", store.path) from exc
+            finally:
+                store._finish(ok, "creating projection tables")
+
+    # --- inline ----------------------------------------------------------------------
+
+    def _inline(self, conn: sqlite3.Connection, run_id: str, cp: Checkpoint, last_position: int) -> None:
+        """Called by the store inside the append's write transaction."""
+        for p in self.projections:
+            _write(conn, p, p.table, cp, last_position)
+        conn.execute(
+            f"UPDATE {TRACKING} SET position=? WHERE name IN ({','.join('?' * len(self.projections))})",
+            (last_position, *[p.name for p in self.projections]),
+        )
+
+    def positions(self) -> dict[str, int]:
+        with self.store._lock:
+            return dict(self.store._conn.execute(f"SELECT name, position FROM {TRACKING}"))
+
+    # --- catch-up --------------------------------------------------------------------
+
+    def catch_up(self, *, progress: Progress = None) -> int:
+        """Bring any projection whose tracking position lags the log up to date.
+
+        Returns how many runs were refolded. Safe to call at any time.
+        """
+        store = self.store
+        refolded = 0
+        with store._lock:
+            last = store.last_position()
+            behind = {n: pos for n, pos in self.positions().items() if n in {p.name for p in self.projections} and pos < last}
+            if not behind:
+                return 0
+            since = min(behind.values())
+            lagging = [BY_NAME[n] for n in behind]
+            store._begin("catching up projections")
+            ok = False
+            try:
+                runs = [r[0] for r in store._conn.execute(
+                    "SELECT DISTINCT run_id FROM events WHERE position > ?", (since,))]
+                for i, run_id in enumerate(runs):
+                    head = store._head_locked(run_id)[0]
+                    cp = store._state_locked(run_id, AGGREGATE, head)
+                    for p in lagging:
+                        _write(store._conn, p, p.table, cp, head.last_position)  # type: ignore[union-attr]
+                    refolded += 1
+                    if progress and i % 1000 == 0:
+                        progress(i, len(runs))
+                store._conn.executemany(
+                    f"UPDATE {TRACKING} SET position=? WHERE name=?", [(last, p.name) for p in lagging]
+                )
+                ok = True
+            except sqlite3.Error as exc:
+                raise _explain(exc, "catching up projections", store.path) from exc
+            finally:
+                store._finish(ok, "catching up projections")
+        return refolded
+
+    # --- rebuild -----------------------------------------------------------------------
+
+    def rebuild(self, names: Iterable[str] | None = None, *, batch: int = 500, progress: Progress = None) -> dict[str, int]:
+        """Drop and refold the named projections (all by default) from position 0.
+
+        Builds into fresh ``*__new`` tables, one run at a time and in batches (memory stays
+        flat in the size of the log), then swaps them in with one transaction. A rebuild
+        killed midway leaves the old tables untouched; the next one starts over.
+        Returns {projection: rows written}.
+        """
+        store = self.store
+        chosen = _named(names)
+        conn = store._conn
+        tmp = {p.name: p.table + "__new" for p in chosen}
+
+        def txn(doing: str, fn: Callable[[], Any]) -> Any:
+            with store._lock:
+                store._begin(doing)
+                ok = False
+                try:
+                    out = fn()
+                    ok = True
+                    return out
+                except sqlite3.Error as exc:
+                    raise _explain(exc, doing, store.path) from exc
+                finally:
+                    store._finish(ok, doing)
+
+        def prepare() -> int:
+            for p in chosen:
+                conn.execute(f"DROP TABLE IF EXISTS {tmp[p.name]}")
+                conn.execute(_create_sql(p, tmp[p.name]))
+            return store.last_position()
+
+        start = txn("preparing a rebuild", prepare)
+        heads = [h.run_id for h in store.list_runs()]
+        total = len(heads)
+        counts = {p.name: 0 for p in chosen}
+
+        def fold_and_write(run_ids: list[str]) -> None:
+            for run_id in run_ids:
+                head = store._head_locked(run_id)[0]
+                if head is None:
+                    continue
+                cp = store.fold(run_id, AGGREGATE)
+                for p in chosen:
+                    _write(conn, p, tmp[p.name], cp, head.last_position)
+
+        for i in range(0, total, batch):
+            chunk = heads[i : i + batch]
+            txn("rebuilding projections", lambda: fold_and_write(chunk))
+            if progress:
+                progress(min(i + batch, total), total)
+
+        def swap() -> None:
+            late = [r[0] for r in conn.execute("SELECT DISTINCT run_id FROM events WHERE position > ?", (start,))]
+            fold_and_write(late)
+            last = store.last_position()
+            for p in chosen:
+                conn.execute(f"DROP TABLE IF EXISTS {p.table}")
+                conn.execute(f"ALTER TABLE {tmp[p.name]} RENAME TO {p.table}")
+                for ddl in p.indexes:
+                    conn.execute(ddl.format(t=p.table, i=p.table))
+                conn.execute(f"INSERT OR REPLACE INTO {TRACKING} VALUES (?, ?)", (p.name, last))
+                counts[p.name] = conn.execute(f"SELECT count(*) FROM {p.table}").fetchone()[0]
+
+        txn("swapping in rebuilt projections", swap)
+        return counts
+
+    # --- check -------------------------------------------------------------------------
+
+    def check(self, names: Iterable[str] | None = None, *, progress: Progress = None) -> list[dict[str, Any]]:
+        """Compare every kept row with a fresh fold of the log; return each difference.
+
+        A difference is {projection, run_id, column, kept, folded}; kept or folded is
+        None where a whole row is missing on that side.
+        """
+        store = self.store
+        chosen = _named(names)
+        diffs: list[dict[str, Any]] = []
+        with store._lock:
+            conn = store._conn
+            began = not conn.in_transaction
+            if began:
+                conn.execute("BEGIN")
+            try:
+                heads = {h.run_id: h for h in store.list_runs()}
+                for p in chosen:
+                    cols = list(p.columns)
+                    kept: dict[tuple[Any, ...], dict[str, Any]] = {}
+                    for row in conn.execute(f"SELECT {', '.join(cols)} FROM {p.table}"):
+                        d = dict(zip(cols, row))
+                        kept[tuple(d[k] for k in p.pk)] = d
+                    for i, (run_id, head) in enumerate(heads.items()):
+                        cp = store.fold(run_id, AGGREGATE)
+                        if not cp.opened:
+                            continue
+                        for row in p.rows(cp, head.last_position):
+                            key = tuple(row[k] for k in p.pk)
+                            have = kept.pop(key, None)
+                            if have is None:
+                                diffs.append(dict(projection=p.name, run_id=run_id, column=None, kept=None, folded="row"))
+                                continue
+                            for c in cols:
+                                if have[c] != row[c]:
+                                    diffs.append(dict(projection=p.name, run_id=run_id, column=c,
+                                                      kept=_show(have[c]), folded=_show(row[c])))
+                        if progress and i % 1000 == 0:
+                            progress(i, len(heads))
+                    for key, have in kept.items():
+                        diffs.append(dict(projection=p.name, run_id=have.get("run_id"), column=None, kept="row", folded=None))
+            finally:
+                if began and conn.in_transaction:
+                    conn.execute("ROLLBACK")
+        return diffs
+
+
+def _show(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return f"<{len(v)} bytes>"
+    return v
