@@ -12,7 +12,8 @@ from typing import Literal
 import msgspec
 
 #: Bumped when the meaning of stored payloads changes in a way a reader must know.
-#: Version 1 wrote ``progress_recorded`` without ``advances``; readers default it.
+#: Version 1 lacked ProgressRecorded.advances, ArtifactRecorded.exists,
+#: WatchdogObserved.interval_s and Policy.delivery_timeout_s / owner_cap; readers default them.
 SCHEMA_VERSION = 2
 
 
