@@ -348,6 +348,30 @@ class Ledger:
             check_run_id(run_id)
         return self.store.verify(run_id, progress=progress)
 
+    def doctor(self) -> dict[str, Any]:
+        """Facts about the file and the SQLite library underneath, for support and audits."""
+        import sqlite3
+
+        conn = self.store._conn
+        version = sqlite3.sqlite_version
+        affected = tuple(int(x) for x in version.split(".")[:3]) < (3, 51, 3)
+        pragma = lambda name: conn.execute(f"PRAGMA {name}").fetchone()[0]  # noqa: E731
+        return {
+            "path": os.path.abspath(self.store.path),
+            "sqlite_version": version,
+            "wal_reset_bug": {
+                "affected_version": affected,
+                "mitigation": "automatic checkpoints off; checkpoints run only in TRUNCATE mode, "
+                "which holds the writer lock (docs/architecture.md)",
+            },
+            "journal_mode": pragma("journal_mode"),
+            "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(pragma("synchronous")),
+            "wal_autocheckpoint": pragma("wal_autocheckpoint"),
+            "events": self.store.last_position(),
+            "runs": sum(1 for _ in self.store.list_runs()),
+            "projections": self.projector.positions(),
+        }
+
     def log(self, run_id: str) -> Iterator[Recorded]:
         check_run_id(run_id)
         if self.store.head(run_id) is None:
