@@ -321,6 +321,12 @@ class SqliteStore(EventStore):
                 "SELECT RAISE(ABORT, 'handoff ledger events are append-only: UPDATE refused'); END"
             )
             self._conn.execute(
+                "CREATE TRIGGER events_no_overwrite BEFORE INSERT ON events WHEN EXISTS ("
+                "SELECT 1 FROM events WHERE position = NEW.position "
+                "OR (run_id = NEW.run_id AND seq = NEW.seq)) BEGIN "
+                "SELECT RAISE(ABORT, 'handoff ledger events are append-only: overwrite refused'); END"
+            )
+            self._conn.execute(
                 "CREATE TRIGGER events_no_delete BEFORE DELETE ON events BEGIN "
                 "SELECT RAISE(ABORT, 'handoff ledger events are append-only: DELETE refused'); END"
             )
@@ -367,7 +373,12 @@ class SqliteStore(EventStore):
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise _explain(exc, doing, self.path) from exc
-            self._maybe_checkpoint()
+            try:
+                self._maybe_checkpoint()
+            except LedgerError:
+                # The commit stands; a checkpoint that could not run now is retried after
+                # a later commit. Reporting it would tell the caller "nothing was written".
+                pass
         elif conn.in_transaction:
             conn.execute("ROLLBACK")
 
@@ -477,10 +488,12 @@ class SqliteStore(EventStore):
             prev = h
             if isinstance(event, ev.LeaseGranted):
                 if event.lease <= max_lease:
-                    raise InvalidInput(
-                        f"lease token {event.lease} is not above the run's highest lease "
-                        f"{max_lease}; fencing tokens only grow",
-                        field="lease",
+                    raise StaleLease(
+                        f"lease token {event.lease} is not above run {run_id}'s highest lease "
+                        f"{max_lease}; fencing tokens only grow, so an old token can never "
+                        "be granted again",
+                        lease=event.lease,
+                        current_lease=cur_lease,
                     )
                 cur_lease, holder, max_lease = event.lease, event.worker, event.lease
             elif isinstance(event, (ev.LeaseReleased, ev.LeaseRevoked)):
@@ -622,9 +635,13 @@ class SqliteStore(EventStore):
             raise InvalidInput("events must be a sequence of events", field="events") from None
         if not events:
             raise InvalidInput("an append needs at least one event", field="events")
-        if expected_seq is not None and (not isinstance(expected_seq, int) or expected_seq < 0):
+        if expected_seq is not None and (
+            isinstance(expected_seq, bool) or not isinstance(expected_seq, int) or expected_seq < 0
+        ):
             raise InvalidInput("expected_seq must be a whole number >= 0", field="expected_seq")
-        if lease is not None and (not isinstance(lease, int) or lease < 1):
+        if lease is not None and (
+            isinstance(lease, bool) or not isinstance(lease, int) or lease < 1
+        ):
             raise InvalidInput("lease must be a whole number >= 1", field="lease")
         encoded = _encode_checked(events, self.max_payload)
         actor_s = str(actor)
@@ -725,19 +742,25 @@ class SqliteStore(EventStore):
                     run_id, head, max_lease, decision.events, encoded, actor_s,
                     decision.lease, idempotency_key, digest,
                 )
-                new_state = state
-                for rec in self._read_run_locked(run_id, result.first_seq - 1, None):
-                    new_state = aggregate.evolve(new_state, rec)
+                if head is None:
+                    # A new run: fold its whole lineage, so a fork child that this
+                    # command created starts from the parent's prefix.
+                    new_state = self._state_locked(run_id, aggregate, self._head_locked(run_id)[0])
+                else:
+                    new_state = state
+                    for rec in self._read_run_locked(run_id, result.first_seq - 1, None):
+                        new_state = aggregate.evolve(new_state, rec)
                 folded = self._run_hooks(run_id, (aggregate, new_state))
+                if folded[0] is None:
+                    # The head new_state belongs to, read before COMMIT: afterwards another
+                    # process may already have moved it past what new_state covers.
+                    folded = (self._head_locked(run_id)[0], [])
                 ok = True
             except sqlite3.Error as exc:
                 raise _explain(exc, "appending", self.path) from exc
             finally:
                 self._finish(ok, "committing a command")
-            if folded[0] is None:
-                new_head, _ = self._head_locked(run_id)
-                folded = (new_head, [(aggregate, new_state)])
-            elif all(a is not aggregate for a, _ in folded[1]):
+            if all(a is not aggregate for a, _ in folded[1]):
                 folded[1].append((aggregate, new_state))
             self._remember_all(run_id, folded)
             return result, new_state

@@ -1,0 +1,875 @@
+"""The EventStore contract in code, written once against ledger/store.py.
+
+A backend proves it honours the contract by subclassing ``StoreConformance`` in a
+``test_*.py`` module and implementing ``make_store()`` to return a fresh, empty store
+(``self.tmp_path`` is a per-test temporary directory it may use)::
+
+    class TestMyStore(StoreConformance):
+        def make_store(self):
+            return MyStore(self.tmp_path / "ledger.db")
+
+Every refusal test also proves the refusal wrote nothing, with ``refused()``: it
+snapshots every event and every head before the call and compares them after.
+
+``verify()`` is not on the abstract interface but every backend is expected to offer
+it (the CLI's ``handoff verify``); the hash-chain tests call it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from datetime import timezone
+from typing import Any
+
+import msgspec
+import pytest
+
+from ledger import events as ev
+from ledger.errors import (
+    IdempotencyConflict,
+    IllegalTransition,
+    InvalidInput,
+    PayloadTooLarge,
+    SeqConflict,
+    StaleLease,
+    UnknownEventType,
+)
+from ledger.store import (
+    DEFAULT_MAX_PAYLOAD,
+    GENESIS_HASH,
+    Actor,
+    Aggregate,
+    AppendResult,
+    Decision,
+    EventStore,
+    Head,
+    Recorded,
+    chain_hash,
+)
+
+W1 = Actor("worker", "w1")
+W2 = Actor("worker", "w2")
+OWNER = Actor("owner", "alice")
+WATCHDOG = Actor("watchdog", "wd")
+
+BAD_RUN_IDS = [
+    pytest.param("", id="empty"),
+    pytest.param("x" * 129, id="129-chars"),
+    pytest.param("has space", id="space"),
+    pytest.param("../x", id="path-traversal"),
+    pytest.param("x'; DROP TABLE events;--", id="sql-injection"),
+    pytest.param("run\n", id="trailing-newline"),
+    pytest.param("r\u00e9sum\u00e9", id="non-ascii"),
+    pytest.param(5, id="int"),
+    pytest.param(None, id="none"),
+    pytest.param(b"run", id="bytes"),
+]
+
+
+def step(i: int, detail: str = "") -> ev.ProgressRecorded:
+    return ev.ProgressRecorded(kind=f"step-{i}", detail=detail)
+
+
+def hb() -> ev.HeartbeatRecorded:
+    return ev.HeartbeatRecorded()
+
+
+# --- the "nothing was written" helpers ---------------------------------------------
+
+
+def snapshot(store: EventStore) -> tuple[Any, ...]:
+    """Everything a reader can observe: every event, every head and the last position."""
+    heads = sorted(store.list_runs(), key=lambda h: h.run_id)
+    return (
+        list(store.read_all()),
+        heads,
+        {h.run_id: store.head(h.run_id) for h in heads},
+        store.last_position(),
+    )
+
+
+def assert_unchanged(store: EventStore, before: tuple[Any, ...]) -> None:
+    after = snapshot(store)
+    assert after[3] == before[3], f"last position moved from {before[3]} to {after[3]}"
+    assert after[1] == before[1], "a refusal changed the heads"
+    assert after[2] == before[2], "a refusal changed head()"
+    assert after[0] == before[0], "a refusal changed the events"
+
+
+@contextlib.contextmanager
+def refused(
+    store: EventStore, exc_type: type[BaseException] | tuple[type[BaseException], ...],
+    match: str | None = None,
+) -> Iterator[pytest.ExceptionInfo[Any]]:
+    """``pytest.raises`` that also proves the log (events and heads) did not change."""
+    before = snapshot(store)
+    with pytest.raises(exc_type, match=match) as info:
+        yield info
+    assert_unchanged(store, before)
+
+
+# --- small aggregates for execute() --------------------------------------------------
+
+
+class Count(Aggregate[int]):
+    """How many events the run (with its lineage) holds."""
+
+    def initial(self, run_id: str) -> int:
+        return 0
+
+    def evolve(self, state: int, recorded: Recorded) -> int:
+        return state + 1
+
+
+class Types(Aggregate[tuple[str, ...]]):
+    """The event types in order: a different state shape than Count on purpose."""
+
+    def initial(self, run_id: str) -> tuple[str, ...]:
+        return ()
+
+    def evolve(self, state: tuple[str, ...], recorded: Recorded) -> tuple[str, ...]:
+        return state + (recorded.type,)
+
+
+class Explodes(Aggregate[int]):
+    """Fails while folding a progress event of kind 'boom' (after the store inserted it)."""
+
+    def initial(self, run_id: str) -> int:
+        return 0
+
+    def evolve(self, state: int, recorded: Recorded) -> int:
+        event = recorded.event
+        if isinstance(event, ev.ProgressRecorded) and event.kind == "boom":
+            raise RuntimeError("evolve failed on purpose")
+        return state + 1
+
+
+def up_to(n: int, lease: int | None = None):
+    """A decide that adds one progress event while the count is below ``n``."""
+
+    def decide(state: int, head: Head | None) -> Decision:
+        if state >= n:
+            return Decision(())
+        return Decision((step(state + 1),), lease=lease)
+
+    return decide
+
+
+def seqs(records: list[Recorded]) -> list[int]:
+    return [r.seq for r in records]
+
+
+def positions(records: list[Recorded]) -> list[int]:
+    return [r.position for r in records]
+
+
+# --- the suite -------------------------------------------------------------------------
+
+
+class StoreConformance:
+    """Subclass in a test module and implement ``make_store``."""
+
+    tmp_path: Any
+
+    def make_store(self) -> EventStore:  # pragma: no cover - the hook
+        raise NotImplementedError
+
+    @pytest.fixture(autouse=True)
+    def _conformance_tmp(self, tmp_path):
+        self.tmp_path = tmp_path
+
+    @pytest.fixture
+    def store(self):
+        s = self.make_store()
+        try:
+            yield s
+        finally:
+            s.close()
+
+    @staticmethod
+    def fill(store: EventStore, run_id: str, n: int, actor: Actor = W1) -> AppendResult:
+        return store.append(run_id, [step(i) for i in range(n)], actor=actor)
+
+    # --- an empty store ----------------------------------------------------------------
+
+    def test_new_store_is_empty(self, store):
+        assert list(store.read_all()) == []
+        assert list(store.list_runs()) == []
+        assert store.last_position() == 0
+        assert store.head("nobody") is None
+        assert list(store.read_run("nobody")) == []
+        assert store.verify() == []
+
+    def test_context_manager_closes(self):
+        with self.make_store() as s:
+            s.append("r", [hb()], actor=W1)
+            assert s.last_position() == 1
+
+    # --- ordering ------------------------------------------------------------------------
+
+    def test_seq_counts_per_run_and_positions_are_global(self, store):
+        plan = [("a", 1), ("b", 3), ("a", 2), ("c", 1), ("b", 1), ("a", 4), ("c", 2)]
+        expected_seq: dict[str, int] = {}
+        expected_pos = 0
+        written: list[tuple[str, int, ev.Event]] = []
+        for i, (run, n) in enumerate(plan):
+            batch = [step(i * 10 + j, detail=f"{run}-{i}-{j}") for j in range(n)]
+            result = store.append(run, batch, actor=W1)
+            first = expected_seq.get(run, 0) + 1
+            assert result == AppendResult(
+                run_id=run,
+                outcome="committed",
+                first_seq=first,
+                last_seq=first + n - 1,
+                positions=tuple(range(expected_pos + 1, expected_pos + n + 1)),
+            )
+            for j, e in enumerate(batch):
+                written.append((run, first + j, e))
+            expected_seq[run] = first + n - 1
+            expected_pos += n
+        everything = list(store.read_all())
+        assert positions(everything) == list(range(1, expected_pos + 1))
+        assert [(r.run_id, r.seq, r.event) for r in everything] == written
+        for run, last in expected_seq.items():
+            assert seqs(list(store.read_run(run))) == list(range(1, last + 1))
+        assert store.last_position() == expected_pos
+
+    def test_recorded_envelope(self, store):
+        e = ev.HandoffOpened(goal="g", target="slack:#x", owner="alice", stop_rules=("a",))
+        store.append("env", [e, hb()], actor=OWNER, idempotency_key="open-1")
+        first, second = store.read_run("env")
+        assert first.run_id == "env" and first.seq == 1 and first.position == 1
+        assert first.type == "handoff_opened" and second.type == "heartbeat_recorded"
+        assert first.actor == "owner:alice" and Actor.parse(first.actor) == OWNER
+        assert first.lease is None
+        assert first.idempotency_key == "open-1"
+        assert second.idempotency_key is None, "only the batch's first event carries the key"
+        assert first.schema_version == ev.SCHEMA_VERSION
+        assert first.event == e and second.event == hb()
+        assert first.payload == ev.encode(e)
+        assert first.recorded_at.tzinfo == timezone.utc
+        assert first.recorded_us > 0
+
+    def test_generator_batch_is_stored_whole(self, store):
+        result = store.append("gen", (step(i) for i in range(3)), actor=W1)
+        assert (result.first_seq, result.last_seq, result.positions) == (1, 3, (1, 2, 3))
+        assert seqs(list(store.read_run("gen"))) == [1, 2, 3]
+        assert store.head("gen").last_seq == 3
+        assert store.verify() == []
+
+    # --- atomic batches ----------------------------------------------------------------
+
+    @pytest.mark.parametrize("existing", [0, 2], ids=["new-run", "existing-run"])
+    def test_batch_with_oversized_event_writes_nothing(self, store, existing):
+        if existing:
+            self.fill(store, "atom", existing)
+        big = step(99, detail="x" * (DEFAULT_MAX_PAYLOAD + 1))
+        with refused(store, PayloadTooLarge, match="event #2") as info:
+            store.append("atom", [step(1), big, step(3)], actor=W1)
+        assert info.value.field == "events[1]"
+        assert info.value.exit_code == 2
+
+    def test_batch_with_unknown_event_writes_nothing(self, store):
+        self.fill(store, "atom", 1)
+
+        class Rogue(msgspec.Struct, tag="rogue"):
+            x: int = 1
+
+        with refused(store, UnknownEventType, match="event #3"):
+            store.append("atom", [step(1), hb(), Rogue()], actor=W1)
+
+    def test_batch_with_non_increasing_lease_writes_nothing(self, store):
+        store.append("atom", [ev.LeaseGranted(worker="w1", lease=5)], actor=OWNER)
+        with refused(store, StaleLease, match="only grow"):
+            store.append(
+                "atom",
+                [ev.LeaseRevoked(lease=5, reason="r"), ev.LeaseGranted(worker="w2", lease=5)],
+                actor=OWNER,
+            )
+        assert store.head("atom").lease == 5
+
+    def test_failure_after_insert_rolls_back_the_whole_batch(self, store):
+        # Explodes fails while execute folds the rows it has already inserted: the
+        # transaction must roll back rather than leave half a command behind.
+        self.fill(store, "atom", 2)
+
+        def decide(state, head):
+            return Decision((step(1), ev.ProgressRecorded(kind="boom"), step(3)))
+
+        with refused(store, RuntimeError, match="on purpose"):
+            store.execute("atom", Explodes(), decide, actor=W1)
+        assert store.append("atom", [hb()], actor=W1).positions == (3,)
+
+    # --- expected seq ------------------------------------------------------------------
+
+    def test_expected_seq_zero_creates_and_then_conflicts(self, store):
+        assert store.append("cas", [hb()], actor=W1, expected_seq=0).first_seq == 1
+        with refused(store, SeqConflict, match=r"run cas is at seq 1, not 0") as info:
+            store.append("cas", [hb()], actor=W1, expected_seq=0)
+        assert info.value.details["actual_seq"] == 1
+        assert info.value.exit_code == 1
+
+    @pytest.mark.parametrize("expected", [0, 1, 2, 4, 100])
+    def test_wrong_expected_seq_conflicts_and_names_the_head(self, store, expected):
+        self.fill(store, "cas", 3)
+        with refused(store, SeqConflict, match=r"is at seq 3\b") as info:
+            store.append("cas", [hb()], actor=W1, expected_seq=expected)
+        assert info.value.details["actual_seq"] == 3
+        assert info.value.details["expected_seq"] == expected
+
+    def test_expected_seq_on_missing_run_names_seq_zero(self, store):
+        with refused(store, SeqConflict, match=r"is at seq 0\b"):
+            store.append("fresh", [hb()], actor=W1, expected_seq=2)
+
+    def test_right_expected_seq_and_none_both_append(self, store):
+        self.fill(store, "cas", 3)
+        assert store.append("cas", [hb()], actor=W1, expected_seq=3).first_seq == 4
+        assert store.append("cas", [hb()], actor=W1, expected_seq=None).first_seq == 5
+
+    @pytest.mark.parametrize("bad", [-1, "3", 1.0])
+    def test_malformed_expected_seq_is_invalid_input(self, store, bad):
+        self.fill(store, "cas", 1)
+        with refused(store, InvalidInput):
+            store.append("cas", [hb()], actor=W1, expected_seq=bad)
+
+    # --- idempotency ---------------------------------------------------------------------
+
+    def test_same_key_same_request_is_a_duplicate_with_original_positions(self, store):
+        self.fill(store, "other", 2)
+        batch = [step(1), step(2), step(3)]
+        first = store.append("idem", batch, actor=W1, idempotency_key="k1")
+        assert first.outcome == "committed"
+        self.fill(store, "idem", 2)
+        self.fill(store, "other", 1)
+        before = snapshot(store)
+        again = store.append("idem", list(batch), actor=W1, idempotency_key="k1")
+        assert again == AppendResult("idem", "duplicate", 1, 3, first.positions)
+        # A retry whose expected_seq is now stale is still answered as the duplicate.
+        stale = store.append("idem", batch, actor=W1, idempotency_key="k1", expected_seq=0)
+        assert stale == again
+        assert_unchanged(store, before)
+
+    @pytest.mark.parametrize(
+        "change",
+        ["payload", "longer-batch", "shorter-batch", "actor", "lease"],
+    )
+    def test_same_key_different_request_conflicts(self, store, change):
+        store.append("idem", [ev.LeaseGranted(worker="w1", lease=1)], actor=OWNER)
+        batch = [step(1), step(2)]
+        store.append("idem", batch, actor=W1, idempotency_key="k1", lease=1)
+        kw: dict[str, Any] = dict(actor=W1, idempotency_key="k1", lease=1)
+        if change == "payload":
+            batch = [step(1), step(2, detail="changed")]
+        elif change == "longer-batch":
+            batch = batch + [step(3)]
+        elif change == "shorter-batch":
+            batch = batch[:1]
+        elif change == "actor":
+            kw["actor"] = W2
+        else:
+            kw["lease"] = None
+        with refused(store, IdempotencyConflict, match="'k1'") as info:
+            store.append("idem", batch, **kw)
+        assert info.value.details["seq"] == 2
+
+    def test_keys_are_scoped_to_their_run(self, store):
+        a = store.append("idem-a", [hb()], actor=W1, idempotency_key="k")
+        b = store.append("idem-b", [step(1)], actor=W1, idempotency_key="k")
+        assert a.outcome == b.outcome == "committed"
+        assert b.positions == (2,)
+
+    @pytest.mark.parametrize("key", ["", "x" * 129, "tab\there", "nul\x00"])
+    def test_malformed_idempotency_key_is_invalid_input(self, store, key):
+        with refused(store, InvalidInput, match="idempotency key"):
+            store.append("idem", [hb()], actor=W1, idempotency_key=key)
+
+    # --- fencing -------------------------------------------------------------------------
+
+    def grant(self, store, run, token, worker="w1"):
+        return store.append(run, [ev.LeaseGranted(worker=worker, lease=token)], actor=OWNER)
+
+    def test_lease_granted_sets_the_current_lease(self, store):
+        self.grant(store, "fence", 1)
+        head = store.head("fence")
+        assert (head.lease, head.lease_holder) == (1, "w1")
+        store.append("fence", [hb()], actor=W1, lease=1)
+        assert list(store.read_run("fence"))[-1].lease == 1
+
+    def test_superseded_lease_is_stale_and_names_the_current_one(self, store):
+        self.grant(store, "fence", 1)
+        self.grant(store, "fence", 2, worker="w2")
+        with refused(store, StaleLease, match="current lease is 2, held by w2") as info:
+            store.append("fence", [step(1)], actor=W1, lease=1)
+        assert info.value.details["current_lease"] == 2
+        assert info.value.details["lease"] == 1
+        store.append("fence", [step(1)], actor=W2, lease=2)
+
+    @pytest.mark.parametrize("end", ["revoked", "released"])
+    def test_ended_lease_is_stale(self, store, end):
+        self.grant(store, "fence", 7)
+        if end == "revoked":
+            store.append("fence", [ev.LeaseRevoked(lease=7, reason="stalled")], actor=WATCHDOG)
+        else:
+            store.append("fence", [ev.LeaseReleased(lease=7)], actor=W1, lease=7)
+        head = store.head("fence")
+        assert (head.lease, head.lease_holder) == (None, None)
+        with refused(store, StaleLease, match="no lease is held") as info:
+            store.append("fence", [hb()], actor=W1, lease=7)
+        assert info.value.details["current_lease"] is None
+
+    def test_future_lease_is_stale(self, store):
+        self.grant(store, "fence", 1)
+        with refused(store, StaleLease, match="current lease is 1"):
+            store.append("fence", [hb()], actor=W1, lease=2)
+
+    def test_lease_on_missing_run_is_stale(self, store):
+        with refused(store, StaleLease, match="no lease is held"):
+            store.append("ghost", [hb()], actor=W1, lease=1)
+
+    def test_lease_tokens_only_grow(self, store):
+        self.grant(store, "fence", 3)
+        for token in (3, 2, 1):
+            with refused(store, StaleLease, match="only grow") as info:
+                self.grant(store, "fence", token, worker="w2")
+            assert info.value.details["lease"] == token
+        # The high-water mark survives a revoke: a token can never be reissued.
+        store.append("fence", [ev.LeaseRevoked(lease=3, reason="r")], actor=WATCHDOG)
+        with refused(store, StaleLease, match="only grow"):
+            self.grant(store, "fence", 3, worker="w2")
+        self.grant(store, "fence", 4, worker="w2")
+        assert store.head("fence").lease == 4
+
+    def test_ending_an_old_token_keeps_the_current_lease(self, store):
+        self.grant(store, "fence", 1)
+        self.grant(store, "fence", 2, worker="w2")
+        store.append("fence", [ev.LeaseRevoked(lease=1, reason="late")], actor=WATCHDOG)
+        store.append("fence", [ev.LeaseReleased(lease=1)], actor=W1)
+        head = store.head("fence")
+        assert (head.lease, head.lease_holder) == (2, "w2")
+
+    def test_write_without_a_lease_is_not_fenced(self, store):
+        # The contract fences only writes that carry a lease ("when given"); whether
+        # a write must carry one is the reducers' rule, not the store's.
+        self.grant(store, "fence", 1)
+        assert store.append("fence", [hb()], actor=OWNER).outcome == "committed"
+
+    def test_lease_is_checked_against_the_head_before_the_batch(self, store):
+        # A batch cannot grant itself a lease and use it: the fence is the pre-batch head.
+        with refused(store, StaleLease):
+            store.append("fence", [ev.LeaseGranted(worker="w1", lease=1), hb()], actor=W1, lease=1)
+
+    @pytest.mark.parametrize("bad", [0, -3, "1", True])
+    def test_malformed_lease_is_invalid_input(self, store, bad):
+        self.grant(store, "fence", 1)
+        with refused(store, InvalidInput, match="lease"):
+            store.append("fence", [hb()], actor=W1, lease=bad)
+
+    # --- hash chain ----------------------------------------------------------------------
+
+    def test_hash_chain_links_every_event(self, store):
+        self.fill(store, "chain", 3)
+        self.fill(store, "other", 2)
+        store.append("chain", [hb()], actor=W2, idempotency_key="k")
+        records = list(store.read_run("chain"))
+        assert records[0].prev_hash == GENESIS_HASH
+        for prev, rec in zip(records, records[1:]):
+            assert rec.prev_hash == prev.hash
+        for rec in records:
+            assert len(rec.hash) == 32
+            assert rec.hash == chain_hash(
+                rec.prev_hash, rec.run_id, rec.seq, rec.type, rec.actor, rec.lease,
+                rec.idempotency_key, rec.recorded_us, rec.schema_version, rec.payload,
+            )
+        assert store.head("chain").last_hash == records[-1].hash
+        assert list(store.read_run("other"))[0].prev_hash == GENESIS_HASH
+
+    def test_verify_is_empty_on_a_good_log(self, store):
+        self.fill(store, "a", 5)
+        self.grant(store, "a", 1)
+        store.append("a", [hb()], actor=W1, lease=1, idempotency_key="x")
+        self.fill(store, "b", 1)
+        store.append("c", [ev.RunForked(parent="a", parent_seq=3), hb()], actor=OWNER)
+        assert store.verify() == []
+        for run in ("a", "b", "c"):
+            assert store.verify(run) == []
+
+    # --- streaming reads -----------------------------------------------------------------
+
+    @pytest.fixture
+    def big(self, store):
+        """Run 'big' with 2500 events (more than two read pages), interleaved with 'side'."""
+        for i in range(10):
+            store.append("big", [step(i * 250 + j) for j in range(250)], actor=W1)
+            store.append("side", [hb()], actor=W2)
+        return store
+
+    def test_read_run_streams_past_the_page_size(self, big):
+        it = big.read_run("big")
+        assert iter(it) is it, "read_run must return an iterator, not a list"
+        records = list(it)
+        assert seqs(records) == list(range(1, 2501))
+        assert [r.event.kind for r in records] == [f"step-{i}" for i in range(2500)]
+        assert seqs(list(big.read_run("side"))) == list(range(1, 11))
+
+    @pytest.mark.parametrize(
+        "after, until, first, last",
+        [
+            (999, 2001, 1000, 2001),
+            (0, 1000, 1, 1000),
+            (1000, 2000, 1001, 2000),
+            (1000, None, 1001, 2500),
+            (2499, None, 2500, 2500),
+            (0, 1, 1, 1),
+            (2000, 99999, 2001, 2500),
+        ],
+    )
+    def test_read_run_window(self, big, after, until, first, last):
+        got = seqs(list(big.read_run("big", after_seq=after, until_seq=until)))
+        assert got == list(range(first, last + 1))
+
+    @pytest.mark.parametrize("after, until", [(2500, None), (0, 0), (10, 10), (20, 5), (9999, None)])
+    def test_read_run_empty_windows(self, big, after, until):
+        assert list(big.read_run("big", after_seq=after, until_seq=until)) == []
+
+    def test_read_all_streams_in_global_order(self, big):
+        it = big.read_all()
+        assert iter(it) is it
+        records = list(it)
+        assert positions(records) == list(range(1, 2511))
+        assert positions(list(big.read_all(after_position=1000))) == list(range(1001, 2511))
+        assert positions(list(big.read_all(after_position=999, until_position=2001))) == list(
+            range(1000, 2002)
+        )
+        assert list(big.read_all(after_position=2510)) == []
+
+    def test_read_all_tail_never_skips_while_appends_continue(self, big):
+        seen: list[int] = []
+        for n, rec in enumerate(big.read_all(after_position=0)):
+            seen.append(rec.position)
+            if n in (5, 1500):
+                big.append("late", [hb(), hb()], actor=W1)
+        assert seen == list(range(1, len(seen) + 1))
+        assert len(seen) >= 2510
+        # A fresh tail from where that one stopped picks up whatever it did not see.
+        rest = positions(list(big.read_all(after_position=seen[-1])))
+        assert seen + rest == list(range(1, big.last_position() + 1))
+
+    # --- head / list_runs --------------------------------------------------------------
+
+    def test_head_tracks_the_run(self, store):
+        self.fill(store, "h", 2)
+        self.fill(store, "other", 3)
+        self.grant(store, "h", 4, worker="w9")
+        head = store.head("h")
+        last = list(store.read_run("h"))[-1]
+        assert head == Head(
+            run_id="h", last_seq=3, last_hash=last.hash, lease=4, lease_holder="w9",
+            first_position=1, last_position=6,
+        )
+        assert store.head("H") is None, "run ids are case-sensitive"
+
+    def test_list_runs_returns_every_head(self, store):
+        for run, n in [("z", 1), ("a", 2), ("m", 1), ("a", 1)]:
+            self.fill(store, run, n)
+        runs = list(store.list_runs())
+        assert sorted(h.run_id for h in runs) == ["a", "m", "z"]
+        for h in runs:
+            assert h == store.head(h.run_id)
+        by_first = sorted(runs, key=lambda h: h.first_position)
+        assert [h.run_id for h in by_first] == ["z", "a", "m"]
+        assert store.last_position() == 5
+
+    # --- execute -------------------------------------------------------------------------
+
+    def test_execute_appends_and_returns_the_folded_state(self, store):
+        agg = Count()
+        for i in range(1, 4):
+            result, state = store.execute("cmd", agg, up_to(3), actor=W1)
+            assert result.outcome == "committed"
+            assert (result.first_seq, result.last_seq, result.positions) == (i, i, (i,))
+            assert state == i
+        assert store.fold("cmd", Count()) == 3
+
+    def test_execute_decide_returning_no_events_writes_nothing(self, store):
+        self.fill(store, "cmd", 3)
+        before = snapshot(store)
+        result, state = store.execute("cmd", Count(), up_to(3), actor=W1)
+        assert state == 3
+        assert result.positions == ()
+        assert result.last_seq == 3
+        assert result.outcome != "committed"
+        assert_unchanged(store, before)
+        # ... also on a run that does not exist yet: no head appears.
+        result, state = store.execute("nothing", Count(), up_to(0), actor=W1)
+        assert (state, result.positions, result.last_seq) == (0, (), 0)
+        assert store.head("nothing") is None
+        assert_unchanged(store, before)
+
+    def test_execute_decide_sees_state_and_head(self, store):
+        seen: list[tuple[int, int | None]] = []
+
+        def decide(state, head):
+            seen.append((state, head.last_seq if head else None))
+            return Decision((hb(),))
+
+        store.execute("cmd", Count(), decide, actor=W1)
+        store.execute("cmd", Count(), decide, actor=W1)
+        assert seen == [(0, None), (1, 1)]
+
+    def test_execute_sees_events_appended_behind_its_cache(self, store):
+        agg = Count()
+        assert store.execute("cmd", agg, up_to(1), actor=W1)[1] == 1
+        self.fill(store, "cmd", 2)
+        result, state = store.execute("cmd", agg, up_to(10), actor=W1)
+        assert (state, result.last_seq) == (4, 4)
+
+    def test_execute_never_hands_one_aggregate_another_ones_state(self, store):
+        # Fresh aggregate objects each time: a cache keyed by id() would hand a
+        # recycled id the state of a dead object of a different class.
+        for i in range(40):
+            _, n = store.execute("cmd", Count(), lambda s, h: Decision((hb(),)), actor=W1)
+            assert n == i + 1
+            _, types = store.execute("cmd", Types(), lambda s, h: Decision(()), actor=W1)
+            assert isinstance(types, tuple) and len(types) == i + 1
+
+    def test_execute_idempotency(self, store):
+        calls = []
+
+        def decide(state, head):
+            calls.append(state)
+            return Decision((step(state + 1),))
+
+        first, s1 = store.execute("cmd", Count(), decide, actor=W1, idempotency_key="c1", digest_of=b"req")
+        self.fill(store, "cmd", 1)
+        before = snapshot(store)
+        again, s2 = store.execute("cmd", Count(), decide, actor=W1, idempotency_key="c1", digest_of=b"req")
+        assert again.outcome == "duplicate"
+        assert (again.first_seq, again.last_seq, again.positions) == (1, 1, first.positions)
+        assert len(calls) == 1, "a duplicate command must not decide again"
+        assert s2 == 2
+        assert_unchanged(store, before)
+        with refused(store, IdempotencyConflict):
+            store.execute("cmd", Count(), decide, actor=W1, idempotency_key="c1", digest_of=b"other")
+        with refused(store, IdempotencyConflict):
+            store.execute("cmd", Count(), decide, actor=W2, idempotency_key="c1", digest_of=b"req")
+
+    def test_execute_refusal_from_decide_writes_nothing(self, store):
+        self.fill(store, "cmd", 1)
+
+        def decide(state, head):
+            raise IllegalTransition("not from here")
+
+        with refused(store, IllegalTransition):
+            store.execute("cmd", Count(), decide, actor=W1)
+
+    def test_execute_fences_the_decision_lease(self, store):
+        self.grant(store, "cmd", 2)
+        with refused(store, StaleLease, match="current lease is 2"):
+            store.execute("cmd", Count(), up_to(5, lease=1), actor=W1)
+        result, _ = store.execute("cmd", Count(), up_to(5, lease=2), actor=W1)
+        assert list(store.read_run("cmd"))[-1].lease == 2
+
+    @pytest.mark.parametrize("what", ["oversized", "unknown", "bad-field"])
+    def test_execute_validates_decided_events(self, store, what):
+        self.fill(store, "cmd", 1)
+
+        class Rogue(msgspec.Struct, tag="rogue"):
+            pass
+
+        bad = {
+            "oversized": step(1, detail="x" * (DEFAULT_MAX_PAYLOAD + 1)),
+            "unknown": Rogue(),
+            "bad-field": ev.ProgressRecorded(kind=5),  # type: ignore[arg-type]
+        }[what]
+        with refused(store, InvalidInput):
+            store.execute("cmd", Count(), lambda s, h: Decision((hb(), bad)), actor=W1)
+
+    # --- fork lineage --------------------------------------------------------------------
+
+    def forked(self, store):
+        self.fill(store, "parent", 5)
+        store.append("child", [ev.RunForked(parent="parent", parent_seq=3), step(100), step(101)], actor=OWNER)
+        self.fill(store, "parent", 2)  # the parent goes on after the fork
+        store.append("grandchild", [ev.RunForked(parent="child", parent_seq=2), step(200)], actor=OWNER)
+        return store
+
+    def test_history_yields_the_parent_prefix_first(self, store):
+        self.forked(store)
+        got = [(r.run_id, r.seq) for r in store.history("child")]
+        assert got == [("parent", 1), ("parent", 2), ("parent", 3),
+                       ("child", 1), ("child", 2), ("child", 3)]
+        assert [r.type for r in store.history("child")][3] == "run_forked"
+
+    def test_history_follows_lineage_recursively(self, store):
+        self.forked(store)
+        got = [(r.run_id, r.seq) for r in store.history("grandchild")]
+        assert got == [("parent", 1), ("parent", 2), ("parent", 3),
+                       ("child", 1), ("child", 2), ("grandchild", 1), ("grandchild", 2)]
+        got = [(r.run_id, r.seq) for r in store.history("grandchild", until_seq=1)]
+        assert got[-1] == ("grandchild", 1) and len(got) == 6
+
+    def test_history_of_an_unforked_run_is_read_run(self, store):
+        self.forked(store)
+        assert list(store.history("parent")) == list(store.read_run("parent"))
+        assert list(store.history("nobody")) == []
+
+    def test_fold_and_execute_see_the_lineage(self, store):
+        self.forked(store)
+        assert store.fold("child", Count()) == 6
+        assert store.fold("grandchild", Count()) == 7
+        _, state = store.execute("child", Count(), lambda s, h: Decision((hb(),)), actor=W1)
+        assert state == 7
+
+    def test_execute_that_creates_a_fork_child_folds_the_parent_prefix(self, store):
+        self.fill(store, "parent", 4)
+        agg = Count()
+
+        def fork(state, head):
+            assert head is None
+            return Decision((ev.RunForked(parent="parent", parent_seq=2),))
+
+        result, state = store.execute("child", agg, fork, actor=OWNER)
+        assert result.outcome == "committed" and state == 3 == store.fold("child", Count())
+        # ... and the state it keeps for the next command is that one too.
+        _, state = store.execute("child", agg, lambda s, h: Decision((hb(),)), actor=W1)
+        assert state == 4 == store.fold("child", Count())
+        _, state = store.execute("child", agg, lambda s, h: Decision(()), actor=W1)
+        assert state == 4
+
+    @pytest.mark.parametrize(
+        "case",
+        ["self", "unknown-parent", "beyond-parent-head", "negative-seq", "not-first", "bad-parent-id"],
+    )
+    def test_fork_that_would_loop_or_dangle_is_refused(self, store, case):
+        self.fill(store, "parent", 3)
+        run, fork = "kid", ev.RunForked(parent="parent", parent_seq=2)
+        if case == "self":
+            run, fork = "parent", ev.RunForked(parent="parent", parent_seq=1)
+            with refused(store, InvalidInput):
+                store.append("loop", [ev.RunForked(parent="loop", parent_seq=0)], actor=OWNER)
+        elif case == "unknown-parent":
+            fork = ev.RunForked(parent="nobody", parent_seq=0)
+        elif case == "beyond-parent-head":
+            fork = ev.RunForked(parent="parent", parent_seq=4)
+        elif case == "negative-seq":
+            fork = ev.RunForked(parent="parent", parent_seq=-1)
+        elif case == "not-first":
+            self.fill(store, run, 1)
+        else:
+            fork = ev.RunForked(parent="../parent", parent_seq=1)
+        with refused(store, InvalidInput):
+            store.append(run, [fork], actor=OWNER)
+        # history stays finite for every run
+        for h in store.list_runs():
+            list(store.history(h.run_id))
+
+    # --- malformed input -----------------------------------------------------------------
+
+    @pytest.mark.parametrize("run_id", BAD_RUN_IDS)
+    def test_invalid_run_id_is_refused_everywhere(self, store, run_id):
+        self.fill(store, "ok", 1)
+        with refused(store, InvalidInput, match="not a valid run id") as info:
+            store.append(run_id, [hb()], actor=W1)
+        assert info.value.field == "run_id" and info.value.exit_code == 2
+        with refused(store, InvalidInput):
+            store.execute(run_id, Count(), up_to(1), actor=W1)
+        with refused(store, InvalidInput):
+            store.head(run_id)
+        with refused(store, InvalidInput):
+            list(store.read_run(run_id))
+        with refused(store, InvalidInput):
+            list(store.history(run_id))
+
+    def test_longest_and_punctuated_run_ids_are_valid(self, store):
+        for run in ("x" * 128, "a.b_c:d-e", "0"):
+            store.append(run, [hb()], actor=W1)
+            assert store.head(run).last_seq == 1
+
+    def test_unknown_event_type_is_refused(self, store):
+        class Unlisted(ev.Event, tag="unlisted_event"):
+            note: str = ""
+
+        class Plain(msgspec.Struct):
+            pass
+
+        for bad in (Unlisted(), Plain(), {"type": "heartbeat_recorded"}, None, "heartbeat_recorded"):
+            with refused(store, UnknownEventType) as info:
+                store.append("u", [bad], actor=W1)
+            assert info.value.field == "events[0]"
+
+    def test_event_with_a_wrongly_typed_field_is_refused(self, store):
+        # msgspec does not check types at construction; the store must not accept an
+        # event it could not read back.
+        for bad in (
+            ev.ProgressRecorded(kind=5),  # type: ignore[arg-type]
+            ev.EvidenceRecorded(kind="t", outcome="maybe"),  # type: ignore[arg-type]
+            ev.WatchdogObserved(watcher="w", classification="c", progress_seq=1, interval_s=float("nan")),
+        ):
+            with refused(store, InvalidInput, match="read back"):
+                store.append("typed", [hb(), bad], actor=W1)
+
+    def test_payload_size_limit_is_exact(self, store):
+        limit = getattr(store, "max_payload", DEFAULT_MAX_PAYLOAD)
+        base = len(ev.encode(step(0, detail="")))
+        at_limit = step(0, detail="x" * (limit - base))
+        assert len(ev.encode(at_limit)) == limit
+        store.append("size", [at_limit], actor=W1)
+        assert list(store.read_run("size"))[0].payload == ev.encode(at_limit)
+        over = step(0, detail="x" * (limit - base + 1))
+        with refused(store, PayloadTooLarge, match=f"{limit + 1} bytes") as info:
+            store.append("size", [over], actor=W1)
+        assert isinstance(info.value, InvalidInput)
+
+    @pytest.mark.parametrize(
+        "events",
+        [[], (), hb()],
+        ids=["empty-list", "empty-tuple", "bare-event"],
+    )
+    def test_batch_must_be_a_non_empty_sequence(self, store, events):
+        with refused(store, InvalidInput, match="event"):
+            store.append("b", events, actor=W1)
+
+    @pytest.mark.parametrize(
+        "actor",
+        [Actor("robot", "r"), Actor("worker", ""), Actor("worker", "x" * 129),
+         Actor("worker", "a\nb"), "worker:w1"],
+    )
+    def test_malformed_actor_is_invalid_input(self, store, actor):
+        with refused(store, InvalidInput, match="actor"):
+            store.append("act", [hb()], actor=actor)
+
+    # --- threads sharing one store ---------------------------------------------------------
+
+    def test_threads_sharing_one_store(self, store):
+        errors: list[BaseException] = []
+        n_threads, n_each = 4, 40
+
+        def work(t: int) -> None:
+            try:
+                for i in range(n_each):
+                    store.append(f"own-{t}", [step(i)], actor=W1)
+                    while True:
+                        head = store.head("shared")
+                        try:
+                            store.append("shared", [step(i, detail=f"{t}")], actor=W1,
+                                         expected_seq=head.last_seq if head else 0)
+                            break
+                        except SeqConflict:
+                            continue
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert seqs(list(store.read_run("shared"))) == list(range(1, n_threads * n_each + 1))
+        for t in range(n_threads):
+            assert seqs(list(store.read_run(f"own-{t}"))) == list(range(1, n_each + 1))
+        assert positions(list(store.read_all())) == list(range(1, 2 * n_threads * n_each + 1))
+        assert store.verify() == []
+
