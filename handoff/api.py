@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 
 from ledger import events as ev
+from ledger import portable
 from ledger.errors import InvalidInput, UnknownRun
 from ledger.sqlite import SqliteStore, Sync
 from ledger.store import Actor, AppendResult, Decision, Head, Recorded, check_run_id
@@ -159,6 +160,9 @@ class Ledger:
         actor: Actor | None = None,
     ) -> str:
         run_id = run_id or new_run_id()
+        if isinstance(result_path, str) and result_path and "\x00" not in result_path:
+            # Artifacts are recorded at their resolved path; submit compares the two.
+            result_path = os.path.realpath(result_path)
         policy = ev.Policy(heartbeat_timeout_s, progress_timeout_s, retry_budget, delivery_timeout_s, owner_cap)
         cmd = C.Open(goal=goal, target=target, owner=owner, origin=origin, result_path=result_path,
                      stop_rules=tuple(stop_rules), require_review=require_review, policy=policy)
@@ -347,6 +351,35 @@ class Ledger:
         if run_id is not None:
             check_run_id(run_id)
         return self.store.verify(run_id, progress=progress)
+
+    def export(self, run_ids: list[str] | None = None) -> Iterator[bytes]:
+        """Each event as one JSON line (docs/cli.md), in global order; forks bring their parents.
+
+        A forked run cannot be imported without the parent history it folds, so asking
+        for a child exports its ancestors' events too.
+        """
+        wanted: list[str] | None = None
+        if run_ids is not None:
+            wanted = []
+            for rid in run_ids:
+                check_run_id(rid)
+                if self.store.head(rid) is None:
+                    raise UnknownRun(f"no run {rid} in {self.store.path}; nothing exported")
+                while rid is not None and rid not in wanted:
+                    wanted.append(rid)
+                    first = next(iter(self.store.read_run(rid, until_seq=1)), None)
+                    fork = first.event if first is not None else None
+                    rid = fork.parent if isinstance(fork, ev.RunForked) else None
+        for rec, digest, size in self.store.read_for_export(wanted):
+            yield portable.to_line(rec, digest, size)
+
+    def import_lines(self, lines: Any) -> dict[str, int]:
+        """Verify every line's hash chain, then insert all of it or none of it.
+
+        Importing the same export twice changes nothing the second time.
+        """
+        parsed = [(rec, digest, size) for _, rec, digest, size in portable.parse_lines(lines)]
+        return self.store.import_records(parsed)
 
     def doctor(self) -> dict[str, Any]:
         """Facts about the file and the SQLite library underneath, for support and audits."""

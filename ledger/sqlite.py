@@ -15,7 +15,7 @@ import stat
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
 import sqlite_utils
@@ -465,7 +465,10 @@ class SqliteStore(EventStore):
         lease: int | None,
         key: str | None,
         digest: bytes | None,
+        verbatim: Sequence[tuple[Recorded, bytes | None, int]] | None = None,
     ) -> AppendResult:
+        """Insert a batch and move the head. ``verbatim`` (import) keeps each event's own
+        envelope and hash instead of stamping new ones; its chain must continue the head's."""
         conn = self._conn
         last_pos = conn.execute("SELECT coalesce(max(position), 0) FROM events").fetchone()[0]
         seq = head.last_seq if head else 0
@@ -479,12 +482,26 @@ class SqliteStore(EventStore):
         for i, ((tag, payload), event) in enumerate(zip(encoded, batch)):
             seq += 1
             pos = last_pos + 1 + i
-            k = key if i == 0 else None
-            h = chain_hash(prev, run_id, seq, tag, actor, lease, k, now, ev.SCHEMA_VERSION, payload)
-            rows.append(
-                (pos, run_id, seq, tag, actor, lease, k, digest if i == 0 else None, n, now,
-                 ev.SCHEMA_VERSION, payload, prev, h)
-            )
+            if verbatim is None:
+                k = key if i == 0 else None
+                h = chain_hash(prev, run_id, seq, tag, actor, lease, k, now, ev.SCHEMA_VERSION, payload)
+                rows.append(
+                    (pos, run_id, seq, tag, actor, lease, k, digest if i == 0 else None, n, now,
+                     ev.SCHEMA_VERSION, payload, prev, h)
+                )
+            else:
+                r, r_digest, r_size = verbatim[i]
+                if r.seq != seq or r.prev_hash != prev:
+                    raise InvalidInput(
+                        f"imported run {run_id} seq {r.seq} does not continue the stored chain "
+                        f"(the ledger's run is at seq {seq - 1}); nothing was imported",
+                        field="import",
+                    )
+                h = r.hash
+                rows.append(
+                    (pos, run_id, seq, tag, r.actor, r.lease, r.idempotency_key, r_digest, r_size,
+                     r.recorded_us, r.schema_version, payload, prev, h)
+                )
             prev = h
             if isinstance(event, ev.LeaseGranted):
                 if event.lease <= max_lease:
@@ -524,6 +541,63 @@ class SqliteStore(EventStore):
             last_seq=seq,
             positions=tuple(range(last_pos + 1, last_pos + n + 1)),
         )
+
+    def import_records(
+        self, items: Iterable[tuple[Recorded, bytes | None, int]]
+    ) -> dict[str, int]:
+        """Insert exported events verbatim, all or nothing; already-present ones are skipped.
+
+        Each item is (record, idempotency digest, batch size), with chains already checked
+        by ledger.portable.parse_lines. A run that exists must hold the same events up to
+        its head (same hashes); the import may only extend it. Inline projections refold
+        every imported run inside the same transaction, so an event that cannot be folded
+        refuses the whole import. Importing the same file twice changes nothing.
+        """
+        groups: dict[str, list[tuple[Recorded, bytes | None, int]]] = {}
+        for item in items:
+            groups.setdefault(item[0].run_id, []).append(item)
+        imported = skipped = 0
+        with self._lock:
+            self._begin("importing")
+            ok = False
+            touched: list[tuple[str, Any]] = []
+            try:
+                for run_id, recs in groups.items():
+                    head, max_lease = self._head_locked(run_id)
+                    have = head.last_seq if head else 0
+                    fresh = []
+                    for item in recs:
+                        r = item[0]
+                        if r.seq <= have:
+                            row = self._conn.execute(
+                                "SELECT hash FROM events WHERE run_id=? AND seq=?", (run_id, r.seq)
+                            ).fetchone()
+                            if row is None or row[0] != r.hash:
+                                raise InvalidInput(
+                                    f"run {run_id} already exists here with a different event at seq "
+                                    f"{r.seq}; import it under another ledger, or fork it",
+                                    field="import",
+                                )
+                            skipped += 1
+                        else:
+                            fresh.append(item)
+                    if not fresh:
+                        continue
+                    batch = [ev.decode(item[0].payload) for item in fresh]
+                    encoded = [(item[0].type, item[0].payload) for item in fresh]
+                    self._insert_locked(
+                        run_id, head, max_lease, batch, encoded, "", None, None, None, verbatim=fresh
+                    )
+                    touched.append((run_id, self._run_hooks(run_id, None)))
+                    imported += len(fresh)
+                ok = True
+            except sqlite3.Error as exc:
+                raise _explain(exc, "importing", self.path) from exc
+            finally:
+                self._finish(ok, "committing an import")
+        for run_id, folded in touched:
+            self._remember_all(run_id, folded)
+        return {"imported": imported, "skipped": skipped, "runs": len(groups)}
 
     def _check_fork(self, run_id: str, seq: int, fork: ev.RunForked) -> None:
         """history() follows run_forked to the parent: refuse what would loop or dangle.
@@ -821,6 +895,29 @@ class SqliteStore(EventStore):
             cursor = rows[-1][2]
             if len(rows) < page:
                 return
+
+    def read_for_export(
+        self, run_ids: Sequence[str] | None = None
+    ) -> Iterator[tuple[Recorded, bytes | None, int]]:
+        """Events in global order with what an export needs beyond the envelope."""
+        wanted = None if run_ids is None else set(run_ids)
+        cursor = 0
+        while True:
+            with self._lock:
+                try:
+                    rows = self._conn.execute(
+                        f"SELECT {_COLUMNS}, idem_digest, batch_size FROM events WHERE position>? "
+                        "ORDER BY position LIMIT ?",
+                        (cursor, PAGE),
+                    ).fetchall()
+                except sqlite3.Error as exc:
+                    raise _explain(exc, "exporting", self.path) from exc
+            if not rows:
+                return
+            for r in rows:
+                if wanted is None or r[0] in wanted:
+                    yield Recorded(*r[:12]), r[12], r[13]
+            cursor = rows[-1][2]
 
     def head(self, run_id: str) -> Head | None:
         check_run_id(run_id)

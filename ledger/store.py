@@ -276,6 +276,16 @@ class EventStore(abc.ABC):
         """Every event in global order after a position, streamed; never skips one."""
 
     @abc.abstractmethod
+    def read_for_export(
+        self, run_ids: Sequence[str] | None = None
+    ) -> Iterator[tuple[Recorded, bytes | None, int]]:
+        """Events in global order with their idempotency digest and batch size."""
+
+    @abc.abstractmethod
+    def import_records(self, items: Any) -> dict[str, int]:
+        """Insert exported events verbatim, all or nothing, skipping ones already present."""
+
+    @abc.abstractmethod
     def head(self, run_id: str) -> Head | None: ...
 
     @abc.abstractmethod

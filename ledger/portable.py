@@ -1,0 +1,119 @@
+"""Export and import of runs as JSON Lines: one event, with its whole envelope, per line.
+
+Hashes travel with the events, so an imported run is verified link by link before any of
+it is accepted, and a tampered line is refused with its line number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import msgspec
+
+from . import events as ev
+from .errors import InvalidInput
+from .store import GENESIS_HASH, Recorded, chain_hash, check_run_id
+
+
+class ExportedEvent(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The shape of one exported line (documented in docs/cli.md)."""
+
+    run_id: str
+    seq: int
+    type: str
+    actor: str
+    lease: int | None
+    idempotency_key: str | None
+    recorded_us: int
+    schema_version: int
+    payload: msgspec.Raw
+    prev_hash: str
+    hash: str
+    position: int | None = None
+    idempotency_digest: str | None = None
+    batch_size: int = 1
+
+
+_enc = msgspec.json.Encoder()
+_dec = msgspec.json.Decoder(ExportedEvent)
+
+
+def to_line(rec: Recorded, digest: bytes | None = None, batch_size: int = 1) -> bytes:
+    return _enc.encode(
+        ExportedEvent(
+            run_id=rec.run_id, seq=rec.seq, type=rec.type, actor=rec.actor, lease=rec.lease,
+            idempotency_key=rec.idempotency_key, recorded_us=rec.recorded_us,
+            schema_version=rec.schema_version, payload=msgspec.Raw(rec.payload),
+            prev_hash=rec.prev_hash.hex(), hash=rec.hash.hex(), position=rec.position,
+            idempotency_digest=digest.hex() if digest else None, batch_size=batch_size,
+        )
+    )
+
+
+def _unhex(value: str, field: str, lineno: int) -> bytes:
+    try:
+        raw = bytes.fromhex(value)
+    except ValueError:
+        raise InvalidInput(f"line {lineno}: {field} is not hex", field=field) from None
+    if len(raw) != 32:
+        raise InvalidInput(f"line {lineno}: {field} must be 32 bytes of sha256", field=field)
+    return raw
+
+
+def parse_lines(lines: Iterable[bytes | str]) -> Iterator[tuple[int, Recorded, bytes | None, int]]:
+    """Decode and check each line: shape, run id, payload decodable, hash chain intact.
+
+    Raises InvalidInput naming the line for the first problem; yields (line number,
+    Recorded) otherwise. Chains are checked per run in file order, so a file must hold
+    each run's events in seq order (as ``export`` writes them).
+    """
+    last: dict[str, tuple[int, bytes]] = {}
+    for lineno, line in enumerate(lines, 1):
+        if isinstance(line, str):
+            line = line.encode("utf-8", "surrogateescape")
+        if not line.strip():
+            continue
+        try:
+            e = _dec.decode(line)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise InvalidInput(f"line {lineno} is not an exported event: {exc}", field=f"line {lineno}") from None
+        check_run_id(e.run_id, f"line {lineno}: run_id")
+        payload = bytes(e.payload)
+        try:
+            event = ev.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise InvalidInput(f"line {lineno}: payload cannot be decoded: {exc}", field=f"line {lineno}") from None
+        if ev.tag_of(event) != e.type:
+            raise InvalidInput(f"line {lineno}: type {e.type} does not match the payload", field=f"line {lineno}")
+        prev = _unhex(e.prev_hash, "prev_hash", lineno)
+        digest = _unhex(e.hash, "hash", lineno)
+        want_seq, want_prev = last.get(e.run_id, (0, GENESIS_HASH))
+        if e.seq != want_seq + 1 or prev != want_prev:
+            raise InvalidInput(
+                f"line {lineno}: run {e.run_id} seq {e.seq} does not follow seq {want_seq} in the "
+                "chain; the file is out of order, incomplete or altered",
+                field=f"line {lineno}",
+            )
+        if chain_hash(prev, e.run_id, e.seq, e.type, e.actor, e.lease, e.idempotency_key,
+                      e.recorded_us, e.schema_version, payload) != digest:
+            raise InvalidInput(
+                f"line {lineno}: run {e.run_id} seq {e.seq} does not match its hash; the "
+                "event was altered after it was written",
+                field=f"line {lineno}",
+            )
+        last[e.run_id] = (e.seq, digest)
+        idem_digest = None
+        if e.idempotency_digest is not None:
+            idem_digest = _unhex(e.idempotency_digest, "idempotency_digest", lineno)
+        if e.batch_size < 1:
+            raise InvalidInput(f"line {lineno}: batch_size must be at least 1", field="batch_size")
+        yield lineno, Recorded(
+            run_id=e.run_id, seq=e.seq, position=0, type=e.type, actor=e.actor, lease=e.lease,
+            idempotency_key=e.idempotency_key, recorded_us=e.recorded_us,
+            schema_version=e.schema_version, payload=payload, prev_hash=prev, hash=digest,
+        ), idem_digest, e.batch_size
+
+
+def as_dict(rec: Recorded, digest: bytes | None = None, batch_size: int = 1) -> dict[str, Any]:
+    return msgspec.json.decode(to_line(rec, digest, batch_size))
