@@ -1,5 +1,1652 @@
-"""The ``handoff`` command (placeholder until the CLI lands)."""
+"""The ``handoff`` command: a thin click shell over ``handoff.Ledger``.
+
+Every command opens the ledger, makes one library call and prints a table, a short line
+or (``--json``) one JSON document. Nothing heavy is imported at module level: a shell
+agent pays for ``handoff progress`` on every event, so each command imports what it uses.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_STORE, EXIT_PROBLEMS = 0, 1, 2, 3, 4
+WIDTH = 88  # help and docs are rendered at this width so docs/cli.md is reproducible
 
 
-def main() -> None:  # pragma: no cover
-    raise SystemExit("handoff: the command line is not built yet")
+# --- the group: error and exit-code policy in one place -------------------------------
+
+
+def _json_wanted(args: list[str]) -> bool:
+    head = args[: args.index("--")] if "--" in args else args
+    return "--json" in head
+
+
+def _error(kind: str, message: str, *, as_json: bool) -> None:
+    if as_json:
+        import json
+
+        click.echo(json.dumps({"error": {"type": kind, "message": message}}), err=True)
+    else:
+        click.echo(f"Error: {message}", err=True)
+
+
+class HandoffGroup(click.Group):
+    """Keeps commands in the order they are defined, and maps every failure to an exit code."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        args = list(sys.argv[1:] if args is None else args)
+        as_json = _json_wanted(args)
+        try:
+            rv = super().main(args, prog_name or "handoff", complete_var, False, **extra)
+        except click.exceptions.Abort:
+            click.echo("Aborted.", err=True)
+            sys.exit(130)
+        except click.ClickException as exc:
+            if as_json:
+                _error(type(exc).__name__, exc.format_message(), as_json=True)
+            else:
+                exc.show()
+            sys.exit(exc.exit_code)
+        except BrokenPipeError:
+            # `handoff log RUN | head`: the reader left; that is not an error.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(EXIT_OK)
+        except Exception as exc:
+            code = _ledger_exit(exc)
+            if code is None:
+                raise
+            _error(getattr(exc, "type", type(exc).__name__), getattr(exc, "message", str(exc)), as_json=as_json)
+            sys.exit(code)
+        sys.exit(rv if isinstance(rv, int) else EXIT_OK)
+
+
+def _ledger_exit(exc: BaseException) -> int | None:
+    """The exit code of a library error, or None for a bug (which keeps its traceback)."""
+    if "ledger.errors" not in sys.modules and "sqlite3" not in sys.modules:
+        return None
+    from ledger.errors import LedgerError
+
+    if isinstance(exc, LedgerError):
+        return int(exc.exit_code)
+    import sqlite3
+
+    if isinstance(exc, sqlite3.Error):
+        return EXIT_STORE
+    return None
+
+
+class State:
+    def __init__(self, db: str, busy_timeout: float) -> None:
+        self.db = db
+        self.busy_timeout = busy_timeout
+
+
+class IsoTime(click.ParamType):
+    """An ISO 8601 time; a time without an offset is taken as UTC. Converted to UTC µs."""
+
+    name = "TIME"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        from datetime import datetime, timezone
+
+        try:
+            dt = datetime.fromisoformat(str(value).strip())
+        except ValueError:
+            self.fail(f"{value!r} is not an ISO 8601 time; write it like 2026-05-01T12:00:00Z", param, ctx)
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=timezone.utc)
+        epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+        delta = dt - epoch
+        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+ISO_TIME = IsoTime()
+
+
+def _iso(us: int | None, *, ms: bool = False) -> str | None:
+    if us is None:
+        return None
+    from datetime import datetime, timezone
+
+    dt = datetime.fromtimestamp(us / 1_000_000, tz=timezone.utc)
+    text = dt.isoformat(timespec="milliseconds" if ms else "microseconds")
+    return text.replace("+00:00", "Z")
+
+
+@click.group(cls=HandoffGroup, name="handoff", context_settings={"help_option_names": ["-h", "--help"],
+                                                                 "max_content_width": WIDTH})
+@click.option("--db", default="handoff.db", envvar="HANDOFF_DB", show_default=True, show_envvar=True,
+              type=click.Path(dir_okay=False), help="The ledger file (SQLite).")
+@click.option("--busy-timeout", default=5.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds to wait for another writer's lock before giving up (exit 3).")
+@click.version_option(package_name="handoff-ledger", prog_name="handoff")
+@click.pass_context
+def main(ctx: click.Context, db: str, busy_timeout: float) -> None:
+    """An append-only ledger for long-running agent work: contract, lease, heartbeats,
+    progress, evidence and a delivery proven once, all folded from one event log.
+
+    Exit codes: 0 ok; 1 refused by the ledger's rules (conflict, stale lease, illegal
+    transition, double delivery, terminal run); 2 usage or malformed input; 3 store
+    problem (not a ledger, locked past the timeout, read-only, disk full, corrupt);
+    4 verify or check found problems. Errors are one sentence on stderr, or with --json
+    {"error": {"type": ..., "message": ...}} on stderr.
+
+    Times are ISO 8601 in UTC, printed with a Z; a time given without an offset is
+    taken as UTC.
+
+    \b
+    Example:
+        RUN=$(handoff open --goal "Draft the report" --target chat:#ops --owner alice)
+        LEASE=$(handoff claim $RUN --worker w1)
+        handoff transition $RUN --lease $LEASE --to planning
+        handoff progress $RUN --lease $LEASE --kind plan_committed --detail "3 steps"
+        handoff status $RUN
+    """
+    ctx.obj = State(db, busy_timeout)
+
+
+# --- shared pieces -------------------------------------------------------------------
+
+
+def _state() -> State:
+    return click.get_current_context().find_object(State)  # type: ignore[return-value]
+
+
+def _ledger(*, create: bool = False) -> Any:
+    from handoff.api import Ledger
+
+    st = _state()
+    return Ledger(st.db, create=create, busy_timeout_s=st.busy_timeout)
+
+
+def json_option(f: Any) -> Any:
+    return click.option("--json", "as_json", is_flag=True,
+                        help="Print one JSON document instead of text (shapes in docs/cli.md).")(f)
+
+
+def run_argument(f: Any) -> Any:
+    return click.argument("run", metavar="RUN")(f)
+
+
+def worker_run_argument(f: Any) -> Any:
+    # Inside 'handoff run' the child has HANDOFF_RUN and HANDOFF_LEASE: RUN and --lease may go.
+    return click.argument("run", metavar="RUN", envvar="HANDOFF_RUN")(f)
+
+
+def lease_option(required: bool = True) -> Any:
+    help_ = ("Your lease token (from claim)." if required else
+             "Act as the worker holding this lease; without it you act as the operator ($HANDOFF_ACTOR or $USER).")
+    return click.option("--lease", type=click.IntRange(min=1), required=required, envvar="HANDOFF_LEASE",
+                        show_envvar=True, help=help_)
+
+
+def key_option(f: Any) -> Any:
+    return click.option("--key", default=None,
+                        help="Idempotency key: repeating the same command with it writes nothing new.")(f)
+
+
+def _emit(doc: dict[str, Any], as_json: bool, text: str | None) -> None:
+    if as_json:
+        import json
+
+        click.echo(json.dumps(doc, indent=2, ensure_ascii=False, default=str))
+    elif text is not None:
+        click.echo(text)
+
+
+def _write_doc(out: Any) -> dict[str, Any]:
+    r, cp = out.result, out.checkpoint
+    return {
+        "run_id": r.run_id, "outcome": r.outcome, "first_seq": r.first_seq, "last_seq": r.last_seq,
+        "state": cp.state, "worker": cp.worker, "lease": cp.lease, "progress_seq": cp.progress_seq,
+    }
+
+
+def _report(out: Any, as_json: bool, did: str, **extra: Any) -> None:
+    """Print what a write did: one line, or the write document."""
+    doc = {**_write_doc(out), **extra}
+    r, cp = out.result, out.checkpoint
+    if r.outcome == "duplicate":
+        text = f"{r.run_id}: already recorded; nothing new written (state {cp.state})"
+    else:
+        seqs = f"seq {r.first_seq}" if r.first_seq == r.last_seq else f"seq {r.first_seq}-{r.last_seq}"
+        text = f"{r.run_id}: {did} ({seqs}; state {cp.state})"
+    _emit(doc, as_json, text)
+
+
+def _actor(name: str | None) -> Any:
+    from ledger.store import Actor
+
+    return Actor("operator", name or os.environ.get("HANDOFF_ACTOR") or os.environ.get("USER") or "operator")
+
+
+def _wname(lg: Any, run: str, lease: int | None) -> str:
+    """The writing worker's name: $HANDOFF_WORKER, else the holder of that lease (for the log)."""
+    name = os.environ.get("HANDOFF_WORKER")
+    if name:
+        return name
+    try:
+        head = lg.store.head(run)
+    except Exception:
+        head = None
+    return head.lease_holder if head is not None and head.lease == lease and head.lease_holder else "worker"
+
+
+def _worker_actor(lg: Any, run: str, lease: int | None) -> Any:
+    from ledger.store import Actor
+
+    return Actor("worker", _wname(lg, run, lease))
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    cells = [[("-" if c is None else str(c)).replace("\n", " ") for c in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, c in enumerate(row):
+            widths[i] = max(widths[i], len(c))
+    lines = []
+    for row in [headers, *cells]:
+        lines.append("  ".join(c.ljust(widths[i]) if i < len(row) - 1 else c for i, c in enumerate(row)).rstrip())
+    return "\n".join(lines)
+
+
+def _one_line(text: str, limit: int = 72) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# --- contract and lease --------------------------------------------------------------
+
+
+@main.command()
+@json_option
+def init(as_json: bool) -> None:
+    """Create an empty ledger file (or confirm an existing one).
+
+    \b
+    Example:
+        handoff --db work.db init
+    """
+    path = _state().db
+    existed = os.path.exists(path) and os.path.getsize(path) > 0
+    with _ledger(create=True) as lg:
+        runs = sum(1 for h in lg.store.list_runs())
+    doc = {"db": os.path.abspath(path), "created": not existed, "runs": runs}
+    text = (f"ledger {path} already exists ({runs} streams); nothing changed" if existed
+            else f"created ledger {path}")
+    _emit(doc, as_json, text)
+
+
+def open_options(required: bool) -> Any:
+    """The contract's options, shared by 'open' and 'run'."""
+
+    def deco(f: Any) -> Any:
+        opts = [
+            click.option("--goal", required=required, help="What the run must achieve."),
+            click.option("--target", required=required, help="Where the result is delivered (e.g. chat:#ops)."),
+            click.option("--owner", required=required, help="Who owns the run: reviews, delivers, closes."),
+            click.option("--origin", default="", help="Where the request came from."),
+            click.option("--run-id", default=None, help="Choose the run id (default: run-<time>-<random>)."),
+            click.option("--result", "result_path", default=None, type=click.Path(dir_okay=False),
+                         help="The result file the run must produce (submit checks it was recorded)."),
+            click.option("--stop-rule", "stop_rules", multiple=True, help="A rule for when to stop (repeatable)."),
+            click.option("--heartbeat-timeout", type=float, default=60.0, show_default=True,
+                         help="Seconds without a heartbeat before the worker is unavailable."),
+            click.option("--progress-timeout", type=float, default=300.0, show_default=True,
+                         help="Seconds without progress (heartbeats alone) before the run is stalled."),
+            click.option("--retry-budget", type=int, default=3, show_default=True,
+                         help="Stalled windows the watchdog tolerates before it pauses the run."),
+            click.option("--delivery-timeout", type=float, default=600.0, show_default=True,
+                         help="Seconds a delivery attempt may go without an outcome before it is ambiguous."),
+            click.option("--owner-cap", type=int, default=10, show_default=True,
+                         help="Most runs of this owner that may hold a lease at once."),
+            click.option("--require-review", is_flag=True, help="The owner must approve the result before delivery."),
+        ]
+        for opt in reversed(opts):
+            f = opt(f)
+        return f
+
+    return deco
+
+
+def _open_kwargs(p: dict[str, Any]) -> dict[str, Any]:
+    return dict(
+        goal=p["goal"], target=p["target"], owner=p["owner"], origin=p["origin"], run_id=p["run_id"],
+        result_path=p["result_path"], stop_rules=tuple(p["stop_rules"]), require_review=p["require_review"],
+        heartbeat_timeout_s=p["heartbeat_timeout"], progress_timeout_s=p["progress_timeout"],
+        retry_budget=p["retry_budget"], delivery_timeout_s=p["delivery_timeout"], owner_cap=p["owner_cap"],
+    )
+
+
+@main.command("open")
+@open_options(required=True)
+@key_option
+@json_option
+def open_(as_json: bool, key: str | None, **p: Any) -> None:
+    """Write a run's contract before any worker starts; print the run id.
+
+    The contract names the goal, where the request came from, the visible target the
+    result is delivered to, the owner, the result file and the watchdog's timeouts.
+    A --result path is stored resolved to an absolute path.
+
+    \b
+    Example:
+        RUN=$(handoff open --goal "Summarise the incident" --target chat:#ops \\
+              --owner alice --result ./report.md --heartbeat-timeout 30)
+    """
+    with _ledger(create=True) as lg:
+        run_id = lg.open(**_open_kwargs(p), key=key)
+        cp = lg.checkpoint(run_id)
+    doc = {"run_id": run_id, "state": cp.state, "last_seq": cp.last_seq, "owner": cp.owner,
+           "target": cp.target, "result_path": cp.result_path}
+    _emit(doc, as_json, run_id)
+
+
+@main.command()
+@run_argument
+@click.option("--worker", required=True, envvar="HANDOFF_WORKER", show_envvar=True, help="Your worker name.")
+@key_option
+@json_option
+def claim(run: str, worker: str, key: str | None, as_json: bool) -> None:
+    """Take the run's lease; print the lease token every later write must carry.
+
+    Refused (exit 1) while another worker holds the lease, or when the owner is at its
+    cap of active runs.
+
+    \b
+    Example:
+        LEASE=$(handoff claim $RUN --worker worker-1)
+    """
+    from reducers import commands as C
+
+    from ledger.store import Actor
+
+    with _ledger() as lg:
+        out = lg.execute(run, C.Claim(worker=worker), actor=Actor("worker", worker), key=key)
+    doc = _write_doc(out)
+    _emit(doc, as_json, str(out.checkpoint.lease))
+
+
+@main.command()
+@worker_run_argument
+@lease_option()
+@json_option
+def heartbeat(run: str, lease: int, as_json: bool) -> None:
+    """Say the lease holder is alive. Heartbeats are liveness, never progress.
+
+    \b
+    Example:
+        handoff heartbeat $RUN --lease $LEASE
+    """
+    with _ledger() as lg:
+        out = lg.heartbeat(run, lease, worker=_wname(lg, run, lease))
+    _report(out, as_json, "heartbeat recorded")
+
+
+@main.command()
+@worker_run_argument
+@lease_option()
+@click.option("--to", "to", required=True, metavar="STATE",
+              help="planning, executing or verifying (see docs/lifecycle.md).")
+@click.option("--reason", default="", help="Why.")
+@key_option
+@json_option
+def transition(run: str, lease: int, to: str, reason: str, key: str | None, as_json: bool) -> None:
+    """Move the run through its lifecycle (queued -> planning -> executing -> verifying).
+
+    \b
+    Example:
+        handoff transition $RUN --lease $LEASE --to executing
+    """
+    with _ledger() as lg:
+        out = lg.transition(run, lease, to, reason=reason, key=key, worker=_wname(lg, run, lease))
+    _report(out, as_json, f"moved to {out.checkpoint.state}")
+
+
+@main.command()
+@worker_run_argument
+@lease_option()
+@click.option("--kind", required=True,
+              help="plan_committed, tool_outcome, child_result, diff_validated, verifier_result; "
+                   "or a non-progress kind such as note, tool_retry, waiting.")
+@click.option("--detail", default="", help="What happened.")
+@key_option
+@json_option
+def progress(run: str, lease: int, kind: str, detail: str, key: str | None, as_json: bool) -> None:
+    """Record a step. Only the state's progress kinds advance progress_seq.
+
+    With --key, a retried report writes nothing new.
+
+    \b
+    Example:
+        handoff progress $RUN --lease $LEASE --kind tool_outcome --detail "tests pass" --key step-7
+    """
+    with _ledger() as lg:
+        out = lg.progress(run, lease, kind, detail, key=key, worker=_wname(lg, run, lease))
+    _report(out, as_json, f"{kind} recorded, progress_seq {out.checkpoint.progress_seq}")
+
+
+@main.command()
+@click.argument("run", metavar="RUN")
+@click.argument("path", metavar="PATH", required=False)
+@lease_option()
+@click.option("--kind", default="result", show_default=True, help="What the file is (result, log, diff...).")
+@click.option("--root", default=None, type=click.Path(file_okay=False),
+              help="Refuse a path that resolves outside this directory.")
+@key_option
+@json_option
+def artifact(run: str, path: str | None, lease: int, kind: str, root: str | None, key: str | None,
+             as_json: bool) -> None:
+    """Record a file the run produced; the ledger reads its size and sha256 itself.
+
+    Inside 'handoff run', RUN may be left out (it is $HANDOFF_RUN).
+
+    \b
+    Example:
+        handoff artifact $RUN --lease $LEASE --kind result ./report.md
+    """
+    if path is None:
+        run, path = os.environ.get("HANDOFF_RUN") or "", run
+        if not run:
+            raise click.UsageError("give RUN and PATH (RUN may be left out only when HANDOFF_RUN is set)")
+    with _ledger() as lg:
+        out = lg.artifact(run, lease, path, kind=kind, root=root, key=key, worker=_wname(lg, run, lease))
+    art = out.checkpoint.artifacts[-1] if out.checkpoint.artifacts else None
+    extra = {} if art is None else {"artifact": {"path": art.path, "kind": art.kind, "bytes": art.bytes,
+                                                 "sha256": art.sha256, "exists": art.exists}}
+    did = "artifact recorded"
+    if art is not None:
+        did = (f"{art.kind} {art.path} recorded ({art.bytes} bytes, sha256 {art.sha256[:12]})" if art.exists
+               else f"{art.kind} {art.path} recorded as MISSING")
+    _report(out, as_json, did, **extra)
+
+
+@main.command()
+@worker_run_argument
+@lease_option(required=False)
+@click.option("--kind", required=True, help="What was checked (tests, lint, review...).")
+@click.option("--outcome", required=True, type=click.Choice(["pass", "fail", "skipped"]))
+@click.option("--detail", default="", help="What the check saw.")
+@click.option("--by", default=None, help="Operator name when acting without a lease.")
+@key_option
+@json_option
+def evidence(run: str, lease: int | None, kind: str, outcome: str, detail: str, by: str | None,
+             key: str | None, as_json: bool) -> None:
+    """Record a check that was run and how it came out. Delivery needs a pass and no fail.
+
+    \b
+    Example:
+        handoff evidence $RUN --lease $LEASE --kind tests --outcome pass --detail "42 passed"
+    """
+    with _ledger() as lg:
+        actor = _worker_actor(lg, run, lease) if lease is not None else _actor(by)
+        out = lg.evidence(run, kind, outcome, detail, lease=lease, actor=actor, key=key)
+    _report(out, as_json, f"evidence {kind}: {outcome}")
+
+
+@main.command()
+@worker_run_argument
+@click.option("--reason", required=True, help="What the run cannot go on without.")
+@click.option("--next-action", required=True, help="What must happen to unblock it, and by whom.")
+@lease_option(required=False)
+@click.option("--by", default=None, help="Operator name when acting without a lease.")
+@key_option
+@json_option
+def block(run: str, reason: str, next_action: str, lease: int | None, by: str | None, key: str | None,
+          as_json: bool) -> None:
+    """Record a named blocker and the next action; the run waits in 'blocked'.
+
+    A blocked run is not a stall: the watchdog leaves it alone.
+
+    \b
+    Example:
+        handoff block $RUN --reason "needs prod credentials" --next-action "alice grants read access"
+    """
+    with _ledger() as lg:
+        actor = _worker_actor(lg, run, lease) if lease is not None else _actor(by)
+        out = lg.block(run, reason, next_action, lease=lease, actor=actor, key=key)
+    _report(out, as_json, f"blocker #{out.checkpoint.blockers_raised} raised")
+
+
+@main.command()
+@worker_run_argument
+@click.option("--resolution", required=True, help="How the blocker went away.")
+@click.option("--blocker", "blocker_id", type=int, default=None, help="Clear only this blocker id (default: all).")
+@lease_option(required=False)
+@click.option("--by", default=None, help="Operator name when acting without a lease.")
+@key_option
+@json_option
+def unblock(run: str, resolution: str, blocker_id: int | None, lease: int | None, by: str | None,
+            key: str | None, as_json: bool) -> None:
+    """Clear blockers; the run returns to the state it was blocked from.
+
+    \b
+    Example:
+        handoff unblock $RUN --resolution "read access granted"
+    """
+    with _ledger() as lg:
+        actor = _worker_actor(lg, run, lease) if lease is not None else _actor(by)
+        out = lg.unblock(run, resolution, blocker_id=blocker_id, lease=lease, actor=actor, key=key)
+    _report(out, as_json, "unblocked" if out.checkpoint.state != "blocked" else "blocker cleared")
+
+
+@main.command("effect-start")
+@worker_run_argument
+@lease_option()
+@click.option("--key", required=True, help="The side effect's own key (unique within the run).")
+@click.option("--what", required=True, help="What is about to happen outside (e.g. 'POST /deploy v42').")
+@json_option
+def effect_start(run: str, lease: int, key: str, what: str, as_json: bool) -> None:
+    """Record that an external side effect is about to start, before starting it.
+
+    Until its outcome is confirmed, a lost worker leaves the run 'unknown' and the
+    watchdog asks for reconciliation instead of a blind retry.
+
+    \b
+    Example:
+        handoff effect-start $RUN --lease $LEASE --key deploy-v42 --what "deploy v42 to staging"
+    """
+    with _ledger() as lg:
+        out = lg.effect_start(run, lease, key, what, worker=_wname(lg, run, lease))
+    _report(out, as_json, f"side effect {key} started")
+
+
+@main.command("effect-confirm")
+@worker_run_argument
+@click.option("--key", required=True, help="The side effect's key.")
+@click.option("--outcome", required=True, type=click.Choice(["done", "absent"]),
+              help="done: it happened; absent: it did not.")
+@click.option("--note", default="", help="How you know (for a reconciliation).")
+@lease_option(required=False)
+@click.option("--by", default=None, help="Operator name when acting without a lease.")
+@json_option
+def effect_confirm(run: str, key: str, outcome: str, note: str, lease: int | None, by: str | None,
+                   as_json: bool) -> None:
+    """Record a side effect's outcome (a reconciliation when its worker was lost).
+
+    \b
+    Example:
+        handoff effect-confirm $RUN --key deploy-v42 --outcome done --note "v42 is live on staging"
+    """
+    with _ledger() as lg:
+        actor = _worker_actor(lg, run, lease) if lease is not None else _actor(by)
+        out = lg.effect_confirm(run, key, outcome, note=note, lease=lease, actor=actor)
+    _report(out, as_json, f"side effect {key}: {outcome}")
+
+
+@main.command()
+@worker_run_argument
+@lease_option()
+@click.option("--summary", default="", help="One paragraph on what was done.")
+@key_option
+@json_option
+def submit(run: str, lease: int, summary: str, key: str | None, as_json: bool) -> None:
+    """Submit the result: needs a recorded, existing, non-empty artifact (and the contract's
+    result file, if it names one). Goes to review when the contract requires it.
+
+    \b
+    Example:
+        handoff submit $RUN --lease $LEASE --summary "report drafted and checked"
+    """
+    with _ledger() as lg:
+        out = lg.submit(run, lease, summary, key=key, worker=_wname(lg, run, lease))
+    _report(out, as_json, f"result submitted; now {out.checkpoint.state}")
+
+
+@main.command()
+@run_argument
+@click.option("--by", required=True, help="The owner (or whoever the owner transferred review to).")
+@click.option("--approve/--reject", "approve", default=None, help="The decision.")
+@click.option("--notes", default="", help="What the reviewer saw.")
+@key_option
+@json_option
+def review(run: str, by: str, approve: bool | None, notes: str, key: str | None, as_json: bool) -> None:
+    """Approve or reject a submitted result. A rejection sends the run back to executing.
+
+    \b
+    Example:
+        handoff review $RUN --by alice --approve --notes "numbers check out"
+    """
+    if approve is None:
+        raise click.UsageError("say --approve or --reject")
+    with _ledger() as lg:
+        out = lg.review(run, by, approve, notes, key=key)
+    _report(out, as_json, "approved" if approve else "rejected")
+
+
+@main.command()
+@run_argument
+@click.option("--by", required=True, help="The owner, or someone it transferred the action to.")
+@click.option("--action", required=True, type=click.Choice(["review", "deliver", "delivered", "delivery_failed", "close"]),
+              help="The owner-only action to hand over.")
+@click.option("--to", "to", required=True, help="Who may perform it from now on.")
+@json_option
+def transfer(run: str, by: str, action: str, to: str, as_json: bool) -> None:
+    """Let a named actor perform one of the owner's actions on this run.
+
+    \b
+    Example:
+        handoff transfer $RUN --by alice --action deliver --to release-bot
+    """
+    with _ledger() as lg:
+        out = lg.transfer(run, action, to, by=by)
+    _report(out, as_json, f"{to} may now {action}")
+
+
+# --- delivery -------------------------------------------------------------------------
+
+
+def _delivery_extra(cp: Any) -> dict[str, Any]:
+    d = cp.delivery
+    status = "confirmed" if d.confirmed_key else ("attempted" if d.pending else
+                                                  ("failed" if d.attempts else "not_attempted"))
+    return {"target": cp.target, "delivery": {"status": status, "key": d.confirmed_key or (
+        d.attempts[-1].key if d.attempts else None), "receipt": d.receipt, "attempts": len(d.attempts)}}
+
+
+@main.command()
+@run_argument
+@click.option("--by", required=True, help="The owner, or someone it transferred 'deliver' to.")
+@click.option("--key", required=True, help="The delivery's idempotency key; a retry with it is a no-op.")
+@json_option
+def deliver(run: str, by: str, key: str, as_json: bool) -> None:
+    """Record a delivery attempt to the contract's target, before sending.
+
+    Send only when this prints "send": a retried attempt with the same key, or one
+    after the delivery was confirmed, writes nothing and says so (outcome "duplicate").
+    A second delivery under another key is refused (exit 1).
+
+    \b
+    Example:
+        handoff deliver $RUN --by alice --key report-v1
+        # ... post the result to the target, then:
+        handoff delivered $RUN --key report-v1 --receipt "msg 1712"
+    """
+    with _ledger() as lg:
+        out = lg.deliver(run, by, key)
+    cp, extra = out.checkpoint, _delivery_extra(out.checkpoint)
+    if out.duplicate:
+        extra["send"] = False
+        st = extra["delivery"]["status"]
+        text = (f"{run}: delivery {key} is already {st}; do not send again" if st == "confirmed" else
+                f"{run}: delivery {key} was already recorded ({st}); do not send again until it is confirmed or failed")
+        _emit({**_write_doc(out), **extra}, as_json, text)
+        return
+    extra["send"] = True
+    _report(out, as_json, f"delivery {key} to {cp.target} recorded: send now, then 'handoff delivered'", **extra)
+
+
+@main.command()
+@run_argument
+@click.option("--key", required=True, help="The delivery's key.")
+@click.option("--receipt", required=True, help="The target's acknowledgement (message id, URL...).")
+@click.option("--by", default=None, help="Who confirms (default: the owner).")
+@json_option
+def delivered(run: str, key: str, receipt: str, by: str | None, as_json: bool) -> None:
+    """Record the target's receipt: the delivery is proven and the run ends 'delivered'.
+
+    \b
+    Example:
+        handoff delivered $RUN --key report-v1 --receipt "https://chat.example/ops/p1712"
+    """
+    with _ledger() as lg:
+        out = lg.delivered(run, key, receipt, by=by)
+    _report(out, as_json, f"delivery {key} confirmed", **_delivery_extra(out.checkpoint))
+
+
+@main.command("delivery-failed")
+@run_argument
+@click.option("--key", required=True, help="The delivery's key.")
+@click.option("--error", required=True, help="How you know it did not arrive.")
+@click.option("--by", default=None, help="Who records it (default: the owner).")
+@json_option
+def delivery_failed(run: str, key: str, error: str, by: str | None, as_json: bool) -> None:
+    """Record that a delivery attempt is known not to have arrived; a new key may follow.
+
+    \b
+    Example:
+        handoff delivery-failed $RUN --key report-v1 --error "channel archived"
+    """
+    with _ledger() as lg:
+        out = lg.delivery_failed(run, key, error, by=by)
+    _report(out, as_json, f"delivery {key} marked failed", **_delivery_extra(out.checkpoint))
+
+
+# --- ending and forking ---------------------------------------------------------------
+
+
+@main.command()
+@worker_run_argument
+@lease_option()
+@click.option("--reason", default="", help="Why.")
+@json_option
+def release(run: str, lease: int, reason: str, as_json: bool) -> None:
+    """Give the lease back so another worker may claim the run.
+
+    \b
+    Example:
+        handoff release $RUN --lease $LEASE --reason "handing over to the night shift"
+    """
+    with _ledger() as lg:
+        out = lg.release(run, lease, reason, worker=_wname(lg, run, lease))
+    _report(out, as_json, f"lease {lease} released")
+
+
+@main.command()
+@run_argument
+@click.option("--reason", required=True, help="Why the holder must stop.")
+@click.option("--lease", type=click.IntRange(min=1), default=None,
+              help="Revoke only if this is still the current lease.")
+@click.option("--by", default=None, help="Operator name (default: $HANDOFF_ACTOR or $USER).")
+@key_option
+@json_option
+def revoke(run: str, reason: str, lease: int | None, by: str | None, key: str | None, as_json: bool) -> None:
+    """Take the lease away from its holder; its later writes are refused.
+
+    \b
+    Example:
+        handoff revoke $RUN --reason "worker host is being drained"
+    """
+    with _ledger() as lg:
+        before = lg.checkpoint(run).lease
+        out = lg.revoke(run, reason, lease=lease, actor=_actor(by), key=key)
+    _report(out, as_json, f"lease {before} revoked")
+
+
+@main.command()
+@run_argument
+@click.option("--by", required=True, help="The owner (or, with --operator, an operator).")
+@click.option("--as", "disposition", required=True,
+              type=click.Choice(["no-op", "cancelled", "failed", "no_op"]), help="How the run ends.")
+@click.option("--reason", default="", help="Why.")
+@click.option("--operator", is_flag=True, help="Close as an operator rather than as the owner.")
+@json_option
+def close(run: str, by: str, disposition: str, reason: str, operator: bool, as_json: bool) -> None:
+    """End a run without delivery: no-op, cancelled or failed. Terminal states absorb.
+
+    \b
+    Example:
+        handoff close $RUN --by alice --as no-op --reason "already fixed upstream"
+    """
+    disposition = disposition.replace("-", "_")
+    with _ledger() as lg:
+        out = lg.close_run(run, by, disposition, reason, as_operator=operator)
+    _report(out, as_json, f"closed as {disposition}")
+
+
+@main.command()
+@run_argument
+@click.option("--at", "at_seq", required=True, type=click.IntRange(min=1), help="The parent's seq to continue from.")
+@click.option("--run-id", default=None, help="The new run's id.")
+@click.option("--by", default=None, help="Operator name (default: $HANDOFF_ACTOR or $USER).")
+@json_option
+def fork(run: str, at_seq: int, run_id: str | None, by: str | None, as_json: bool) -> None:
+    """Start a new run that continues RUN as it stood at --at; print the new id.
+
+    The fork keeps the parent's history but not its lease, timers or watchers.
+
+    \b
+    Example:
+        NEW=$(handoff fork $RUN --at 12)
+    """
+    with _ledger() as lg:
+        child = lg.fork(run, at_seq, new_run_id=run_id, by=by)
+        cp = lg.checkpoint(child)
+    _emit({"run_id": child, "parent": run, "parent_seq": at_seq, "state": cp.state}, as_json, child)
+
+
+# --- reading ----------------------------------------------------------------------------
+
+
+def format_packet(p: dict[str, Any]) -> str:
+    """A checkpoint packet as short aligned lines (the JSON form is the packet itself)."""
+    def iso(v: str | None) -> str:
+        return v or "-"
+
+    lp = p.get("last_progress")
+    h = p["health"]
+    mon = p["monitored"]
+    d = p["delivery"]
+    rows = [
+        ("run", p["run_id"] + (f"  (fork of {p['fork_parent']} at seq {p['fork_seq']})" if p.get("fork_parent") else "")),
+        ("state", p["state"] + ("  (terminal)" if p["terminal"] else "")),
+        ("goal", _one_line(p["goal"], 100)),
+        ("origin", p["origin"] or "-"),
+        ("target", p["target"]),
+        ("owner", p["owner"] + ("  (review required)" if p.get("require_review") else "")),
+        ("worker", f"{p['worker']} (lease {p['lease']})" if p["lease"] is not None else "none (no lease held)"),
+        ("progress", f"seq {p['progress_seq']}" + (f", last {lp['kind']} at {lp['at']}" if lp else ", none yet")),
+        ("heartbeat", iso(p["last_heartbeat_at"])),
+        ("health", f"{h['classification']}: {h['reason']}" + (f" (action: {h['action']})" if h["action"] != "none" else "")),
+        ("monitored", ("yes, by " + ", ".join(mon["watchers"])) if mon["covered"] else
+         "no live watcher covers it" + (f" (last observed by {mon['last_observed_by']} at {mon['last_observed_at']})"
+                                        if mon.get("last_observed_by") else "")),
+        ("delivery", f"{d['status']}: {d['detail']}"),
+    ]
+    if p.get("result_path"):
+        rows.insert(5, ("result", p["result_path"]))
+    if p.get("review"):
+        r = p["review"]
+        rows.append(("review", f"{'approved' if r['approved'] else 'rejected'} by {r['by']}" + (f": {r['notes']}" if r["notes"] else "")))
+    if p.get("result"):
+        rows.append(("submitted", _one_line(p["result"]["summary"] or "(no summary)", 100) + f" (seq {p['result']['seq']})"))
+    rows.append(("last seq", f"{p['last_seq']}, updated {iso(p.get('updated_at'))}"))
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    for title, items, fmt in (
+        ("blockers", p["blockers"], lambda b: [f"#{b['id']}", b["reason"], "next: " + b["next_action"], f"seq {b['seq']}"]),
+        ("artifacts", p["artifacts"], lambda a: [a["kind"], a["path"], f"{a['bytes']} B" if a["exists"] else "MISSING",
+                                                  f"sha256 {a['sha256'][:12]}" if a["sha256"] else "", f"seq {a['seq']}"]),
+        ("evidence", p["evidence"], lambda e: [e["kind"], e["outcome"], _one_line(e["detail"], 60) or "-", f"seq {e['seq']}"]),
+        ("pending effects", p["pending_effects"], lambda e: [e["key"], _one_line(e["what"], 60), f"lease {e['lease']}", f"seq {e['seq']}"]),
+    ):
+        if items:
+            lines.append(f"{title}:")
+            body = _table([""] * len(fmt(items[0])), [fmt(i) for i in items]).split("\n")[1:]
+            lines.extend("  " + b for b in body)
+        else:
+            lines.append(f"{title.ljust(width)}  none")
+    return "\n".join(lines)
+
+
+def _run_row(cp: Any, health: Any) -> dict[str, Any]:
+    return {
+        "run_id": cp.run_id, "state": cp.state, "owner": cp.owner, "target": cp.target,
+        "worker": cp.worker, "lease": cp.lease, "progress_seq": cp.progress_seq,
+        "health": health.classification, "action": health.action,
+        "updated_at": _iso(cp.last_event_us), "goal": cp.goal,
+    }
+
+
+@main.command()
+@click.argument("run", metavar="[RUN]", required=False)
+@click.option("--state", "states", multiple=True, help="Only runs in this state (repeatable).")
+@click.option("--owner", default=None, help="Only this owner's runs.")
+@click.option("--all", "include_terminal", is_flag=True, help="Include delivered, no-op, cancelled and failed runs.")
+@click.option("--now", type=ISO_TIME, default=None, help="Judge health as of this time (default: now).")
+@json_option
+def status(run: str | None, states: tuple[str, ...], owner: str | None, include_terminal: bool,
+           now: int | None, as_json: bool) -> None:
+    """Show one run's checkpoint packet, or a table of the runs that are not terminal.
+
+    The packet is everything the next actor needs: state, contract, lease, progress,
+    blockers, artifacts, evidence, pending side effects, review, delivery, health and
+    whether a live watcher really covers the run.
+
+    \b
+    Example:
+        handoff status $RUN
+        handoff status --state executing --owner alice --json
+    """
+    from reducers import stall
+
+    with _ledger() as lg:
+        if run is not None:
+            p = lg.status(run, now=now)
+            _emit(p, as_json, None if as_json else format_packet(p))
+            return
+        when = now if now is not None else lg.clock()
+        rows = []
+        for cp in lg.runs(include_terminal=include_terminal or any(s in ("delivered", "no_op", "cancelled", "failed")
+                                                                     for s in states), owner=owner):
+            if states and cp.state not in states:
+                continue
+            rows.append(_run_row(cp, stall.classify(cp, now_us=when)))
+    if as_json:
+        _emit({"now": _iso(when), "runs": rows}, True, None)
+        return
+    if not rows:
+        click.echo("no runs" + ("" if include_terminal else " that are not terminal") + " match")
+        return
+    click.echo(_table(["RUN", "STATE", "OWNER", "WORKER", "LEASE", "PROGRESS", "HEALTH", "UPDATED"],
+                      [[r["run_id"], r["state"], r["owner"], r["worker"], r["lease"], r["progress_seq"],
+                        r["health"], _iso_ms(r["updated_at"])] for r in rows]))
+
+
+def _iso_ms(text: str | None) -> str | None:
+    """'2026-05-01T12:00:03.123456Z' -> '2026-05-01T12:00:03.123Z' for tables."""
+    if not text or "." not in text:
+        return text
+    head, frac = text.rstrip("Z").split(".", 1)
+    return f"{head}.{frac[:3]}Z"
+
+
+def summarize(event: Any) -> str:
+    """One line on what an event says, for timelines."""
+    from ledger import events as ev
+
+    e = event
+    match e:
+        case ev.HandoffOpened():
+            return f"contract: {e.goal!r} for {e.owner} -> {e.target}" + (" (review required)" if e.require_review else "")
+        case ev.LeaseGranted():
+            return f"{e.worker} holds lease {e.lease}"
+        case ev.LeaseReleased():
+            return f"lease {e.lease} released" + (f": {e.reason}" if e.reason else "")
+        case ev.LeaseRevoked():
+            return f"lease {e.lease} revoked: {e.reason}"
+        case ev.AuthorityTransferred():
+            return f"{e.to} may {e.action}"
+        case ev.HeartbeatRecorded():
+            return "alive"
+        case ev.StateChanged():
+            return f"{e.from_state} -> {e.to_state}" + (f" ({e.reason})" if e.reason else "")
+        case ev.ProgressRecorded():
+            return f"{e.kind}" + (f": {e.detail}" if e.detail else "") + ("" if e.advances else " [not progress]")
+        case ev.ArtifactRecorded():
+            return (f"{e.kind} {e.path} ({e.bytes} B, sha256 {e.sha256[:12]})" if e.exists
+                    else f"{e.kind} {e.path} (missing)")
+        case ev.EvidenceRecorded():
+            return f"{e.kind}: {e.outcome}" + (f" ({e.detail})" if e.detail else "")
+        case ev.BlockerRaised():
+            return f"#{e.blocker_id} {e.reason}; next: {e.next_action}"
+        case ev.BlockerCleared():
+            return f"#{e.blocker_id} cleared: {e.resolution}"
+        case ev.SideEffectStarted():
+            return f"{e.key}: {e.what}"
+        case ev.SideEffectConfirmed():
+            return f"{e.key}: {e.outcome}"
+        case ev.ReconciliationRecorded():
+            return f"{e.key}: {e.outcome}" + (f" ({e.note})" if e.note else "")
+        case ev.ResultSubmitted():
+            return (e.summary or "result") + f" ({len(e.artifacts)} artifact{'s' if len(e.artifacts) != 1 else ''})"
+        case ev.ReviewDecided():
+            return f"{'approved' if e.approved else 'rejected'} by {e.by}" + (f": {e.notes}" if e.notes else "")
+        case ev.DeliveryAttempted():
+            return f"{e.key} to {e.target} by {e.by}"
+        case ev.DeliveryConfirmed():
+            return f"{e.key} receipt {e.receipt}"
+        case ev.DeliveryFailed():
+            return f"{e.key}: {e.error}"
+        case ev.RunClosed():
+            return f"{e.disposition} by {e.by}" + (f": {e.reason}" if e.reason else "")
+        case ev.WatchdogObserved():
+            return f"{e.classification} at progress_seq {e.progress_seq}"
+        case ev.RecoveryDecided():
+            return f"{e.action} ({e.classification}): {e.reason}"
+        case ev.RunForked():
+            return f"continues {e.parent} as of seq {e.parent_seq}"
+    return ev.tag_of(e)
+
+
+def log_rows(records: Any) -> list[dict[str, Any]]:
+    import msgspec
+
+    rows = []
+    for rec in records:
+        event = rec.event
+        rows.append({
+            "seq": rec.seq, "position": rec.position, "at": _iso(rec.recorded_us), "actor": rec.actor,
+            "lease": rec.lease, "type": rec.type, "key": rec.idempotency_key, "summary": summarize(event),
+            "data": msgspec.to_builtins(event),
+        })
+    return rows
+
+
+def format_log(rows: list[dict[str, Any]], *, width: int = 72) -> str:
+    return _table(["SEQ", "TIME", "ACTOR", "LEASE", "TYPE", "SUMMARY"],
+                  [[r["seq"], _iso_ms(r["at"]), r["actor"], r["lease"], r["type"], _one_line(r["summary"], width)]
+                   for r in rows])
+
+
+@main.command()
+@run_argument
+@click.option("--after", "after_seq", type=click.IntRange(min=0), default=0, help="Only events after this seq.")
+@click.option("--type", "types", multiple=True, help="Only events of this type (repeatable), e.g. lease_revoked.")
+@click.option("--no-heartbeats", is_flag=True, help="Leave heartbeat_recorded events out.")
+@json_option
+def log(run: str, after_seq: int, types: tuple[str, ...], no_heartbeats: bool, as_json: bool) -> None:
+    """Print a run's timeline: seq, time, actor, lease, type and a one-line summary.
+
+    \b
+    Example:
+        handoff log $RUN --no-heartbeats
+        handoff log $RUN --type lease_granted --type lease_revoked --json
+    """
+    with _ledger() as lg:
+        records = [r for r in lg.log(run) if r.seq > after_seq
+                   and (not types or r.type in types)
+                   and not (no_heartbeats and r.type == "heartbeat_recorded")]
+        rows = log_rows(records)
+    if as_json:
+        _emit({"run_id": run, "events": rows}, True, None)
+    else:
+        click.echo(format_log(rows) if rows else f"{run}: no events match")
+
+
+@main.command()
+@run_argument
+@click.option("--at", "at_seq", type=click.IntRange(min=1), default=None, help="The run's seq to stop at.")
+@click.option("--as-of", "as_of", type=ISO_TIME, default=None, help="The time to stop at (ISO 8601).")
+@json_option
+def replay(run: str, at_seq: int | None, as_of: int | None, as_json: bool) -> None:
+    """Show the checkpoint packet exactly as it stood at a seq or a time.
+
+    Health is judged at the moment of that last event (or at --as-of), so the packet
+    says what a reader would have seen then.
+
+    \b
+    Example:
+        handoff replay $RUN --at 7
+        handoff replay $RUN --as-of 2026-05-01T12:00:00Z --json
+    """
+    if (at_seq is None) == (as_of is None):
+        raise click.UsageError("give exactly one of --at SEQ or --as-of TIME")
+    with _ledger() as lg:
+        p = lg.status(run, at_seq=at_seq, as_of_us=as_of)
+    if as_json:
+        _emit(p, True, None)
+    else:
+        when = f"seq {at_seq}" if at_seq is not None else f"{_iso(as_of)} (seq {p['last_seq']})"
+        click.echo(f"{run} as it stood at {when}:\n" + format_packet(p))
+
+
+@main.command()
+@click.option("--now", type=ISO_TIME, default=None, help="Judge as of this time (default: now).")
+@json_option
+def stalls(now: int | None, as_json: bool) -> None:
+    """List every run whose health needs attention, with the evidence and the action.
+
+    Evidence: last heartbeat, last progress (seq and kind), the lease and how many
+    stalled windows the watchdog has seen at the same progress_seq (retries).
+
+    \b
+    Example:
+        handoff stalls
+        handoff stalls --now 2026-05-01T12:00:00Z --json
+    """
+    with _ledger() as lg:
+        when = now if now is not None else lg.clock()
+        found = lg.stalls(now=when)
+    rows = []
+    for cp, h in found:
+        w = cp.watch
+        rows.append({
+            "run_id": cp.run_id, "state": cp.state, "classification": h.classification, "action": h.action,
+            "reason": h.reason, "worker": cp.worker, "lease": cp.lease,
+            "last_heartbeat_at": _iso(w.last_heartbeat_us), "progress_seq": w.progress_seq,
+            "last_progress": None if w.last_progress is None else {
+                "seq": w.last_progress.seq, "kind": w.last_progress.kind, "at": _iso(w.last_progress.at_us)},
+            "retries": w.repeats, "retry_budget": cp.policy.retry_budget,
+        })
+    if as_json:
+        _emit({"now": _iso(when), "stalls": rows}, True, None)
+        return
+    if not rows:
+        click.echo(f"no run needs attention at {_iso(when, ms=True)}")
+        return
+    click.echo(_table(
+        ["RUN", "STATE", "HEALTH", "ACTION", "LEASE", "LAST BEAT", "PROGRESS", "RETRIES", "WHY"],
+        [[r["run_id"], r["state"], r["classification"], r["action"], r["lease"], _iso_ms(r["last_heartbeat_at"]),
+          f"{r['progress_seq']}" + (f" {r['last_progress']['kind']}" if r["last_progress"] else ""),
+          f"{r['retries']}/{r['retry_budget']}", _one_line(r["reason"], 60)] for r in rows]))
+
+
+# --- the watchdog -------------------------------------------------------------------------
+
+
+def _action_doc(a: Any) -> dict[str, Any]:
+    return {"run_id": a.run_id, "classification": a.classification, "action": a.action, "outcome": a.outcome,
+            "key": a.key, "progress_seq": a.progress_seq, "lease": a.lease, "reason": a.reason, "seq": a.seq}
+
+
+@main.command()
+@click.option("--once", is_flag=True, help="Make one pass and exit.")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=5.0, show_default=True,
+              help="Seconds between passes.")
+@click.option("--name", default=None, help="This watcher's name (default: watchdog@<host>).")
+@click.option("--now", type=ISO_TIME, default=None, help="With --once: judge as of this time (audits, tests).")
+@json_option
+def watch(once: bool, interval: float, name: str | None, now: int | None, as_json: bool) -> None:
+    """The watchdog: classify every live run and act within bounds, one line per action.
+
+    unavailable (no heartbeat): revoke the lease so another worker can claim.
+    stalled (heartbeats, no progress): observe once per progress-timeout window and
+    mark it; past the retry budget, pause it (a blocker a person clears).
+    A side effect or delivery of unknown outcome: ask for reconciliation, never retry.
+    Delivered, no-op and blocked runs: nothing. Every decision carries a deterministic
+    idempotency key, so a watchdog killed mid-pass and restarted never acts twice. Each
+    pass also records the watcher's own liveness, which 'status' reads to say whether a
+    live watcher covers a run. With --json, one JSON document per pass.
+
+    \b
+    Example:
+        handoff watch --interval 10 --name ops-watchdog
+        handoff watch --once --json
+    """
+    import signal
+    import socket
+
+    from handoff import watchdog
+
+    if now is not None and not once:
+        raise click.UsageError("--now only goes with --once")
+    name = name or f"watchdog@{socket.gethostname().split('.')[0]}"
+    stop = {"flag": False}
+
+    def _stop(signum: int, frame: Any) -> None:
+        stop["flag"] = True
+
+    def on_action(a: Any) -> None:
+        if not as_json and a.outcome == "committed":
+            click.echo(f"{_iso(now_holder['now'], ms=True)} {a.line()}")
+            sys.stdout.flush()
+
+    def on_pass(when: int, actions: list[Any]) -> None:
+        if as_json:
+            import json
+
+            click.echo(json.dumps({"watcher": name, "at": _iso(when), "interval_s": interval,
+                                   "actions": [_action_doc(a) for a in actions]}, ensure_ascii=False))
+            sys.stdout.flush()
+
+    now_holder: dict[str, int] = {}
+    with _ledger() as lg:
+        if once:
+            when = now if now is not None else lg.clock()
+            now_holder["now"] = when
+            actions = watchdog.watch_once(lg, name=name, now_us=when, interval_s=interval, on_action=on_action)
+            on_pass(when, actions)
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _stop)
+
+        clock = lg.clock
+
+        def ticking_clock() -> int:
+            now_holder["now"] = clock()
+            return now_holder["now"]
+
+        lg.clock = ticking_clock
+
+        def on_error(exc: Any) -> None:
+            click.echo(f"Error: {exc.message} (retrying next pass)", err=True)
+
+        watchdog.watch_forever(lg, name=name, interval_s=interval, on_pass=on_pass, on_action=on_action,
+                               on_error=on_error, should_stop=lambda: stop["flag"])
+
+
+# --- audit ----------------------------------------------------------------------------------
+
+
+class _Bar:
+    """A progress bar on stderr for long walks; silent on small ledgers and with --json."""
+
+    def __init__(self, label: str, enabled: bool) -> None:
+        self.label, self.enabled, self.bar, self.done = label, enabled, None, 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or total < 20_000:
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
+            self.bar.__enter__()
+        self.bar.update(max(0, done - self.done))
+        self.done = done
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.update(max(0, self.bar.length - self.done))
+            self.bar.__exit__(None, None, None)
+
+
+@main.command()
+@click.argument("run", metavar="[RUN]", required=False)
+@json_option
+def verify(run: str | None, as_json: bool) -> None:
+    """Check the log: hash chain, seq gaps, decodability, heads, and (for the whole
+    ledger) every projection against a fresh fold. Exit 4 when anything is wrong.
+
+    \b
+    Example:
+        handoff verify
+        handoff verify $RUN --json
+    """
+    bar = _Bar("verifying", not as_json)
+    with _ledger() as lg:
+        try:
+            problems = lg.verify(run, progress=bar)
+        finally:
+            bar.close()
+        diffs = lg.check() if run is None and hasattr(lg, "check") else []
+        events = lg.store.last_position() if run is None else lg.store.head(run).last_seq
+        runs = sum(1 for _ in lg.store.list_runs()) if run is None else 1
+    import msgspec
+
+    probs = [msgspec.to_builtins(p) for p in problems]
+    ok = not probs and not diffs
+    doc = {"ok": ok, "run_id": run, "events": events, "streams": runs, "problems": probs, "projections": diffs}
+    if as_json:
+        _emit(doc, True, None)
+    else:
+        scope = f"run {run}" if run else f"{runs} streams"
+        if ok:
+            click.echo(f"ok: {events} events in {scope}; hash chain, seqs, payloads and heads check out"
+                       + ("" if run else "; projections match a fresh fold"))
+        else:
+            if probs:
+                click.echo(_table(["PROBLEM", "RUN", "SEQ", "POSITION", "DETAIL"],
+                                  [[p["kind"], p["run_id"], p["seq"], p["position"], p["message"]] for p in probs]))
+            if diffs:
+                click.echo(_table(["PROJECTION", "RUN", "COLUMN", "KEPT", "FOLDED"],
+                                  [[d["projection"], d["run_id"], d["column"], d["kept"], d["folded"]] for d in diffs]))
+            click.echo(f"{len(probs)} problem(s) in the log, {len(diffs)} projection difference(s)", err=True)
+    if not ok:
+        click.get_current_context().exit(EXIT_PROBLEMS)
+
+
+@main.command()
+@click.option("--projection", "name", default=None, help="Only this projection (default: all).")
+@json_option
+def check(name: str | None, as_json: bool) -> None:
+    """Compare the kept projections (views) with a fresh fold of the log. Exit 4 on a difference.
+
+    \b
+    Example:
+        handoff check
+        handoff check --projection checkpoints --json
+    """
+    bar = _Bar("checking", not as_json)
+    with _ledger() as lg:
+        try:
+            diffs = lg.check(name, progress=bar)
+        finally:
+            bar.close()
+    if as_json:
+        _emit({"ok": not diffs, "differences": diffs}, True, None)
+    elif diffs:
+        click.echo(_table(["PROJECTION", "RUN", "COLUMN", "KEPT", "FOLDED"],
+                          [[d["projection"], d["run_id"], d["column"], d["kept"], d["folded"]] for d in diffs]))
+    else:
+        click.echo("ok: the projections match a fresh fold of the log")
+    if diffs:
+        click.get_current_context().exit(EXIT_PROBLEMS)
+
+
+@main.command()
+@click.option("--projection", "name", default=None, help="Only this projection (default: all).")
+@json_option
+def rebuild(name: str | None, as_json: bool) -> None:
+    """Drop and refold the projections from the log (atomically; readers keep the old
+    ones until the swap).
+
+    \b
+    Example:
+        handoff rebuild
+        handoff rebuild --projection stall_watch
+    """
+    bar = _Bar("rebuilding", not as_json)
+    with _ledger() as lg:
+        try:
+            counts = lg.rebuild(name, progress=bar)
+        finally:
+            bar.close()
+    if as_json:
+        _emit({"rebuilt": counts}, True, None)
+    else:
+        click.echo(_table(["PROJECTION", "ROWS"], [[k, v] for k, v in counts.items()]))
+
+
+@main.command()
+@click.argument("runs", nargs=-1, metavar="[RUN]...")
+@click.option("--all", "all_runs", is_flag=True, help="Export every run.")
+@click.option("-o", "--output", default="-", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Write to this file (written whole, then moved into place) instead of stdout.")
+@json_option
+def export(runs: tuple[str, ...], all_runs: bool, output: str, as_json: bool) -> None:
+    """Write runs as JSON Lines: one event per line with its whole envelope and hashes.
+
+    A forked run brings its ancestors' events, without which it cannot be folded.
+    With -o FILE and --json, a summary document is printed.
+
+    \b
+    Example:
+        handoff export --all -o backup.jsonl
+        handoff export $RUN > run.jsonl
+    """
+    if bool(runs) == all_runs:
+        raise click.UsageError("name the runs to export, or pass --all (not both)")
+    if as_json and output == "-":
+        raise click.UsageError("--json needs -o FILE: stdout carries the export itself")
+    import msgspec
+
+    class _RunOf(msgspec.Struct):
+        run_id: str
+
+    run_of = msgspec.json.Decoder(_RunOf)
+    events, seen = 0, set()
+    with _ledger() as lg:
+        lines = lg.export(None if all_runs else list(runs))
+        if output == "-":
+            out = sys.stdout.buffer
+            for line in lines:
+                out.write(line + b"\n")
+                events += 1
+            out.flush()
+            return
+        tmp = f"{output}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "wb") as f:
+                for line in lines:
+                    f.write(line + b"\n")
+                    events += 1
+                    seen.add(run_of.decode(line).run_id)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, output)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    doc = {"output": os.path.abspath(output), "events": events, "runs": len(seen)}
+    _emit(doc, as_json, f"exported {events} events of {len(seen)} runs to {output}")
+
+
+@main.command("import")
+@click.argument("file", type=click.File("rb"))
+@json_option
+def import_(file: Any, as_json: bool) -> None:
+    """Import an export: every line's hash chain is verified and every run re-folded
+    before anything is accepted; a tampered file is refused whole (exit 2), and
+    importing the same file twice changes nothing. FILE may be - for stdin.
+
+    \b
+    Example:
+        handoff --db restored.db import backup.jsonl
+    """
+    from ledger.errors import LedgerError
+
+    db = _state().db
+    existed = os.path.exists(db)
+    try:
+        with _ledger(create=True) as lg:
+            counts = lg.import_lines(file)
+    except LedgerError:
+        if not existed:  # a refused import into a new file leaves no empty ledger behind
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(db + suffix):
+                    os.remove(db + suffix)
+        raise
+    _emit(counts, as_json, f"imported {counts['imported']} events of {counts['runs']} runs; "
+                           f"{counts['skipped']} were already here")
+
+
+@main.command()
+@json_option
+def doctor(as_json: bool) -> None:
+    """Print facts about the ledger file and the SQLite library under it, for support.
+
+    \b
+    Example:
+        handoff doctor --json
+    """
+    with _ledger() as lg:
+        facts = lg.doctor()
+    if as_json:
+        _emit(facts, True, None)
+        return
+    bug = facts.get("wal_reset_bug", {})
+    rows = [
+        ("path", facts.get("path")), ("sqlite", facts.get("sqlite_version")),
+        ("journal", f"{facts.get('journal_mode')}, synchronous {facts.get('synchronous')}, "
+                    f"wal_autocheckpoint {facts.get('wal_autocheckpoint')}"),
+        ("events", f"{facts.get('events')} in {facts.get('runs')} streams"),
+        ("projections", ", ".join(f"{k} at {v}" for k, v in (facts.get("projections") or {}).items())),
+        ("wal reset bug", ("affected version; " if bug.get("affected_version") else "not affected; ")
+         + str(bug.get("mitigation", ""))),
+    ]
+    width = max(len(k) for k, _ in rows)
+    click.echo("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
+
+
+# --- the worker wrapper and the demo ----------------------------------------------------------
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--run", "join", default=None, help="Join this existing run instead of opening one.")
+@click.option("--worker", required=True, envvar="HANDOFF_WORKER", show_envvar=True, help="The worker's name.")
+@click.option("--heartbeat-every", type=click.FloatRange(min=0.01), default=None,
+              help="Seconds between heartbeats (default: a third of the heartbeat timeout).")
+@click.option("--grace", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Seconds between SIGTERM and SIGKILL when the child must stop.")
+@open_options(required=False)
+@json_option
+@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(join: str | None, worker: str, heartbeat_every: float | None, grace: float, as_json: bool,
+        cmd: tuple[str, ...], **p: Any) -> None:
+    """Run CMD as a worker: open (or --run join) a run, claim it, heartbeat while CMD lives.
+
+    CMD gets HANDOFF_DB, HANDOFF_RUN, HANDOFF_LEASE and HANDOFF_WORKER in its
+    environment and reports progress, artifacts and its result itself ('handoff
+    progress --kind ...' needs no RUN or --lease there). SIGINT and SIGTERM are
+    forwarded to it. When it ends, how it ended (exit code or signal) is recorded and
+    the lease released. If the lease is lost (revoked by the watchdog, the run closed),
+    CMD is stopped and the wrapper says so and exits 1; otherwise it exits with CMD's
+    status (128+N for signal N).
+
+    \b
+    Example:
+        handoff run --goal "Fix the flaky test" --target pr:512 --owner alice \\
+            --worker w1 -- python agent.py
+        handoff run --run $RUN --worker w2 -- ./continue.sh
+    """
+    from handoff.worker import run_wrapped
+
+    if join is None and not (p["goal"] and p["target"] and p["owner"]):
+        raise click.UsageError("give --run RUN to join a run, or --goal, --target and --owner to open one")
+    st = _state()
+    res = run_wrapped(st.db, list(cmd), worker=worker, run_id=join,
+                      open_kwargs=None if join else _open_kwargs(p), heartbeat_s=heartbeat_every,
+                      grace_s=grace, busy_timeout_s=st.busy_timeout)
+    if as_json:
+        import msgspec
+
+        _emit(msgspec.to_builtins(res), True, None)
+    click.get_current_context().exit(res.returncode)
+
+
+@main.command()
+@click.option("--db", "db", default=None, type=click.Path(dir_okay=False),
+              help="Where to build the demo ledger (default ./handoff-demo.db; HANDOFF_DB is ignored).")
+@click.option("--quiet", is_flag=True, help="Only the final packets, timeline and next commands.")
+def demo(db: str | None, quiet: bool) -> None:
+    """Play the whole story with real worker processes, in about 10 seconds.
+
+    A contract is written before any worker starts; worker-a is killed with SIGKILL
+    mid-run and the watchdog revokes its lease; worker-b claims and continues from the
+    recorded progress; worker-a, paused and resumed, tries a late write and is refused;
+    another run keeps heart-beating without progress and is flagged stalled; the
+    result is verified, reviewed by its owner and delivered once, and a retried delivery
+    is a no-op. The ledger is left behind for you to explore.
+
+    \b
+    Example:
+        handoff demo
+        handoff --db /tmp/story.db demo
+    """
+    from handoff.demo import play
+
+    ctx = click.get_current_context()
+    parent = ctx.parent
+    if db is None and parent is not None and parent.get_parameter_source("db") == click.core.ParameterSource.COMMANDLINE:
+        db = _state().db
+    ctx.exit(play(db or "handoff-demo.db", quiet=quiet))
+
+
+# --- docs/cli.md is generated from the help above -----------------------------------------
+
+
+DOCS_INTRO = """\
+# The `handoff` command
+
+Generated from `--help` by `python -m cli --write-docs`; do not edit by hand
+(tests/cli/test_docs.py fails when this file is stale).
+
+## Global behaviour
+
+- `handoff [--db PATH] COMMAND ...`; the ledger is also taken from `HANDOFF_DB`, and
+  defaults to `./handoff.db`. Only `init`, `open`, `import` and `run` (when it opens a
+  run) create a missing ledger file; every other command refuses a missing file with
+  exit 3, so a mistyped `--db` never silently starts an empty ledger. `demo` builds its
+  own ledger (`./handoff-demo.db` unless `--db` is given on its command line; it ignores
+  `HANDOFF_DB`, and refuses to overwrite a ledger holding runs it did not write).
+- Inside `handoff run`, the child's environment holds `HANDOFF_DB`, `HANDOFF_RUN`,
+  `HANDOFF_LEASE` and `HANDOFF_WORKER`; the worker verbs take `RUN` and `--lease` from
+  there when they are not given.
+- Human output is aligned tables and short lines on stdout. `--json` prints exactly one
+  JSON document on stdout instead (`watch --json` prints one per pass, one per line).
+- Times in and out are ISO 8601 UTC (`2026-05-01T12:00:00.123456Z`). A time given
+  without an offset (`--now`, `--as-of`) is taken as UTC.
+
+## Exit codes
+
+| code | meaning |
+|---|---|
+| 0 | ok (a retried write that changed nothing is ok too: its outcome is `duplicate`) |
+| 1 | refused by the ledger's rules: conflict, stale lease, lease held, illegal transition, double delivery, terminal run, not authorized, unknown run; `run`: the lease was lost |
+| 2 | usage: a missing or malformed option or argument, or malformed input the ledger rejected |
+| 3 | store problem: not a ledger, locked past the busy timeout, read-only, disk full, corrupt |
+| 4 | `verify` or `check` found problems |
+
+Errors go to stderr as one sentence that names what was wrong and what to do
+(`Error: lease 1 is no longer valid for run r1 (the current lease is 2, held by w2); ...`).
+With `--json` the error is one JSON document on stderr, stdout stays empty:
+
+```json
+{"error": {"type": "StaleLease", "message": "lease 1 is no longer valid for run r1 (...)"}}
+```
+
+`type` is the ledger's error class (`StaleLease`, `IllegalTransition`, `DeliveryRefused`,
+`TerminalRun`, `LeaseHeld`, `InvalidInput`, `StoreUnavailable`, `NotALedger`, ...) or
+click's (`UsageError`, `BadParameter`, `MissingParameter`, `NoSuchOption`).
+
+## JSON documents
+
+**Write verbs** (`heartbeat`, `transition`, `progress`, `artifact`, `evidence`, `block`,
+`unblock`, `effect-start`, `effect-confirm`, `submit`, `review`, `transfer`, `deliver`,
+`delivered`, `delivery-failed`, `release`, `revoke`, `close`, `claim`):
+
+```json
+{"run_id": "r1", "outcome": "committed", "first_seq": 7, "last_seq": 7,
+ "state": "executing", "worker": "w1", "lease": 1, "progress_seq": 3}
+```
+
+`outcome` is `committed` (events written, `first_seq`..`last_seq`) or `duplicate` (an
+earlier identical request already did it; nothing written). `artifact` adds
+`"artifact": {path, kind, bytes, sha256, exists}`; `deliver`, `delivered` and
+`delivery-failed` add `"target"` and `"delivery": {status, key, receipt, attempts}`, and
+`deliver` adds `"send": true|false` (send the result only when true).
+
+**open**: `{"run_id", "state", "last_seq", "owner", "target", "result_path"}`.
+**fork**: `{"run_id", "parent", "parent_seq", "state"}`. **init**: `{"db", "created", "runs"}`.
+
+**status RUN** and **replay**: the checkpoint packet:
+
+```json
+{"run_id": "r1", "state": "executing", "terminal": false, "disposition": null,
+ "goal": "...", "origin": "...", "target": "chat:#ops", "owner": "alice",
+ "result_path": "/abs/report.md", "require_review": true, "worker": "w1", "lease": 1,
+ "progress_seq": 3,
+ "last_progress": {"seq": 3, "kind": "tool_outcome", "at": "2026-...Z", "event_seq": 9},
+ "last_heartbeat_at": "2026-...Z",
+ "blockers": [{"id": 1, "reason": "...", "next_action": "...", "seq": 12}],
+ "artifacts": [{"path": "...", "kind": "result", "bytes": 812, "sha256": "...", "exists": true, "seq": 14}],
+ "evidence": [{"kind": "tests", "outcome": "pass", "detail": "...", "seq": 15}],
+ "pending_effects": [{"key": "deploy-v42", "what": "...", "lease": 1, "seq": 10}],
+ "result": {"summary": "...", "artifacts": ["..."], "seq": 16},
+ "review": {"by": "alice", "approved": true, "notes": "", "seq": 18},
+ "delivery": {"status": "confirmed", "detail": "...", "target": "chat:#ops",
+              "key": "report-v1", "receipt": "msg 1712", "attempts": 1},
+ "health": {"classification": "healthy", "reason": "...", "action": "none", "needs_attention": false},
+ "monitored": {"covered": true, "watchers": ["ops-watchdog"],
+               "last_observed_at": "2026-...Z", "last_observed_by": "ops-watchdog"},
+ "fork_parent": null, "fork_seq": null, "last_seq": 21,
+ "opened_at": "2026-...Z", "updated_at": "2026-...Z"}
+```
+
+`delivery.status` is one of `not_ready`, `ready`, `attempted`, `ambiguous`, `failed`,
+`confirmed`. `health.classification` is one of `healthy`, `unavailable`, `stalled`,
+`blocked`, `unclaimed`, `needs_reconciliation`, `needs_worker`, `delivery_ambiguous`,
+`awaiting_owner`, `delivering`, `silent`, `unopened`; `health.action` one of `none`,
+`revoke_lease`, `mark_stalled`, `pause`, `reconcile`, `reconcile_delivery`, `claim`,
+`open`. `monitored.covered` is true only when a watcher beat within three of its
+intervals.
+
+**status** (no RUN): `{"now", "runs": [{"run_id", "state", "owner", "target", "worker",
+"lease", "progress_seq", "health", "action", "updated_at", "goal"}]}`.
+
+**log**: `{"run_id", "events": [{"seq", "position", "at", "actor", "lease", "type",
+"key", "summary", "data"}]}`; `data` is the event's own fields (with its `type`);
+`actor` is `kind:name` (`worker:w1`, `owner:alice`, `watchdog:ops`, `operator:bob`).
+
+**stalls**: `{"now", "stalls": [{"run_id", "state", "classification", "action",
+"reason", "worker", "lease", "last_heartbeat_at", "progress_seq", "last_progress":
+{"seq", "kind", "at"}, "retries", "retry_budget"}]}`.
+
+**watch**: per pass `{"watcher", "at", "interval_s", "actions": [{"run_id",
+"classification", "action", "outcome", "key", "progress_seq", "lease", "reason",
+"seq"}]}`; `outcome` is `committed`, `duplicate` (an earlier pass already did it) or
+`skipped` (the run moved on between classification and action).
+
+**verify**: `{"ok", "run_id", "events", "streams", "problems": [{"kind", "run_id",
+"seq", "position", "message"}], "projections": [difference, ...]}`.
+**check**: `{"ok", "differences": [{"projection", "run_id", "column", "kept",
+"folded"}]}`. **rebuild**: `{"rebuilt": {projection: rows}}`. **doctor**: `Ledger.doctor()`
+as is (`path`, `sqlite_version`, `journal_mode`, `synchronous`, `events`, `runs`,
+`projections`, ...).
+
+**export** writes JSON Lines, one event per line: `{"run_id", "seq", "type", "actor",
+"lease", "idempotency_key", "recorded_us", "schema_version", "payload", "prev_hash",
+"hash", "position", "idempotency_digest", "batch_size"}`, `payload` being the event
+itself and the hashes hex; with `-o FILE --json` it prints `{"output", "events", "runs"}`.
+**import**: `{"imported", "skipped", "runs"}` (events written, events already present,
+runs in the file). A line that does not decode, breaks its run's chain or does not match
+its hash refuses the whole import with exit 2, naming the line.
+
+**run**: `{"run_id", "worker", "lease", "exit_code", "signal", "lease_lost",
+"lost_reason", "released", "recorded", "forwarded", "returncode"}`, after the child's
+own output.
+
+## Commands
+"""
+
+
+def render_docs() -> str:
+    """docs/cli.md: the intro above, then every command's --help, in definition order."""
+    parts = [DOCS_INTRO]
+    root = click.Context(main, info_name="handoff", terminal_width=WIDTH, max_content_width=WIDTH,
+                         help_option_names=["-h", "--help"])
+    parts.append("\n### handoff\n\n```\n" + main.get_help(root).rstrip() + "\n```\n")
+    for name in main.list_commands(root):
+        cmd = main.commands[name]
+        if cmd.hidden:
+            continue
+        sub = click.Context(cmd, info_name=name, parent=root, terminal_width=WIDTH, max_content_width=WIDTH)
+        parts.append(f"\n### handoff {name}\n\n```\n" + cmd.get_help(sub).rstrip() + "\n```\n")
+    return "".join(parts)
+
+
+def write_docs(path: str | None = None) -> str:
+    path = path or os.path.join(os.path.dirname(os.path.abspath(__file__)), "docs", "cli.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(render_docs())
+    return path
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--write-docs"]:
+        print(write_docs(sys.argv[2] if len(sys.argv) > 2 else None))
+    else:
+        main()

@@ -1,0 +1,215 @@
+"""The watchdog: classify every live run with the stall reducer and act within bounds.
+
+Every observation and decision is a ledger event under a deterministic idempotency key,
+so a watchdog killed mid-pass and restarted re-derives the same keys and the ledger
+answers ``duplicate`` instead of acting twice. ``watch_once`` is the whole of one pass;
+``handoff watch`` only loops over it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from ledger.errors import IdempotencyConflict, LedgerError, Refused
+from reducers import commands as C
+from reducers.checkpoint import Checkpoint, iso
+from reducers.decide import Context, decide
+from reducers.stall import Health
+
+from .api import Ledger
+
+#: classification -> what the watchdog does about it. Anything else: nothing.
+ACTS_ON = ("unavailable", "stalled", "needs_reconciliation", "delivery_ambiguous")
+
+
+class Action(msgspec.Struct, frozen=True):
+    """One thing a pass did (or found already done) for one run."""
+
+    run_id: str
+    classification: str
+    action: str  # revoke_lease, observe, mark_stalled, pause, reconcile, reconcile_delivery
+    outcome: str  # committed, duplicate, skipped (the run moved on since it was classified)
+    key: str
+    progress_seq: int
+    lease: int | None
+    reason: str
+    seq: int | None = None  # the run's seq of the recorded event, when committed
+
+    def line(self) -> str:
+        lease = "-" if self.lease is None else str(self.lease)
+        return (f"{self.run_id} {self.classification} -> {self.action} "
+                f"(lease {lease}, progress_seq {self.progress_seq}): {self.reason}")
+
+
+def action_key(run_id: str, action: str, *parts: object) -> str:
+    """The idempotency key of one watchdog decision: the same facts always give the same key."""
+    key = ":".join(["watch", run_id, action, *("none" if p is None else str(p) for p in parts)])
+    if len(key) <= 128:
+        return key
+    # Keys are capped at 128 characters; a long run id is folded into a digest.
+    return f"watch:{hashlib.sha256(key.encode()).hexdigest()[:40]}:{action}"
+
+
+def stall_window(cp: Checkpoint, now_us: int) -> int:
+    """Which progress-timeout window the run's idleness is in (1 = first timeout passed).
+
+    A stall that lasts is observed once per window, so the retry budget counts windows,
+    not watchdog passes, and a restarted watchdog in the same window repeats nothing.
+    """
+    w = cp.watch
+    since = w.lease_since_us or 0
+    if w.last_progress is not None:
+        since = max(since, w.last_progress.at_us)
+    timeout_us = max(1, int(cp.policy.progress_timeout_s * 1_000_000))
+    return max(1, (now_us - since) // timeout_us)
+
+
+def _plan(cp: Checkpoint, h: Health, now_us: int) -> list[tuple[str, C.Command, str]]:
+    """(action, command, key) for one classified run. Reasons hold no clock readings, so a
+    retried command is byte-identical to the first and its key dedupes instead of conflicting."""
+    run, pseq, lease, pol = cp.run_id, cp.progress_seq, cp.lease, cp.policy
+    c = h.classification
+    if c == "unavailable":
+        why = (f"no heartbeat from {cp.worker} (lease {lease}) within the "
+               f"{pol.heartbeat_timeout_s:g}s heartbeat timeout; lease revoked so another worker can claim")
+        return [("revoke_lease", C.Recover("revoke_lease", c, pseq, why), action_key(run, "revoke_lease", pseq, lease))]
+    if c == "stalled" and h.action == "pause":
+        why = (f"progress_seq {pseq} stalled through {cp.watch.repeats} progress-timeout windows, "
+               f"past the retry budget of {pol.retry_budget}")
+        return [("pause", C.Recover("pause", c, pseq, why), action_key(run, "pause", pseq, lease))]
+    if c == "stalled":
+        window = stall_window(cp, now_us)
+        last = cp.watch.last_progress.kind if cp.watch.last_progress else "none"
+        why = (f"heartbeats continue but progress_seq {pseq} (last: {last}) has not moved "
+               f"within the {pol.progress_timeout_s:g}s progress timeout")
+        return [
+            ("observe", C.Observe(c, pseq, f"{why} (window {window})"), action_key(run, "stalled", pseq, lease, window)),
+            ("mark_stalled", C.Recover("mark_stalled", c, pseq, why), action_key(run, "mark_stalled", pseq, lease)),
+        ]
+    if c == "needs_reconciliation":
+        keys = sorted(e.key for e in cp.pending_effects if e.lease != cp.lease or cp.lease is None)
+        why = (f"side effect(s) {', '.join(keys)} have no recorded outcome and their worker lost the "
+               "lease; find out what happened and record it with 'handoff effect-confirm' before any retry")
+        digest = hashlib.sha256("\x00".join(keys).encode()).hexdigest()[:12]
+        return [("reconcile", C.Recover("reconcile", c, pseq, why), action_key(run, "reconcile", pseq, digest))]
+    if c == "delivery_ambiguous":
+        pending = cp.delivery.pending
+        at = pending.seq if pending else None
+        why = (f"delivery {pending.key if pending else '?'} to {cp.target} has no outcome past the "
+               f"{pol.delivery_timeout_s:g}s delivery timeout; check the target, then record "
+               "'handoff delivered' or 'handoff delivery-failed'; never resend blindly")
+        return [("reconcile_delivery", C.Recover("reconcile_delivery", c, pseq, why),
+                 action_key(run, "reconcile_delivery", at))]
+    return []
+
+
+def _unchanged(action: str, seen: Checkpoint, now: Checkpoint) -> bool:
+    """Does the run still stand where the pass classified it?"""
+    same = now.lease == seen.lease and now.progress_seq == seen.progress_seq
+    if action == "revoke_lease":
+        # A beat since the classification means the worker is alive after all.
+        same = same and now.watch.last_heartbeat_us == seen.watch.last_heartbeat_us
+    return same
+
+
+def _act(lg: Ledger, watcher: str, cp: Checkpoint, action: str, cmd: C.Command, key: str) -> tuple[str, int | None]:
+    """Append one watchdog command only if the run still stands where it was classified.
+
+    The guard runs inside the write transaction: if the worker beat, progressed or a new
+    lease was granted since the classification, nothing is written ("skipped"). A used
+    key answers "duplicate" before the guard is even asked.
+    """
+    from ledger.store import Actor, Decision
+    from reducers.checkpoint import AGGREGATE
+
+    actor = Actor("watchdog", watcher)
+
+    def _decide(now: Checkpoint, head: Any) -> Decision:
+        if not _unchanged(action, cp, now):
+            return Decision(())
+        return Decision(tuple(decide(now, cmd, Context(actor=actor))))
+
+    try:
+        result, _ = lg.store.execute(cp.run_id, AGGREGATE, _decide, actor=actor, idempotency_key=key,
+                                     digest_of=C.encode(cmd))
+    except IdempotencyConflict:
+        # The key was used for this decision with other bytes (another watcher's name):
+        # the decision is made; never make it twice.
+        return "duplicate", None
+    except Refused:
+        # The run changed in a way that makes the action illegal now (no lease left...).
+        return "skipped", None
+    if result.outcome == "duplicate":
+        return ("duplicate", result.first_seq) if result.positions else ("skipped", None)
+    return "committed", result.first_seq
+
+
+def watch_once(
+    ledger: Ledger,
+    *,
+    name: str = "watchdog",
+    now_us: int | None = None,
+    interval_s: float = 5.0,
+    on_action: Callable[[Action], None] | None = None,
+) -> list[Action]:
+    """One pass: beat, classify every run that may need attention at ``now_us``, act.
+
+    Returns every action considered: ``committed`` (written now), ``duplicate`` (already
+    written by an earlier pass: nothing written) or ``skipped`` (the run moved on since it
+    was classified: nothing written). ``on_action`` sees each one as it is decided.
+    Terminal runs are never touched: the stall reducer calls them silent.
+    """
+    ledger.watcher_beat(name, interval_s)
+    now = ledger.clock() if now_us is None else now_us
+    out: list[Action] = []
+    for cp, health in ledger.stalls(now=now):
+        if health.classification not in ACTS_ON:
+            continue
+        for action, cmd, key in _plan(cp, health, now):
+            outcome, seq = _act(ledger, name, cp, action, cmd, key)
+            reason = getattr(cmd, "reason", "") if outcome != "skipped" else (
+                "the run moved on since it was classified; nothing done")
+            act = Action(cp.run_id, health.classification, action, outcome, key, cp.progress_seq,
+                         cp.lease, reason, seq)
+            out.append(act)
+            if on_action is not None:
+                on_action(act)
+            if outcome == "skipped":
+                break
+    return out
+
+
+def watch_forever(
+    ledger: Ledger,
+    *,
+    name: str = "watchdog",
+    interval_s: float = 5.0,
+    on_pass: Callable[[int, list[Action]], None] | None = None,
+    on_action: Callable[[Action], None] | None = None,
+    on_error: Callable[[LedgerError], None] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> None:
+    """Pass after pass until ``should_stop``; a store error skips one pass, never the loop."""
+    while not should_stop():
+        started = time.monotonic()
+        now = ledger.clock()
+        try:
+            actions = watch_once(ledger, name=name, now_us=now, interval_s=interval_s, on_action=on_action)
+        except LedgerError as exc:
+            if on_error is None:
+                raise
+            on_error(exc)
+        else:
+            if on_pass is not None:
+                on_pass(now, actions)
+        deadline = started + interval_s
+        while not should_stop() and time.monotonic() < deadline:
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+__all__ = ["Action", "action_key", "stall_window", "watch_once", "watch_forever", "iso"]

@@ -1,0 +1,158 @@
+"""watch_once, the library core of 'handoff watch', on a ledger with a clock we move."""
+
+from __future__ import annotations
+
+import pytest
+
+from handoff import Ledger
+from handoff.watchdog import _act, _plan, watch_once
+from reducers.stall import classify
+
+from .conftest import working_run
+
+S = 1_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000 * S
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, seconds: float) -> int:
+        self.now += int(seconds * S)
+        return self.now
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def lg(tmp_path, clock):
+    with Ledger(str(tmp_path / "w.db"), clock=clock) as ledger:
+        yield ledger
+
+
+def events(lg, run, type_=None):
+    return [r for r in lg.log(run) if type_ is None or r.type == type_]
+
+
+def done(actions, outcome="committed"):
+    return [(a.run_id, a.action) for a in actions if a.outcome == outcome]
+
+
+def test_unavailable_worker_loses_its_lease_once(lg, clock):
+    working_run(lg, "r1", heartbeat_timeout_s=10)
+    clock.advance(5)
+    assert done(watch_once(lg, name="wd")) == []
+    clock.advance(6)
+    assert done(watch_once(lg, name="wd")) == [("r1", "revoke_lease")]
+    assert lg.checkpoint("r1").lease is None
+    assert done(watch_once(lg, name="wd")) == []
+    assert len(events(lg, "r1", "lease_revoked")) == 1
+
+
+def test_stall_is_observed_once_per_window_then_paused_past_the_budget(lg, clock):
+    lease = working_run(lg, "r1", heartbeat_timeout_s=1000, progress_timeout_s=10, retry_budget=2)
+    clock.advance(11)
+    lg.heartbeat("r1", lease, worker="w1")
+    first = watch_once(lg, name="wd")
+    assert done(first) == [("r1", "observe"), ("r1", "mark_stalled")]
+    again = watch_once(lg, name="wd")  # same window: nothing new
+    assert done(again) == [] and done(again, "duplicate") == [("r1", "observe"), ("r1", "mark_stalled")]
+    clock.advance(10)
+    lg.heartbeat("r1", lease, worker="w1")
+    assert done(watch_once(lg, name="wd")) == [("r1", "observe")]
+    assert classify(lg.checkpoint("r1"), now_us=clock.now).action == "pause"
+    assert done(watch_once(lg, name="wd")) == [("r1", "pause")]
+    cp = lg.checkpoint("r1")
+    assert cp.state == "blocked" and "paused by watchdog wd" in cp.blockers[0].reason
+    clock.advance(100)
+    assert done(watch_once(lg, name="wd")) == []  # blocked is not a stall
+    assert len(events(lg, "r1", "watchdog_observed")) == 2
+    assert len(events(lg, "r1", "recovery_decided")) == 2
+
+
+def test_progress_resets_the_stall(lg, clock):
+    lease = working_run(lg, "r1", heartbeat_timeout_s=1000, progress_timeout_s=10)
+    clock.advance(11)
+    assert done(watch_once(lg, name="wd"))[0] == ("r1", "observe")
+    lg.progress("r1", lease, "tool_outcome", "moved", worker="w1")
+    assert done(watch_once(lg, name="wd")) == []
+    clock.advance(11)
+    assert done(watch_once(lg, name="wd")) == [("r1", "observe"), ("r1", "mark_stalled")]
+
+
+def test_side_effect_of_unknown_outcome_is_flagged_once_never_retried(lg, clock):
+    lease = working_run(lg, "r1", heartbeat_timeout_s=5)
+    lg.effect_start("r1", lease, "deploy-1", "deploy v1", worker="w1")
+    clock.advance(6)
+    assert done(watch_once(lg, name="wd")) == [("r1", "revoke_lease")]
+    assert lg.checkpoint("r1").state == "unknown"
+    assert done(watch_once(lg, name="wd")) == [("r1", "reconcile")]
+    clock.advance(60)
+    assert done(watch_once(lg, name="wd")) == []
+    assert [r.event.action for r in events(lg, "r1", "recovery_decided")] == ["revoke_lease", "reconcile"]
+    assert events(lg, "r1", "side_effect_started")  # started once; the watchdog never re-runs it
+
+
+def test_ambiguous_delivery_asks_for_reconciliation_once(lg, clock, tmp_path):
+    lease = working_run(lg, "r1", state="verifying", delivery_timeout_s=30)
+    f = tmp_path / "r.txt"
+    f.write_text("result")
+    lg.artifact("r1", lease, str(f), worker="w1")
+    lg.evidence("r1", "tests", "pass", lease=lease)
+    lg.submit("r1", lease, worker="w1")
+    lg.release("r1", lease, worker="w1")
+    lg.deliver("r1", "alice", "k1")
+    clock.advance(31)
+    assert done(watch_once(lg, name="wd")) == [("r1", "reconcile_delivery")]
+    clock.advance(31)
+    assert done(watch_once(lg, name="wd")) == []
+    assert lg.checkpoint("r1").delivery.confirmed_key is None  # nothing was resent
+
+
+def test_healthy_blocked_and_finished_runs_are_left_alone(lg, clock):
+    lease = working_run(lg, "healthy", heartbeat_timeout_s=100, progress_timeout_s=100)
+    working_run(lg, "blocked", heartbeat_timeout_s=1, progress_timeout_s=1)
+    lg.block("blocked", "needs creds", "alice grants")
+    working_run(lg, "closed", heartbeat_timeout_s=1)
+    lg.close_run("closed", "alice", "no_op")
+    clock.advance(50)
+    lg.heartbeat("healthy", lease, worker="w1")
+    assert watch_once(lg, name="wd") == []
+    for run in ("healthy", "blocked", "closed"):
+        assert not events(lg, run, "watchdog_observed") and not events(lg, run, "recovery_decided")
+
+
+def test_watcher_liveness_is_what_status_reports(lg, clock):
+    working_run(lg, "r1", heartbeat_timeout_s=100)
+    assert lg.status("r1")["monitored"]["covered"] is False
+    watch_once(lg, name="wd", interval_s=5)
+    mon = lg.status("r1")["monitored"]
+    assert mon["covered"] is True and mon["watchers"] == ["wd"]
+    clock.advance(16)  # three intervals without a beat: no longer covered
+    assert lg.status("r1")["monitored"]["covered"] is False
+
+
+def test_a_second_watcher_never_repeats_a_decision(lg, clock):
+    working_run(lg, "r1", heartbeat_timeout_s=1000, progress_timeout_s=10)
+    clock.advance(11)
+    assert len(done(watch_once(lg, name="a"))) == 2
+    other = watch_once(lg, name="b")
+    assert done(other) == [] and len(done(other, "duplicate")) == 2
+
+
+def test_nothing_is_done_when_the_run_moved_on_since_it_was_classified(lg, clock):
+    lease = working_run(lg, "r1", heartbeat_timeout_s=10)
+    clock.advance(11)
+    seen = lg.checkpoint("r1")
+    health = classify(seen, now_us=clock.now)
+    assert health.classification == "unavailable"
+    lg.heartbeat("r1", lease, worker="w1")  # the worker was alive after all
+    (action, cmd, key), = _plan(seen, health, clock.now)
+    assert _act(lg, "wd", seen, action, cmd, key) == ("skipped", None)
+    assert lg.checkpoint("r1").lease == lease
