@@ -28,6 +28,8 @@ from reducers.decide import Context, decide
 from projections import Projector, queries
 
 WATCHER_PREFIX = "watcher:"
+#: A watcher beats at most this often (seconds); coverage allows three missed beats.
+WATCHER_BEAT_PERIOD_S = 10.0
 
 
 class Outcome(msgspec.Struct, frozen=True):
@@ -286,15 +288,23 @@ class Ledger:
                 return cp
         return self.store.fold(run_id, AGGREGATE, until_seq=at_seq)
 
-    def watchers(self) -> dict[str, tuple[int, float]]:
-        """Each watcher's last beat (µs) and interval, from its own stream in the log."""
+    def watchers(self, *, until_us: int | None = None) -> dict[str, tuple[int, float]]:
+        """Each watcher's last beat (µs) and beat period, from its own stream in the log.
+
+        With ``until_us`` (replay), only beats recorded at or before that moment count, so
+        a replayed packet never claims coverage by a watcher that started later.
+        """
         out: dict[str, tuple[int, float]] = {}
         for head in self.store.list_runs():
-            if head.run_id.startswith(WATCHER_PREFIX):
-                for rec in self.store.read_run(head.run_id, after_seq=head.last_seq - 1):
-                    e = rec.event
-                    if isinstance(e, ev.WatchdogObserved):
-                        out[e.watcher] = (rec.recorded_us, e.interval_s)
+            if not head.run_id.startswith(WATCHER_PREFIX):
+                continue
+            start = 0 if until_us is not None else head.last_seq - 1
+            for rec in self.store.read_run(head.run_id, after_seq=start):
+                if until_us is not None and rec.recorded_us > until_us:
+                    break
+                e = rec.event
+                if isinstance(e, ev.WatchdogObserved):
+                    out[e.watcher] = (rec.recorded_us, e.interval_s)
         return out
 
     def status(self, run_id: str, *, now: int | None = None, at_seq: int | None = None,
@@ -304,7 +314,8 @@ class Ledger:
         when = now if now is not None else (as_of_us if as_of_us is not None else self.clock())
         if at_seq is not None and as_of_us is None and now is None:
             when = cp.last_event_us or when
-        return packet(cp, now_us=when, watchers=self.watchers())
+        replaying = at_seq is not None or as_of_us is not None
+        return packet(cp, now_us=when, watchers=self.watchers(until_us=when if replaying else None))
 
     def runs(self, *, include_terminal: bool = False, state: str | None = None,
              owner: str | None = None, target: str | None = None) -> Iterator[Checkpoint]:
@@ -336,14 +347,26 @@ class Ledger:
         """Differences between the kept projections and a fresh fold of the log."""
         return self.projector.check(None if name is None else [name], progress=progress)
 
-    def watcher_beat(self, watcher: str, interval_s: float) -> AppendResult:
-        """Record that a watcher is alive and how often it looks, in its own stream.
+    def watcher_beat(self, watcher: str, interval_s: float) -> AppendResult | None:
+        """Record that a watcher is alive and how often it beats, in its own stream.
 
-        ``status`` reads these beats to say truthfully whether any watcher covers a run.
+        ``status`` reads these beats to say truthfully whether any watcher covers a run. A
+        beat is written at most every ``WATCHER_BEAT_PERIOD_S`` (or every interval, if
+        longer), so a watchdog polling every few seconds adds a few thousand small events a
+        day, not tens of thousands; the recorded period is what coverage is judged by.
+        Returns None when no beat was due.
         """
         run_id = WATCHER_PREFIX + watcher
         check_run_id(run_id, "watcher")
-        beat = ev.WatchdogObserved(watcher=watcher, classification="alive", progress_seq=0, interval_s=float(interval_s))
+        period = max(float(interval_s), WATCHER_BEAT_PERIOD_S)
+        head = self.store.head(run_id)
+        if head is not None:
+            last = next(iter(self.store.read_run(run_id, after_seq=head.last_seq - 1)))
+            prev = last.event
+            fresh = (self.clock() - last.recorded_us) / 1e6 < period / 2
+            if fresh and isinstance(prev, ev.WatchdogObserved) and prev.interval_s == period:
+                return None
+        beat = ev.WatchdogObserved(watcher=watcher, classification="alive", progress_seq=0, interval_s=period)
         return self.store.append(run_id, [beat], actor=Actor("watchdog", watcher))
 
     def verify(self, run_id: str | None = None, *, progress: Any = None) -> list[Any]:

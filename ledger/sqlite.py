@@ -18,7 +18,6 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
-import sqlite_utils
 
 from . import events as ev
 from .errors import (
@@ -162,10 +161,10 @@ class SqliteStore(EventStore):
         )
         self._memory = self.path == ":memory:"
         self._hooks: list[tuple[Aggregate[Any], Callable[..., None]]] = []
+        self._db: Any = None
         self._commits_since_check = 0
         self.readonly = readonly
         self._conn = self._connect(create=create, readonly=readonly)
-        self.db = sqlite_utils.Database(self._conn)
         try:
             self._ensure_schema(create and not readonly)
             # Only once the file is known to be a ledger: switching a foreign database
@@ -175,6 +174,19 @@ class SqliteStore(EventStore):
         except BaseException:
             self._conn.close()
             raise
+
+    @property
+    def db(self) -> Any:
+        """A sqlite_utils.Database on the store's connection, for schema work and inspection.
+
+        Imported on first use: sqlite-utils costs ~60 ms to import, which every short-lived
+        ``handoff progress`` process would otherwise pay.
+        """
+        if self._db is None:
+            import sqlite_utils
+
+            self._db = sqlite_utils.Database(self._conn)
+        return self._db
 
     @classmethod
     def memory(cls, **kw: Any) -> SqliteStore:
@@ -990,7 +1002,11 @@ class SqliteStore(EventStore):
                 continue
             last_seq, prev = seen.get(rec.run_id, (0, GENESIS_HASH))
             problem = None
-            if rec.seq != last_seq + 1:
+            if not all(isinstance(v, bytes) for v in (rec.payload, rec.prev_hash, rec.hash)) or not all(
+                isinstance(v, int) for v in (rec.seq, rec.recorded_us, rec.schema_version)
+            ):
+                problem = ("bad_type", "a column holds a value of the wrong type (edited behind the store)")
+            elif rec.seq != last_seq + 1:
                 problem = ("seq_gap", f"seq {rec.seq} follows seq {last_seq}")
             elif rec.prev_hash != prev:
                 problem = ("broken_link", "prev_hash does not match the previous event's hash")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from handoff import Ledger
+from handoff.api import WATCHER_BEAT_PERIOD_S
 from handoff.watchdog import _act, _plan, watch_once
 from reducers.stall import classify
 
@@ -134,8 +135,20 @@ def test_watcher_liveness_is_what_status_reports(lg, clock):
     watch_once(lg, name="wd", interval_s=5)
     mon = lg.status("r1")["monitored"]
     assert mon["covered"] is True and mon["watchers"] == ["wd"]
-    clock.advance(16)  # three intervals without a beat: no longer covered
+    # Beats are at least WATCHER_BEAT_PERIOD_S apart; three missed periods end coverage.
+    clock.advance(3 * WATCHER_BEAT_PERIOD_S - 1)
+    assert lg.status("r1")["monitored"]["covered"] is True
+    clock.advance(2)
     assert lg.status("r1")["monitored"]["covered"] is False
+
+
+def test_watcher_beats_are_throttled(lg, clock):
+    working_run(lg, "r1", heartbeat_timeout_s=1000)
+    for _ in range(10):
+        watch_once(lg, name="wd", interval_s=1)
+        clock.advance(1)
+    beats = list(lg.store.read_run("watcher:wd"))
+    assert 1 < len(beats) <= 10 / (WATCHER_BEAT_PERIOD_S / 2) + 1
 
 
 def test_a_second_watcher_never_repeats_a_decision(lg, clock):
@@ -156,3 +169,11 @@ def test_nothing_is_done_when_the_run_moved_on_since_it_was_classified(lg, clock
     (action, cmd, key), = _plan(seen, health, clock.now)
     assert _act(lg, "wd", seen, action, cmd, key) == ("skipped", None)
     assert lg.checkpoint("r1").lease == lease
+
+
+def test_replay_does_not_claim_a_watcher_that_started_later(lg, clock):
+    working_run(lg, "r1", heartbeat_timeout_s=1000)
+    clock.advance(60)
+    watch_once(lg, name="wd", interval_s=5)
+    assert lg.status("r1")["monitored"]["covered"] is True
+    assert lg.status("r1", at_seq=1)["monitored"]["covered"] is False
