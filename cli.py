@@ -332,23 +332,43 @@ def _open_kwargs(p: dict[str, Any]) -> dict[str, Any]:
 
 
 @main.command("open")
-@open_options(required=True)
+@open_options(required=False)
+@click.option("--contract", "contract_file", type=click.File("rb"), default=None,
+              help="Read the whole contract from a JSON file ('-' for stdin) instead of options; "
+              "see 'handoff contract-schema'.")
 @key_option
 @json_option
-def open_(as_json: bool, key: str | None, **p: Any) -> None:
+def open_(as_json: bool, key: str | None, contract_file: Any, **p: Any) -> None:
     """Write a run's contract before any worker starts; print the run id.
 
     The contract names the goal, where the request came from, the visible target the
     result is delivered to, the owner, the result file and the watchdog's timeouts.
-    A --result path is stored resolved to an absolute path.
+    Give it as options (--goal, --target and --owner are then required) or as one JSON
+    document with --contract, which is checked field by field. A result path is stored
+    resolved to an absolute path.
 
     \b
     Example:
         RUN=$(handoff open --goal "Summarise the incident" --target chat:#ops \\
               --owner alice --result ./report.md --heartbeat-timeout 30)
+        echo '{"goal": "Summarise", "target": "chat:#ops", "owner": "alice"}' \\
+          | handoff open --contract -
     """
+    if contract_file is not None:
+        given = [name for name in ("goal", "target", "owner", "run_id", "result_path") if p.get(name) is not None]
+        if given:
+            raise click.UsageError(
+                f"--contract holds the whole contract; drop --{given[0].replace('_', '-')} "
+                "(or put it in the file)")
+    else:
+        missing = [name for name in ("goal", "target", "owner") if p.get(name) is None]
+        if missing:
+            raise click.UsageError(f"missing option --{missing[0]} (or give the whole contract with --contract FILE)")
     with _ledger(create=True) as lg:
-        run_id = lg.open(**_open_kwargs(p), key=key)
+        if contract_file is not None:
+            run_id = lg.open_contract(contract_file.read(), key=key)
+        else:
+            run_id = lg.open(**_open_kwargs(p), key=key)
         cp = lg.checkpoint(run_id)
     doc = {"run_id": run_id, "state": cp.state, "last_seq": cp.last_seq, "owner": cp.owner,
            "target": cp.target, "result_path": cp.result_path}
@@ -1381,6 +1401,24 @@ def import_(file: Any, as_json: bool) -> None:
         raise
     _emit(counts, as_json, f"imported {counts['imported']} events of {counts['runs']} runs; "
                            f"{counts['skipped']} were already here")
+
+
+@main.command("contract-schema")
+@json_option
+def contract_schema(as_json: bool) -> None:
+    """Print the JSON Schema of a contract file (for 'open --contract'), for other languages.
+
+    The output is JSON with or without --json.
+
+    \b
+    Example:
+        handoff contract-schema > handoff-contract.schema.json
+    """
+    import json
+
+    from handoff import contract
+
+    click.echo(json.dumps(contract.schema(), indent=2))
 
 
 @main.command()

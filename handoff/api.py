@@ -171,6 +171,23 @@ class Ledger:
         self.execute(run_id, cmd, actor=actor or Actor("owner", owner if isinstance(owner, str) and owner else "?"), key=key)
         return run_id
 
+    def open_contract(self, contract: Any, *, key: str | None = None) -> str:
+        """Open a run from a contract given as JSON text, bytes, a dict or a HandoffContract.
+
+        Every field is checked first (handoff.contract); the errors name each bad field.
+        """
+        from . import contract as hc
+
+        c = contract if isinstance(contract, hc.HandoffContract) else hc.load(contract)
+        p = c.policy
+        return self.open(
+            goal=c.goal, target=c.target, owner=c.owner, origin=c.origin, run_id=c.run_id,
+            result_path=c.result_path, stop_rules=tuple(c.stop_rules), require_review=c.require_review,
+            heartbeat_timeout_s=p.heartbeat_timeout_s, progress_timeout_s=p.progress_timeout_s,
+            retry_budget=p.retry_budget, delivery_timeout_s=p.delivery_timeout_s, owner_cap=p.owner_cap,
+            key=key,
+        )
+
     def claim(self, run_id: str, worker: str, *, key: str | None = None) -> int:
         out = self.execute(run_id, C.Claim(worker=worker), actor=Actor("worker", worker), key=key)
         assert out.checkpoint.lease is not None

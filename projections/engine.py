@@ -116,6 +116,12 @@ PROJECTIONS: tuple[Projection, ...] = (
 )
 BY_NAME = {p.name: p for p in PROJECTIONS}
 TRACKING = "projection_positions"
+# Runs with events after a position, in the order they first appeared in the log (the
+# order a full rebuild inserts them in), so new rows get rowids in creation order.
+_RUNS_SINCE = (
+    "SELECT run_id FROM heads WHERE run_id IN "
+    "(SELECT run_id FROM events WHERE position > ?) ORDER BY first_position"
+)
 
 
 def _create_sql(p: Projection, table: str) -> str:
@@ -124,10 +130,16 @@ def _create_sql(p: Projection, table: str) -> str:
 
 
 def _insert_sql(p: Projection, table: str) -> str:
+    # An upsert, not INSERT OR REPLACE: REPLACE deletes and reinserts, giving the row a
+    # new rowid, and queries.runs lists "oldest first" by rowid. Updating in place keeps
+    # a run where it was first inserted, inline and rebuilt alike.
     cols = list(p.columns)
+    rest = [c for c in cols if c not in p.pk]
     return (
-        f"INSERT OR REPLACE INTO {table} ({', '.join(cols)}) "
-        f"VALUES ({', '.join(':' + c for c in cols)})"
+        f"INSERT INTO {table} ({', '.join(cols)}) "
+        f"VALUES ({', '.join(':' + c for c in cols)}) "
+        f"ON CONFLICT ({', '.join(p.pk)}) DO "
+        + (f"UPDATE SET {', '.join(f'{c}=excluded.{c}' for c in rest)}" if rest else "NOTHING")
     )
 
 
@@ -202,9 +214,16 @@ class Projector:
         """Called by the store inside the append's write transaction."""
         for p in self.projections:
             _write(conn, p, p.table, cp, last_position)
+        # Advance a tracking row only over this run's events. If another run's events
+        # landed after it (appended by a store without this projector: a bare SqliteStore,
+        # an older version), they were never applied; moving past them would hide them
+        # from catch_up for good, so the row stays put and the next catch_up refolds them.
         conn.execute(
-            f"UPDATE {TRACKING} SET position=? WHERE name IN ({','.join('?' * len(self.projections))})",
-            (last_position, *[p.name for p in self.projections]),
+            f"UPDATE {TRACKING} SET position=:last WHERE name IN "
+            f"({','.join(f':n{i}' for i in range(len(self.projections)))}) "
+            f"AND NOT EXISTS (SELECT 1 FROM events WHERE position > {TRACKING}.position "
+            f"AND position <= :last AND run_id != :run)",
+            {"last": last_position, "run": run_id, **{f"n{i}": p.name for i, p in enumerate(self.projections)}},
         )
 
     def positions(self) -> dict[str, int]:
@@ -230,8 +249,7 @@ class Projector:
             store._begin("catching up projections")
             ok = False
             try:
-                runs = [r[0] for r in store._conn.execute(
-                    "SELECT DISTINCT run_id FROM events WHERE position > ?", (since,))]
+                runs = [r[0] for r in store._conn.execute(_RUNS_SINCE, (since,))]
                 for i, run_id in enumerate(runs):
                     head = store._head_locked(run_id)[0]
                     cp = store._state_locked(run_id, AGGREGATE, head)
@@ -305,7 +323,7 @@ class Projector:
                 progress(min(i + batch, total), total)
 
         def swap() -> None:
-            late = [r[0] for r in conn.execute("SELECT DISTINCT run_id FROM events WHERE position > ?", (start,))]
+            late = [r[0] for r in conn.execute(_RUNS_SINCE, (start,))]
             fold_and_write(late)
             last = store.last_position()
             for p in chosen:

@@ -32,6 +32,18 @@ def _us(seconds: float) -> int:
     return int(seconds * 1_000_000)
 
 
+def _over(seconds: float) -> int:
+    """The fewest whole µs ``d`` with ``d / 1e6 > seconds``: how the reducers compare an age
+    with a timeout. ``_us(seconds) + 1`` is off by one µs for binary floats such as
+    ``5 * 1e-6`` (4.9999999999999996e-06), where 5 / 1e6 already exceeds it."""
+    d = max(_us(seconds), 0)
+    while d > 0 and (d - 1) / 1e6 > seconds:
+        d -= 1
+    while not d / 1e6 > seconds:
+        d += 1
+    return d
+
+
 def next_deadline(cp: Checkpoint) -> int | None:
     """The earliest time at which stall.classify could say "needs attention", or None.
 
@@ -47,8 +59,8 @@ def next_deadline(cp: Checkpoint) -> int | None:
         return 0
     pol = cp.policy
     pending = cp.delivery.pending
-    delivery_deadline = (
-        pending.at_us + _us(pol.delivery_timeout_s) if pending is not None and cp.delivery.confirmed_key is None else None
+    delivery_deadline = (  # the first instant the attempt is ambiguous
+        pending.at_us + _over(pol.delivery_timeout_s) if pending is not None and cp.delivery.confirmed_key is None else None
     )
     if cp.state in (T.READY_FOR_REVIEW, T.SUCCEEDED):
         return delivery_deadline
@@ -61,10 +73,10 @@ def next_deadline(cp: Checkpoint) -> int | None:
     since = w.lease_since_us or 0
     if w.last_progress is not None:
         since = max(since, w.last_progress.at_us)
-    # classify uses "strictly more than the timeout": the first attention instant is +1µs.
-    candidates = [beat + _us(pol.heartbeat_timeout_s) + 1, since + _us(pol.progress_timeout_s) + 1]
+    # classify uses "strictly more than the timeout": _over gives that first instant.
+    candidates = [beat + _over(pol.heartbeat_timeout_s), since + _over(pol.progress_timeout_s)]
     if delivery_deadline is not None:
-        candidates.append(delivery_deadline + 1)
+        candidates.append(delivery_deadline)
     return min(candidates)
 
 
@@ -126,7 +138,8 @@ def delivery_row(cp: Checkpoint) -> dict[str, Any]:
         "receipt": d.receipt,
         "attempts": len(d.attempts),
         "attempted_us": pending.at_us if pending else None,
-        "ambiguous_after_us": (pending.at_us + _us(cp.policy.delivery_timeout_s)) if pending else None,
+        # queries.deliveries calls an attempt ambiguous once now > this (as reducers.delivery does).
+        "ambiguous_after_us": (pending.at_us + _over(cp.policy.delivery_timeout_s) - 1) if pending else None,
     }
 
 

@@ -55,7 +55,7 @@ def test_1_refused_by_the_rules(h, tmp_path, setup, args, kind):
 
 
 @pytest.mark.parametrize("args, kind", [
-    (["open", "--goal", "g", "--target", "t"], "MissingParameter"),
+    (["open", "--goal", "g", "--target", "t"], "UsageError"),
     (["progress", "r1", "--lease", "zero", "--kind", "x"], "BadParameter"),
     (["status", "--now", "yesterday"], "BadParameter"),
     (["frobnicate"], ("UsageError", "NoSuchCommand")),

@@ -1,0 +1,105 @@
+"""The handoff contract as other programs hand it in: JSON checked field by field.
+
+pydantic is used here, at the edge, because an agent written in another language needs
+two things msgspec's fast path does not give it: an error that names every bad field
+in words, and a JSON Schema it can validate against before it ever calls us
+(``handoff contract-schema``). Imported only when a contract file is used.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ledger.errors import InvalidInput
+
+_NAME = dict(min_length=1, max_length=200)
+
+
+def _printable(value: str) -> str:
+    if any(ord(c) < 32 and c not in "\n\t" or ord(c) == 127 for c in value):
+        raise ValueError("must not contain NUL or control characters")
+    return value
+
+
+class Policy(BaseModel):
+    """Limits the watchdog applies to the run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    heartbeat_timeout_s: float = Field(60.0, gt=0, le=1e7, description="Seconds without a heartbeat before the worker is unavailable.")
+    progress_timeout_s: float = Field(300.0, gt=0, le=1e7, description="Seconds without progress before the run is stalled.")
+    retry_budget: int = Field(3, ge=0, le=1000, description="Stalled windows tolerated before the run is paused.")
+    delivery_timeout_s: float = Field(600.0, gt=0, le=1e7, description="Seconds a delivery attempt may lack an outcome before it is ambiguous.")
+    owner_cap: int = Field(10, ge=1, le=100_000, description="Most runs of this owner that may hold a lease at once.")
+
+    @field_validator("heartbeat_timeout_s", "progress_timeout_s", "delivery_timeout_s")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number of seconds")
+        return v
+
+
+class HandoffContract(BaseModel):
+    """What must be written down before work detaches into a worker."""
+
+    model_config = ConfigDict(extra="forbid", title="handoff-ledger contract")
+
+    goal: str = Field(min_length=1, max_length=16_384, description="What the run must achieve, in words a person reads.")
+    target: str = Field(**_NAME, description="Where the result must be seen, e.g. chat:#ops.")
+    owner: str = Field(**_NAME, description="Who reviews, delivers and closes the run.")
+    origin: str = Field("", max_length=200, description="Where the request came from.")
+    run_id: str | None = Field(None, pattern=r"^[A-Za-z0-9._:-]{1,128}$", description="Chosen run id; generated when absent.")
+    result_path: str | None = Field(None, min_length=1, max_length=4096, description="The result file the run must produce.")
+    stop_rules: list[str] = Field(default_factory=list, max_length=100, description="When the worker must stop.")
+    require_review: bool = Field(False, description="The owner must approve the result before delivery.")
+    policy: Policy = Field(default_factory=Policy)
+
+    _printable_fields = field_validator("goal", "target", "owner", "origin", "result_path")(
+        classmethod(lambda cls, v: v if v is None else _printable(v))
+    )
+
+    @field_validator("stop_rules")
+    @classmethod
+    def _rules(cls, v: list[str]) -> list[str]:
+        return [_printable(r) for r in v]
+
+
+def load(data: bytes | str | dict[str, Any]) -> HandoffContract:
+    """Parse and validate a contract; every problem becomes one InvalidInput naming its field."""
+    try:
+        if isinstance(data, dict):
+            return HandoffContract.model_validate(data)
+        if isinstance(data, bytes):
+            try:
+                data = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InvalidInput(f"the contract is not valid UTF-8 (byte {exc.start})", field="contract") from None
+        try:
+            raw = json.loads(data, parse_constant=_no_constants)
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(f"the contract is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
+                               field="contract") from None
+        if not isinstance(raw, dict):
+            raise InvalidInput("the contract must be a JSON object", field="contract")
+        return HandoffContract.model_validate(raw)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "contract"
+            problems.append(f"{where}: {err['msg']}")
+        first = ".".join(str(p) for p in exc.errors()[0]["loc"]) or "contract"
+        raise InvalidInput("the contract is invalid: " + "; ".join(problems), field=first) from None
+
+
+def _no_constants(name: str) -> Any:
+    raise InvalidInput(f"the contract contains {name}, which is not a number JSON allows", field="contract")
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema of the contract, for validators in other languages."""
+    return HandoffContract.model_json_schema()
