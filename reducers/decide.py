@@ -496,5 +496,8 @@ def decide(cp: Checkpoint, cmd: C.Command, ctx: Context) -> list[ev.Event]:
         )
     if cp.terminal and name in ("deliver", "delivered") and cp.state != T.DELIVERED:
         raise TerminalRun(f"run {cp.run_id} ended as {cp.state}; it will not be delivered", state=cp.state)
-    _authorize(cp, name, cmd, ctx.actor)
+    # A fork's child has no contract yet (its owner is empty), so the parent's owner is
+    # the one PERMISSIONS means by "owner" here.
+    guard = ctx.parent if name == "fork" and ctx.parent is not None and ctx.parent.opened else cp
+    _authorize(guard, name, cmd, ctx.actor)
     return handler(cp, cmd, ctx)

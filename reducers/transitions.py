@@ -152,3 +152,8 @@ def mermaid() -> str:
     for t in sorted(TERMINAL):
         lines.append(f"    {t} --> [*]")
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    # docs/lifecycle.md's diagram: python -m reducers.transitions (pasted between its markers)
+    print(mermaid(), end="")
