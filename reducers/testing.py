@@ -1060,7 +1060,7 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         m = self.model.runs[run]
         w = Actor("worker", m.worker or WORKERS[0])
-        key = next(k for k in ("e1", "e2", "e3", "e4", "e5", "e6", "e7") if k not in m.pending and k not in m.settled)
+        key = next(k for k in (f"e{i}" for i in itertools.count(1)) if k not in m.pending and k not in m.settled)
         self.issue(run, w, C.StartEffect(lease=m.lease, key=key, what="send the report by mail"))
         seq = self.model.runs[run].progress_seq
         if by_watchdog:
