@@ -245,8 +245,10 @@ class Ledger:
         return self.execute(run_id, C.TransferAuthority(action=action, to=to), actor=Actor("owner", by))
 
     def deliver(self, run_id: str, by: str, key: str) -> Outcome:
-        """Record a delivery attempt. The key doubles as the command's idempotency key."""
-        return self.execute(run_id, C.Deliver(key=key), actor=Actor("owner", by), key=f"deliver:{key}")
+        """Record a delivery attempt under ``key``; retrying the same key sends nothing twice."""
+        # No idempotency key on purpose: decide itself treats a retry of a pending or
+        # confirmed attempt as a no-op and refuses a key that already failed.
+        return self.execute(run_id, C.Deliver(key=key), actor=Actor("owner", by))
 
     def delivered(self, run_id: str, key: str, receipt: str, *, by: str | None = None) -> Outcome:
         cp = self.checkpoint(run_id)
@@ -279,8 +281,9 @@ class Ledger:
         return self.execute(run_id, cmd, actor=Actor("watchdog", watcher), key=key)
 
     def recover(self, run_id: str, watcher: str, action: str, classification: str, progress_seq: int, *,
-                reason: str = "", key: str | None = None) -> Outcome:
-        cmd = C.Recover(action=action, classification=classification, progress_seq=progress_seq, reason=reason)
+                reason: str = "", key: str | None = None, lease: int | None = None) -> Outcome:
+        cmd = C.Recover(action=action, classification=classification, progress_seq=progress_seq,
+                        reason=reason, lease=lease)
         return self.execute(run_id, cmd, actor=Actor("watchdog", watcher), key=key)
 
     # --- reading -----------------------------------------------------------------------

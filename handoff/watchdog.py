@@ -77,7 +77,7 @@ def _plan(cp: Checkpoint, h: Health, now_us: int) -> list[tuple[str, C.Command, 
     if c == "unavailable":
         why = (f"no heartbeat from {cp.worker} (lease {lease}) within the "
                f"{pol.heartbeat_timeout_s:g}s heartbeat timeout; lease revoked so another worker can claim")
-        return [("revoke_lease", C.Recover("revoke_lease", c, pseq, why), action_key(run, "revoke_lease", pseq, lease))]
+        return [("revoke_lease", C.Recover("revoke_lease", c, pseq, why, lease=lease), action_key(run, "revoke_lease", pseq, lease))]
     if c == "stalled" and h.action == "pause":
         why = (f"progress_seq {pseq} stalled through {cp.watch.repeats} progress-timeout windows, "
                f"past the retry budget of {pol.retry_budget}")

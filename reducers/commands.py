@@ -148,10 +148,13 @@ class Observe(Command, tag="observe"):
 
 
 class Recover(Command, tag="recover"):
+    """``lease`` is the lease the watchdog judged; a revocation aimed at it cannot hit a newer one."""
+
     action: str
     classification: str
     progress_seq: int
     reason: str = ""
+    lease: int | None = None
 
 
 AnyCommand = (

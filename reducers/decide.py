@@ -301,6 +301,12 @@ def _effect_confirm(cp: Checkpoint, c: C.ConfirmEffect, ctx: Context) -> list[ev
 def _submit(cp: Checkpoint, c: C.Submit, ctx: Context) -> list[ev.Event]:
     to = T.READY_FOR_REVIEW if cp.require_review else T.SUCCEEDED
     move = _move(cp, to, "submit")
+    if cp.pending_effects:
+        keys = ", ".join(e.key for e in cp.pending_effects)
+        raise IllegalTransition(
+            f"run {cp.run_id} has side effects with no recorded outcome ({keys}); confirm them "
+            "with 'handoff effect-confirm' before submitting a result"
+        )
     if not cp.artifacts:
         raise EvidenceMissing(
             f"run {cp.run_id} has no recorded artifact; record the result file with 'handoff "
@@ -386,17 +392,23 @@ def _delivery_failed(cp: Checkpoint, c: C.FailDelivery, ctx: Context) -> list[ev
 
 
 def _release(cp: Checkpoint, c: C.Release, ctx: Context) -> list[ev.Event]:
-    return [ev.LeaseReleased(lease=c.lease, reason=_text("reason", c.reason))]
+    released = ev.LeaseReleased(lease=c.lease, reason=_text("reason", c.reason))
+    return [released, *_orphaned_effects(cp, "released the lease")]
+
+
+def _orphaned_effects(cp: Checkpoint, how: str) -> list[ev.Event]:
+    """A worker leaving with a side effect of unknown outcome sends the run to unknown."""
+    lost = [e for e in cp.pending_effects if e.lease == cp.lease]
+    if not lost or cp.state not in T.WORKING:
+        return []
+    keys = ", ".join(e.key for e in lost)
+    return [ev.StateChanged(from_state=cp.state, to_state=T.UNKNOWN,
+                            reason=f"side effect {keys} has no recorded outcome and its worker {how}")]
 
 
 def _lost_lease_events(cp: Checkpoint, reason: str, via: str) -> list[ev.Event]:
-    out: list[ev.Event] = [ev.LeaseRevoked(lease=cp.lease, reason=reason)]  # type: ignore[arg-type]
-    lost = [e for e in cp.pending_effects if e.lease == cp.lease]
-    if lost and cp.state in T.WORKING:
-        keys = ", ".join(e.key for e in lost)
-        out.append(ev.StateChanged(from_state=cp.state, to_state=T.UNKNOWN,
-                                   reason=f"side effect {keys} has no recorded outcome and its worker lost the lease"))
-    return out
+    revoked = ev.LeaseRevoked(lease=cp.lease, reason=reason)  # type: ignore[arg-type]
+    return [revoked, *_orphaned_effects(cp, "lost the lease")]
 
 
 def _revoke(cp: Checkpoint, c: C.Revoke, ctx: Context) -> list[ev.Event]:
@@ -453,6 +465,11 @@ def _recover(cp: Checkpoint, c: C.Recover, ctx: Context) -> list[ev.Event]:
     if action == "revoke_lease":
         if cp.lease is None:
             raise StaleLease(f"run {cp.run_id} has no lease to revoke")
+        if c.lease is not None and c.lease != cp.lease:
+            raise StaleLease(
+                f"the watchdog judged lease {c.lease}, but run {cp.run_id} is now under lease "
+                f"{cp.lease}; nothing revoked (observe the run again)"
+            )
         return [decided, *_lost_lease_events(cp, reason or "heartbeat timeout", "recover")]
     if action == "pause":
         block = C.Block(

@@ -480,6 +480,8 @@ class Model:
         to = T.READY_FOR_REVIEW if r.require_review else T.SUCCEEDED
         if "submit" not in T.MOVES.get((r.state, to), ()):
             _refuse(E.IllegalTransition, f"cannot submit from {r.state}")
+        if r.pending:
+            _refuse(E.IllegalTransition, "side effects have no recorded outcome")
         if not r.artifacts:
             _refuse(E.EvidenceMissing, "no artifact")
         if not all(r.artifacts.values()):
@@ -552,17 +554,16 @@ class Model:
         return ["delivery_failed"]
 
     def _release(self, r: RunModel, c: C.Release, a: Actor) -> list[str]:
-        r.lease = r.worker = None
-        return ["lease_released"]
+        return self._lose_lease(r, "lease_released")
 
-    def _lose_lease(self, r: RunModel) -> list[str]:
+    def _lose_lease(self, r: RunModel, tag: str = "lease_revoked") -> list[str]:
         lost = any(lease == r.lease for _, lease in r.pending.values())
         r.lease = r.worker = None
         if lost and r.state in T.WORKING:
             r.state = T.UNKNOWN
             r.progress_seq += 1
-            return ["lease_revoked", "state_changed"]
-        return ["lease_revoked"]
+            return [tag, "state_changed"]
+        return [tag]
 
     def _revoke(self, r: RunModel, c: C.Revoke, a: Actor) -> list[str]:
         if r.lease is None or (c.lease is not None and c.lease != r.lease):

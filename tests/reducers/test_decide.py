@@ -469,9 +469,18 @@ def test_retried_side_effect_start_and_confirm(lg, tmp_path):
 
 def test_the_same_idempotency_key_for_another_request(lg, tmp_path):
     run = bring(lg, tmp_path, T.SUCCEEDED)
+    lg.evidence(run.id, "lint", "pass", "ok", key="ev-1", actor=Actor("owner", "alice"))
+    # The same key for a different request is refused, naming the key.
+    refused(lg, E.IdempotencyConflict,
+            lambda: lg.evidence(run.id, "lint", "fail", "not ok", key="ev-1", actor=Actor("owner", "alice")), "ev-1")
+
+
+def test_a_delivery_key_that_failed_cannot_be_retried(lg, tmp_path):
+    run = bring(lg, tmp_path, T.SUCCEEDED)
     lg.deliver(run.id, "alice", "send-1")
-    # Ledger.deliver keys the command "deliver:<key>": another actor reusing it is refused.
-    refused(lg, E.IdempotencyConflict, lambda: lg.deliver(run.id, "op", "send-1"), "send-1")
+    lg.delivery_failed(run.id, "send-1", "timeout")
+    refused(lg, E.DeliveryRefused, lambda: lg.deliver(run.id, "alice", "send-1"), "already failed")
+    assert lg.deliver(run.id, "alice", "send-2").result.outcome == "committed"
 
 
 # --- racing terminal commands from separate processes --------------------------------
@@ -551,3 +560,34 @@ def test_a_fork_is_usable_through_the_ledger_that_made_it(lg, tmp_path):
     assert lg.checkpoint(child).owner == "alice" and lg.checkpoint(child).lease is None
     assert lg.claim(child, "w2") == 2, "the child continues the parent's fencing tokens"
     assert lg.checkpoint(run.id).lease == 1, "the parent's lease is untouched"
+
+
+# --- side effects cannot be walked away from -----------------------------------------
+
+
+def test_releasing_with_a_side_effect_in_flight_sends_the_run_to_unknown(lg, tmp_path):
+    run = bring(lg, tmp_path, T.EXECUTING)
+    lg.effect_start(run.id, run.lease, "mail-1", "send the summary mail")
+    out = lg.release(run.id, run.lease, "shift over")
+    assert out.checkpoint.state == T.UNKNOWN and out.checkpoint.lease is None
+
+
+def test_submitting_with_a_side_effect_in_flight_is_refused(lg, tmp_path):
+    run = bring(lg, tmp_path, T.VERIFYING)
+    lg.effect_start(run.id, run.lease, "mail-1", "send the summary mail")
+    refused(lg, E.IllegalTransition, lambda: lg.submit(run.id, run.lease, "done"), "mail-1")
+    lg.effect_confirm(run.id, "mail-1", "done", lease=run.lease)
+    report = lg.checkpoint(run.id).result_path
+    with open(report, "w") as f:
+        f.write("the report")
+    lg.artifact(run.id, run.lease, report)
+    assert lg.submit(run.id, run.lease, "done").checkpoint.result is not None
+
+
+def test_a_revocation_aimed_at_an_older_lease_hits_nothing(lg, tmp_path):
+    run = bring(lg, tmp_path, T.EXECUTING)
+    seq = lg.checkpoint(run.id).progress_seq
+    refused(lg, E.StaleLease,
+            lambda: lg.recover(run.id, "wd", "revoke_lease", "unavailable", seq, lease=run.lease - 1 or 99),
+            "nothing revoked")
+    assert lg.checkpoint(run.id).lease == run.lease
