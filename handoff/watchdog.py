@@ -149,6 +149,55 @@ def _act(lg: Ledger, watcher: str, cp: Checkpoint, action: str, cmd: C.Command, 
     return "committed", result.first_seq
 
 
+class Sightings:
+    """What one watcher process has seen, timed by its own monotonic clock.
+
+    For each leased run it remembers when it first saw the current heartbeat value and the
+    current progress_seq (both under the current lease). Only the values' identity is
+    compared, never their timestamps, so a wall clock that jumps backward cannot make a
+    silent or idle run look fresh. Lives in memory: a restarted watcher starts over and
+    falls back on the ledger's timestamps alone, which is safe, only slower to notice.
+    """
+
+    def __init__(self) -> None:
+        self._beat: dict[str, tuple[Any, float]] = {}
+        self._progress: dict[str, tuple[Any, float]] = {}
+        #: run -> (heartbeat timeout, progress timeout), learnt from its contract once.
+        self.limits: dict[str, tuple[float, float]] = {}
+
+    def sample(self, rows: list[tuple[str, int, int | None, int]], mono_s: float) -> None:
+        live = set()
+        for run_id, lease, beat_us, pseq in rows:
+            live.add(run_id)
+            for table, value in ((self._beat, (lease, beat_us)), (self._progress, (lease, pseq))):
+                seen = table.get(run_id)
+                if seen is None or seen[0] != value:
+                    table[run_id] = (value, mono_s)
+        for table in (self._beat, self._progress, self.limits):
+            for run_id in list(table):
+                if run_id not in live:
+                    del table[run_id]
+
+    def durations(self, run_id: str, mono_s: float) -> tuple[float | None, float | None]:
+        """(silent_s, unchanged_s) for stall.classify, or None where never seen."""
+        beat, prog = self._beat.get(run_id), self._progress.get(run_id)
+        return (None if beat is None else mono_s - beat[1], None if prog is None else mono_s - prog[1])
+
+    def overdue(self, mono_s: float, limits: dict[str, tuple[float, float]]) -> list[str]:
+        """Runs whose heartbeat or progress stood still longer than their own timeouts.
+
+        ``limits`` maps a run to (heartbeat timeout, progress timeout); unknown runs are
+        returned too, so the caller can learn their policy.
+        """
+        out = []
+        for run_id, (_, beat_at) in self._beat.items():
+            limit = limits.get(run_id)
+            prog_at = self._progress.get(run_id, (None, mono_s))[1]
+            if limit is None or mono_s - beat_at > limit[0] or mono_s - prog_at > limit[1]:
+                out.append(run_id)
+        return sorted(out)
+
+
 def watch_once(
     ledger: Ledger,
     *,
@@ -156,6 +205,8 @@ def watch_once(
     now_us: int | None = None,
     interval_s: float = 5.0,
     on_action: Callable[[Action], None] | None = None,
+    sightings: Sightings | None = None,
+    mono_s: float | None = None,
 ) -> list[Action]:
     """One pass: beat, classify every run that may need attention at ``now_us``, act.
 
@@ -167,7 +218,7 @@ def watch_once(
     ledger.watcher_beat(name, interval_s)
     now = ledger.clock() if now_us is None else now_us
     out: list[Action] = []
-    for cp, health in ledger.stalls(now=now):
+    for cp, health in _classified(ledger, now, sightings, mono_s):
         if health.classification not in ACTS_ON:
             continue
         for action, cmd, key in _plan(cp, health, now):
@@ -184,6 +235,35 @@ def watch_once(
     return out
 
 
+def _classified(
+    ledger: Ledger, now: int, sightings: Sightings | None, mono_s: float | None
+) -> list[tuple[Checkpoint, Health]]:
+    """The runs needing attention: the stall index's candidates, plus (with sightings)
+    runs whose signals stood still by the watcher's own clock although timestamps say fresh."""
+    from projections import queries
+    from reducers.stall import classify
+
+    found = ledger.stalls(now=now)
+    if sightings is None:
+        return found
+    mono = time.monotonic() if mono_s is None else mono_s
+    sightings.sample(queries.leased_signals(ledger.store), mono)
+    seen = {cp.run_id for cp, _ in found}
+    limits = sightings.limits
+    for run_id in sightings.overdue(mono, limits):
+        cp = queries.checkpoint(ledger.store, run_id)
+        if cp is None or cp.terminal:
+            continue
+        limits[run_id] = (cp.policy.heartbeat_timeout_s, cp.policy.progress_timeout_s)
+        if run_id in seen:
+            continue
+        silent_s, unchanged_s = sightings.durations(run_id, mono)
+        health = classify(cp, now_us=now, silent_s=silent_s, unchanged_s=unchanged_s)
+        if health.needs_attention:
+            found.append((cp, health))
+    return found
+
+
 def watch_forever(
     ledger: Ledger,
     *,
@@ -195,11 +275,13 @@ def watch_forever(
     should_stop: Callable[[], bool] = lambda: False,
 ) -> None:
     """Pass after pass until ``should_stop``; a store error skips one pass, never the loop."""
+    sightings = Sightings()
     while not should_stop():
         started = time.monotonic()
         now = ledger.clock()
         try:
-            actions = watch_once(ledger, name=name, now_us=now, interval_s=interval_s, on_action=on_action)
+            actions = watch_once(ledger, name=name, now_us=now, interval_s=interval_s, on_action=on_action,
+                                 sightings=sightings, mono_s=started)
         except LedgerError as exc:
             if on_error is None:
                 raise
@@ -212,4 +294,4 @@ def watch_forever(
             time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
 
-__all__ = ["Action", "action_key", "stall_window", "watch_once", "watch_forever", "iso"]
+__all__ = ["Action", "Sightings", "action_key", "stall_window", "watch_once", "watch_forever", "iso"]

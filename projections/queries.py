@@ -92,3 +92,16 @@ def owner_load(store: SqliteStore, owner: str, *, exclude: str | None = None) ->
         return store._conn.execute(
             "SELECT count(*) FROM owner_load WHERE owner=? AND run_id IS NOT ?", (owner, exclude)
         ).fetchone()[0]
+
+
+def leased_signals(store: SqliteStore) -> list[tuple[str, int, int | None, int]]:
+    """(run_id, lease, last_heartbeat_us, progress_seq) of every live run under a lease.
+
+    A watcher samples these each pass and times, by its own monotonic clock, how long each
+    value has stood still; see handoff.watchdog.Sightings.
+    """
+    with store._lock:
+        return store._conn.execute(
+            "SELECT run_id, lease, last_heartbeat_us, progress_seq FROM stall_watch "
+            "WHERE live = 1 AND lease IS NOT NULL"
+        ).fetchall()

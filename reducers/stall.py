@@ -105,8 +105,21 @@ def fold(records: Iterable[Recorded]) -> Watch:
     return w
 
 
-def classify(cp, *, now_us: int, policy: ev.Policy | None = None) -> Health:
+def classify(
+    cp,
+    *,
+    now_us: int,
+    policy: ev.Policy | None = None,
+    silent_s: float | None = None,
+    unchanged_s: float | None = None,
+) -> Health:
     """Judge one run's checkpoint at ``now_us``; return a classification and one bounded action.
+
+    Ages are read from the store's timestamps, which a wall clock that jumps backward can
+    make look fresh. A watcher that keeps its own monotonic record passes it in:
+    ``silent_s``, how long it has seen the run's last seq unchanged under this lease (no
+    event at all, heartbeats included), and ``unchanged_s``, how long it has seen the same
+    progress_seq. The larger of the two measures wins, so a stall is never hidden by a clock.
 
     ``cp`` is a reducers.checkpoint.Checkpoint. The order of the checks is the order of
     precedence: a finished run is silent; a named blocker is not a stall; an unknown side
@@ -152,8 +165,9 @@ def classify(cp, *, now_us: int, policy: ev.Policy | None = None) -> Health:
     if cp.lease is None:
         return Health("unclaimed", "no worker holds the run", "claim", state != T.QUEUED)
     beat = w.last_heartbeat_us if w.last_heartbeat_us is not None else w.lease_since_us
-    if beat is None or (now_us - beat) / 1e6 > policy.heartbeat_timeout_s:
-        age = "never" if beat is None else f"{(now_us - beat) / 1e6:.0f}s ago"
+    beat_age = None if beat is None else max((now_us - beat) / 1e6, silent_s or 0.0)
+    if beat_age is None or beat_age > policy.heartbeat_timeout_s:
+        age = "never" if beat_age is None else f"{beat_age:.0f}s ago"
         return Health(
             "unavailable",
             f"worker {cp.worker} (lease {cp.lease}) last beat {age}, over the "
@@ -163,7 +177,7 @@ def classify(cp, *, now_us: int, policy: ev.Policy | None = None) -> Health:
     since = w.lease_since_us or 0
     if w.last_progress is not None:
         since = max(since, w.last_progress.at_us)
-    idle = (now_us - since) / 1e6
+    idle = max((now_us - since) / 1e6, unchanged_s or 0.0)
     if idle > policy.progress_timeout_s:
         kind = w.last_progress.kind if w.last_progress else "none"
         if w.repeats >= policy.retry_budget:
