@@ -393,22 +393,21 @@ def _delivery_failed(cp: Checkpoint, c: C.FailDelivery, ctx: Context) -> list[ev
 
 def _release(cp: Checkpoint, c: C.Release, ctx: Context) -> list[ev.Event]:
     released = ev.LeaseReleased(lease=c.lease, reason=_text("reason", c.reason))
-    return [released, *_orphaned_effects(cp, "released the lease")]
+    return [released, *_orphaned_effects(cp, "released the lease", "release")]
 
 
-def _orphaned_effects(cp: Checkpoint, how: str) -> list[ev.Event]:
+def _orphaned_effects(cp: Checkpoint, how: str, via: str) -> list[ev.Event]:
     """A worker leaving with a side effect of unknown outcome sends the run to unknown."""
     lost = [e for e in cp.pending_effects if e.lease == cp.lease]
     if not lost or cp.state not in T.WORKING:
         return []
     keys = ", ".join(e.key for e in lost)
-    return [ev.StateChanged(from_state=cp.state, to_state=T.UNKNOWN,
-                            reason=f"side effect {keys} has no recorded outcome and its worker {how}")]
+    return [_move(cp, T.UNKNOWN, via, f"side effect {keys} has no recorded outcome and its worker {how}")]
 
 
 def _lost_lease_events(cp: Checkpoint, reason: str, via: str) -> list[ev.Event]:
     revoked = ev.LeaseRevoked(lease=cp.lease, reason=reason)  # type: ignore[arg-type]
-    return [revoked, *_orphaned_effects(cp, "lost the lease")]
+    return [revoked, *_orphaned_effects(cp, "lost the lease", via)]
 
 
 def _revoke(cp: Checkpoint, c: C.Revoke, ctx: Context) -> list[ev.Event]:

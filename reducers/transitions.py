@@ -53,9 +53,11 @@ MOVES: dict[tuple[str, str], tuple[str, ...]] = {
     (READY_FOR_REVIEW, SUCCEEDED): ("review",),
     (READY_FOR_REVIEW, EXECUTING): ("review",),
     (SUCCEEDED, DELIVERED): ("delivered",),
-    (PLANNING, UNKNOWN): ("revoke", "recover"),
-    (EXECUTING, UNKNOWN): ("revoke", "recover"),
-    (VERIFYING, UNKNOWN): ("revoke", "recover"),
+    # A worker that leaves (revoked, recovered from, or releasing) with a side effect
+    # still unconfirmed leaves the run in unknown until someone reconciles it.
+    (PLANNING, UNKNOWN): ("release", "revoke", "recover"),
+    (EXECUTING, UNKNOWN): ("release", "revoke", "recover"),
+    (VERIFYING, UNKNOWN): ("release", "revoke", "recover"),
 }
 for _s in BLOCKABLE:
     MOVES[(_s, BLOCKED)] = ("block", "recover")
