@@ -437,7 +437,7 @@ class Ledger:
             "sqlite_version": version,
             "wal_reset_bug": {
                 "affected_version": affected,
-                "mitigation": "automatic checkpoints off; checkpoints run only in TRUNCATE mode, "
+                "mitigation": "automatic checkpoints off; checkpoints run only in RESTART mode, "
                 "which holds the writer lock (docs/architecture.md)",
             },
             "journal_mode": pragma("journal_mode"),

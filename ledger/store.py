@@ -161,11 +161,22 @@ def check_idempotency_key(key: str | None) -> str | None:
     return key
 
 
+_TAGS: dict[type, str] = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
+_batch_decoder = msgspec.json.Decoder(list[ev.AnyEvent])  # type: ignore[valid-type]
+
+
 def encode_events(events: Sequence[ev.Event], max_payload: int) -> list[tuple[str, bytes]]:
-    """Validate and encode a batch: each must be a known event type under the size limit."""
+    """Validate and encode a batch: known event types, under the size limit, and readable.
+
+    Each payload is decoded back before anything is written: msgspec does not type-check
+    Struct constructors, so ``ProgressRecorded(kind=5)`` would otherwise be stored,
+    acknowledged and then be unreadable. The whole batch is decoded in one call; only
+    when that fails is it decoded event by event, to name the bad one.
+    """
     out = []
     for i, event in enumerate(events):
-        if type(event) not in ev.EVENT_TYPES.values():
+        tag = _TAGS.get(type(event))
+        if tag is None:
             raise UnknownEventType(
                 f"event #{i + 1} is a {type(event).__name__}, not one of the ledger's event "
                 "types (see docs/events.md)",
@@ -174,11 +185,24 @@ def encode_events(events: Sequence[ev.Event], max_payload: int) -> list[tuple[st
         payload = ev.encode(event)
         if len(payload) > max_payload:
             raise PayloadTooLarge(
-                f"event #{i + 1} ({ev.tag_of(event)}) encodes to {len(payload)} bytes, over "
+                f"event #{i + 1} ({tag}) encodes to {len(payload)} bytes, over "
                 f"the limit of {max_payload}; store large content as an artifact file instead",
                 field=f"events[{i}]",
             )
-        out.append((ev.tag_of(event), payload))
+        out.append((tag, payload))
+    try:
+        _batch_decoder.decode(b"[" + b",".join(p for _, p in out) + b"]")
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        for i, (tag, payload) in enumerate(out):
+            try:
+                ev.decode(payload)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                raise InvalidInput(
+                    f"event #{i + 1} ({tag}) has a field of the wrong type and could not be "
+                    f"read back: {exc}",
+                    field=f"events[{i}]",
+                ) from None
+        raise  # pragma: no cover - the batch failed yet every event decodes alone
     return out
 
 
@@ -205,21 +229,15 @@ def chain_hash(
     header = _hdr.encode(
         (run_id, seq, type_, actor, lease, idempotency_key, recorded_us, schema_version)
     )
-    h = hashlib.sha256(prev_hash)
-    h.update(len(header).to_bytes(4, "big"))
-    h.update(header)
-    h.update(payload)
-    return h.digest()
+    return hashlib.sha256(b"".join((prev_hash, len(header).to_bytes(4, "big"), header, payload))).digest()
 
 
 def request_digest(actor: str, lease: int | None, payloads: Sequence[bytes]) -> bytes:
     """What an idempotency key stands for: the same actor sending the same bytes."""
-    h = hashlib.sha256(actor.encode())
-    h.update(b"\x00" + str(lease).encode() + b"\x00")
+    parts = [actor.encode(), b"\x00", str(lease).encode(), b"\x00"]
     for p in payloads:
-        h.update(len(p).to_bytes(4, "big"))
-        h.update(p)
-    return h.digest()
+        parts += (len(p).to_bytes(4, "big"), p)
+    return hashlib.sha256(b"".join(parts)).digest()
 
 
 class EventStore(abc.ABC):

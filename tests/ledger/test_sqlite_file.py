@@ -412,7 +412,8 @@ def test_wal_is_checkpointed_under_the_writer_lock(db_path):
     for i in range(70):  # > 64 commits and > 8 MiB of WAL
         s.append("w", [step(i, detail=payload)], actor=W1)
     wal = os.path.getsize(f"{db_path}-wal")
-    assert wal < WAL_CHECKPOINT_BYTES, f"WAL not truncated ({wal} bytes)"
+    # RESTART checkpoints reuse the WAL from its start; journal_size_limit caps the file.
+    assert wal <= WAL_CHECKPOINT_BYTES, f"WAL not checkpointed ({wal} bytes)"
     # A reader pinning the WAL makes the opportunistic checkpoint give up, not fail
     # the append that triggered it (that append has already committed).
     reader = raw(db_path)
@@ -425,8 +426,8 @@ def test_wal_is_checkpointed_under_the_writer_lock(db_path):
         reader.execute("ROLLBACK")
         reader.close()
     assert s.head("w").last_seq == 140
-    assert s.checkpoint()[0] == 0
-    assert os.path.getsize(f"{db_path}-wal") == 0
+    busy, frames, copied = s.checkpoint()
+    assert busy == 0 and frames == copied
     assert s.verify() == [] and s.integrity_check() == "ok"
     s.close()
 
