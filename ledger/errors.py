@@ -37,6 +37,16 @@ class SeqConflict(Refused):
 class StaleLease(Refused):
     """The write carried a lease that is no longer the run's current one."""
 
+    @classmethod
+    def superseded(cls, run_id: str, lease: int, current: int | None, holder: str | None) -> StaleLease:
+        """The one wording of "you were replaced", used by the store and by decide alike."""
+        now = f"the current lease is {current}, held by {holder}" if current is not None else "no lease is held now"
+        return cls(
+            f"lease {lease} is no longer valid for run {run_id} ({now}); this worker was "
+            "replaced or released the run and must stop writing",
+            run_id=run_id, lease=lease, current_lease=current,
+        )
+
 
 class IdempotencyConflict(Refused):
     """An idempotency key was reused for a different request."""

@@ -690,18 +690,7 @@ class SqliteStore(EventStore):
         if lease is not None:
             current = head.lease if head else None
             if current != lease:
-                now = (
-                    f"the current lease is {current}, held by {head.lease_holder}"
-                    if current is not None
-                    else "no lease is held now"
-                )
-                raise StaleLease(
-                    f"lease {lease} is no longer valid for run {run_id} ({now}); this worker "
-                    "was replaced or released the run and must stop writing",
-                    run_id=run_id,
-                    lease=lease,
-                    current_lease=current,
-                )
+                raise StaleLease.superseded(run_id, lease, current, head.lease_holder if head else None)
 
     def append(
         self,

@@ -106,13 +106,7 @@ def _authorize(cp: Checkpoint, name: str, cmd: C.Command, actor: Actor) -> None:
         if lease is None:
             raise NotAuthorized(f"a worker must pass its lease to {name} run {cp.run_id}", field="lease")
         if cp.lease != lease:
-            now = (f"the current lease is {cp.lease}, held by {cp.worker}" if cp.lease is not None
-                   else "no lease is held now")
-            raise StaleLease(
-                f"lease {lease} is no longer valid for run {cp.run_id} ({now}); this worker was "
-                "replaced or released the run and must stop writing",
-                run_id=cp.run_id, lease=lease, current_lease=cp.lease,
-            )
+            raise StaleLease.superseded(cp.run_id, lease, cp.lease, cp.worker)
         return
     if actor.kind in perms and actor.kind != T.OWNER:
         return
