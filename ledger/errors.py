@@ -130,6 +130,14 @@ class CorruptLedger(StoreError):
     """The file or a stored event cannot be read back as written."""
 
 
+class OutcomeUnknown(StoreError):
+    """The commit failed at its last step (an I/O error while syncing): it may have landed.
+
+    The WAL frames can already be on disk, so after a crash the write may come back.
+    Retry with the same idempotency key: a stored write answers ``duplicate``.
+    """
+
+
 class LeaseHeld(Refused):
     """Another worker holds the run's lease; it must be released or revoked first."""
 

@@ -9,6 +9,7 @@ Checkpoints run only under the writer lock (see docs/architecture.md, "WAL reset
 from __future__ import annotations
 
 import collections
+import hashlib
 import os
 import sqlite3
 import stat
@@ -26,6 +27,7 @@ from .errors import (
     InvalidInput,
     LedgerError,
     NotALedger,
+    OutcomeUnknown,
     SchemaTooNew,
     SeqConflict,
     StaleLease,
@@ -69,14 +71,21 @@ _COLUMNS = (
 
 _INSERT_FIRST = (
     "INSERT INTO events (position, run_id, seq, type, actor, lease, idem_key, idem_digest, "
-    "batch_size, recorded_us, schema_version, payload, prev_hash, hash) "
-    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    "batch_size, recorded_us, schema_version, payload, prev_hash, hash, global_hash) "
+    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 _INSERT_REST = (
     "INSERT INTO events (position, run_id, seq, type, actor, lease, idem_key, idem_digest, "
-    "batch_size, recorded_us, schema_version, payload, prev_hash, hash) "
-    "VALUES (?,?,?,?,?,?,NULL,NULL,?,?,?,?,?,?)"
+    "batch_size, recorded_us, schema_version, payload, prev_hash, hash, global_hash) "
+    "VALUES (?,?,?,?,?,?,NULL,NULL,?,?,?,?,?,?,?)"
 )
+
+
+def global_link(prev_global: bytes, position: int, event_hash: bytes) -> bytes:
+    """The ledger-wide chain: each event's hash bound to its global position and to the one
+    before it. Per-run chains leave positions out (an exported run keeps its hashes in any
+    ledger); this chain is local to one file and is what shows a reordering across runs."""
+    return hashlib.sha256(b"".join((prev_global, position.to_bytes(8, "big"), event_hash))).digest()
 
 
 def _now_us() -> int:
@@ -313,11 +322,12 @@ class SqliteStore(EventStore):
                     "payload": bytes,
                     "prev_hash": bytes,
                     "hash": bytes,
+                    "global_hash": bytes,
                 },
                 pk="position",
                 not_null=[
                     "run_id", "seq", "type", "actor", "batch_size", "recorded_us",
-                    "schema_version", "payload", "prev_hash", "hash",
+                    "schema_version", "payload", "prev_hash", "hash", "global_hash",
                 ],
             )
             db["events"].create_index(["run_id", "seq"], index_name="events_run_seq", unique=True)
@@ -381,6 +391,14 @@ class SqliteStore(EventStore):
             except sqlite3.Error as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
+                if "i/o" in str(exc).lower():
+                    # The frames may be in the WAL already; a crash now would bring them back.
+                    raise OutcomeUnknown(
+                        f"the commit to {self.path} failed while syncing ({exc}) during {doing}: "
+                        "the write may or may not be stored. Retry with the same idempotency key "
+                        "(a stored write answers 'duplicate'), or read the run to see",
+                        cause=str(exc),
+                    ) from exc
                 raise _explain(exc, doing, self.path) from exc
             try:
                 self._maybe_checkpoint()
@@ -482,7 +500,8 @@ class SqliteStore(EventStore):
         """Insert a batch and move the head. ``verbatim`` (import) keeps each event's own
         envelope and hash instead of stamping new ones; its chain must continue the head's."""
         conn = self._conn
-        last_pos = conn.execute("SELECT coalesce(max(position), 0) FROM events").fetchone()[0]
+        tail = conn.execute("SELECT position, global_hash FROM events ORDER BY position DESC LIMIT 1").fetchone()
+        last_pos, gprev = tail if tail is not None else (0, GENESIS_HASH)
         seq = head.last_seq if head else 0
         prev = head.last_hash if head else GENESIS_HASH
         cur_lease = head.lease if head else None
@@ -499,9 +518,11 @@ class SqliteStore(EventStore):
             if verbatim is None:
                 k = key if i == 0 else None
                 h = chain_hash(prev, run_id, seq, tag, actor, lease, k, now, ev.SCHEMA_VERSION, payload)
+                gprev = global_link(gprev, pos, h)
                 rows.append(
                     (pos, run_id, seq, tag, actor, lease, k, bytearray(digest) if (i == 0 and digest) else None,
-                     n, now, ev.SCHEMA_VERSION, bytearray(payload), bytearray(prev), bytearray(h))
+                     n, now, ev.SCHEMA_VERSION, bytearray(payload), bytearray(prev), bytearray(h),
+                     bytearray(gprev))
                 )
             else:
                 r, r_digest, r_size = verbatim[i]
@@ -512,9 +533,11 @@ class SqliteStore(EventStore):
                         field="import",
                     )
                 h = r.hash
+                gprev = global_link(gprev, pos, h)
                 rows.append(
                     (pos, run_id, seq, tag, r.actor, r.lease, r.idempotency_key, r_digest, r_size,
-                     r.recorded_us, r.schema_version, bytearray(payload), bytearray(prev), bytearray(h))
+                     r.recorded_us, r.schema_version, bytearray(payload), bytearray(prev), bytearray(h),
+                     bytearray(gprev))
                 )
             prev = h
             if isinstance(event, ev.LeaseGranted):
@@ -974,6 +997,7 @@ class SqliteStore(EventStore):
         problems: list[Problem] = []
         broken: set[str] = set()
         seen: dict[str, tuple[int, bytes]] = {}
+        fences: dict[str, tuple[int | None, str | None, int]] = {}
         total = self.last_position()
         expected_pos = None
         source: Iterator[Recorded] = (
@@ -1019,6 +1043,16 @@ class SqliteStore(EventStore):
                 problems.append(Problem(problem[0], rec.run_id, rec.seq, rec.position, problem[1]))
                 continue
             seen[rec.run_id] = (rec.seq, rec.hash)
+            if rec.type in ("lease_granted", "lease_released", "lease_revoked"):
+                lease, holder, top = fences.get(rec.run_id, (None, None, 0))
+                e = ev.decode(rec.payload)
+                if isinstance(e, ev.LeaseGranted):
+                    lease, holder, top = e.lease, e.worker, max(top, e.lease)
+                elif e.lease == lease:  # released or revoked: the current lease ends
+                    lease, holder = None, None
+                fences[rec.run_id] = (lease, holder, top)
+        if run_id is None:
+            problems.extend(self._verify_global_chain())
         heads = {h.run_id: h for h in self.list_runs()} if run_id is None else (
             {run_id: h} if (h := self.head(run_id)) else {}
         )
@@ -1032,11 +1066,41 @@ class SqliteStore(EventStore):
                             f"the heads table says seq {h.last_seq if h else None}, the log ends "
                             f"at seq {last_seq}: events were removed or added behind the store")
                 )
+                continue
+            want = fences.get(rid, (None, None, 0))
+            row = self._conn.execute(
+                "SELECT lease, lease_holder, max_lease FROM heads WHERE run_id=?", (rid,)
+            ).fetchone()
+            if tuple(row) != want:
+                problems.append(
+                    Problem("fence_mismatch", rid, last_seq, None,
+                            f"the heads table fences with lease {row[0]} (holder {row[1]}, highest "
+                            f"{row[2]}) but the log's lease events say {want[0]} (holder {want[1]}, "
+                            f"highest {want[2]}): writes would be checked against a forged lease")
+                )
         for rid, h in heads.items():
             if rid not in seen and rid not in broken:
                 problems.append(Problem("head_mismatch", rid, None, None,
                                         f"run {rid} has a head at seq {h.last_seq} but no events"))
         return problems
+
+    def _verify_global_chain(self) -> list[Problem]:
+        """Walk the ledger-wide chain; report the first position where it breaks."""
+        prev, cursor = GENESIS_HASH, 0
+        while True:
+            rows = self._conn.execute(
+                "SELECT position, run_id, seq, hash, global_hash FROM events WHERE position > ? "
+                "ORDER BY position LIMIT ?", (cursor, PAGE * 10),
+            ).fetchall()
+            for position, rid, seq, h, g in rows:
+                if not isinstance(h, bytes) or g != global_link(prev, position, h):
+                    return [Problem("global_chain", rid, seq, position,
+                                    "the ledger-wide chain breaks here: events were reordered, moved "
+                                    "between positions, inserted or removed behind the store")]
+                prev = g
+            if len(rows) < PAGE * 10:
+                return []
+            cursor = rows[-1][0]
 
     def integrity_check(self) -> str:
         with self._lock:

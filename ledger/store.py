@@ -19,7 +19,7 @@ from typing import Any, Generic, Literal, TypeVar
 import msgspec
 
 from . import events as ev
-from .errors import InvalidInput, PayloadTooLarge, UnknownEventType
+from .errors import CorruptLedger, InvalidInput, PayloadTooLarge, UnknownEventType
 
 RUN_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 ACTOR_KINDS = ("worker", "owner", "watchdog", "operator")
@@ -61,7 +61,15 @@ class Recorded(msgspec.Struct, frozen=True):
 
     @property
     def event(self) -> ev.Event:
-        return ev.decode(self.payload)
+        """The decoded payload; a payload that no longer decodes is a damaged ledger."""
+        try:
+            return ev.decode(self.payload)
+        except (msgspec.ValidationError, msgspec.DecodeError, TypeError) as exc:
+            raise CorruptLedger(
+                f"event {self.run_id} seq {self.seq} (position {self.position}) cannot be decoded "
+                f"({exc}); the ledger was damaged or edited behind the store. Run 'handoff verify'",
+                run_id=self.run_id, seq=self.seq, position=self.position,
+            ) from None
 
     @property
     def recorded_at(self) -> datetime:
@@ -138,6 +146,28 @@ def check_run_id(run_id: object, field: str = "run_id") -> str:
     return run_id
 
 
+def check_utf8(value: str, field: str) -> str:
+    """Refuse text that cannot be stored as UTF-8: lone surrogates, which is what Python
+    makes of invalid UTF-8 bytes in argv, the environment or a file name."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInput(
+            f"{field} is not valid UTF-8 text (an undecodable byte or lone surrogate at "
+            f"character {exc.start}); pass it as UTF-8",
+            field=field,
+        ) from None
+    return value
+
+
+def check_seq(value: object, field: str, *, low: int = 0, high: int = 2**53) -> int:
+    """A seq or position argument: a whole number (not a bool) from ``low`` to ``high``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        shown = repr(value)[:60]
+        raise InvalidInput(f"{field} must be a whole number from {low} to {high}, got {shown}", field=field)
+    return value
+
+
 def check_actor(actor: Actor) -> Actor:
     if not isinstance(actor, Actor) or actor.kind not in ACTOR_KINDS:
         raise InvalidInput(
@@ -148,6 +178,7 @@ def check_actor(actor: Actor) -> Actor:
         raise InvalidInput(
             "actor name must be 1 to 128 printable characters", field="actor.name"
         )
+    check_utf8(actor.name, "actor.name")
     return actor
 
 
@@ -158,6 +189,7 @@ def check_idempotency_key(key: str | None) -> str | None:
         raise InvalidInput(
             "idempotency key must be 1 to 128 printable characters", field="idempotency_key"
         )
+    check_utf8(key, "idempotency_key")
     return key
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from ledger.errors import InvalidInput
+from ledger.errors import CorruptLedger, InvalidInput
 from ledger.sqlite import SqliteStore, _explain
 from reducers.checkpoint import AGGREGATE, Checkpoint
 
@@ -362,7 +362,16 @@ class Projector:
                         d = dict(zip(cols, row))
                         kept[tuple(d[k] for k in p.pk)] = d
                     for i, (run_id, head) in enumerate(heads.items()):
-                        cp = store.fold(run_id, AGGREGATE)
+                        try:
+                            cp = store.fold(run_id, AGGREGATE)
+                        except CorruptLedger as exc:
+                            # The log itself is damaged here: say so, per run, and go on.
+                            diffs.append(dict(projection=p.name, run_id=run_id, column=None,
+                                              kept=None, folded=f"unfoldable: {exc.message}"))
+                            kept.pop((run_id,), None)
+                            for key in [k for k, row in kept.items() if row.get("run_id") == run_id]:
+                                kept.pop(key)
+                            continue
                         if not cp.opened:
                             continue
                         for row in p.rows(cp, head.last_position):

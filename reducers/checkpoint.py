@@ -137,7 +137,7 @@ def initial(run_id: str) -> Checkpoint:
 def evolve(cp: Checkpoint, rec: Recorded, event: ev.Event | None = None) -> Checkpoint:
     """Apply one stored event. ``event`` may be passed when already decoded."""
     if event is None:
-        event = ev.decode(rec.payload)
+        event = rec.event  # CorruptLedger, naming the position, if the payload is damaged
     changes: dict[str, Any] = {}
     match event:
         case ev.HandoffOpened():
