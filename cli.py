@@ -34,8 +34,39 @@ def _error(kind: str, message: str, *, as_json: bool) -> None:
         click.echo(f"Error: {message}", err=True)
 
 
+def _undecodable(value: str) -> int | None:
+    """Where a string stops being UTF-8 (a lone surrogate: an invalid byte in argv), or None."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+class HandoffCommand(click.Command):
+    """Refuses text arguments that are not valid UTF-8 (usage error, exit 2, naming the
+    option) before the command runs: the ledger stores UTF-8 text only. File names
+    (click.Path, click.File) and the CMD of 'handoff run' are passed on as they are."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        for param in self.get_params(ctx):
+            if isinstance(param.type, (click.Path, click.File)) or param.type is click.UNPROCESSED:
+                continue
+            value = ctx.params.get(param.name) if param.name else None
+            for item in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(item, str) and (at := _undecodable(item)) is not None:
+                    raise click.BadParameter(
+                        f"not valid UTF-8 text (an undecodable byte at character {at}); pass UTF-8",
+                        ctx=ctx, param=param,
+                    )
+        return rest
+
+
 class HandoffGroup(click.Group):
     """Keeps commands in the order they are defined, and maps every failure to an exit code."""
+
+    command_class = HandoffCommand
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.commands)
@@ -108,6 +139,10 @@ class IsoTime(click.ParamType):
             self.fail(f"{value!r} is not an ISO 8601 time; write it like 2026-05-01T12:00:00Z", param, ctx)
         if dt.tzinfo is None:
             dt = dt.replace(tzinfo=timezone.utc)
+        try:  # an offset can push a time at either end of the calendar out of it
+            dt = dt.astimezone(timezone.utc)
+        except (OverflowError, ValueError):
+            self.fail(f"{value!r} falls outside years 1 to 9999 in UTC", param, ctx)
         epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
         delta = dt - epoch
         return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
@@ -116,12 +151,27 @@ class IsoTime(click.ParamType):
 ISO_TIME = IsoTime()
 
 
+class Seconds(click.FloatRange):
+    """A FloatRange that also refuses nan and infinities (which compare false to any bound)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import math
+
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return rv
+
+
 def _iso(us: int | None, *, ms: bool = False) -> str | None:
     if us is None:
         return None
-    from datetime import datetime, timezone
+    from datetime import datetime, timedelta, timezone
 
-    dt = datetime.fromtimestamp(us / 1_000_000, tz=timezone.utc)
+    try:  # exact: us / 1e6 as a float can round 9999-12-31T23:59:59.999999 up into year 10000
+        dt = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=us)
+    except OverflowError:  # only a ledger written with a broken clock holds such a time
+        return f"{us}us-since-1970"
     text = dt.isoformat(timespec="milliseconds" if ms else "microseconds")
     return text.replace("+00:00", "Z")
 
@@ -130,7 +180,7 @@ def _iso(us: int | None, *, ms: bool = False) -> str | None:
                                                                  "max_content_width": WIDTH})
 @click.option("--db", default="handoff.db", envvar="HANDOFF_DB", show_default=True, show_envvar=True,
               type=click.Path(dir_okay=False), help="The ledger file (SQLite).")
-@click.option("--busy-timeout", default=5.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--busy-timeout", default=5.0, show_default=True, type=Seconds(min=0, max=86_400),
               help="Seconds to wait for another writer's lock before giving up (exit 3).")
 @click.version_option(package_name="handoff-ledger", prog_name="handoff")
 @click.pass_context
@@ -1125,9 +1175,9 @@ def _action_doc(a: Any) -> dict[str, Any]:
 
 @main.command()
 @click.option("--once", is_flag=True, help="Make one pass and exit.")
-@click.option("--interval", type=click.FloatRange(min=0.05), default=5.0, show_default=True,
+@click.option("--interval", type=click.FloatRange(min=0.05, max=86_400), default=5.0, show_default=True,
               help="Seconds between passes.")
-@click.option("--name", default=None, help="This watcher's name (default: watchdog@<host>).")
+@click.option("--name", default=None, help="This watcher's name (default: watchdog-<host>).")
 @click.option("--now", type=ISO_TIME, default=None, help="With --once: judge as of this time (audits, tests).")
 @json_option
 def watch(once: bool, interval: float, name: str | None, now: int | None, as_json: bool) -> None:
@@ -1154,7 +1204,15 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, as_jso
 
     if now is not None and not once:
         raise click.UsageError("--now only goes with --once")
-    name = name or f"watchdog@{socket.gethostname().split('.')[0]}"
+    from handoff.api import check_seconds
+
+    check_seconds(interval, "interval", low=0.05, high=86_400)  # nan slips past FloatRange
+    if name is None:
+        import re
+
+        # Beats live in the stream watcher:<name>, so the name keeps to the run-id alphabet.
+        host = re.sub(r"[^A-Za-z0-9._:-]", "-", socket.gethostname().split(".")[0])[:100].strip("-")
+        name = f"watchdog-{host or 'localhost'}"
     stop = {"flag": False}
 
     def _stop(signum: int, frame: Any) -> None:
@@ -1242,7 +1300,11 @@ def verify(run: str | None, as_json: bool) -> None:
         finally:
             bar.close()
         diffs = lg.check() if run is None and hasattr(lg, "check") else []
-        events = lg.store.last_position() if run is None else lg.store.head(run).last_seq
+        head = lg.store.head(run) if run is not None else None
+        if run is None:
+            events = lg.store.last_position()
+        else:  # a run whose head row is damaged still has its events counted
+            events = head.last_seq if head is not None else sum(1 for _ in lg.store.read_run(run))
         runs = sum(1 for _ in lg.store.list_runs()) if run is None else 1
     import msgspec
 
@@ -1386,15 +1448,13 @@ def import_(file: Any, as_json: bool) -> None:
     Example:
         handoff --db restored.db import backup.jsonl
     """
-    from ledger.errors import LedgerError
-
     db = _state().db
     existed = os.path.exists(db)
     try:
         with _ledger(create=True) as lg:
             counts = lg.import_lines(file)
-    except LedgerError:
-        if not existed:  # a refused import into a new file leaves no empty ledger behind
+    except BaseException:
+        if not existed:  # a failed import into a new file leaves no empty ledger behind, whatever failed
             for suffix in ("", "-wal", "-shm"):
                 if os.path.exists(db + suffix):
                     os.remove(db + suffix)
@@ -1455,9 +1515,9 @@ def doctor(as_json: bool) -> None:
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--run", "join", default=None, help="Join this existing run instead of opening one.")
 @click.option("--worker", required=True, envvar="HANDOFF_WORKER", show_envvar=True, help="The worker's name.")
-@click.option("--heartbeat-every", type=click.FloatRange(min=0.01), default=None,
+@click.option("--heartbeat-every", type=Seconds(min=0.01, max=86_400), default=None,
               help="Seconds between heartbeats (default: a third of the heartbeat timeout).")
-@click.option("--grace", type=click.FloatRange(min=0), default=5.0, show_default=True,
+@click.option("--grace", type=Seconds(min=0, max=86_400), default=5.0, show_default=True,
               help="Seconds between SIGTERM and SIGKILL when the child must stop.")
 @open_options(required=False)
 @json_option

@@ -7,6 +7,7 @@ to measure, the clock for "now", environment defaults). The CLI is a thin shell 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import secrets
 import stat
@@ -20,16 +21,94 @@ from ledger import events as ev
 from ledger import portable
 from ledger.errors import InvalidInput, UnknownRun
 from ledger.sqlite import SqliteStore, Sync
-from ledger.store import Actor, AppendResult, Decision, Head, Recorded, check_run_id
+from ledger.store import (
+    Actor,
+    AppendResult,
+    Decision,
+    Head,
+    Recorded,
+    check_run_id,
+    check_seq,
+    check_utf8,
+)
 from reducers import commands as C
 from reducers import stall
-from reducers.checkpoint import AGGREGATE, Checkpoint, fold, packet
+from reducers.checkpoint import AGGREGATE, Checkpoint, packet
 from reducers.decide import Context, decide
 from projections import Projector, queries
 
 WATCHER_PREFIX = "watcher:"
 #: A watcher beats at most this often (seconds); coverage allows three missed beats.
 WATCHER_BEAT_PERIOD_S = 10.0
+#: The times the API accepts (UTC µs since 1970): years 1 to 9999, what can be printed.
+MIN_TIME_US = -62_135_596_800_000_000  # 0001-01-01T00:00:00Z
+MAX_TIME_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
+#: The longest lock wait the API accepts (seconds): a day.
+MAX_BUSY_TIMEOUT_S = 86_400.0
+
+
+# --- argument checks: every refusal an InvalidInput naming the field ------------------
+
+
+def check_time_us(value: object, field: str) -> int:
+    """A moment as whole UTC microseconds (not a bool) within years 1..9999."""
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_TIME_US <= value <= MAX_TIME_US:
+        shown = repr(value)[:60]
+        raise InvalidInput(
+            f"{field} must be whole microseconds since 1970 (UTC) within years 1 to 9999, got {shown}",
+            field=field,
+        )
+    return value
+
+
+def check_seconds(value: object, field: str, *, low: float = 0.0, high: float = MAX_BUSY_TIMEOUT_S,
+                  low_open: bool = False) -> float:
+    """A finite number of seconds (not a bool) within bounds."""
+    ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+          and (low < value if low_open else low <= value) and value <= high)
+    if not ok:
+        shown = repr(value)[:60]
+        above = "above" if low_open else "at least"
+        raise InvalidInput(f"{field} must be a finite number of seconds {above} {low:g} and at most {high:g}, "
+                           f"got {shown}", field=field)
+    return float(value)  # type: ignore[arg-type]
+
+
+def check_text(value: object, field: str, _depth: int = 0) -> None:
+    """Every string in a command (its fields, their tuples, nested structs) must encode as
+    UTF-8: a lone surrogate (invalid UTF-8 from argv, say) would otherwise pass decide and
+    fail while the event is encoded. Types themselves are decide's business."""
+    if isinstance(value, str):
+        check_utf8(value, field)
+    elif isinstance(value, (tuple, list)):
+        for i, item in enumerate(value):
+            if isinstance(item, str):
+                check_utf8(item, f"{field}[{i}]")
+    elif isinstance(value, msgspec.Struct) and _depth < 3:
+        for name in value.__struct_fields__:
+            check_text(getattr(value, name), f"{field}.{name}" if field else name, _depth + 1)
+
+
+def check_filter(value: object, field: str) -> str | None:
+    """An optional text filter of a query (owner, state, ...): None, or UTF-8 text."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidInput(f"{field} must be text, got {type(value).__name__}", field=field)
+    return check_utf8(value, field)
+
+
+def check_path(path: object, field: str = "path") -> str:
+    """A ledger file name: text or a path object, not empty, without NUL bytes."""
+    try:
+        p = os.fspath(path)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidInput(f"{field} must be a file path, got {type(path).__name__}", field=field) from None
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    if not p or "\x00" in p:
+        raise InvalidInput(f"{field} must be a non-empty file path without NUL bytes", field=field)
+    return p
 
 
 class Outcome(msgspec.Struct, frozen=True):
@@ -101,6 +180,8 @@ class Ledger:
         create: bool = True,
         clock: Any = None,
     ) -> None:
+        path = check_path(path)
+        busy_timeout_s = check_seconds(busy_timeout_s, "busy_timeout")
         self.clock = clock or now_us
         self.store = SqliteStore(
             path, synchronous=synchronous, busy_timeout_s=busy_timeout_s,
@@ -128,6 +209,7 @@ class Ledger:
     ) -> Outcome:
         """Fold, decide and append in one write transaction; refusals write nothing."""
         check_run_id(run_id)
+        check_text(cmd, "")
 
         def _decide(cp: Checkpoint, head: Head | None) -> Decision:
             load = None
@@ -161,7 +243,7 @@ class Ledger:
         delivery_timeout_s: float = 600.0, owner_cap: int = 10, key: str | None = None,
         actor: Actor | None = None,
     ) -> str:
-        run_id = run_id or new_run_id()
+        run_id = new_run_id() if run_id is None else run_id  # '' is refused, not replaced
         if isinstance(result_path, str) and result_path and "\x00" not in result_path:
             # Artifacts are recorded at their resolved path; submit compares the two.
             result_path = os.path.realpath(result_path)
@@ -270,7 +352,9 @@ class Ledger:
         return self.execute(run_id, C.Close(disposition=disposition, reason=reason), actor=actor)  # type: ignore[arg-type]
 
     def fork(self, run_id: str, at_seq: int, *, new_run_id: str | None = None, by: str | None = None) -> str:
-        child = new_run_id or f"{run_id}.fork{at_seq}-{secrets.token_hex(2)}"
+        check_run_id(run_id)
+        check_seq(at_seq, "at_seq", low=1)
+        child = f"{run_id}.fork{at_seq}-{secrets.token_hex(2)}" if new_run_id is None else new_run_id
         actor = Actor("operator", by or _user())
         self.execute(child, C.Fork(parent=run_id, at_seq=at_seq), actor=actor)
         return child
@@ -290,6 +374,10 @@ class Ledger:
 
     def checkpoint(self, run_id: str, *, at_seq: int | None = None, as_of_us: int | None = None) -> Checkpoint:
         check_run_id(run_id)
+        if at_seq is not None:
+            check_seq(at_seq, "at", low=1)
+        if as_of_us is not None:
+            check_time_us(as_of_us, "as_of")
         if self.store.head(run_id) is None:
             raise UnknownRun(f"no run {run_id} in {self.store.path}; list runs with 'handoff status'")
         if as_of_us is not None:
@@ -330,6 +418,8 @@ class Ledger:
     def status(self, run_id: str, *, now: int | None = None, at_seq: int | None = None,
                as_of_us: int | None = None) -> dict[str, Any]:
         """The checkpoint packet (docs/cli.md documents its keys)."""
+        if now is not None:
+            check_time_us(now, "now")
         cp = self.checkpoint(run_id, at_seq=at_seq, as_of_us=as_of_us)
         when = now if now is not None else (as_of_us if as_of_us is not None else self.clock())
         if at_seq is not None and as_of_us is None and now is None:
@@ -340,12 +430,14 @@ class Ledger:
     def runs(self, *, include_terminal: bool = False, state: str | None = None,
              owner: str | None = None, target: str | None = None) -> Iterator[Checkpoint]:
         """Runs from the checkpoints view, oldest first (not terminal unless asked)."""
+        for field, value in (("state", state), ("owner", owner), ("target", target)):
+            check_filter(value, field)
         return queries.runs(self.store, state=state, owner=owner, target=target,
                             include_terminal=include_terminal)
 
     def stalls(self, *, now: int | None = None) -> list[tuple[Checkpoint, stall.Health]]:
         """Every run that needs attention at ``now``: an index scan, then classify each candidate."""
-        when = now if now is not None else self.clock()
+        when = check_time_us(now, "now") if now is not None else self.clock()
         out = []
         for cp in queries.stall_candidates(self.store, when):
             h = stall.classify(cp, now_us=when)
@@ -354,10 +446,13 @@ class Ledger:
         return out
 
     def owner_load(self, owner: str) -> int:
+        check_filter(owner, "owner")
         return queries.owner_load(self.store, owner)
 
     def deliveries(self, *, status: str | None = None, now: int | None = None) -> list[dict[str, Any]]:
-        return queries.deliveries(self.store, now_us=now if now is not None else self.clock(), status=status)
+        check_filter(status, "status")
+        when = check_time_us(now, "now") if now is not None else self.clock()
+        return queries.deliveries(self.store, now_us=when, status=status)
 
     def rebuild(self, name: str | None = None, *, progress: Any = None) -> dict[str, int]:
         """Drop and refold one projection (or all) from the log; atomic, memory flat."""
@@ -376,9 +471,11 @@ class Ledger:
         day, not tens of thousands; the recorded period is what coverage is judged by.
         Returns None when no beat was due.
         """
+        if not isinstance(watcher, str):
+            raise InvalidInput(f"watcher must be text, got {type(watcher).__name__}", field="watcher")
         run_id = WATCHER_PREFIX + watcher
         check_run_id(run_id, "watcher")
-        period = max(float(interval_s), WATCHER_BEAT_PERIOD_S)
+        period = max(check_seconds(interval_s, "interval", high=1e7, low_open=True), WATCHER_BEAT_PERIOD_S)
         head = self.store.head(run_id)
         if head is not None:
             last = next(iter(self.store.read_run(run_id, after_seq=head.last_seq - 1)))
@@ -393,6 +490,11 @@ class Ledger:
         """Hash chain, seq gaps, decodability and heads; an empty list means all is well."""
         if run_id is not None:
             check_run_id(run_id)
+            # Unknown means no head and no events: a run whose head row alone is gone is
+            # damage for verify to report, not an unknown run.
+            if self.store.head(run_id) is None and next(iter(self.store.read_run(run_id)), None) is None:
+                raise UnknownRun(f"no run {run_id} in {self.store.path}; nothing to verify "
+                                 "(list runs with 'handoff status --all')")
         return self.store.verify(run_id, progress=progress)
 
     def export(self, run_ids: list[str] | None = None) -> Iterator[bytes]:

@@ -79,11 +79,20 @@ def load(data: bytes | str | dict[str, Any]) -> HandoffContract:
                 data = data.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise InvalidInput(f"the contract is not valid UTF-8 (byte {exc.start})", field="contract") from None
+        if not isinstance(data, str):
+            raise InvalidInput(f"the contract must be JSON text, bytes or a dict, got {type(data).__name__}",
+                               field="contract")
         try:
             raw = json.loads(data, parse_constant=_no_constants)
         except json.JSONDecodeError as exc:
             raise InvalidInput(f"the contract is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
                                field="contract") from None
+        except RecursionError:
+            raise InvalidInput("the contract is nested too deeply to read; a contract is a flat object",
+                               field="contract") from None
+        except ValueError as exc:  # an integer of more than 4,300 digits
+            reason = str(exc).split(";")[0]
+            raise InvalidInput(f"the contract cannot be read: {reason}", field="contract") from None
         if not isinstance(raw, dict):
             raise InvalidInput("the contract must be a JSON object", field="contract")
         return HandoffContract.model_validate(raw)
@@ -94,6 +103,9 @@ def load(data: bytes | str | dict[str, Any]) -> HandoffContract:
             problems.append(f"{where}: {err['msg']}")
         first = ".".join(str(p) for p in exc.errors()[0]["loc"]) or "contract"
         raise InvalidInput("the contract is invalid: " + "; ".join(problems), field=first) from None
+    except RecursionError:  # a dict handed in directly, nested beyond Python's stack
+        raise InvalidInput("the contract is nested too deeply to read; a contract is a flat object",
+                           field="contract") from None
 
 
 def _no_constants(name: str) -> Any:

@@ -15,13 +15,13 @@ from typing import Any
 
 import msgspec
 
-from ledger.errors import IdempotencyConflict, LedgerError, Refused
+from ledger.errors import IdempotencyConflict, InvalidInput, LedgerError, Refused
 from reducers import commands as C
 from reducers.checkpoint import Checkpoint, iso
 from reducers.decide import Context, decide
 from reducers.stall import Health
 
-from .api import Ledger
+from .api import WATCHER_PREFIX, Ledger, check_seconds
 
 #: classification -> what the watchdog does about it. Anything else: nothing.
 ACTS_ON = ("unavailable", "stalled", "needs_reconciliation", "delivery_ambiguous")
@@ -274,7 +274,17 @@ def watch_forever(
     on_error: Callable[[LedgerError], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> None:
-    """Pass after pass until ``should_stop``; a store error skips one pass, never the loop."""
+    """Pass after pass until ``should_stop``; a store error skips one pass, never the loop.
+
+    The name and interval are checked before the first pass: a bad one would fail every
+    pass alike (and a nan interval would never wait), so it is refused, not retried.
+    """
+    from ledger.store import check_run_id
+
+    check_seconds(interval_s, "interval", high=1e7, low_open=True)
+    if not isinstance(name, str):
+        raise InvalidInput(f"watcher name must be text, got {type(name).__name__}", field="watcher")
+    check_run_id(WATCHER_PREFIX + name, "watcher")
     sightings = Sightings()
     while not should_stop():
         started = time.monotonic()

@@ -7,7 +7,7 @@ it is accepted, and a tampered line is refused with its line number.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -16,23 +16,28 @@ from .errors import InvalidInput
 from .store import GENESIS_HASH, Recorded, chain_hash, check_run_id
 
 
+#: Every integer of a line fits SQLite's INTEGER (and the msgpack header the hash covers):
+#: a larger one is refused as malformed input instead of overflowing on the way in.
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+
+
 class ExportedEvent(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The shape of one exported line (documented in docs/cli.md)."""
 
     run_id: str
-    seq: int
+    seq: Int64
     type: str
     actor: str
-    lease: int | None
+    lease: Int64 | None
     idempotency_key: str | None
-    recorded_us: int
-    schema_version: int
+    recorded_us: Int64
+    schema_version: Int64
     payload: msgspec.Raw
     prev_hash: str
     hash: str
-    position: int | None = None
+    position: Int64 | None = None
     idempotency_digest: str | None = None
-    batch_size: int = 1
+    batch_size: Int64 = 1
 
 
 _enc = msgspec.json.Encoder()
@@ -78,11 +83,14 @@ def parse_lines(lines: Iterable[bytes | str]) -> Iterator[tuple[int, Recorded, b
             e = _dec.decode(line)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise InvalidInput(f"line {lineno} is not an exported event: {exc}", field=f"line {lineno}") from None
+        except UnicodeDecodeError as exc:  # invalid UTF-8 inside a JSON string
+            raise InvalidInput(f"line {lineno} is not valid UTF-8 (byte {exc.start})",
+                               field=f"line {lineno}") from None
         check_run_id(e.run_id, f"line {lineno}: run_id")
         payload = bytes(e.payload)
         try:
             event = ev.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
             raise InvalidInput(f"line {lineno}: payload cannot be decoded: {exc}", field=f"line {lineno}") from None
         if ev.tag_of(event) != e.type:
             raise InvalidInput(f"line {lineno}: type {e.type} does not match the payload", field=f"line {lineno}")

@@ -47,6 +47,7 @@ from .store import (
     check_actor,
     check_idempotency_key,
     check_run_id,
+    check_seq,
     encode_events,
     request_digest,
     DEFAULT_MAX_PAYLOAD,
@@ -882,7 +883,14 @@ class SqliteStore(EventStore):
     def read_run(
         self, run_id: str, *, after_seq: int = 0, until_seq: int | None = None
     ) -> Iterator[Recorded]:
+        # Checked now, not at the first next(): a bad argument fails where it was passed.
         check_run_id(run_id)
+        check_seq(after_seq, "after_seq")
+        if until_seq is not None:
+            check_seq(until_seq, "until_seq")
+        return self._iter_run(run_id, after_seq, until_seq)
+
+    def _iter_run(self, run_id: str, after_seq: int, until_seq: int | None) -> Iterator[Recorded]:
         cursor = after_seq
         while True:
             stop = cursor + PAGE if until_seq is None else min(cursor + PAGE, until_seq)
@@ -901,6 +909,13 @@ class SqliteStore(EventStore):
     def read_all(
         self, *, after_position: int = 0, until_position: int | None = None, page: int = PAGE
     ) -> Iterator[Recorded]:
+        check_seq(after_position, "after_position")
+        if until_position is not None:
+            check_seq(until_position, "until_position")
+        check_seq(page, "page", low=1, high=1_000_000)
+        return self._iter_all(after_position, until_position, page)
+
+    def _iter_all(self, after_position: int, until_position: int | None, page: int) -> Iterator[Recorded]:
         cursor = after_position
         while True:
             sql = f"SELECT {_COLUMNS} FROM events WHERE position>?"

@@ -64,7 +64,7 @@ class Recorded(msgspec.Struct, frozen=True):
         """The decoded payload; a payload that no longer decodes is a damaged ledger."""
         try:
             return ev.decode(self.payload)
-        except (msgspec.ValidationError, msgspec.DecodeError, TypeError) as exc:
+        except (msgspec.ValidationError, msgspec.DecodeError, TypeError, UnicodeDecodeError) as exc:
             raise CorruptLedger(
                 f"event {self.run_id} seq {self.seq} (position {self.position}) cannot be decoded "
                 f"({exc}); the ledger was damaged or edited behind the store. Run 'handoff verify'",

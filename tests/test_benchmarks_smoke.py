@@ -1,0 +1,28 @@
+"""The benchmarks' smoke run: every scenario still runs (CI's guard against rot).
+
+It asserts only that they run and report, never a speed: speed is measured in
+benchmarks/ and documented in docs/performance.md.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_every_benchmark_scenario_runs_in_its_quick_size(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--quiet", "--json", "--dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["mode"] == "quick"
+    names = [s["scenario"] for s in report["scenarios"]]
+    assert "append-single" in names and len(names) >= 5, names
+    for scenario in report["scenarios"]:
+        subject = scenario["sides"][0]
+        # A missing optional peer is fine ("peer not installed"); our own side must run.
+        assert subject["status"] == "ok", (scenario["scenario"], subject["error"])
