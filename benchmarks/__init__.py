@@ -16,7 +16,14 @@ import importlib
 from .harness import REGISTRY, Scenario, Side, Trial, register
 
 #: Scenario modules, in report order.
-AREAS: tuple[str, ...] = ("benchmarks.store",)
+AREAS: tuple[str, ...] = (
+    "benchmarks.store",
+    "benchmarks.commands",
+    "benchmarks.folds",
+    "benchmarks.projections",
+    "benchmarks.cli_startup",
+    "benchmarks.concurrency",
+)
 
 
 def load() -> dict[str, Scenario]:

@@ -1,11 +1,14 @@
 """``python -m benchmarks``: run the scenarios and print a table.
 
     python -m benchmarks                 # every scenario, 1 warm-up + 3 timed repeats
+                                         # (slow scenarios fewer; see docs/performance.md)
     python -m benchmarks --quick         # seconds-long smoke run (CI); never judges speed
     python -m benchmarks --only append-single --repeat 5
+    python -m benchmarks --only commands # one area
     python -m benchmarks --json          # machine-readable results on stdout
     python -m benchmarks --markdown --save results.json   # Markdown table, JSON kept too
-    python -m benchmarks --only append-single --profile   # cProfile the handoff side
+    python -m benchmarks --only command-single --profile  # cProfile the handoff side
+    python -m benchmarks --only command-single --profile --profiler pyinstrument
 
 The exit status is 0 whatever the numbers are: a missed goal is reported, not failed.
 """
@@ -33,7 +36,9 @@ from .harness import (
     Runner,
     Scenario,
     filesystem_of,
+    format_goals,
     format_markdown,
+    format_metrics,
     format_notes,
     format_table,
 )
@@ -49,9 +54,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", action="append", metavar="NAME",
                    help="run only this scenario or area (repeatable, or comma-separated)")
     p.add_argument("--repeat", type=int, default=None, metavar="N",
-                   help="timed repeats per side after one warm-up (default 3; 1 with --quick)")
+                   help="timed repeats per side (default 3, or the scenario's own count for slow "
+                        "scenarios; 1 with --quick)")
     p.add_argument("--warmup", type=int, default=None, metavar="N",
-                   help="untimed warm-up trials per side (default 1; 0 with --quick)")
+                   help="untimed warm-up trials per side (default 1, or the scenario's own; 0 with --quick)")
     p.add_argument("--json", action="store_true", help="print results as JSON instead of a table")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     p.add_argument("--save", metavar="FILE", help="also write the JSON results to FILE")
@@ -59,7 +65,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="where to put the scratch databases (default: the system temp dir)")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     p.add_argument("--profile", action="store_true",
-                   help="run the handoff-ledger side of each selected scenario once under cProfile")
+                   help="run the handoff-ledger side of each selected scenario once under a profiler "
+                        "(in-process, also for sides that normally run in a child process)")
+    p.add_argument("--profiler", choices=("cprofile", "pyinstrument"), default="cprofile",
+                   help="which profiler --profile uses (pyinstrument must be installed)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = p.parse_args(argv)
     if args.repeat is not None and args.repeat < 1:
@@ -112,18 +121,36 @@ def _profile(scenarios: list[Scenario], args: argparse.Namespace) -> int:
             params = dict(sc.quick if args.quick else sc.full)
             fixture = runner._fixture(sc, params)
             ctx = runner._ctx(params, fixture)
+            ctx.profiling = True
             ctx.dir.mkdir(parents=True)
             trial = sc.subject.prepare(ctx)
-            prof = cProfile.Profile()
-            t0 = time.perf_counter()
-            prof.runcall(trial.run)
-            elapsed = time.perf_counter() - t0
+            if args.profiler == "pyinstrument":
+                from pyinstrument import Profiler
+
+                prof = Profiler(interval=0.0005)
+                t0 = time.perf_counter()
+                prof.start()
+                try:
+                    trial.run()
+                finally:
+                    prof.stop()
+                elapsed = time.perf_counter() - t0
+            else:
+                cprof = cProfile.Profile()
+                t0 = time.perf_counter()
+                cprof.runcall(trial.run)
+                elapsed = time.perf_counter() - t0
             if trial.close:
                 trial.close()
-            print(f"== {sc.name}: {params['n']:,} {sc.unit} in {elapsed:.2f}s under cProfile "
+            what = "operations" if sc.kind == "latency" else sc.unit
+            print(f"== {sc.name}: {params['n']:,} {what} in {elapsed:.2f}s under {args.profiler} "
                   f"(profiling slows Python code, not SQLite)")
-            stats = pstats.Stats(prof, stream=sys.stdout)
-            stats.sort_stats("tottime").print_stats(25)
+            if args.profiler == "pyinstrument":
+                print(prof.output_text(unicode=False, color=False, show_all=False))
+            else:
+                stats = pstats.Stats(cprof, stream=sys.stdout)
+                stats.sort_stats("tottime").print_stats(25)
+                stats.sort_stats("cumulative").print_stats(25)
     return 0
 
 
@@ -132,17 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     registry = load()
     if args.list:
         for sc in registry.values():
-            goal = f"goal >= {sc.goal:.2f}x raw" if sc.goal is not None else "no goal"
-            print(f"{sc.name:20} [{sc.area}] {sc.title} ({goal})\n    {sc.measures}\n")
+            goals = "; ".join(g.text for g in sc.all_goals()) or "no goal"
+            print(f"{sc.name:20} [{sc.area}] {sc.title} (goals: {goals})\n    {sc.measures}\n")
         return 0
     scenarios = _select(registry, args.only)
     if args.profile:
         return _profile(scenarios, args)
-    repeat = args.repeat if args.repeat is not None else (1 if args.quick else 3)
-    warmup = args.warmup if args.warmup is not None else (0 if args.quick else 1)
     log = (lambda _m: None) if args.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
-    with Runner(quick=args.quick, repeat=repeat, warmup=warmup, root=args.dir, log=log) as runner:
+    with Runner(quick=args.quick, repeat=args.repeat, warmup=args.warmup, root=args.dir, log=log) as runner:
         machine = _machine(args, str(runner.root))
         if machine["filesystem"] in ("tmpfs", "ramfs"):
             log(f"warning: {runner.root} is on {machine['filesystem']}, where fsync costs nothing; "
@@ -154,10 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         machine["load_avg_1m_at_end"] = _load()
     total = time.perf_counter() - t0
 
+    counts = {sc.name: runner.counts(sc) for sc in scenarios}
     report = {
         "mode": "quick" if args.quick else "full",
-        "repeat": repeat,
-        "warmup": warmup,
+        "repeat": {name: c[0] for name, c in counts.items()},
+        "warmup": {name: c[1] for name, c in counts.items()},
         "ratio": RATIO_CONVENTION,
         "machine": machine,
         "seconds": round(total, 1),
@@ -171,16 +197,32 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=2))
         return 0
 
+    reps = sorted({c for c in counts.values()}, reverse=True)
+    how = ", ".join(f"{r} timed repeat{'s' if r != 1 else ''} after {w} warm-up" for r, w in reps)
     mode = ("QUICK smoke run: tiny sizes, 1 repeat; these numbers are not measurements"
-            if args.quick else f"full run: median of {repeat} timed repeats after {warmup} warm-up")
+            if args.quick else f"full run: medians of {how} (per scenario, see --list)")
     print(f"handoff-ledger benchmarks, {mode}")
     print(f"machine: {machine['platform']}, {machine['cpus']} CPUs, Python {machine['python']}, "
           f"SQLite {machine['sqlite']}, msgspec {machine['msgspec']}; load average "
           f"{machine['load_avg_1m_at_start']} at start, {machine['load_avg_1m_at_end']} at end")
     print(f"durability: {DURABILITY} (scratch dir on {machine['filesystem']})")
-    print(f"throughput in {'/'.join(sorted({s.unit for s in scenarios}))} per second; {RATIO_CONVENTION}")
+    units = "/".join(sorted({s.unit for s in scenarios if s.kind == "throughput"}))
+    kinds = []
+    if units:
+        kinds.append(f"throughput in {units} per second (spread: min-max of the repeats)")
+    if any(s.kind == "latency" for s in scenarios):
+        kinds.append("latency rows: median time per operation (spread: p95)")
+    print("; ".join(kinds + [RATIO_CONVENTION]))
     print()
     print(format_markdown(results, args.quick) if args.markdown else format_table(results, args.quick))
+    goals = format_goals(results, args.quick)
+    if goals:
+        print("\ngoals:")
+        print(goals)
+    metrics = format_metrics(results)
+    if metrics:
+        print("\nmeasured beside the timing (median over repeats, worst in brackets):")
+        print(metrics)
     print()
     print(format_notes(results))
     print(f"\ntotal {total:.0f}s")

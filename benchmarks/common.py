@@ -123,3 +123,141 @@ def open_run(store: SqliteStore, run_id: str, *, lease: int | None = None) -> No
 
 def path_in(d: Path, name: str) -> str:
     return os.fspath(d / name)
+
+
+# --- realistic runs ----------------------------------------------------------------------
+#
+# The larger scenarios (folds, projection rebuild, status and stall scans) need logs that
+# look like real agent runs. Their opening and closing events are produced once by the
+# real decide rules (a scratch in-memory Ledger playing the commands), so every event is
+# one the library itself would write; the body between them is the mix a working agent
+# records: progress, heartbeats, evidence and artifacts (a bounded set of paths, as a
+# run rewrites its outputs).
+
+
+def _template_runs() -> dict[str, list[ev.Event]]:
+    import tempfile
+
+    from handoff.api import Ledger
+
+    out: dict[str, list[ev.Event]] = {}
+    with tempfile.TemporaryDirectory() as d:
+        result = os.path.join(d, "result.json")
+        with open(result, "w") as f:
+            f.write('{"ok": true}\n')
+        with Ledger(":memory:") as lg:
+            # live: opened, claimed, planned, executing
+            lg.open(goal="benchmark run", target="file:out/result.json", owner="alice", run_id="t-live")
+            lease = lg.claim("t-live", "w1")
+            lg.transition("t-live", lease, "planning", worker="w1")
+            lg.progress("t-live", lease, "plan_committed", "3 steps", worker="w1")
+            lg.transition("t-live", lease, "executing", worker="w1")
+            out["start"] = [r.event for r in lg.log("t-live")]
+            # delivered: verify, evidence, result artifact, submit, deliver once
+            lg.transition("t-live", lease, "verifying", worker="w1")
+            lg.evidence("t-live", "pytest", "pass", "412 passed", lease=lease)
+            lg.artifact("t-live", lease, result, kind="result", worker="w1")
+            lg.submit("t-live", lease, "report drafted", worker="w1")
+            lg.deliver("t-live", "alice", "deliver-1")
+            lg.delivered("t-live", "deliver-1", "msg-123")
+            out["delivered"] = [r.event for r in lg.log("t-live")][len(out["start"]):]
+            # closed: an owner cancels a run still being worked on
+            lg.open(goal="benchmark run", target="file:out/result.json", owner="alice", run_id="t-closed")
+            lease = lg.claim("t-closed", "w1")
+            lg.transition("t-closed", lease, "planning", worker="w1")
+            n0 = sum(1 for _ in lg.log("t-closed"))
+            lg.close_run("t-closed", "alice", "cancelled", "superseded")
+            out["cancelled"] = [r.event for r in lg.log("t-closed")][n0:]
+    return out
+
+
+_TEMPLATES: dict[str, list[ev.Event]] = {}
+
+
+def templates() -> dict[str, list[ev.Event]]:
+    if not _TEMPLATES:
+        _TEMPLATES.update(_template_runs())
+    return _TEMPLATES
+
+
+def body_events(n: int, tag: str = "") -> list[ev.Event]:
+    """What a working agent records: 40% progress, 30% heartbeats, 15% evidence,
+    15% artifacts (16 paths, rewritten), in a fixed rotation."""
+    out: list[ev.Event] = []
+    for i in range(n):
+        k = i % 20
+        if k < 8:
+            out.append(ev.ProgressRecorded(kind="tool_outcome", detail=f"{tag}step {i}: ran the tool"))
+        elif k < 14:
+            out.append(ev.HeartbeatRecorded())
+        elif k < 17:
+            out.append(ev.EvidenceRecorded(kind="pytest", outcome="pass", detail=f"{tag}{i} passed in 1.2s"))
+        else:
+            out.append(ev.ArtifactRecorded(path=f"/work/out/{tag}part-{i % 16}.json", kind="report",
+                                           bytes=1024 + i, sha256=f"{i:064x}"))
+    return out
+
+
+def run_events(n: int, ending: str | None = None, tag: str = "") -> list[ev.Event]:
+    """A run of exactly ``n`` events: the opening, a working body, and optionally an
+    ending ("delivered" or "cancelled")."""
+    t = templates()
+    start = t["start"]
+    end = t[ending] if ending else []
+    body = n - len(start) - len(end)
+    if body < 0:
+        raise ValueError(f"a run of {n} events is too short for its opening and ending")
+    return list(start) + body_events(body, tag) + list(end)
+
+
+class Clock:
+    """A settable store clock (µs), so a fixture can place events in time."""
+
+    def __init__(self, now_us: int) -> None:
+        self.now_us = now_us
+
+    def __call__(self) -> int:
+        return self.now_us
+
+
+# --- child processes -------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def child_argv(task: str, args: dict) -> list[str]:
+    import json
+    import sys
+
+    return [sys.executable, "-m", "benchmarks.child", task, json.dumps(args)]
+
+
+def spawn(task: str, args: dict, *, stdin: bool = False):  # -> subprocess.Popen
+    """Start ``python -m benchmarks.child TASK ARGS`` from the repository root."""
+    import subprocess
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return subprocess.Popen(
+        child_argv(task, args), cwd=str(REPO), env=env, stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+    )
+
+
+def reap(proc) -> dict:  # the child's JSON report
+    """Read a child's one-line JSON report and wait for it."""
+    import json
+
+    out = proc.stdout.read()
+    proc.stdout.close()
+    proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark child {proc.args[3:5]} exited with {proc.returncode}")
+    lines = [ln for ln in out.decode().splitlines() if ln.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"benchmark child {proc.args[3:5]} printed no report")
+    return json.loads(lines[-1])
+
+
+def run_child(task: str, args: dict) -> dict:
+    return reap(spawn(task, args))

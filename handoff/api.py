@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import secrets
 import stat
 import time
 from collections.abc import Iterator
@@ -127,6 +126,8 @@ def now_us() -> int:
 
 
 def new_run_id() -> str:
+    import secrets  # imported when needed: CLI start-up time is what a shell agent pays per event
+
     return "run-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
@@ -354,6 +355,8 @@ class Ledger:
     def fork(self, run_id: str, at_seq: int, *, new_run_id: str | None = None, by: str | None = None) -> str:
         check_run_id(run_id)
         check_seq(at_seq, "at_seq", low=1)
+        import secrets
+
         child = f"{run_id}.fork{at_seq}-{secrets.token_hex(2)}" if new_run_id is None else new_run_id
         actor = Actor("operator", by or _user())
         self.execute(child, C.Fork(parent=run_id, at_seq=at_seq), actor=actor)

@@ -15,7 +15,6 @@ import sqlite3
 import stat
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -219,6 +218,8 @@ class SqliteStore(EventStore):
                     ) from exc
         try:
             if readonly and not self._memory:
+                import urllib.parse  # only here: every short-lived CLI process pays for imports
+
                 uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro"
                 conn = sqlite3.connect(
                     uri, uri=True, timeout=self.busy_timeout_s, isolation_level=None,
