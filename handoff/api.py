@@ -406,9 +406,7 @@ class Ledger:
         a replayed packet never claims coverage by a watcher that started later.
         """
         out: dict[str, tuple[int, float]] = {}
-        for head in self.store.list_runs():
-            if not head.run_id.startswith(WATCHER_PREFIX):
-                continue
+        for head in self.store.list_runs(prefix=WATCHER_PREFIX):
             start = 0 if until_us is not None else head.last_seq - 1
             for rec in self.store.read_run(head.run_id, after_seq=start):
                 if until_us is not None and rec.recorded_us > until_us:

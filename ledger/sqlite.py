@@ -970,12 +970,16 @@ class SqliteStore(EventStore):
             except sqlite3.Error as exc:
                 raise _explain(exc, "reading a run's head", self.path) from exc
 
-    def list_runs(self) -> Iterator[Head]:
+    def list_runs(self, *, prefix: str | None = None) -> Iterator[Head]:
+        sql = ("SELECT run_id, last_seq, last_hash, lease, lease_holder, first_position, "
+               "last_position FROM heads")
+        args: tuple[str, ...] = ()
+        if prefix:
+            # A key range on the primary key: O(matches), not a scan of every run.
+            sql += " WHERE run_id >= ? AND run_id < ?"
+            args = (prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1))
         with self._lock:
-            rows = self._conn.execute(
-                "SELECT run_id, last_seq, last_hash, lease, lease_holder, first_position, "
-                "last_position FROM heads ORDER BY first_position"
-            ).fetchall()
+            rows = self._conn.execute(sql + " ORDER BY first_position", args).fetchall()
         for r in rows:
             yield Head(*r)
 

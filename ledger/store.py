@@ -339,7 +339,8 @@ class EventStore(abc.ABC):
     def head(self, run_id: str) -> Head | None: ...
 
     @abc.abstractmethod
-    def list_runs(self) -> Iterator[Head]: ...
+    def list_runs(self, *, prefix: str | None = None) -> Iterator[Head]:
+        """Every stream's head, oldest first; only ids starting with ``prefix`` if given."""
 
     @abc.abstractmethod
     def last_position(self) -> int: ...

@@ -581,6 +581,13 @@ class StoreConformance:
         assert [h.run_id for h in by_first] == ["z", "a", "m"]
         assert store.last_position() == 5
 
+    def test_list_runs_by_prefix_is_a_key_range(self, store):
+        for run in ("watcher:a", "watcher:b", "watcher", "watches", "w", "x:watcher:c"):
+            self.fill(store, run, 1)
+        assert [h.run_id for h in store.list_runs(prefix="watcher:")] == ["watcher:a", "watcher:b"]
+        assert [h.run_id for h in store.list_runs(prefix="x")] == ["x:watcher:c"]
+        assert list(store.list_runs(prefix="nothing")) == []
+
     # --- execute -------------------------------------------------------------------------
 
     def test_execute_appends_and_returns_the_folded_state(self, store):
