@@ -1,19 +1,25 @@
 """handoff-ledger's benchmark harness: ``python -m benchmarks`` (see docs/performance.md).
 
-Scenarios live one module per area and register themselves on import. To add an area
-(reducer fold, projection rebuild, CLI startup, peers such as eventsourcing or
-langgraph-checkpoint-sqlite), write ``benchmarks/<area>.py`` calling
-``harness.register(Scenario(...))`` and add its module name to ``AREAS``. A peer side
-names the modules it needs in ``Side(requires=...)``; when they are not importable the
-report says "peer not installed" and the scenario still runs against raw sqlite3.
-Peers come from the optional extra: ``pip install -e '.[bench]'``.
+Scenarios live one module per area and register themselves on import: ``store``
+(SqliteStore appends and reads), ``commands`` (the Ledger's durable command path and
+batched appends, beside eventsourcing and LangGraph), ``folds`` (one run's state from its
+log), ``projections`` (full rebuild with peak RSS, status lookup and stall scan at
+100,000 runs), ``cli`` (``handoff progress`` as a process; its module is
+``cli_startup.py``, since ``cli.py`` would shadow the top-level ``cli`` module) and
+``concurrency`` (8 writer processes). ``--only AREA`` selects one. To
+add an area, write ``benchmarks/<area>.py`` calling ``harness.register(Scenario(...))``
+and add its module name to ``AREAS``. A peer side names the modules it needs in
+``Side(requires=...)``; when they are not importable the report says "peer not
+installed" and the scenario still runs against raw sqlite3. Peers come from the optional
+extra: ``pip install -e '.[bench]'``; their set-up is in ``peers.py``, work that runs in
+a child process in ``child.py``.
 """
 
 from __future__ import annotations
 
 import importlib
 
-from .harness import REGISTRY, Scenario, Side, Trial, register
+from .harness import REGISTRY, Goal, Measured, Scenario, Side, Trial, register
 
 #: Scenario modules, in report order.
 AREAS: tuple[str, ...] = (
@@ -33,4 +39,4 @@ def load() -> dict[str, Scenario]:
     return REGISTRY
 
 
-__all__ = ["AREAS", "REGISTRY", "Scenario", "Side", "Trial", "load", "register"]
+__all__ = ["AREAS", "REGISTRY", "Goal", "Measured", "Scenario", "Side", "Trial", "load", "register"]

@@ -2,8 +2,10 @@
 reference table, and deterministic event streams.
 
 Every database here is a file in the run's scratch directory, in journal_mode=WAL with
-synchronous=FULL, for handoff-ledger and for the raw reference alike: a commit is on
-disk (fsync of the WAL) before it is acknowledged. Checkpointing is left to each side's
+synchronous=FULL, for handoff-ledger, the raw reference and the peers (benchmarks/peers.py)
+alike: a commit is on disk (fsync of the WAL) before it is acknowledged. Fixtures that
+are only read (folds, rebuilds, status) are built with synchronous=NORMAL or OFF, which
+is never timed. Checkpointing is left to each side's
 own policy: handoff-ledger turns automatic checkpoints off and truncates the WAL itself
 past 8 MiB; the raw reference keeps SQLite's default (a passive checkpoint past 1,000
 pages). Either way the checkpoint cost falls inside the timed region.
@@ -24,8 +26,8 @@ from ledger.store import Actor
 JOURNAL_MODE = "wal"
 SYNCHRONOUS = "FULL"
 DURABILITY = (
-    "file-backed databases, journal_mode=WAL, synchronous=FULL on both handoff-ledger "
-    "and the raw sqlite3 reference"
+    "file-backed databases, journal_mode=WAL, synchronous=FULL for every writer "
+    "(handoff-ledger, raw sqlite3, eventsourcing, LangGraph), checked with PRAGMA before timing"
 )
 
 OWNER = Actor("owner", "bench-owner")
