@@ -30,7 +30,7 @@ from ledger.errors import (
     UnknownEffect,
     UnknownRun,
 )
-from ledger.store import Actor
+from ledger.store import Actor, check_seq
 
 from . import commands as C
 from . import transitions as T
@@ -77,9 +77,7 @@ def _name(field: str, value: object) -> str:
 
 
 def _count(field: str, value: object, *, low: int = 0, high: int = 2**53) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidInput(f"{field} must be a whole number from {low} to {high}, got {value!r}", field=field)
-    return value
+    return check_seq(value, field, low=low, high=high)  # one rule for whole numbers, everywhere
 
 
 def _seconds(field: str, value: object) -> float:
