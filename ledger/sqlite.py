@@ -498,6 +498,7 @@ class SqliteStore(EventStore):
         key: str | None,
         digest: bytes | None,
         verbatim: Sequence[tuple[Recorded, bytes | None, int]] | None = None,
+        written: list[Recorded] | None = None,
     ) -> AppendResult:
         """Insert a batch and move the head. ``verbatim`` (import) keeps each event's own
         envelope and hash instead of stamping new ones; its chain must continue the head's."""
@@ -574,6 +575,13 @@ class SqliteStore(EventStore):
             (run_id, seq, bytearray(prev), cur_lease, holder, max_lease, first_position, last_pos + n),
         )
         self._after_insert(rows)
+        if written is not None:
+            # The new events as a reader would get them, without reading them back.
+            written.extend(
+                Recorded(r[1], r[2], r[0], r[3], r[4], r[5], r[6], r[9], r[10], bytes(r[11]),
+                         bytes(r[12]), bytes(r[13]))
+                for r in rows
+            )
         return AppendResult(
             run_id=run_id,
             outcome="committed",
@@ -841,9 +849,10 @@ class SqliteStore(EventStore):
                     return AppendResult(run_id, "duplicate", seq + 1, seq, ()), state
                 self._check_fence(run_id, head, None, decision.lease)
                 encoded = encode_events(decision.events, self.max_payload)
+                written: list[Recorded] = []
                 result = self._insert_locked(
                     run_id, head, max_lease, decision.events, encoded, actor_s,
-                    decision.lease, idempotency_key, digest,
+                    decision.lease, idempotency_key, digest, written=written,
                 )
                 if head is None:
                     # A new run: fold its whole lineage, so a fork child that this
@@ -851,7 +860,7 @@ class SqliteStore(EventStore):
                     new_state = self._state_locked(run_id, aggregate, self._head_locked(run_id)[0])
                 else:
                     new_state = state
-                    for rec in self._read_run_locked(run_id, result.first_seq - 1, None):
+                    for rec in written:
                         new_state = aggregate.evolve(new_state, rec)
                 folded = self._run_hooks(run_id, (aggregate, new_state))
                 if folded[0] is None:

@@ -519,3 +519,26 @@ def test_integrity_check_is_ok(db_path):
     with populated(db_path) as s:
         assert s.integrity_check() == "ok"
         assert s.verify() == []
+
+
+def test_execute_folds_the_rows_it_wrote_exactly_as_a_reader_sees_them(db_path):
+    """execute() evolves from the rows it just inserted instead of reading them back;
+    those records must be identical, field for field, to what read_run returns."""
+    from ledger.store import Aggregate, Decision
+
+    class Collect(Aggregate[tuple]):
+        def initial(self, run_id):
+            return ()
+
+        def evolve(self, state, recorded):
+            return state + (recorded,)
+
+    s = SqliteStore(db_path)
+    agg = Collect()
+    opened = ev.HandoffOpened(goal="g", target="t", owner="alice")
+    s.execute("x", agg, lambda st, head: Decision((opened,)), actor=OWNER)
+    _, state = s.execute(
+        "x", agg, lambda st, head: Decision((step(1), step(2))), actor=OWNER, idempotency_key="k"
+    )
+    assert list(state) == list(s.read_run("x"))
+    s.close()
