@@ -143,14 +143,33 @@ def _insert_sql(p: Projection, table: str) -> str:
     )
 
 
-def _write(conn: sqlite3.Connection, p: Projection, table: str, cp: Checkpoint, last_position: int) -> None:
+def _write(
+    conn: sqlite3.Connection, p: Projection, table: str, cp: Checkpoint, last_position: int,
+    *, skip_unchanged: bool = False,
+) -> None:
     if not cp.opened:
         return  # a stream that is not a handoff run (a watcher's beats): no view rows
     rows = p.rows(cp, last_position)
     if p.many:
+        if skip_unchanged and _unchanged(conn, p, table, cp.run_id, rows):
+            # Most commands leave a run's delivery and owner-load rows as they were:
+            # a read of cached pages is much cheaper than rewriting them and their index.
+            return
         conn.execute(f"DELETE FROM {table} WHERE run_id=?", (cp.run_id,))
     if rows:
         conn.executemany(_insert_sql(p, table), rows)
+
+
+def _unchanged(conn: sqlite3.Connection, p: Projection, table: str, run_id: str, rows: list[dict[str, Any]]) -> bool:
+    """Do the stored rows of ``run_id`` equal ``rows`` exactly (compared with the table,
+    never with a remembered state, so rows left stale by any other writer are rewritten)?"""
+    cols = list(p.columns)
+    have = conn.execute(f"SELECT {', '.join(cols)} FROM {table} WHERE run_id=?", (run_id,)).fetchall()
+    if len(have) != len(rows):
+        return False
+    key = lambda r: tuple(r[cols.index(k)] for k in p.pk)  # noqa: E731
+    want = sorted((tuple(r[c] for c in cols) for r in rows), key=key)
+    return sorted(have, key=key) == want
 
 
 def _named(names: Iterable[str] | None) -> list[Projection]:
@@ -213,7 +232,7 @@ class Projector:
     def _inline(self, conn: sqlite3.Connection, run_id: str, cp: Checkpoint, last_position: int) -> None:
         """Called by the store inside the append's write transaction."""
         for p in self.projections:
-            _write(conn, p, p.table, cp, last_position)
+            _write(conn, p, p.table, cp, last_position, skip_unchanged=True)
         # Advance a tracking row only over this run's events. If another run's events
         # landed after it (appended by a store without this projector: a bare SqliteStore,
         # an older version), they were never applied; moving past them would hide them

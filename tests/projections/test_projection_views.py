@@ -444,3 +444,21 @@ def test_watcher_streams_have_no_view_rows(lg, clock):
     assert lg.check() == []
     lg.rebuild()
     assert dump(lg.store.path) == after
+
+
+def test_a_heartbeat_rewrites_only_the_views_it_changes(tmp_path):
+    """Inline upkeep compares a run's delivery and owner-load rows with the table and
+    leaves them alone when they are unchanged: a heartbeat touches the event, the head,
+    the checkpoint and stall rows and the tracking rows, nothing else."""
+    from projections.engine import PROJECTIONS
+
+    with Ledger(str(tmp_path / "l.db")) as lg:
+        lg.open(goal="G", target="T", owner="o", run_id="r1")
+        lease = lg.claim("r1", "w")
+        lg.heartbeat("r1", lease)
+        conn = lg.store._conn
+        before = conn.total_changes
+        lg.heartbeat("r1", lease)
+        # 1 event + 1 head + 1 checkpoint row + 1 stall row + one tracking row per projection
+        assert conn.total_changes - before == 4 + len(PROJECTIONS)
+        assert lg.check() == []
