@@ -34,10 +34,8 @@ class Watch(msgspec.Struct, frozen=True):
     lease_since_us: int | None = None
     #: Consecutive "stalled" observations that saw the same progress_seq.
     repeats: int = 0
-    observed_seq: int | None = None
     watcher: str | None = None
     watcher_seen_us: int | None = None
-    watcher_interval_s: float = 0.0
 
 
 class Health(msgspec.Struct, frozen=True):
@@ -79,21 +77,18 @@ def evolve(w: Watch, rec: Recorded, event: ev.Event) -> Watch:
             return replace(w, lease_since_us=rec.recorded_us, last_heartbeat_us=rec.recorded_us, repeats=0)
         case ev.LeaseRevoked() | ev.LeaseReleased():
             return replace(w, lease_since_us=None)
-        case ev.WatchdogObserved(watcher=name, classification=c, progress_seq=pseq, interval_s=iv):
+        case ev.WatchdogObserved(watcher=name, classification=c, progress_seq=pseq):
             repeats = w.repeats
             if c == "stalled":
                 repeats = repeats + 1 if (pseq == w.progress_seq) else 0
-            return replace(
-                w, repeats=repeats, observed_seq=pseq, watcher=name,
-                watcher_seen_us=rec.recorded_us, watcher_interval_s=iv,
-            )
+            return replace(w, repeats=repeats, watcher=name, watcher_seen_us=rec.recorded_us)
         case ev.RecoveryDecided(action="pause"):
             return replace(w, repeats=0)
         case ev.RunForked():
             # Timers and watchers belong to the parent; the child's clocks start at the fork.
             return replace(
                 w, last_heartbeat_us=None, lease_since_us=None, repeats=0,
-                observed_seq=None, watcher=None, watcher_seen_us=None, watcher_interval_s=0.0,
+                watcher=None, watcher_seen_us=None,
             )
     return w
 
