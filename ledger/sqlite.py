@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
+import msgspec
 
 from . import events as ev
 from .errors import (
@@ -42,6 +43,7 @@ from .store import (
     Head,
     Problem,
     Recorded,
+    Step,
     chain_hash,
     check_actor,
     check_idempotency_key,
@@ -58,6 +60,7 @@ S = TypeVar("S")
 STORE_SCHEMA_VERSION = 1
 FORMAT_NAME = "handoff-ledger"
 PAGE = 1000
+_TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
 #: Checkpoint once the WAL file grows past this many bytes (checked after commits).
 WAL_CHECKPOINT_BYTES = 8 << 20
 
@@ -782,6 +785,52 @@ class SqliteStore(EventStore):
             self._remember_all(run_id, folded)
             return result
 
+    def fold(self, run_id: str, aggregate: Aggregate[S], *, until_seq: int | None = None) -> S:
+        if not aggregate.lean:
+            return super().fold(run_id, aggregate, until_seq=until_seq)
+        check_run_id(run_id)
+        if until_seq is not None:
+            check_seq(until_seq, "until_seq")
+        return aggregate.evolve_all(aggregate.initial(run_id), self._lineage_steps(run_id, until_seq))
+
+    def _lineage_steps(self, run_id: str, until_seq: int | None) -> Iterator[Step]:
+        """``history`` as Steps: a fork's inherited prefix first, then the run, a page at a time."""
+        cursor = 0
+        while until_seq is None or cursor < until_seq:
+            stop = cursor + PAGE if until_seq is None else min(cursor + PAGE, until_seq)
+            with self._lock:
+                page = self._steps_locked(run_id, cursor, stop)
+            if cursor == 0 and page and page[0].type == "run_forked":
+                fork = page[0].event
+                assert isinstance(fork, ev.RunForked)
+                yield from self._lineage_steps(fork.parent, fork.parent_seq)
+            yield from page
+            if len(page) < stop - cursor:
+                return
+            cursor = stop
+
+    def _steps_locked(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Step]:
+        """Events of one run as Steps: three columns read, the payloads decoded together."""
+        sql = "SELECT seq, recorded_us, payload FROM events WHERE run_id=? AND seq>?"
+        args: list[Any] = [run_id, after_seq]
+        if until_seq is not None:
+            sql += " AND seq<=?"
+            args.append(until_seq)
+        try:
+            rows = self._conn.execute(sql + " ORDER BY seq", args).fetchall()
+        except sqlite3.Error as exc:
+            raise _explain(exc, "reading", self.path) from exc
+        try:
+            events = ev.decode_many([r[2] for r in rows])
+        except (msgspec.ValidationError, msgspec.DecodeError, TypeError, UnicodeDecodeError):
+            # Read the page again whole, so the error names the damaged event's position.
+            events = [rec.event for rec in self._read_run_locked(run_id, after_seq, until_seq)]
+        tags = _TAGS
+        return [
+            Step(run_id, seq, tags[type(event)], at_us, event)
+            for (seq, at_us, _), event in zip(rows, events)
+        ]
+
     def _state_locked(self, run_id: str, aggregate: Aggregate[S], head: Head | None) -> S:
         """The folded state at the head, reusing a cached fold when it is still current."""
         ckey = (id(aggregate), run_id)
@@ -798,13 +847,12 @@ class SqliteStore(EventStore):
                 "SELECT hash FROM events WHERE run_id=? AND seq=?", (run_id, seq)
             ).fetchone()
             if row is not None and row[0] == h:
-                for rec in self._read_run_locked(run_id, seq, None):
-                    state = aggregate.evolve(state, rec)
-                return state
-        state = aggregate.initial(run_id)
-        for rec in self.history(run_id):
-            state = aggregate.evolve(state, rec)
-        return state
+                if aggregate.lean:
+                    return aggregate.evolve_all(state, self._steps_locked(run_id, seq, None))
+                return aggregate.evolve_all(state, self._read_run_locked(run_id, seq, None))
+        if aggregate.lean:
+            return aggregate.evolve_all(aggregate.initial(run_id), self._lineage_steps(run_id, None))
+        return aggregate.evolve_all(aggregate.initial(run_id), self.history(run_id))
 
     def _remember(self, aggregate: Aggregate[Any], run_id: str, seq: int, h: bytes, state: Any) -> None:
         ckey = (id(aggregate), run_id)
@@ -859,9 +907,7 @@ class SqliteStore(EventStore):
                     # command created starts from the parent's prefix.
                     new_state = self._state_locked(run_id, aggregate, self._head_locked(run_id)[0])
                 else:
-                    new_state = state
-                    for rec in written:
-                        new_state = aggregate.evolve(new_state, rec)
+                    new_state = aggregate.evolve_all(state, written)
                 folded = self._run_hooks(run_id, (aggregate, new_state))
                 if folded[0] is None:
                     # The head new_state belongs to, read before COMMIT: afterwards another

@@ -7,15 +7,15 @@ read. Pure: no I/O, no clock; ``packet`` takes ``now`` for the judgements that n
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any
 
 import msgspec
-from msgspec.structs import replace
 
 from ledger import events as ev
-from ledger.store import Aggregate, Recorded
+from ledger.store import Aggregate, Recorded, Step
 
 from . import delivery as dl
 from . import stall as st
@@ -134,95 +134,198 @@ def initial(run_id: str) -> Checkpoint:
     return Checkpoint(run_id=run_id)
 
 
-def evolve(cp: Checkpoint, rec: Recorded, event: ev.Event | None = None) -> Checkpoint:
+# --- the rules -------------------------------------------------------------------------
+#
+# Each rule applies one event type to a mutable draft of the checkpoint. A fold thaws one
+# draft, applies every event and freezes once, instead of copying a 31-field frozen
+# struct per event; ``evolve`` is the same rules for one event (thaw, apply, freeze), so
+# there is one statement of each rule whichever way a caller folds.
+
+
+class _Draft:
+    """A Checkpoint being folded: the same fields, writable; evidence and artifacts kept in
+    a list and a dict so that appending to a long run's history costs O(1), not a copy.
+    Its fields live in a plain ``__dict__``: thawing and freezing are then one C call each."""
+
+
+def _thaw(cp: Checkpoint) -> _Draft:
+    d = _Draft()
+    d.__dict__ = msgspec.structs.asdict(cp)
+    d.evidence = list(cp.evidence)
+    d.artifacts = {a.path: a for a in cp.artifacts}
+    return d
+
+
+def _freeze(d: _Draft) -> Checkpoint:
+    fields = dict(d.__dict__)
+    fields["evidence"] = tuple(d.evidence)
+    fields["artifacts"] = tuple(d.artifacts.values())
+    return Checkpoint(**fields)
+
+
+Rule = Callable[[_Draft, Any, Any], None]
+_RULES: dict[type[ev.Event], Rule] = {}
+
+
+def _on(*types: type[ev.Event]) -> Callable[[Rule], Rule]:
+    def register(rule: Rule) -> Rule:
+        for t in types:
+            _RULES[t] = rule
+        return rule
+
+    return register
+
+
+@_on(ev.HandoffOpened)
+def _opened(d: _Draft, rec: Any, e: ev.HandoffOpened) -> None:
+    d.opened = True
+    d.goal, d.origin, d.target, d.owner = e.goal, e.origin, e.target, e.owner
+    d.result_path, d.stop_rules, d.require_review, d.policy = (
+        e.result_path, e.stop_rules, e.require_review, e.policy,
+    )
+    d.opened_us = rec.recorded_us
+    d.state = T.QUEUED
+
+
+@_on(ev.LeaseGranted)
+def _granted(d: _Draft, rec: Any, e: ev.LeaseGranted) -> None:
+    d.worker, d.lease = e.worker, e.lease
+    d.max_lease = max(d.max_lease, e.lease)
+
+
+@_on(ev.LeaseReleased, ev.LeaseRevoked)
+def _lease_ended(d: _Draft, rec: Any, e: ev.LeaseReleased | ev.LeaseRevoked) -> None:
+    # Only the lease it names: a late release of a superseded lease changes nothing.
+    if e.lease == d.lease:
+        d.lease = d.worker = None
+
+
+@_on(ev.AuthorityTransferred)
+def _transferred(d: _Draft, rec: Any, e: ev.AuthorityTransferred) -> None:
+    d.authority = d.authority + ((e.action, e.to),)
+
+
+@_on(ev.StateChanged)
+def _moved(d: _Draft, rec: Any, e: ev.StateChanged) -> None:
+    d.state = e.to_state
+
+
+@_on(ev.ArtifactRecorded)
+def _artifact(d: _Draft, rec: Any, e: ev.ArtifactRecorded) -> None:
+    # The latest record of a path replaces the earlier one and moves to the end.
+    d.artifacts.pop(e.path, None)
+    d.artifacts[e.path] = Artifact(e.path, e.kind, e.bytes, e.sha256, e.exists, rec.seq)
+
+
+@_on(ev.EvidenceRecorded)
+def _evidence(d: _Draft, rec: Any, e: ev.EvidenceRecorded) -> None:
+    d.evidence.append(Evidence(e.kind, e.outcome, e.detail, rec.seq))
+
+
+@_on(ev.BlockerRaised)
+def _blocked(d: _Draft, rec: Any, e: ev.BlockerRaised) -> None:
+    # The state to return to is the one before the first open blocker.
+    prior = d.blockers[0].prior_state if d.blockers else d.state
+    d.blockers = d.blockers + (Blocker(e.blocker_id, e.reason, e.next_action, rec.seq, prior),)
+    d.blockers_raised = max(d.blockers_raised, e.blocker_id)
+
+
+@_on(ev.BlockerCleared)
+def _unblocked(d: _Draft, rec: Any, e: ev.BlockerCleared) -> None:
+    d.blockers = tuple(b for b in d.blockers if b.id != e.blocker_id)
+
+
+@_on(ev.SideEffectStarted)
+def _effect_started(d: _Draft, rec: Any, e: ev.SideEffectStarted) -> None:
+    d.pending_effects = d.pending_effects + (Effect(e.key, e.what, d.lease, rec.seq),)
+
+
+@_on(ev.SideEffectConfirmed, ev.ReconciliationRecorded)
+def _effect_settled(d: _Draft, rec: Any, e: ev.SideEffectConfirmed | ev.ReconciliationRecorded) -> None:
+    d.pending_effects = tuple(x for x in d.pending_effects if x.key != e.key)
+    d.settled_effects = d.settled_effects + ((e.key, e.outcome),)
+
+
+@_on(ev.ResultSubmitted)
+def _submitted(d: _Draft, rec: Any, e: ev.ResultSubmitted) -> None:
+    d.result = Result(e.summary, e.artifacts, rec.seq)
+    d.review = None  # a new result needs a new review
+
+
+@_on(ev.ReviewDecided)
+def _reviewed(d: _Draft, rec: Any, e: ev.ReviewDecided) -> None:
+    d.review = Review(e.by, e.approved, e.notes, rec.seq)
+
+
+@_on(ev.RunClosed)
+def _closed(d: _Draft, rec: Any, e: ev.RunClosed) -> None:
+    d.disposition, d.closed_reason = e.disposition, e.reason
+
+
+@_on(ev.RunForked)
+def _forked(d: _Draft, rec: Any, e: ev.RunForked) -> None:
+    # The child inherits the parent's history but none of its leases or granted authority.
+    d.fork_parent, d.fork_seq = e.parent, e.parent_seq
+    d.lease = d.worker = None
+    d.authority = ()
+
+
+def _apply(d: _Draft, rec: Any, event: ev.Event) -> None:
+    rule = _RULES.get(type(event))
+    if rule is not None:
+        rule(d, rec, event)
+    d.delivery = dl.evolve(d.delivery, rec, event)
+    d.watch = st.evolve(d.watch, rec, event)
+    if rec.run_id == d.run_id:  # a fork's inherited prefix leaves the child's seq alone
+        d.last_seq = rec.seq
+    d.last_event_us = rec.recorded_us
+
+
+def evolve(cp: Checkpoint, rec: Recorded | Step, event: ev.Event | None = None) -> Checkpoint:
     """Apply one stored event. ``event`` may be passed when already decoded."""
     if event is None:
         event = rec.event  # CorruptLedger, naming the position, if the payload is damaged
-    changes: dict[str, Any] = {}
-    match event:
-        case ev.HandoffOpened():
-            changes = dict(
-                opened=True, goal=event.goal, origin=event.origin, target=event.target,
-                owner=event.owner, result_path=event.result_path, stop_rules=event.stop_rules,
-                require_review=event.require_review, policy=event.policy,
-                opened_us=rec.recorded_us, state=T.QUEUED,
-            )
-        case ev.LeaseGranted(worker=worker, lease=lease):
-            changes = dict(worker=worker, lease=lease, max_lease=max(cp.max_lease, lease))
-        case ev.LeaseReleased(lease=lease) | ev.LeaseRevoked(lease=lease):
-            if lease == cp.lease:
-                changes = dict(lease=None, worker=None)
-        case ev.AuthorityTransferred(action=action, to=to):
-            changes = dict(authority=cp.authority + ((action, to),))
-        case ev.StateChanged(to_state=to):
-            changes = dict(state=to)
-        case ev.ArtifactRecorded():
-            art = Artifact(event.path, event.kind, event.bytes, event.sha256, event.exists, rec.seq)
-            kept = tuple(a for a in cp.artifacts if a.path != event.path)
-            changes = dict(artifacts=kept + (art,))
-        case ev.EvidenceRecorded(kind=kind, outcome=outcome, detail=detail):
-            changes = dict(evidence=cp.evidence + (Evidence(kind, outcome, detail, rec.seq),))
-        case ev.BlockerRaised(blocker_id=bid, reason=reason, next_action=nxt):
-            prior = cp.blockers[0].prior_state if cp.blockers else cp.state
-            changes = dict(
-                blockers=cp.blockers + (Blocker(bid, reason, nxt, rec.seq, prior),),
-                blockers_raised=max(cp.blockers_raised, bid),
-            )
-        case ev.BlockerCleared(blocker_id=bid):
-            changes = dict(blockers=tuple(b for b in cp.blockers if b.id != bid))
-        case ev.SideEffectStarted(key=key, what=what):
-            changes = dict(pending_effects=cp.pending_effects + (Effect(key, what, cp.lease, rec.seq),))
-        case ev.SideEffectConfirmed(key=key, outcome=outcome) | ev.ReconciliationRecorded(
-            key=key, outcome=outcome
-        ):
-            changes = dict(
-                pending_effects=tuple(e for e in cp.pending_effects if e.key != key),
-                settled_effects=cp.settled_effects + ((key, outcome),),
-            )
-        case ev.ResultSubmitted(summary=summary, artifacts=arts):
-            changes = dict(result=Result(summary, arts, rec.seq), review=None)
-        case ev.ReviewDecided(by=by, approved=approved, notes=notes):
-            changes = dict(review=Review(by, approved, notes, rec.seq))
-        case ev.RunClosed(disposition=disp, reason=reason):
-            changes = dict(disposition=disp, closed_reason=reason)
-        case ev.RunForked(parent=parent, parent_seq=pseq):
-            changes = dict(
-                fork_parent=parent, fork_seq=pseq, lease=None, worker=None, authority=(),
-            )
-    d = dl.evolve(cp.delivery, rec, event)
-    if d is not cp.delivery:
-        changes["delivery"] = d
-    w = st.evolve(cp.watch, rec, event)
-    if w is not cp.watch:
-        changes["watch"] = w
-    if rec.run_id == cp.run_id:
-        changes["last_seq"] = rec.seq
-    changes["last_event_us"] = rec.recorded_us
-    return replace(cp, **changes)
+    d = _thaw(cp)
+    _apply(d, rec, event)
+    return _freeze(d)
 
 
-def fold(records: Iterable[Recorded], run_id: str | None = None, *, until_seq: int | None = None) -> Checkpoint:
-    """Fold a run's history (parent prefix first for a fork). ``until_seq`` bounds the run's own seq."""
-    cp: Checkpoint | None = initial(run_id) if run_id else None
+def evolve_all(cp: Checkpoint, records: Iterable[Recorded | Step], *, until_seq: int | None = None) -> Checkpoint:
+    """Apply many events with one draft; ``until_seq`` stops before the run's own later seqs."""
+    d = _thaw(cp)
+    run_id = cp.run_id
     for rec in records:
-        if cp is None:
-            cp = initial(rec.run_id)
-        if until_seq is not None and rec.run_id == cp.run_id and rec.seq > until_seq:
+        if until_seq is not None and rec.seq > until_seq and rec.run_id == run_id:
             break
-        cp = evolve(cp, rec)
-    if cp is None:
-        raise ValueError("fold needs a run_id when there are no events")
-    return cp
+        _apply(d, rec, rec.event)
+    return _freeze(d)
+
+
+def fold(records: Iterable[Recorded | Step], run_id: str | None = None, *, until_seq: int | None = None) -> Checkpoint:
+    """Fold a run's history (parent prefix first for a fork). ``until_seq`` bounds the run's own seq."""
+    it = iter(records)
+    if run_id is None:
+        first = next(it, None)
+        if first is None:
+            raise ValueError("fold needs a run_id when there are no events")
+        it = itertools.chain((first,), it)
+        run_id = first.run_id
+    return evolve_all(initial(run_id), it, until_seq=until_seq)
 
 
 class CheckpointAggregate(Aggregate[Checkpoint]):
     """The checkpoint fold, in the shape the store can run inside a write transaction."""
 
+    lean = True  # the rules read only run_id, seq, type, recorded_us and the event
+
     def initial(self, run_id: str) -> Checkpoint:
         return initial(run_id)
 
-    def evolve(self, state: Checkpoint, recorded: Recorded) -> Checkpoint:
+    def evolve(self, state: Checkpoint, recorded: Recorded | Step) -> Checkpoint:
         return evolve(state, recorded)
+
+    def evolve_all(self, state: Checkpoint, records: Iterable[Recorded | Step]) -> Checkpoint:
+        return evolve_all(state, records)
 
 
 AGGREGATE = CheckpointAggregate()

@@ -7,7 +7,8 @@ passed in. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import msgspec
 from msgspec.structs import replace
@@ -57,21 +58,42 @@ def _set_outcome(d: Delivery, key: str, **changes: object) -> Delivery:
     )
 
 
+def _opened(d: Delivery, rec: Recorded, e: ev.HandoffOpened) -> Delivery:
+    return replace(d, target=e.target)
+
+
+def _attempted(d: Delivery, rec: Recorded, e: ev.DeliveryAttempted) -> Delivery:
+    return replace(d, attempts=d.attempts + (Attempt(e.key, e.by, rec.recorded_us, rec.seq),))
+
+
+def _confirmed(d: Delivery, rec: Recorded, e: ev.DeliveryConfirmed) -> Delivery:
+    d = _set_outcome(d, e.key, outcome="confirmed", receipt=e.receipt)
+    return replace(d, confirmed_key=e.key, receipt=e.receipt, confirmed_seq=rec.seq)
+
+
+def _failed(d: Delivery, rec: Recorded, e: ev.DeliveryFailed) -> Delivery:
+    return _set_outcome(d, e.key, outcome="failed", error=e.error)
+
+
+def _forked(d: Delivery, rec: Recorded, e: ev.RunForked) -> Delivery:
+    # A child run's delivery starts over; an unresolved parent attempt stays the parent's.
+    return Delivery(target=d.target)
+
+
+#: The only events that change a delivery; a table, so the other events cost one lookup.
+_RULES: dict[type[ev.Event], Callable[[Delivery, Recorded, Any], Delivery]] = {
+    ev.HandoffOpened: _opened,
+    ev.DeliveryAttempted: _attempted,
+    ev.DeliveryConfirmed: _confirmed,
+    ev.DeliveryFailed: _failed,
+    ev.RunForked: _forked,
+}
+
+
 def evolve(d: Delivery, rec: Recorded, event: ev.Event) -> Delivery:
-    match event:
-        case ev.HandoffOpened(target=target):
-            return replace(d, target=target)
-        case ev.DeliveryAttempted(key=key, by=by):
-            return replace(d, attempts=d.attempts + (Attempt(key, by, rec.recorded_us, rec.seq),))
-        case ev.DeliveryConfirmed(key=key, receipt=receipt):
-            d = _set_outcome(d, key, outcome="confirmed", receipt=receipt)
-            return replace(d, confirmed_key=key, receipt=receipt, confirmed_seq=rec.seq)
-        case ev.DeliveryFailed(key=key, error=error):
-            return _set_outcome(d, key, outcome="failed", error=error)
-        case ev.RunForked():
-            # A child run's delivery starts over; an unresolved parent attempt stays the parent's.
-            return Delivery(target=d.target)
-    return d
+    """Apply one event; returns ``d`` itself when the event does not concern delivery."""
+    rule = _RULES.get(type(event))
+    return d if rule is None else rule(d, rec, event)
 
 
 def fold(records: Iterable[Recorded]) -> Delivery:

@@ -7,7 +7,8 @@ a clock that jumps back, or a replayed event never bumps it. Pure: no I/O, no cl
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import msgspec
 from msgspec.structs import replace
@@ -57,11 +58,50 @@ def _kind_of(event: ev.Event) -> str:
     return ev.tag_of(event)
 
 
-def evolve(w: Watch, rec: Recorded, event: ev.Event) -> Watch:
-    tag = rec.type
-    advances = (
-        event.advances if isinstance(event, ev.ProgressRecorded) else tag in T.ADVANCING_EVENTS
+def _granted(w: Watch, rec: Recorded, e: ev.LeaseGranted) -> Watch:
+    return replace(w, lease_since_us=rec.recorded_us, last_heartbeat_us=rec.recorded_us, repeats=0)
+
+
+def _lease_ended(w: Watch, rec: Recorded, e: ev.LeaseRevoked | ev.LeaseReleased) -> Watch:
+    return replace(w, lease_since_us=None)
+
+
+def _observed(w: Watch, rec: Recorded, e: ev.WatchdogObserved) -> Watch:
+    # Count consecutive "stalled" sightings of the same progress_seq; any other resets.
+    repeats = w.repeats
+    if e.classification == "stalled":
+        repeats = repeats + 1 if (e.progress_seq == w.progress_seq) else 0
+    return replace(w, repeats=repeats, watcher=e.watcher, watcher_seen_us=rec.recorded_us)
+
+
+def _recovery(w: Watch, rec: Recorded, e: ev.RecoveryDecided) -> Watch:
+    return replace(w, repeats=0) if e.action == "pause" else w
+
+
+def _forked(w: Watch, rec: Recorded, e: ev.RunForked) -> Watch:
+    # Timers and watchers belong to the parent; the child's clocks start at the fork.
+    return replace(
+        w, last_heartbeat_us=None, lease_since_us=None, repeats=0, watcher=None, watcher_seen_us=None,
     )
+
+
+#: What the events that do not advance do to the watch; any other event leaves it alone.
+_RULES: dict[type[ev.Event], Callable[[Watch, Recorded, Any], Watch]] = {
+    ev.LeaseGranted: _granted,
+    ev.LeaseRevoked: _lease_ended,
+    ev.LeaseReleased: _lease_ended,
+    ev.WatchdogObserved: _observed,
+    ev.RecoveryDecided: _recovery,
+    ev.RunForked: _forked,
+}
+
+
+def evolve(w: Watch, rec: Recorded, event: ev.Event) -> Watch:
+    """Apply one event; returns ``w`` itself when the event changes nothing the watch holds."""
+    cls = type(event)
+    if cls is ev.HeartbeatRecorded:  # the commonest event, first
+        return replace(w, last_heartbeat_us=rec.recorded_us)
+    advances = event.advances if cls is ev.ProgressRecorded else rec.type in T.ADVANCING_EVENTS
     if advances:
         seq = w.progress_seq + 1
         return replace(
@@ -70,27 +110,8 @@ def evolve(w: Watch, rec: Recorded, event: ev.Event) -> Watch:
             last_progress=LastProgress(seq, _kind_of(event), rec.recorded_us, rec.seq),
             repeats=0,
         )
-    match event:
-        case ev.HeartbeatRecorded():
-            return replace(w, last_heartbeat_us=rec.recorded_us)
-        case ev.LeaseGranted():
-            return replace(w, lease_since_us=rec.recorded_us, last_heartbeat_us=rec.recorded_us, repeats=0)
-        case ev.LeaseRevoked() | ev.LeaseReleased():
-            return replace(w, lease_since_us=None)
-        case ev.WatchdogObserved(watcher=name, classification=c, progress_seq=pseq):
-            repeats = w.repeats
-            if c == "stalled":
-                repeats = repeats + 1 if (pseq == w.progress_seq) else 0
-            return replace(w, repeats=repeats, watcher=name, watcher_seen_us=rec.recorded_us)
-        case ev.RecoveryDecided(action="pause"):
-            return replace(w, repeats=0)
-        case ev.RunForked():
-            # Timers and watchers belong to the parent; the child's clocks start at the fork.
-            return replace(
-                w, last_heartbeat_us=None, lease_since_us=None, repeats=0,
-                watcher=None, watcher_seen_us=None,
-            )
-    return w
+    rule = _RULES.get(cls)
+    return w if rule is None else rule(w, rec, event)
 
 
 def fold(records: Iterable[Recorded]) -> Watch:
