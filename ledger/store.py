@@ -76,7 +76,7 @@ class Recorded(msgspec.Struct, frozen=True):
         return datetime.fromtimestamp(self.recorded_us / 1_000_000, tz=timezone.utc)
 
 
-class Step(msgspec.Struct, frozen=True):
+class Step(msgspec.Struct, frozen=True, gc=False):
     """A decoded event with the part of its envelope a fold reads.
 
     A store hands these to an aggregate that declares itself ``lean``: reading five
