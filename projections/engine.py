@@ -9,8 +9,10 @@ and refolds, ``check`` compares, ``catch_up`` brings a late-added projection lev
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 from typing import Any
 
 import msgspec
@@ -33,7 +35,7 @@ class Projection(msgspec.Struct, frozen=True):
     pk: tuple[str, ...]
     indexes: tuple[str, ...]  # CREATE INDEX statements with {t} for the table, {i} for a prefix
     rows: Callable[[Checkpoint, int], list[dict[str, Any]]]
-    many: bool = False  # rows per run may be 0..n (delete then insert)
+    many: bool = False  # rows per run may be 0..n (else exactly one, never deleted)
 
 
 def _ck_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
@@ -129,12 +131,52 @@ def _create_sql(p: Projection, table: str) -> str:
     return f"CREATE TABLE {table} ({cols}, PRIMARY KEY ({', '.join(p.pk)}))"
 
 
-def _insert_sql(p: Projection, table: str) -> str:
+_WORD = re.compile(r"\w+")
+
+
+class _Table:
+    """One projection's table and the statements that keep it, built once per table:
+    rebuilding the same SQL strings on every write was a tenth of a command's CPU."""
+
+    __slots__ = ("delete_key", "delete_run", "npk", "order", "p", "select_run",
+                 "update", "upsert", "upsert_changed", "values")
+
+    def __init__(self, p: Projection, table: str) -> None:
+        self.p = p
+        cols = list(p.columns)
+        rest = [c for c in cols if c not in p.pk]
+        # Columns a secondary index reads (its keys, its partial WHERE). An UPDATE that
+        # sets one, even to its old value, deletes and reinserts that index's entry (a
+        # dirty page per index), so the in-place update below leaves them out. Matching
+        # the DDL's words too eagerly or too sparingly costs pages, never correctness:
+        # SQLite keeps every index right whatever an UPDATE sets.
+        words = {w.lower() for ddl in p.indexes for w in _WORD.findall(ddl.format(t="", i=""))}
+        keyed = [c for c in rest if c.lower() in words]
+        free = [c for c in rest if c not in keyed]
+        self.upsert = _upsert_sql(p, table, cols, rest)
+        # ... and the same, as a no-op when the stored row already holds these values.
+        self.upsert_changed = self.upsert + (
+            f" WHERE ({', '.join(rest)}) IS NOT ({', '.join('excluded.' + c for c in rest)})" if rest else ""
+        )
+        self.update = (
+            f"UPDATE {table} SET {', '.join(f'{c}=:{c}' for c in free)} "
+            f"WHERE {' AND '.join([*(f'{c}=:{c}' for c in p.pk), *(f'{c} IS :{c}' for c in keyed)])} "
+            f"AND ({', '.join(free)}) IS NOT ({', '.join(':' + c for c in free)})"
+            if free else None
+        )
+        self.order = (*p.pk, *rest)
+        self.npk = len(p.pk)
+        get = itemgetter(*self.order)  # a row's values as the SELECT below returns them
+        self.values = get if len(self.order) > 1 else lambda row: (get(row),)
+        self.select_run = f"SELECT {', '.join(self.order)} FROM {table} WHERE run_id=?"
+        self.delete_key = f"DELETE FROM {table} WHERE {' AND '.join(f'{c}=?' for c in p.pk)}"
+        self.delete_run = f"DELETE FROM {table} WHERE run_id=?"
+
+
+def _upsert_sql(p: Projection, table: str, cols: list[str], rest: list[str]) -> str:
     # An upsert, not INSERT OR REPLACE: REPLACE deletes and reinserts, giving the row a
     # new rowid, and queries.runs lists "oldest first" by rowid. Updating in place keeps
     # a run where it was first inserted, inline and rebuilt alike.
-    cols = list(p.columns)
-    rest = [c for c in cols if c not in p.pk]
     return (
         f"INSERT INTO {table} ({', '.join(cols)}) "
         f"VALUES ({', '.join(':' + c for c in cols)}) "
@@ -143,33 +185,58 @@ def _insert_sql(p: Projection, table: str) -> str:
     )
 
 
-def _write(
-    conn: sqlite3.Connection, p: Projection, table: str, cp: Checkpoint, last_position: int,
-    *, skip_unchanged: bool = False,
-) -> None:
+def _write(conn: sqlite3.Connection, t: _Table, cp: Checkpoint, last_position: int, *, fresh: bool = False) -> None:
     if not cp.opened:
         return  # a stream that is not a handoff run (a watcher's beats): no view rows
-    rows = p.rows(cp, last_position)
-    if p.many:
-        if skip_unchanged and _unchanged(conn, p, table, cp.run_id, rows):
-            # Most commands leave a run's delivery and owner-load rows as they were:
-            # a read of cached pages is much cheaper than rewriting them and their index.
-            return
-        conn.execute(f"DELETE FROM {table} WHERE run_id=?", (cp.run_id,))
+    rows = t.p.rows(cp, last_position)
+    if fresh:
+        _fill(conn, t, cp.run_id, rows)
+    elif t.p.many:
+        _sync_many(conn, t, cp.run_id, rows)
+    else:
+        for row in rows:
+            _sync_one(conn, t, row)
+
+
+def _fill(conn: sqlite3.Connection, t: _Table, run_id: str, rows: list[dict[str, Any]]) -> None:
+    """A rebuild's new table: nearly every run is written once, so write it outright (the
+    swap refolds the runs that moved meanwhile, hence the delete and the upsert)."""
+    if t.p.many:
+        conn.execute(t.delete_run, (run_id,))
     if rows:
-        conn.executemany(_insert_sql(p, table), rows)
+        conn.executemany(t.upsert, rows)
 
 
-def _unchanged(conn: sqlite3.Connection, p: Projection, table: str, run_id: str, rows: list[dict[str, Any]]) -> bool:
-    """Do the stored rows of ``run_id`` equal ``rows`` exactly (compared with the table,
-    never with a remembered state, so rows left stale by any other writer are rewritten)?"""
-    cols = list(p.columns)
-    have = conn.execute(f"SELECT {', '.join(cols)} FROM {table} WHERE run_id=?", (run_id,)).fetchall()
-    if len(have) != len(rows):
-        return False
-    key = lambda r: tuple(r[cols.index(k)] for k in p.pk)  # noqa: E731
-    want = sorted((tuple(r[c] for c in cols) for r in rows), key=key)
-    return sorted(have, key=key) == want
+def _sync_one(conn: sqlite3.Connection, t: _Table, row: dict[str, Any]) -> None:
+    """Make the stored row equal ``row``, writing nothing if it already does.
+
+    Compared with the table, never with a remembered state, so a row left stale by any
+    other writer is rewritten. Most commands change a row's non-indexed columns only
+    (a checkpoint's packet and positions): an in-place UPDATE of those leaves every
+    secondary index untouched. A new row, or one whose indexed columns moved (a state
+    change), takes the upsert, which keeps the row's rowid."""
+    if t.update is None or not conn.execute(t.update, row).rowcount:
+        conn.execute(t.upsert_changed, row)
+
+
+def _sync_many(conn: sqlite3.Connection, t: _Table, run_id: str, rows: list[dict[str, Any]]) -> None:
+    """Make a run's stored rows equal ``rows``: delete those that went away, write those
+    that differ. Most commands change none of them, and reading the run's rows (cached
+    pages) is much cheaper than rewriting them and their indexes."""
+    stored = conn.execute(t.select_run, (run_id,)).fetchall()
+    wants = [t.values(row) for row in rows]
+    if stored == wants:
+        return
+    n = t.npk
+    have = {r[:n]: r for r in stored}
+    for key in have.keys() - {w[:n] for w in wants}:
+        conn.execute(t.delete_key, key)
+    for row, want in zip(rows, wants):
+        old = have.get(want[:n])
+        if old is None:
+            conn.execute(t.upsert, row)
+        elif old != want:
+            _sync_one(conn, t, row)
 
 
 def _named(names: Iterable[str] | None) -> list[Projection]:
@@ -191,6 +258,14 @@ class Projector:
     def __init__(self, store: SqliteStore, names: Iterable[str] | None = None) -> None:
         self.store = store
         self.projections = _named(names)
+        self._tables = [_Table(p, p.table) for p in self.projections]
+        names_sql = ",".join(f":n{i}" for i in range(len(self.projections)))
+        self._names = {f"n{i}": p.name for i, p in enumerate(self.projections)}
+        self._advance = (
+            f"UPDATE {TRACKING} SET position=:last WHERE name IN ({names_sql}) "
+            f"AND NOT EXISTS (SELECT 1 FROM events WHERE position > {TRACKING}.position "
+            f"AND position <= :last AND run_id != :run)"
+        )
         self._ensure_tables()
         store.attach(AGGREGATE, self._inline)
         if not store.readonly:
@@ -231,19 +306,13 @@ class Projector:
 
     def _inline(self, conn: sqlite3.Connection, run_id: str, cp: Checkpoint, last_position: int) -> None:
         """Called by the store inside the append's write transaction."""
-        for p in self.projections:
-            _write(conn, p, p.table, cp, last_position, skip_unchanged=True)
+        for t in self._tables:
+            _write(conn, t, cp, last_position)
         # Advance a tracking row only over this run's events. If another run's events
         # landed after it (appended by a store without this projector: a bare SqliteStore,
         # an older version), they were never applied; moving past them would hide them
         # from catch_up for good, so the row stays put and the next catch_up refolds them.
-        conn.execute(
-            f"UPDATE {TRACKING} SET position=:last WHERE name IN "
-            f"({','.join(f':n{i}' for i in range(len(self.projections)))}) "
-            f"AND NOT EXISTS (SELECT 1 FROM events WHERE position > {TRACKING}.position "
-            f"AND position <= :last AND run_id != :run)",
-            {"last": last_position, "run": run_id, **{f"n{i}": p.name for i, p in enumerate(self.projections)}},
-        )
+        conn.execute(self._advance, {"last": last_position, "run": run_id, **self._names})
 
     def positions(self) -> dict[str, int]:
         with self.store._lock:
@@ -264,7 +333,7 @@ class Projector:
             if not behind:
                 return 0
             since = min(behind.values())
-            lagging = [BY_NAME[n] for n in behind]
+            lagging = [t for t in self._tables if t.p.name in behind]
             store._begin("catching up projections")
             ok = False
             try:
@@ -272,13 +341,13 @@ class Projector:
                 for i, run_id in enumerate(runs):
                     head = store._head_locked(run_id)[0]
                     cp = store._state_locked(run_id, AGGREGATE, head)
-                    for p in lagging:
-                        _write(store._conn, p, p.table, cp, head.last_position)  # type: ignore[union-attr]
+                    for t in lagging:
+                        _write(store._conn, t, cp, head.last_position)  # type: ignore[union-attr]
                     refolded += 1
                     if progress and i % 1000 == 0:
                         progress(i, len(runs))
                 store._conn.executemany(
-                    f"UPDATE {TRACKING} SET position=? WHERE name=?", [(last, p.name) for p in lagging]
+                    f"UPDATE {TRACKING} SET position=? WHERE name=?", [(last, t.p.name) for t in lagging]
                 )
                 ok = True
             except sqlite3.Error as exc:
@@ -301,6 +370,7 @@ class Projector:
         chosen = _named(names)
         conn = store._conn
         tmp = {p.name: p.table + "__new" for p in chosen}
+        fresh = [_Table(p, tmp[p.name]) for p in chosen]
 
         def txn(doing: str, fn: Callable[[], Any]) -> Any:
             with store._lock:
@@ -332,8 +402,8 @@ class Projector:
                 if head is None:
                     continue
                 cp = store.fold(run_id, AGGREGATE)
-                for p in chosen:
-                    _write(conn, p, tmp[p.name], cp, head.last_position)
+                for t in fresh:
+                    _write(conn, t, cp, head.last_position, fresh=True)
 
         for i in range(0, total, batch):
             chunk = heads[i : i + batch]
