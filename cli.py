@@ -333,7 +333,7 @@ def init(as_json: bool) -> None:
     path = _state().db
     existed = os.path.exists(path) and os.path.getsize(path) > 0
     with _ledger(create=True) as lg:
-        runs = sum(1 for h in lg.store.list_runs())
+        runs = lg.store.count_runs()
     doc = {"db": os.path.abspath(path), "created": not existed, "runs": runs}
     text = (f"ledger {path} already exists ({runs} streams); nothing changed" if existed
             else f"created ledger {path}")
@@ -1305,7 +1305,7 @@ def verify(run: str | None, as_json: bool) -> None:
             events = lg.store.last_position()
         else:  # a run whose head row is damaged still has its events counted
             events = head.last_seq if head is not None else sum(1 for _ in lg.store.read_run(run))
-        runs = sum(1 for _ in lg.store.list_runs()) if run is None else 1
+        runs = lg.store.count_runs() if run is None else 1
     import msgspec
 
     probs = [msgspec.to_builtins(p) for p in problems]

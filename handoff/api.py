@@ -547,7 +547,7 @@ class Ledger:
             "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(pragma("synchronous")),
             "wal_autocheckpoint": pragma("wal_autocheckpoint"),
             "events": self.store.last_position(),
-            "runs": sum(1 for _ in self.store.list_runs()),
+            "runs": self.store.count_runs(),
             "projections": self.projector.positions(),
         }
 

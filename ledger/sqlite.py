@@ -60,6 +60,10 @@ S = TypeVar("S")
 STORE_SCHEMA_VERSION = 1
 FORMAT_NAME = "handoff-ledger"
 PAGE = 1000
+# Runs in the order they first appeared, a page at a time: list_runs and a rebuild walk
+# every run without holding them all in memory. A run's first position never changes,
+# so head updates never touch this index; only a run's first append adds an entry.
+_HEADS_FIRST = "CREATE INDEX IF NOT EXISTS heads_first ON heads(first_position)"
 _TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
 #: Checkpoint once the WAL file grows past this many bytes (checked after commits).
 WAL_CHECKPOINT_BYTES = 8 << 20
@@ -168,6 +172,7 @@ class SqliteStore(EventStore):
         self._hooks: list[tuple[Aggregate[Any], Callable[..., None]]] = []
         self._db: Any = None
         self._commits_since_check = 0
+        self._heads_indexed = False
         self.readonly = readonly
         self._conn = self._connect(create=create, readonly=readonly)
         try:
@@ -293,6 +298,26 @@ class SqliteStore(EventStore):
             )
         if version < STORE_SCHEMA_VERSION and may_create:
             self._migrate(version)
+        if not self.readonly:
+            self._ensure_heads_index()
+
+    def _ensure_heads_index(self) -> None:
+        """Add ``heads_first`` to a ledger made before it existed.
+
+        An additive index, so the file schema version stays: older versions read and
+        write the file as before and SQLite keeps the index current for them. Without it
+        (a file only ever opened read-only) ``list_runs`` falls back to one query."""
+        conn = self._conn
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name='heads_first'").fetchone():
+            return
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(_HEADS_FIRST)
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise _explain(exc, "adding an index to the heads table", self.path) from exc
 
     def _create_schema(self) -> None:
         db = self.db
@@ -369,6 +394,7 @@ class SqliteStore(EventStore):
                 pk="run_id",
                 not_null=["last_seq", "last_hash", "max_lease", "first_position", "last_position"],
             )
+            self._conn.execute(_HEADS_FIRST)
             self._conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if self._conn.in_transaction:
@@ -1033,10 +1059,35 @@ class SqliteStore(EventStore):
             # A key range on the primary key: O(matches), not a scan of every run.
             sql += " WHERE run_id >= ? AND run_id < ?"
             args = (prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1))
+        if prefix or not self._has_heads_index():
+            with self._lock:
+                rows = self._conn.execute(sql + " ORDER BY first_position", args).fetchall()
+            yield from (Head(*r) for r in rows)
+            return
+        # Keyset pages on the index: memory stays flat however many runs there are, and
+        # each page is read whole, so a caller may write between pages.
+        after = 0
+        while True:
+            with self._lock:
+                rows = self._conn.execute(
+                    sql + " WHERE first_position > ? ORDER BY first_position LIMIT ?", (after, PAGE)
+                ).fetchall()
+            yield from (Head(*r) for r in rows)
+            if len(rows) < PAGE:
+                return
+            after = rows[-1][5]
+
+    def count_runs(self) -> int:
         with self._lock:
-            rows = self._conn.execute(sql + " ORDER BY first_position", args).fetchall()
-        for r in rows:
-            yield Head(*r)
+            return self._conn.execute("SELECT count(*) FROM heads").fetchone()[0]
+
+    def _has_heads_index(self) -> bool:
+        if not self._heads_indexed:
+            with self._lock:
+                self._heads_indexed = bool(self._conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE name='heads_first'"
+                ).fetchone())
+        return self._heads_indexed
 
     def last_position(self) -> int:
         with self._lock:

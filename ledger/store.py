@@ -367,6 +367,10 @@ class EventStore(abc.ABC):
     def list_runs(self, *, prefix: str | None = None) -> Iterator[Head]:
         """Every stream's head, oldest first; only ids starting with ``prefix`` if given."""
 
+    def count_runs(self) -> int:
+        """How many streams the ledger holds (runs and watcher streams)."""
+        return sum(1 for _ in self.list_runs())
+
     @abc.abstractmethod
     def last_position(self) -> int: ...
 

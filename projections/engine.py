@@ -392,8 +392,7 @@ class Projector:
             return store.last_position()
 
         start = txn("preparing a rebuild", prepare)
-        heads = [h.run_id for h in store.list_runs()]
-        total = len(heads)
+        total = store.count_runs()
         counts = {p.name: 0 for p in chosen}
 
         def fold_and_write(run_ids: list[str]) -> None:
@@ -405,11 +404,22 @@ class Projector:
                 for t in fresh:
                     _write(conn, t, cp, head.last_position, fresh=True)
 
-        for i in range(0, total, batch):
-            chunk = heads[i : i + batch]
+        # Heads are read a page at a time and runs folded in batches: memory stays flat in
+        # the number of runs as well as in the number of events.
+        done = 0
+        chunk: list[str] = []
+        for head in store.list_runs():
+            chunk.append(head.run_id)
+            if len(chunk) == batch:
+                txn("rebuilding projections", lambda: fold_and_write(chunk))
+                done += len(chunk)
+                chunk = []
+                if progress:
+                    progress(min(done, total), total)
+        if chunk:
             txn("rebuilding projections", lambda: fold_and_write(chunk))
             if progress:
-                progress(min(i + batch, total), total)
+                progress(total, total)
 
         def swap() -> None:
             late = [r[0] for r in conn.execute(_RUNS_SINCE, (start,))]

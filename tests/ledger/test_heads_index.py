@@ -1,0 +1,77 @@
+"""Runs listed a page at a time on the ``heads_first`` index, and ledgers made before the
+index existed: given it on a writable open, still listed whole on a read-only one."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+from ledger import sqlite as sqlite_store
+from ledger.sqlite import SqliteStore
+from tests.ledger.conformance import W1, step
+
+
+def _order(path) -> list[str]:
+    conn = sqlite3.connect(os.fspath(path))
+    try:
+        return [r[0] for r in conn.execute("SELECT run_id FROM heads ORDER BY first_position")]
+    finally:
+        conn.close()
+
+
+def _indexes(path) -> set[str]:
+    conn = sqlite3.connect(os.fspath(path))
+    try:
+        return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    finally:
+        conn.close()
+
+
+def test_list_runs_pages_in_first_appearance_order(db_path, monkeypatch):
+    monkeypatch.setattr(sqlite_store, "PAGE", 3)
+    s = SqliteStore(db_path)
+    # Ids out of alphabetical order, runs interleaved, later appends to early runs.
+    names = ["m", "c", "x", "a", "q", "b", "z", "k"]
+    for i, name in enumerate(names):
+        s.append(name, [step(1)], actor=W1)
+        s.append(names[i // 2], [step(2 + i)], actor=W1)
+    assert [h.run_id for h in s.list_runs()] == names == _order(db_path)
+    assert s.count_runs() == len(names)
+    s.close()
+
+
+def test_a_run_added_between_pages_is_listed_once(db_path, monkeypatch):
+    monkeypatch.setattr(sqlite_store, "PAGE", 2)
+    s = SqliteStore(db_path)
+    for name in ["a", "b", "c"]:
+        s.append(name, [step(1)], actor=W1)
+    seen = []
+    for head in s.list_runs():
+        seen.append(head.run_id)
+        if head.run_id == "a":
+            s.append("d", [step(1)], actor=W1)  # a write between pages, as a rebuild does
+            s.append("b", [step(2)], actor=W1)
+    assert seen == ["a", "b", "c", "d"]
+    s.close()
+
+
+def test_an_older_ledger_gets_the_index_on_a_writable_open_only(db_path, monkeypatch):
+    monkeypatch.setattr(sqlite_store, "PAGE", 2)
+    s = SqliteStore(db_path)
+    for name in ["p", "e", "g", "a", "r"]:
+        s.append(name, [step(1)], actor=W1)
+    s.close()
+    conn = sqlite3.connect(os.fspath(db_path))
+    conn.execute("DROP INDEX heads_first")  # as a ledger written before the index existed
+    conn.close()
+    before = open(db_path, "rb").read()
+
+    with SqliteStore(db_path, readonly=True) as ro:
+        assert [h.run_id for h in ro.list_runs()] == ["p", "e", "g", "a", "r"]
+    assert "heads_first" not in _indexes(db_path)
+    assert open(db_path, "rb").read() == before, "a read-only open changed the file"
+
+    with SqliteStore(db_path) as rw:
+        assert "heads_first" in _indexes(db_path)
+        assert [h.run_id for h in rw.list_runs()] == ["p", "e", "g", "a", "r"]
+        assert rw.verify() == [] and rw.integrity_check() == "ok"
