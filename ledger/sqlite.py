@@ -65,6 +65,7 @@ PAGE = 1000
 # so head updates never touch this index; only a run's first append adds an entry.
 _HEADS_FIRST = "CREATE INDEX IF NOT EXISTS heads_first ON heads(first_position)"
 _TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
+_MISSING = object()
 #: Checkpoint once the WAL file grows past this many bytes (checked after commits).
 WAL_CHECKPOINT_BYTES = 8 << 20
 
@@ -665,7 +666,7 @@ class SqliteStore(EventStore):
                     self._insert_locked(
                         run_id, head, max_lease, batch, encoded, "", None, None, None, verbatim=fresh
                     )
-                    touched.append((run_id, self._run_hooks(run_id, None)))
+                    touched.append((run_id, self._run_hooks(run_id, [])))
                     imported += len(fresh)
                 ok = True
             except sqlite3.Error as exc:
@@ -712,17 +713,18 @@ class SqliteStore(EventStore):
         self._hooks.append((aggregate, hook))
 
     def _run_hooks(
-        self, run_id: str, known: tuple[Aggregate[Any], Any] | None
+        self, run_id: str, known: list[tuple[Aggregate[Any], Any]]
     ) -> tuple[Head | None, list[tuple[Aggregate[Any], Any]]]:
+        """Run every hook on the run's state after a write; ``known`` holds states the
+        caller already folded from the rows it wrote (no read-back for those)."""
         if not self._hooks:
             return None, []
         head, _ = self._head_locked(run_id)
         assert head is not None
         folded = []
         for aggregate, hook in self._hooks:
-            if known is not None and known[0] is aggregate:
-                state = known[1]
-            else:
+            state = next((st for agg, st in known if agg is aggregate), _MISSING)
+            if state is _MISSING:
                 state = self._state_locked(run_id, aggregate, head)
             hook(self._conn, run_id, state, head.last_position)
             folded.append((aggregate, state))
@@ -799,10 +801,21 @@ class SqliteStore(EventStore):
                         return dup
                 head, max_lease = self._head_locked(run_id)
                 self._check_fence(run_id, head, expected_seq, lease)
+                # The hooks' states before the write (cached for a warm run), so that after
+                # it they are evolved over the rows written instead of reading them back. A
+                # new fork child is the exception: its fold starts with the parent's prefix.
+                forking = head is None and isinstance(events[0], ev.RunForked)
+                before = [] if forking else [
+                    (agg, self._state_locked(run_id, agg, head)) for agg, _ in self._hooks
+                ]
+                written: list[Recorded] = []
                 result = self._insert_locked(
-                    run_id, head, max_lease, events, encoded, actor_s, lease, idempotency_key, digest
+                    run_id, head, max_lease, events, encoded, actor_s, lease, idempotency_key, digest,
+                    written=written,
                 )
-                folded = self._run_hooks(run_id, None)
+                folded = self._run_hooks(
+                    run_id, [(agg, agg.evolve_all(state, written)) for agg, state in before]
+                )
                 ok = True
             except sqlite3.Error as exc:
                 raise _explain(exc, "appending", self.path) from exc
@@ -934,7 +947,7 @@ class SqliteStore(EventStore):
                     new_state = self._state_locked(run_id, aggregate, self._head_locked(run_id)[0])
                 else:
                     new_state = aggregate.evolve_all(state, written)
-                folded = self._run_hooks(run_id, (aggregate, new_state))
+                folded = self._run_hooks(run_id, [(aggregate, new_state)])
                 if folded[0] is None:
                     # The head new_state belongs to, read before COMMIT: afterwards another
                     # process may already have moved it past what new_state covers.

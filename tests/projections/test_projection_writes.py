@@ -425,3 +425,27 @@ def test_inline_caught_up_and_rebuilt_views_agree_after_a_mixed_history(path, cl
         assert lg.check() == []
     assert dump(path) == inline
     assert integrity(path) == "ok"
+
+
+def test_a_bare_append_keeps_the_views_from_the_rows_it_wrote(path):
+    """store.append evolves the hooks' states over the rows it wrote (no read-back): warm
+    and cold runs, a new run, and a fork child whose fold starts with its parent's prefix."""
+    from ledger import events as ev
+    from ledger.store import Actor
+
+    op = Actor("operator", "op")
+    lg = Ledger(path)
+    lg.open(goal="g", target="file:out", owner="alice", run_id="p")
+    lg.store.append("p", [ev.ProgressRecorded(kind="note", detail=str(i)) for i in range(3)], actor=op)
+    lg.store.append("p", [ev.EvidenceRecorded(kind="test", outcome="pass")], actor=op)  # warm
+    lg.store.append("c", [ev.RunForked(parent="p", parent_seq=3), ev.HeartbeatRecorded()], actor=op)
+    lg.close()
+    cold = Ledger(path)  # a new process: nothing cached
+    cold.store.append("p", [ev.ArtifactRecorded(path="/o", kind="result", bytes=1, sha256="0" * 64)], actor=op)
+    cold.store.append("c", [ev.ProgressRecorded(kind="note", detail="child")], actor=op)
+    assert cold.check() == []
+    for run in ("p", "c"):
+        assert queries.checkpoint(cold.store, run) == cold.checkpoint(run, at_seq=cold.store.head(run).last_seq)
+    child = queries.checkpoint(cold.store, "c")
+    assert child.fork_parent == "p" and child.goal == "g" and child.last_seq == 3
+    cold.close()
