@@ -206,7 +206,8 @@ def test_disk_full_on_tmpfs_with_concurrent_writers(tmp_path, procs, evidence):
         ps = [agent("crash_writer", db, w, runs[w][0], runs[w][1], SHARED, n, acks[w], gate, 0,
                     stdout=subprocess.DEVNULL) for w in runs]
         procs.extend(ps)
-        wait_until(lambda: all(os.path.exists(acks[w] + ".errors") for w in runs) or any(
+        # A whole record, not just the file: the writer creates it, then writes the line.
+        wait_until(lambda: all(read_jsonl(acks[w] + ".errors") for w in runs) or any(
             p.poll() is not None for p in ps), timeout=120, what="both writers to hit the full disk")
         errors = {w: read_jsonl(acks[w] + ".errors") for w in runs}
         wal_when_full = os.path.getsize(db + "-wal")
