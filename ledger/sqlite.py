@@ -849,8 +849,8 @@ class SqliteStore(EventStore):
             cursor = stop
 
     def _steps_locked(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Step]:
-        """Events of one run as Steps: three columns read, the payloads decoded together."""
-        sql = "SELECT seq, recorded_us, payload FROM events WHERE run_id=? AND seq>?"
+        """Events of one run as Steps: four columns read, the payloads decoded together."""
+        sql = "SELECT seq, type, recorded_us, payload FROM events WHERE run_id=? AND seq>?"
         args: list[Any] = [run_id, after_seq]
         if until_seq is not None:
             sql += " AND seq<=?"
@@ -860,14 +860,18 @@ class SqliteStore(EventStore):
         except sqlite3.Error as exc:
             raise _explain(exc, "reading", self.path) from exc
         try:
-            events = ev.decode_many([r[2] for r in rows])
+            events = ev.decode_many([r[3] for r in rows])
+            tags = _TAGS
+            intact = all(tags[type(e)] == r[1] for r, e in zip(rows, events))
         except (msgspec.ValidationError, msgspec.DecodeError, TypeError, UnicodeDecodeError):
-            # Read the page again whole, so the error names the damaged event's position.
+            intact = False
+        if not intact:
+            # Read the page again whole: Recorded.event raises CorruptLedger naming the
+            # position of the payload that does not decode or does not match its type.
             events = [rec.event for rec in self._read_run_locked(run_id, after_seq, until_seq)]
-        tags = _TAGS
         return [
-            Step(run_id, seq, tags[type(event)], at_us, event)
-            for (seq, at_us, _), event in zip(rows, events)
+            Step(run_id, seq, type_, at_us, event)
+            for (seq, type_, at_us, _), event in zip(rows, events)
         ]
 
     def _state_locked(self, run_id: str, aggregate: Aggregate[S], head: Head | None) -> S:

@@ -61,15 +61,21 @@ class Recorded(msgspec.Struct, frozen=True):
 
     @property
     def event(self) -> ev.Event:
-        """The decoded payload; a payload that no longer decodes is a damaged ledger."""
+        """The decoded payload; one that no longer decodes, or whose type is not the one
+        the envelope names, is a damaged ledger."""
         try:
-            return ev.decode(self.payload)
+            event = ev.decode(self.payload)
         except (msgspec.ValidationError, msgspec.DecodeError, TypeError, UnicodeDecodeError) as exc:
-            raise CorruptLedger(
-                f"event {self.run_id} seq {self.seq} (position {self.position}) cannot be decoded "
-                f"({exc}); the ledger was damaged or edited behind the store. Run 'handoff verify'",
-                run_id=self.run_id, seq=self.seq, position=self.position,
-            ) from None
+            problem = f"cannot be decoded ({exc})"
+        else:
+            if ev.tag_of(event) == self.type:
+                return event
+            problem = f"is stored as {self.type!r} but its payload is a {ev.tag_of(event)!r}"
+        raise CorruptLedger(
+            f"event {self.run_id} seq {self.seq} (position {self.position}) {problem}; the "
+            "ledger was damaged or edited behind the store. Run 'handoff verify'",
+            run_id=self.run_id, seq=self.seq, position=self.position,
+        )
 
     @property
     def recorded_at(self) -> datetime:
@@ -79,7 +85,7 @@ class Recorded(msgspec.Struct, frozen=True):
 class Step(msgspec.Struct, frozen=True, gc=False):
     """A decoded event with the part of its envelope a fold reads.
 
-    A store hands these to an aggregate that declares itself ``lean``: reading five
+    A store hands these to an aggregate that declares itself ``lean``: reading four
     columns and decoding a page of payloads at once costs a fraction of building a
     full ``Recorded`` per row, and a fold never needs the hashes, actor or keys.
     """

@@ -409,6 +409,8 @@ class Projector:
         done = 0
         chunk: list[str] = []
         for head in store.list_runs():
+            if head.first_position > start:
+                break  # runs begun since the rebuild started: the swap folds those
             chunk.append(head.run_id)
             if len(chunk) == batch:
                 txn("rebuilding projections", lambda: fold_and_write(chunk))

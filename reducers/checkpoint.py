@@ -304,7 +304,7 @@ def evolve_all(cp: Checkpoint, records: Iterable[Recorded | Step], *, until_seq:
 def fold(records: Iterable[Recorded | Step], run_id: str | None = None, *, until_seq: int | None = None) -> Checkpoint:
     """Fold a run's history (parent prefix first for a fork). ``until_seq`` bounds the run's own seq."""
     it = iter(records)
-    if run_id is None:
+    if not run_id:
         first = next(it, None)
         if first is None:
             raise ValueError("fold needs a run_id when there are no events")

@@ -132,7 +132,38 @@ def test_a_damaged_payload_fails_the_lean_fold_naming_its_position(db_path, payl
     conn.close()
 
 
+def test_a_type_column_that_disagrees_with_its_payload_fails_both_fold_paths(db_path):
+    s = SqliteStore(db_path)
+    s.append("a", [step(1), hb(), step(3)], actor=W1)
+    s.close()
+    conn = sqlite3.connect(os.fspath(db_path), isolation_level=None)
+    conn.execute("DROP TRIGGER events_no_update")
+    # The heartbeat now claims to be a state change: a stall fold reading the column
+    # would count it as progress, one reading the payload would not.
+    conn.execute("UPDATE events SET type = 'state_changed' WHERE position = 2")
+    conn.close()
+    with SqliteStore(db_path) as s:
+        for fold in (s.fold, lambda run, agg: EventStore.fold(s, run, agg)):
+            with pytest.raises(CorruptLedger) as info:
+                fold("a", AGGREGATE)
+            d = info.value.details
+            assert (d["run_id"], d["seq"], d["position"]) == ("a", 2, 2)
+            assert "state_changed" in info.value.message and "heartbeat_recorded" in info.value.message
+        assert [p.kind for p in s.verify()][:1] == ["bad_hash"]
+
+
 # --- decode_many: a page at once, or exactly what decoding one by one says ----------------
+
+
+def test_decode_many_does_not_let_a_blank_row_absorb_a_doubled_one():
+    one = ev.encode(ev.HeartbeatRecorded())
+    # As JSON lines this page is three values in three lines; row by row it is damaged.
+    page = [one + b" " + one, b"", one]
+    with pytest.raises(msgspec.DecodeError):
+        ev.decode_many(page)
+    for glue in (b"", b"\t", b"\r", b"  "):
+        with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
+            ev.decode_many([one + glue + one, b" \t", one])
 
 _payloads = st.lists(events().map(ev.encode), max_size=20)
 
@@ -141,7 +172,7 @@ def _hostile(payloads: list[bytes], draw) -> list[bytes]:
     """Damage a page the ways that could fool a joined read: blanks, newlines, splits."""
     out = list(payloads)
     for _ in range(draw(st.integers(0, 3))):
-        how = draw(st.sampled_from(["blank", "newline", "split", "merge", "garbage"]))
+        how = draw(st.sampled_from(["blank", "newline", "split", "merge", "glue", "garbage"]))
         i = draw(st.integers(0, max(len(out) - 1, 0)))
         if how == "blank":
             out.insert(i, b"")
@@ -154,6 +185,10 @@ def _hostile(payloads: list[bytes], draw) -> list[bytes]:
             out[i : i + 1] = [out[i][:cut], out[i][cut:]]
         elif len(out) > 1 and how == "merge" and i + 1 < len(out):
             out[i : i + 2] = [out[i] + b"\n" + out[i + 1], b"\n"]
+        elif len(out) > 1 and how == "glue" and i + 1 < len(out):
+            # Two values on one line and a blank row to balance the count.
+            glue = draw(st.sampled_from([b"", b" ", b"\t", b"\r"]))
+            out[i : i + 2] = [out[i] + glue + out[i + 1], draw(st.sampled_from([b"", b" ", b"\t"]))]
     return out
 
 

@@ -449,3 +449,32 @@ def test_a_bare_append_keeps_the_views_from_the_rows_it_wrote(path):
     child = queries.checkpoint(cold.store, "c")
     assert child.fork_parent == "p" and child.goal == "g" and child.last_seq == 3
     cold.close()
+
+
+def test_a_rebuild_ends_however_fast_new_runs_arrive(path, monkeypatch):
+    """The rebuild walks the runs that existed when it began; runs begun meanwhile are
+    folded once, by the swap. A writer that opens a full page of runs per batch used to
+    keep the walk going for ever."""
+    from ledger import events as ev
+    from ledger import sqlite as sqlite_store
+    from ledger.store import Actor
+
+    monkeypatch.setattr(sqlite_store, "PAGE", 5)
+    op = Actor("operator", "op")
+    opened = ev.HandoffOpened(goal="g", target="chat:#x", owner="alice")
+    lg = Ledger(path)
+    for i in range(10):
+        lg.store.append(f"r{i}", [opened], actor=op)
+    batches: list[tuple[int, int]] = []
+
+    def progress(done: int, total: int) -> None:
+        batches.append((done, total))
+        assert len(batches) < 50, "the rebuild is still walking runs begun after it started"
+        for k in range(5):  # another writer opens a page of runs per batch
+            lg.store.append(f"n{len(batches)}-{k}", [opened], actor=op)
+
+    counts = lg.projector.rebuild(batch=5, progress=progress)
+    assert batches == [(5, 10), (10, 10)]
+    assert counts["checkpoints"] == 10 + 10 == lg.store.count_runs()
+    assert lg.check() == []
+    lg.close()
