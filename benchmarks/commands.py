@@ -143,6 +143,36 @@ def _cmd_lg(ctx: Ctx) -> Trial:
     return Trial(run, check, conn.close)
 
 
+# --- 1b. the same command on a run with a long history ------------------------------
+
+
+def _long_run(evidence: int):
+    """Ledger.progress on a run that already holds ``evidence`` evidence records."""
+
+    def prepare(ctx: Ctx) -> Trial:
+        n = ctx.params["n"]
+        lg = open_ledger(path_in(ctx.dir, "ledger.db"))
+        run_id = "run-long"
+        lease = working_run(lg, run_id)
+        record = ev.EvidenceRecorded(kind="test", outcome="pass", detail="unit tests passed: 1234 of 1234")
+        for _ in range(0, evidence, 100):
+            lg.store.append(run_id, [record] * 100, actor=WORKER, lease=lease)
+        base = lg.checkpoint(run_id).progress_seq
+
+        def run() -> None:
+            progress = lg.progress
+            for i in range(n):
+                progress(run_id, lease, "tool_outcome", f"step {i}", key=f"step-{i}", worker="w1")
+
+        def check() -> None:
+            _expect("evidence records", len(lg.checkpoint(run_id).evidence), evidence)
+            _expect("the projected progress_seq", lg.status(run_id)["progress_seq"], base + n)
+
+        return Trial(run, check, lg.close)
+
+    return prepare
+
+
 register(
     Scenario(
         name="command-single",
@@ -299,6 +329,30 @@ register(
         goal=0.6,
         goals=(Goal("at least 1.5x eventsourcing (100 events per save)", min_ratio=1.5,
                     against="eventsourcing"),),
+        repeat=3,
+        warmup=0,
+    )
+)
+
+
+register(
+    Scenario(
+        name="command-long-run",
+        area=AREA,
+        title="the same command on a run that already holds 2,000 evidence records",
+        measures=(
+            "Ledger.progress as in command-single, on a run whose checkpoint holds 2,000 "
+            "evidence records (appended untimed, 100 per append). The checkpoints view keeps "
+            "the whole packet, evidence included, so every command re-encodes and rewrites "
+            "it: this row shows what a long history costs each command. Reference: the same "
+            "commands on a fresh run."
+        ),
+        full={"n": 1_000},
+        quick={"n": 50},
+        subject=Side("handoff-ledger, 2,000 evidence", _long_run(2_000),
+                     note="Ledger.progress on a run with 2,000 evidence records"),
+        reference=Side("handoff-ledger, fresh run", _long_run(0),
+                       note="Ledger.progress on a run with none"),
         repeat=3,
         warmup=0,
     )
