@@ -444,55 +444,85 @@ class Projector:
         """Compare every kept row with a fresh fold of the log; return each difference.
 
         A difference is {projection, run_id, column, kept, folded}; kept or folded is
-        None where a whole row is missing on that side.
+        None where a whole row is missing on that side. Differences come projection by
+        projection, runs in order of first appearance, then the kept rows nothing folds
+        to (in table order). Runs are walked a page at a time, each folded once and
+        compared with its own rows: memory stays flat however large the views are.
         """
         store = self.store
         chosen = _named(names)
-        diffs: list[dict[str, Any]] = []
+        found: dict[str, list[dict[str, Any]]] = {p.name: [] for p in chosen}
+        # Kept rows no fold accounts for, with their rowids, reported last in table order.
+        extra: dict[str, list[tuple[int, str]]] = {p.name: [] for p in chosen}
+        selects = {
+            p.name: f"SELECT rowid, {', '.join(p.columns)} FROM {p.table} WHERE run_id=?" for p in chosen
+        }
         with store._lock:
             conn = store._conn
             began = not conn.in_transaction
             if began:
-                conn.execute("BEGIN")
+                conn.execute("BEGIN")  # one snapshot for the whole walk
             try:
-                heads = {h.run_id: h for h in store.list_runs()}
+                total = store.count_runs()
+                unopened: list[str] = []
+                for i, head in enumerate(store.list_runs()):
+                    run_id = head.run_id
+                    if progress and i % 1000 == 0:
+                        progress(i, total)
+                    try:
+                        cp = store.fold(run_id, AGGREGATE)
+                    except CorruptLedger as exc:
+                        # The log itself is damaged here: say so, per run, and go on.
+                        for p in chosen:
+                            found[p.name].append(dict(projection=p.name, run_id=run_id, column=None,
+                                                      kept=None, folded=f"unfoldable: {exc.message}"))
+                        continue
+                    if not cp.opened:
+                        unopened.append(run_id)  # a watcher's stream: no row may name it
+                        continue
+                    for p in chosen:
+                        _compare(conn, p, selects[p.name], cp, head.last_position, found[p.name], extra[p.name])
                 for p in chosen:
-                    cols = list(p.columns)
-                    kept: dict[tuple[Any, ...], dict[str, Any]] = {}
-                    for row in conn.execute(f"SELECT {', '.join(cols)} FROM {p.table}"):
-                        d = dict(zip(cols, row))
-                        kept[tuple(d[k] for k in p.pk)] = d
-                    for i, (run_id, head) in enumerate(heads.items()):
-                        try:
-                            cp = store.fold(run_id, AGGREGATE)
-                        except CorruptLedger as exc:
-                            # The log itself is damaged here: say so, per run, and go on.
-                            diffs.append(dict(projection=p.name, run_id=run_id, column=None,
-                                              kept=None, folded=f"unfoldable: {exc.message}"))
-                            kept.pop((run_id,), None)
-                            for key in [k for k, row in kept.items() if row.get("run_id") == run_id]:
-                                kept.pop(key)
-                            continue
-                        if not cp.opened:
-                            continue
-                        for row in p.rows(cp, head.last_position):
-                            key = tuple(row[k] for k in p.pk)
-                            have = kept.pop(key, None)
-                            if have is None:
-                                diffs.append(dict(projection=p.name, run_id=run_id, column=None, kept=None, folded="row"))
-                                continue
-                            for c in cols:
-                                if have[c] != row[c]:
-                                    diffs.append(dict(projection=p.name, run_id=run_id, column=c,
-                                                      kept=_show(have[c]), folded=_show(row[c])))
-                        if progress and i % 1000 == 0:
-                            progress(i, len(heads))
-                    for key, have in kept.items():
-                        diffs.append(dict(projection=p.name, run_id=have.get("run_id"), column=None, kept="row", folded=None))
+                    marks = ",".join("?" * len(unopened))
+                    orphans = conn.execute(
+                        f"SELECT rowid, run_id FROM {p.table} WHERE run_id NOT IN (SELECT run_id FROM heads)"
+                        + (f" OR run_id IN ({marks})" if unopened else ""),
+                        unopened,
+                    ).fetchall()
+                    extra[p.name].extend(orphans)
             finally:
                 if began and conn.in_transaction:
                     conn.execute("ROLLBACK")
+        diffs: list[dict[str, Any]] = []
+        for p in chosen:
+            diffs.extend(found[p.name])
+            diffs.extend(
+                dict(projection=p.name, run_id=run_id, column=None, kept="row", folded=None)
+                for _, run_id in sorted(extra[p.name])
+            )
         return diffs
+
+
+def _compare(
+    conn: sqlite3.Connection, p: Projection, select: str, cp: Checkpoint, last_position: int,
+    found: list[dict[str, Any]], extra: list[tuple[int, str]],
+) -> None:
+    """One run's kept rows of one view against the rows its fold gives."""
+    cols = list(p.columns)
+    kept = {}
+    for rowid, *values in conn.execute(select, (cp.run_id,)):
+        row = dict(zip(cols, values))
+        kept[tuple(row[k] for k in p.pk)] = (rowid, row)
+    for row in p.rows(cp, last_position):
+        have = kept.pop(tuple(row[k] for k in p.pk), None)
+        if have is None:
+            found.append(dict(projection=p.name, run_id=cp.run_id, column=None, kept=None, folded="row"))
+            continue
+        for c in cols:
+            if have[1][c] != row[c]:
+                found.append(dict(projection=p.name, run_id=cp.run_id, column=c,
+                                  kept=_show(have[1][c]), folded=_show(row[c])))
+    extra.extend((rowid, cp.run_id) for rowid, _ in kept.values())
 
 
 def _show(v: Any) -> Any:

@@ -1,0 +1,79 @@
+"""``check`` names every difference between the kept views and a fresh fold: a changed
+column, a missing row, an extra row of a run, a row for a run the log does not hold, a row
+naming a watcher's stream, a run that cannot be folded. It walks the runs a page at a
+time, so the walk is exercised here with pages of two runs."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from handoff import Ledger
+from ledger import events as ev
+from ledger import sqlite as sqlite_store
+from ledger.store import Actor
+
+from projection_support import Clock
+
+
+@pytest.fixture
+def lg(tmp_path):
+    ledger = Ledger(str(tmp_path / "ledger.db"), clock=Clock())
+    yield ledger
+    ledger.close()
+
+
+def _tamper(path: str, *sql: str) -> None:
+    conn = sqlite3.connect(path, isolation_level=None)
+    for stmt in sql:
+        conn.execute(stmt)
+    conn.close()
+
+
+def test_check_names_each_kind_of_difference_in_order(lg, monkeypatch):
+    monkeypatch.setattr(sqlite_store, "PAGE", 2)
+    for run in ("a", "b", "c", "d", "e"):
+        lg.open(goal="g", target="chat:#ops", owner="alice", run_id=run)
+    lg.claim("b", "w1")
+    lg.watcher_beat("wd-1", 30)
+    assert lg.check() == []
+    _tamper(
+        lg.store.path,
+        "UPDATE checkpoints SET state = 'executing' WHERE run_id = 'c'",   # a changed column
+        "DELETE FROM stall_watch WHERE run_id = 'a'",                      # a missing row
+        "INSERT INTO owner_load VALUES ('mallory', 'b', 9)",               # an extra row of a run
+        "INSERT INTO owner_load VALUES ('alice', 'ghost', 1)",             # a run the log lacks
+        "INSERT INTO deliveries (run_id, target, status, attempts) "
+        "VALUES ('watcher:wd-1', 'x', 'ready', 0)",                        # a watcher's stream
+    )
+    assert lg.check() == [
+        {"projection": "checkpoints", "run_id": "c", "column": "state", "kept": "executing", "folded": "queued"},
+        {"projection": "stall_watch", "run_id": "a", "column": None, "kept": None, "folded": "row"},
+        {"projection": "deliveries", "run_id": "watcher:wd-1", "column": None, "kept": "row", "folded": None},
+        {"projection": "owner_load", "run_id": "b", "column": None, "kept": "row", "folded": None},
+        {"projection": "owner_load", "run_id": "ghost", "column": None, "kept": "row", "folded": None},
+    ]
+    lg.rebuild()
+    assert lg.check() == []
+
+
+def test_a_run_that_cannot_be_folded_is_reported_once_per_view_and_the_walk_goes_on(lg, monkeypatch):
+    monkeypatch.setattr(sqlite_store, "PAGE", 2)
+    for run in ("a", "b", "c"):
+        lg.open(goal="g", target="chat:#ops", owner="alice", run_id=run)
+    lg.store.append("b", [ev.ProgressRecorded(kind="note", detail="x")], actor=Actor("operator", "op"))
+    _tamper(
+        lg.store.path,
+        "DROP TRIGGER events_no_update",
+        "UPDATE events SET payload = x'7b' WHERE run_id = 'b' AND seq = 2",
+        "UPDATE checkpoints SET owner = 'bob' WHERE run_id = 'c'",
+    )
+    diffs = lg.check()
+    assert [(d["projection"], d["run_id"]) for d in diffs if d["run_id"] == "b"] == [
+        ("checkpoints", "b"), ("stall_watch", "b"), ("deliveries", "b"), ("owner_load", "b"),
+    ]
+    assert all(d["folded"].startswith("unfoldable: event b seq 2 (position") for d in diffs if d["run_id"] == "b")
+    assert [d for d in diffs if d["run_id"] != "b"] == [
+        {"projection": "checkpoints", "run_id": "c", "column": "owner", "kept": "bob", "folded": "alice"},
+    ]
