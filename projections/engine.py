@@ -392,7 +392,8 @@ class Projector:
             return store.last_position()
 
         start = txn("preparing a rebuild", prepare)
-        total = store.count_runs()
+        with store._lock:  # the runs this walk will fold: those begun by ``start``
+            total = conn.execute("SELECT count(*) FROM heads WHERE first_position <= ?", (start,)).fetchone()[0]
         counts = {p.name: 0 for p in chosen}
 
         def fold_and_write(run_ids: list[str]) -> None:
@@ -407,21 +408,24 @@ class Projector:
         # Heads are read a page at a time and runs folded in batches: memory stays flat in
         # the number of runs as well as in the number of events.
         done = 0
+
+        def flush(chunk: list[str]) -> None:
+            nonlocal done
+            txn("rebuilding projections", lambda: fold_and_write(chunk))
+            done += len(chunk)
+            if progress:
+                progress(min(done, total), total)
+
         chunk: list[str] = []
         for head in store.list_runs():
             if head.first_position > start:
                 break  # runs begun since the rebuild started: the swap folds those
             chunk.append(head.run_id)
             if len(chunk) == batch:
-                txn("rebuilding projections", lambda: fold_and_write(chunk))
-                done += len(chunk)
+                flush(chunk)
                 chunk = []
-                if progress:
-                    progress(min(done, total), total)
         if chunk:
-            txn("rebuilding projections", lambda: fold_and_write(chunk))
-            if progress:
-                progress(total, total)
+            flush(chunk)
 
         def swap() -> None:
             late = [r[0] for r in conn.execute(_RUNS_SINCE, (start,))]
