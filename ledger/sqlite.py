@@ -529,8 +529,9 @@ class SqliteStore(EventStore):
         digest: bytes | None,
         verbatim: Sequence[tuple[Recorded, bytes | None, int]] | None = None,
         written: list[Recorded] | None = None,
-    ) -> AppendResult:
-        """Insert a batch and move the head. ``verbatim`` (import) keeps each event's own
+    ) -> tuple[AppendResult, Head]:
+        """Insert a batch and move the head; return what was appended and the new head (as
+        ``_head_locked`` would now read it). ``verbatim`` (import) keeps each event's own
         envelope and hash instead of stamping new ones; its chain must continue the head's."""
         conn = self._conn
         tail = conn.execute("SELECT position, global_hash FROM events ORDER BY position DESC LIMIT 1").fetchone()
@@ -612,13 +613,14 @@ class SqliteStore(EventStore):
                          bytes(r[12]), bytes(r[13]))
                 for r in rows
             )
-        return AppendResult(
+        result = AppendResult(
             run_id=run_id,
             outcome="committed",
             first_seq=seq - n + 1,
             last_seq=seq,
             positions=tuple(range(last_pos + 1, last_pos + n + 1)),
         )
+        return result, Head(run_id, seq, bytes(prev), cur_lease, holder, first_position, last_pos + n)
 
     def import_records(
         self, items: Iterable[tuple[Recorded, bytes | None, int]]
@@ -663,10 +665,10 @@ class SqliteStore(EventStore):
                         continue
                     batch = [ev.decode(item[0].payload) for item in fresh]
                     encoded = [(item[0].type, item[0].payload) for item in fresh]
-                    self._insert_locked(
+                    _, new_head = self._insert_locked(
                         run_id, head, max_lease, batch, encoded, "", None, None, None, verbatim=fresh
                     )
-                    touched.append((run_id, self._run_hooks(run_id, [])))
+                    touched.append((run_id, self._run_hooks(run_id, new_head, [])))
                     imported += len(fresh)
                 ok = True
             except sqlite3.Error as exc:
@@ -713,14 +715,12 @@ class SqliteStore(EventStore):
         self._hooks.append((aggregate, hook))
 
     def _run_hooks(
-        self, run_id: str, known: list[tuple[Aggregate[Any], Any]]
+        self, run_id: str, head: Head, known: list[tuple[Aggregate[Any], Any]]
     ) -> tuple[Head | None, list[tuple[Aggregate[Any], Any]]]:
-        """Run every hook on the run's state after a write; ``known`` holds states the
-        caller already folded from the rows it wrote (no read-back for those)."""
+        """Run every hook on the run's state after a write, at ``head`` (the one the write
+        left); ``known`` holds states the caller already folded from the rows it wrote."""
         if not self._hooks:
             return None, []
-        head, _ = self._head_locked(run_id)
-        assert head is not None
         folded = []
         for aggregate, hook in self._hooks:
             state = next((st for agg, st in known if agg is aggregate), _MISSING)
@@ -809,12 +809,12 @@ class SqliteStore(EventStore):
                     (agg, self._state_locked(run_id, agg, head)) for agg, _ in self._hooks
                 ]
                 written: list[Recorded] = []
-                result = self._insert_locked(
+                result, new_head = self._insert_locked(
                     run_id, head, max_lease, events, encoded, actor_s, lease, idempotency_key, digest,
                     written=written,
                 )
                 folded = self._run_hooks(
-                    run_id, [(agg, agg.evolve_all(state, written)) for agg, state in before]
+                    run_id, new_head, [(agg, agg.evolve_all(state, written)) for agg, state in before]
                 )
                 ok = True
             except sqlite3.Error as exc:
@@ -941,21 +941,21 @@ class SqliteStore(EventStore):
                 self._check_fence(run_id, head, None, decision.lease)
                 encoded = encode_events(decision.events, self.max_payload)
                 written: list[Recorded] = []
-                result = self._insert_locked(
+                result, new_head = self._insert_locked(
                     run_id, head, max_lease, decision.events, encoded, actor_s,
                     decision.lease, idempotency_key, digest, written=written,
                 )
                 if head is None:
                     # A new run: fold its whole lineage, so a fork child that this
                     # command created starts from the parent's prefix.
-                    new_state = self._state_locked(run_id, aggregate, self._head_locked(run_id)[0])
+                    new_state = self._state_locked(run_id, aggregate, new_head)
                 else:
                     new_state = aggregate.evolve_all(state, written)
-                folded = self._run_hooks(run_id, [(aggregate, new_state)])
+                folded = self._run_hooks(run_id, new_head, [(aggregate, new_state)])
                 if folded[0] is None:
-                    # The head new_state belongs to, read before COMMIT: afterwards another
-                    # process may already have moved it past what new_state covers.
-                    folded = (self._head_locked(run_id)[0], [])
+                    # The head new_state belongs to, as of this transaction: after COMMIT
+                    # another process may already have moved it past what new_state covers.
+                    folded = (new_head, [])
                 ok = True
             except sqlite3.Error as exc:
                 raise _explain(exc, "appending", self.path) from exc

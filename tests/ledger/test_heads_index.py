@@ -75,3 +75,38 @@ def test_an_older_ledger_gets_the_index_on_a_writable_open_only(db_path, monkeyp
         assert "heads_first" in _indexes(db_path)
         assert [h.run_id for h in rw.list_runs()] == ["p", "e", "g", "a", "r"]
         assert rw.verify() == [] and rw.integrity_check() == "ok"
+
+
+def test_the_head_a_write_hands_its_hooks_is_the_stored_head(db_path, tmp_path):
+    """Hooks and the fold cache get the head the write left, built from what it wrote
+    instead of read back: it must equal the stored one, hash included."""
+    from ledger import events as ev
+    from ledger.store import Decision
+    from reducers.checkpoint import AGGREGATE
+    from tests.ledger.conformance import OWNER
+
+    seen = []
+    s = SqliteStore(db_path)
+    s.attach(AGGREGATE, lambda conn, run_id, state, last_position: seen.append((run_id, last_position)))
+
+    def cached(run_id):
+        (_, seq, h, _), = [v for (_, r), v in s._cache.items() if r == run_id and v[0] is AGGREGATE]
+        return seq, h
+
+    s.append("a", [ev.HandoffOpened(goal="g", target="t", owner="alice")], actor=OWNER)
+    s.append("a", [ev.LeaseGranted(worker="w1", lease=1), step(1)], actor=OWNER)
+    s.execute("a", AGGREGATE, lambda st, head: Decision((ev.LeaseReleased(lease=1),)), actor=OWNER)
+    s.append("b", [ev.RunForked(parent="a", parent_seq=2), step(9)], actor=OWNER)
+    for run_id in ("a", "b"):
+        head = s.head(run_id)
+        assert seen[-1 if run_id == "b" else -2][1] == head.last_position
+        assert cached(run_id) == (head.last_seq, head.last_hash)
+    assert s.head("a").lease is None and s.head("a").lease_holder is None
+
+    other = SqliteStore(str(tmp_path / "other.db"))
+    got = []
+    other.attach(AGGREGATE, lambda conn, run_id, state, last_position: got.append((run_id, last_position)))
+    other.import_records(list(s.read_for_export()))
+    assert sorted(got) == sorted((h.run_id, h.last_position) for h in other.list_runs())
+    other.close()
+    s.close()
