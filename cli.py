@@ -1674,8 +1674,10 @@ earlier identical request already did it; nothing written). `artifact` adds
  "opened_at": "2026-...Z", "updated_at": "2026-...Z"}
 ```
 
-`delivery.status` is one of `not_ready`, `ready`, `attempted`, `ambiguous`, `failed`,
-`confirmed`. `health.classification` is one of `healthy`, `unavailable`, `stalled`,
+`artifacts` holds the latest record of each path and `evidence` the latest record of each
+kind (a later one replaces an earlier one and moves to the end); every record stays in the
+log (`handoff log`). `delivery.status` is one of `not_ready`, `ready`, `attempted`,
+`ambiguous`, `failed`, `confirmed`. `health.classification` is one of `healthy`, `unavailable`, `stalled`,
 `blocked`, `unclaimed`, `needs_reconciliation`, `needs_worker`, `delivery_ambiguous`,
 `awaiting_owner`, `delivering`, `silent`, `unopened`; `health.action` one of `none`,
 `revoke_lease`, `mark_stalled`, `pause`, `reconcile`, `reconcile_delivery`, `claim`,

@@ -146,17 +146,26 @@ def _cmd_lg(ctx: Ctx) -> Trial:
 # --- 1b. the same command on a run with a long history ------------------------------
 
 
+_KINDS = ("tests", "lint", "types", "build", "e2e")
+
+
 def _long_run(evidence: int):
-    """Ledger.progress on a run that already holds ``evidence`` evidence records."""
+    """Ledger.progress on a run whose log already holds ``evidence`` evidence records
+    (five kinds in turn) and as many artifact records (sixteen paths in turn)."""
 
     def prepare(ctx: Ctx) -> Trial:
         n = ctx.params["n"]
         lg = open_ledger(path_in(ctx.dir, "ledger.db"))
         run_id = "run-long"
         lease = working_run(lg, run_id)
-        record = ev.EvidenceRecorded(kind="test", outcome="pass", detail="unit tests passed: 1234 of 1234")
-        for _ in range(0, evidence, 100):
-            lg.store.append(run_id, [record] * 100, actor=WORKER, lease=lease)
+        history: list[ev.Event] = []
+        for i in range(evidence):
+            history.append(ev.EvidenceRecorded(kind=_KINDS[i % len(_KINDS)], outcome="pass",
+                                               detail=f"run {i}: 1234 of 1234 passed"))
+            history.append(ev.ArtifactRecorded(path=f"out/part-{i % 16}.json", kind="output",
+                                               bytes=1000 + i, sha256="0" * 64))
+        for i in range(0, len(history), 200):
+            lg.store.append(run_id, history[i : i + 200], actor=WORKER, lease=lease)
         base = lg.checkpoint(run_id).progress_seq
 
         def run() -> None:
@@ -165,7 +174,8 @@ def _long_run(evidence: int):
                 progress(run_id, lease, "tool_outcome", f"step {i}", key=f"step-{i}", worker="w1")
 
         def check() -> None:
-            _expect("evidence records", len(lg.checkpoint(run_id).evidence), evidence)
+            logged = sum(1 for r in lg.store.read_run(run_id) if r.type == "evidence_recorded")
+            _expect("evidence records in the log", logged, evidence)
             _expect("the projected progress_seq", lg.status(run_id)["progress_seq"], base + n)
 
         return Trial(run, check, lg.close)
@@ -339,20 +349,22 @@ register(
     Scenario(
         name="command-long-run",
         area=AREA,
-        title="the same command on a run that already holds 2,000 evidence records",
+        title="the same command on a run whose log already holds 2,000 evidence and 2,000 artifact records",
         measures=(
-            "Ledger.progress as in command-single, on a run whose checkpoint holds 2,000 "
-            "evidence records (appended untimed, 100 per append). The checkpoints view keeps "
-            "the whole packet, evidence included, so every command re-encodes and rewrites "
-            "it: this row shows what a long history costs each command. Reference: the same "
-            "commands on a fresh run."
+            "Ledger.progress as in command-single, on a run whose log already holds 2,000 "
+            "evidence records (five kinds) and 2,000 artifact records (sixteen paths), "
+            "appended untimed. Every command rewrites the run's checkpoint packet, so what "
+            "the packet keeps decides whether a long history makes each command dearer: it "
+            "keeps the latest record per kind and per path. Reference: the same commands on "
+            "a fresh run."
         ),
         full={"n": 1_000},
         quick={"n": 50},
-        subject=Side("handoff-ledger, 2,000 evidence", _long_run(2_000),
-                     note="Ledger.progress on a run with 2,000 evidence records"),
+        subject=Side("handoff-ledger, long history", _long_run(2_000),
+                     note="Ledger.progress after 4,000 evidence and artifact records"),
         reference=Side("handoff-ledger, fresh run", _long_run(0),
                        note="Ledger.progress on a run with none"),
+        goal=0.8,
         repeat=3,
         warmup=0,
     )

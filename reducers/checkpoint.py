@@ -88,7 +88,7 @@ class Checkpoint(msgspec.Struct, frozen=True):
     blockers: tuple[Blocker, ...] = ()
     blockers_raised: int = 0
     artifacts: tuple[Artifact, ...] = ()
-    evidence: tuple[Evidence, ...] = ()
+    evidence: tuple[Evidence, ...] = ()  # the latest record of each kind, as artifacts by path
     pending_effects: tuple[Effect, ...] = ()
     settled_effects: tuple[tuple[str, str], ...] = ()
     result: Result | None = None
@@ -115,10 +115,8 @@ class Checkpoint(msgspec.Struct, frozen=True):
     @property
     def evidence_ok(self) -> bool:
         """At least one check passed and the latest outcome of every kind is not a failure."""
-        latest: dict[str, str] = {}
-        for e in self.evidence:
-            latest[e.kind] = e.outcome
-        return "pass" in latest.values() and "fail" not in latest.values()
+        outcomes = {e.outcome for e in self.evidence}  # one record per kind: its latest
+        return "pass" in outcomes and "fail" not in outcomes
 
     @property
     def delivery_ready(self) -> bool:
@@ -144,21 +142,21 @@ def initial(run_id: str) -> Checkpoint:
 
 class _Draft:
     """A Checkpoint being folded: the same fields, writable; evidence and artifacts kept in
-    a list and a dict so that appending to a long run's history costs O(1), not a copy.
-    Its fields live in a plain ``__dict__``: thawing and freezing are then one C call each."""
+    dicts (by kind, by path) so that recording one costs O(1), not a copy. Its fields live
+    in a plain ``__dict__``: thawing and freezing are then one C call each."""
 
 
 def _thaw(cp: Checkpoint) -> _Draft:
     d = _Draft()
     d.__dict__ = msgspec.structs.asdict(cp)
-    d.evidence = list(cp.evidence)
+    d.evidence = {e.kind: e for e in cp.evidence}
     d.artifacts = {a.path: a for a in cp.artifacts}
     return d
 
 
 def _freeze(d: _Draft) -> Checkpoint:
     fields = dict(d.__dict__)
-    fields["evidence"] = tuple(d.evidence)
+    fields["evidence"] = tuple(d.evidence.values())
     fields["artifacts"] = tuple(d.artifacts.values())
     return Checkpoint(**fields)
 
@@ -219,7 +217,11 @@ def _artifact(d: _Draft, rec: Any, e: ev.ArtifactRecorded) -> None:
 
 @_on(ev.EvidenceRecorded)
 def _evidence(d: _Draft, rec: Any, e: ev.EvidenceRecorded) -> None:
-    d.evidence.append(Evidence(e.kind, e.outcome, e.detail, rec.seq))
+    # The latest record of a kind replaces the earlier one and moves to the end, as an
+    # artifact's does: the packet says where each check stands, the log keeps every run
+    # of it. So the packet, and what each command rewrites, stays small in a long run.
+    d.evidence.pop(e.kind, None)
+    d.evidence[e.kind] = Evidence(e.kind, e.outcome, e.detail, rec.seq)
 
 
 @_on(ev.BlockerRaised)

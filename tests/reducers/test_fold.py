@@ -170,3 +170,24 @@ def test_a_forked_run_folds_its_parents_prefix_then_its_own_events(tmp_path):
     lg.execute(child, C.Observe(classification="healthy", progress_seq=cp.progress_seq), actor=Actor("watchdog", "dog"))
     assert lg.checkpoint(child, at_seq=1) == cp
     lg.close()
+
+
+def test_the_checkpoint_keeps_the_latest_evidence_of_each_kind_and_the_log_keeps_all():
+    from ledger import events as ev
+
+    runs = [("tests", "pass"), ("lint", "fail"), ("tests", "fail"), ("types", "pass"), ("tests", "pass")]
+    records = as_records([ev.EvidenceRecorded(kind=k, outcome=o, detail=f"run {i}") for i, (k, o) in enumerate(runs)])
+    cp = fold(records, "r1")
+    # A later record of a kind replaces the earlier one and moves to the end, as artifacts do.
+    assert [(e.kind, e.outcome, e.detail, e.seq) for e in cp.evidence] == [
+        ("lint", "fail", "run 1", 2), ("types", "pass", "run 3", 4), ("tests", "pass", "run 4", 5),
+    ]
+    assert not cp.evidence_ok  # lint's latest outcome is a failure
+    more = as_records([*(ev.EvidenceRecorded(kind=k, outcome=o, detail=f"run {i}") for i, (k, o) in enumerate(runs)),
+                       ev.EvidenceRecorded(kind="lint", outcome="pass", detail="run 5")])
+    assert fold(more, "r1").evidence_ok
+    assert [e.kind for e in fold(more, "r1").evidence] == ["types", "tests", "lint"]
+    # However long the history, the packet holds one record per kind.
+    long = as_records([ev.EvidenceRecorded(kind=("tests", "lint")[i % 2], outcome="pass") for i in range(2_000)])
+    assert len(fold(long, "r1").evidence) == 2
+    assert packet(fold(long, "r1"), now_us=NOW)["evidence"][-1]["seq"] == 2_000
