@@ -1076,23 +1076,31 @@ class SqliteStore(EventStore):
             # A key range on the primary key: O(matches), not a scan of every run.
             sql += " WHERE run_id >= ? AND run_id < ?"
             args = (prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1))
+        order = " ORDER BY first_position, run_id"
         if prefix or not self._has_heads_index():
             with self._lock:
-                rows = self._conn.execute(sql + " ORDER BY first_position", args).fetchall()
+                rows = self._conn.execute(sql + order, args).fetchall()
             yield from (Head(*r) for r in rows)
             return
         # Keyset pages on the index: memory stays flat however many runs there are, and
-        # each page is read whole, so a caller may write between pages.
-        after = 0
+        # each page is read whole, so a caller may write between pages. The key includes
+        # run_id so that no row is skipped even where first positions tie or are odd (a
+        # damaged heads table, which verify reports; every listing must still show it).
+        page = self._conn.execute
+        cursor: tuple[Any, ...] | None = None
         while True:
             with self._lock:
-                rows = self._conn.execute(
-                    sql + " WHERE first_position > ? ORDER BY first_position LIMIT ?", (after, PAGE)
-                ).fetchall()
+                if cursor is None:
+                    rows = page(sql + order + " LIMIT ?", (PAGE,)).fetchall()
+                else:
+                    rows = page(
+                        sql + " WHERE (first_position, run_id) > (?, ?)" + order + " LIMIT ?",
+                        (*cursor, PAGE),
+                    ).fetchall()
             yield from (Head(*r) for r in rows)
             if len(rows) < PAGE:
                 return
-            after = rows[-1][5]
+            cursor = (rows[-1][5], rows[-1][0])
 
     def count_runs(self) -> int:
         with self._lock:
@@ -1140,6 +1148,7 @@ class SqliteStore(EventStore):
         problems: list[Problem] = []
         broken: set[str] = set()
         seen: dict[str, tuple[int, bytes]] = {}
+        spans: dict[str, tuple[int, int]] = {}  # each run's first and last position in the log
         fences: dict[str, tuple[int | None, str | None, int]] = {}
         total = self.last_position()
         expected_pos = None
@@ -1186,6 +1195,8 @@ class SqliteStore(EventStore):
                 problems.append(Problem(problem[0], rec.run_id, rec.seq, rec.position, problem[1]))
                 continue
             seen[rec.run_id] = (rec.seq, rec.hash)
+            span = spans.get(rec.run_id)
+            spans[rec.run_id] = (rec.position if span is None else span[0], rec.position)
             if rec.type in ("lease_granted", "lease_released", "lease_revoked"):
                 lease, holder, top = fences.get(rec.run_id, (None, None, 0))
                 e = ev.decode(rec.payload)
@@ -1208,6 +1219,14 @@ class SqliteStore(EventStore):
                     Problem("head_mismatch", rid, last_seq, None,
                             f"the heads table says seq {h.last_seq if h else None}, the log ends "
                             f"at seq {last_seq}: events were removed or added behind the store")
+                )
+                continue
+            if (h.first_position, h.last_position) != spans[rid]:
+                problems.append(
+                    Problem("head_mismatch", rid, last_seq, None,
+                            f"the heads table places the run at positions {h.first_position}-"
+                            f"{h.last_position}, the log at {spans[rid][0]}-{spans[rid][1]}: the "
+                            "heads row was edited behind the store")
                 )
                 continue
             want = fences.get(rid, (None, None, 0))

@@ -36,6 +36,9 @@ class Projection(msgspec.Struct, frozen=True):
     indexes: tuple[str, ...]  # CREATE INDEX statements with {t} for the table, {i} for a prefix
     rows: Callable[[Checkpoint, int], list[dict[str, Any]]]
     many: bool = False  # rows per run may be 0..n (else exactly one, never deleted)
+    #: Bumped when the rows a fold gives change for the same log; a ledger whose views
+    #: were kept at another version has them refolded (by catch-up) on a writable open.
+    version: int = 1
 
 
 def _ck_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
@@ -58,6 +61,7 @@ def _owner_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
 PROJECTIONS: tuple[Projection, ...] = (
     Projection(
         name="checkpoints",
+        version=2,  # 2: the packet keeps the latest evidence record of each kind
         table="checkpoints",
         columns={
             "run_id": "TEXT NOT NULL", "state": "TEXT NOT NULL", "terminal": "INTEGER NOT NULL",
@@ -118,6 +122,7 @@ PROJECTIONS: tuple[Projection, ...] = (
 )
 BY_NAME = {p.name: p for p in PROJECTIONS}
 TRACKING = "projection_positions"
+VERSIONS = "projection_versions"
 # Runs with events after a position, in the order they first appeared in the log (the
 # order a full rebuild inserts them in), so new rows get rowids in creation order.
 _RUNS_SINCE = (
@@ -278,16 +283,19 @@ class Projector:
         conn = store._conn
         existing = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         missing = [p for p in self.projections if p.table not in existing]
-        if TRACKING in existing and not missing:
+        if TRACKING in existing and VERSIONS in existing and not missing and not self._outdated():
             return
         if store.readonly:
-            return
+            return  # a read-only open answers from the views as they are
         with store._lock:
             store._begin("creating projection tables")
             ok = False
             try:
                 conn.execute(
                     f"CREATE TABLE IF NOT EXISTS {TRACKING} (name TEXT PRIMARY KEY, position INTEGER NOT NULL)"
+                )
+                conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {VERSIONS} (name TEXT PRIMARY KEY, version INTEGER NOT NULL)"
                 )
                 existing = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
                 for p in self.projections:
@@ -296,6 +304,13 @@ class Projector:
                         for ddl in p.indexes:
                             conn.execute(ddl.format(t=p.table, i=p.table))
                         conn.execute(f"INSERT OR REPLACE INTO {TRACKING} VALUES (?, 0)", (p.name,))
+                        conn.execute(f"INSERT OR REPLACE INTO {VERSIONS} VALUES (?, ?)", (p.name, p.version))
+                # Views kept by another version (or before versions were recorded, 1): back
+                # to position 0, so the catch-up that follows refolds every run into rows
+                # of this version, in its own transaction, however many processes open.
+                for p in self._outdated():
+                    conn.execute(f"UPDATE {TRACKING} SET position = 0 WHERE name = ?", (p.name,))
+                    conn.execute(f"INSERT OR REPLACE INTO {VERSIONS} VALUES (?, ?)", (p.name, p.version))
                 ok = True
             except sqlite3.Error as exc:
                 raise _explain(exc, "creating projection tables", store.path) from exc
@@ -313,6 +328,14 @@ class Projector:
         # an older version), they were never applied; moving past them would hide them
         # from catch_up for good, so the row stays put and the next catch_up refolds them.
         conn.execute(self._advance, {"last": last_position, "run": run_id, **self._names})
+
+    def _outdated(self) -> list[Projection]:
+        """The projections whose kept rows were made by another version of their fold."""
+        conn = self.store._conn
+        if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (VERSIONS,)).fetchone():
+            return list(self.projections)
+        kept = dict(conn.execute(f"SELECT name, version FROM {VERSIONS}"))
+        return [p for p in self.projections if kept.get(p.name, 1) != p.version]
 
     def positions(self) -> dict[str, int]:
         with self.store._lock:
@@ -437,6 +460,7 @@ class Projector:
                 for ddl in p.indexes:
                     conn.execute(ddl.format(t=p.table, i=p.table))
                 conn.execute(f"INSERT OR REPLACE INTO {TRACKING} VALUES (?, ?)", (p.name, last))
+                conn.execute(f"INSERT OR REPLACE INTO {VERSIONS} VALUES (?, ?)", (p.name, p.version))
                 counts[p.name] = conn.execute(f"SELECT count(*) FROM {p.table}").fetchone()[0]
 
         txn("swapping in rebuilt projections", swap)
@@ -454,7 +478,7 @@ class Projector:
         compared with its own rows: memory stays flat however large the views are.
         """
         store = self.store
-        chosen = _named(names)
+        chosen = list({p.name: p for p in _named(names)}.values())  # each view once, in the order named
         found: dict[str, list[dict[str, Any]]] = {p.name: [] for p in chosen}
         # Kept rows no fold accounts for, with their rowids, reported last in table order.
         extra: dict[str, list[tuple[int, str]]] = {p.name: [] for p in chosen}
@@ -468,7 +492,6 @@ class Projector:
                 conn.execute("BEGIN")  # one snapshot for the whole walk
             try:
                 total = store.count_runs()
-                unopened: list[str] = []
                 for i, head in enumerate(store.list_runs()):
                     run_id = head.run_id
                     if progress and i % 1000 == 0:
@@ -482,18 +505,17 @@ class Projector:
                                                       kept=None, folded=f"unfoldable: {exc.message}"))
                         continue
                     if not cp.opened:
-                        unopened.append(run_id)  # a watcher's stream: no row may name it
+                        # A watcher's stream: no row may name it.
+                        for p in chosen:
+                            extra[p.name].extend((r[0], run_id) for r in conn.execute(selects[p.name], (run_id,)))
                         continue
                     for p in chosen:
                         _compare(conn, p, selects[p.name], cp, head.last_position, found[p.name], extra[p.name])
-                for p in chosen:
-                    marks = ",".join("?" * len(unopened))
-                    orphans = conn.execute(
-                        f"SELECT rowid, run_id FROM {p.table} WHERE run_id NOT IN (SELECT run_id FROM heads)"
-                        + (f" OR run_id IN ({marks})" if unopened else ""),
-                        unopened,
-                    ).fetchall()
-                    extra[p.name].extend(orphans)
+                for p in chosen:  # rows naming a run the log does not hold
+                    extra[p.name].extend(conn.execute(
+                        f"SELECT rowid, run_id FROM {p.table} AS t "
+                        "WHERE NOT EXISTS (SELECT 1 FROM heads AS h WHERE h.run_id = t.run_id)"
+                    ))
             finally:
                 if began and conn.in_transaction:
                     conn.execute("ROLLBACK")

@@ -115,8 +115,10 @@ class Checkpoint(msgspec.Struct, frozen=True):
     @property
     def evidence_ok(self) -> bool:
         """At least one check passed and the latest outcome of every kind is not a failure."""
-        outcomes = {e.outcome for e in self.evidence}  # one record per kind: its latest
-        return "pass" in outcomes and "fail" not in outcomes
+        # The latest outcome of each kind. A fold keeps one record per kind, but a packet
+        # kept by an older version may still list every record, in order.
+        latest = {e.kind: e.outcome for e in self.evidence}
+        return "pass" in latest.values() and "fail" not in latest.values()
 
     @property
     def delivery_ready(self) -> bool:

@@ -433,7 +433,8 @@ def test_head_digest_from_the_cli_export_catches_truncation(base, tmp_path, evid
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("DROP TRIGGER events_no_delete")
     conn.execute("DELETE FROM events WHERE run_id='beta' AND seq>=8")
-    conn.execute("UPDATE heads SET last_seq=7, last_hash=? WHERE run_id='beta'", (prev["hash"],))
+    conn.execute("UPDATE heads SET last_seq=7, last_hash=?, last_position=? WHERE run_id='beta'",
+                 (prev["hash"], prev["position"]))
     conn.close()
     with Ledger(path) as lg:
         assert lg.verify() == []

@@ -110,3 +110,24 @@ def test_the_head_a_write_hands_its_hooks_is_the_stored_head(db_path, tmp_path):
     assert sorted(got) == sorted((h.run_id, h.last_position) for h in other.list_runs())
     other.close()
     s.close()
+
+
+def test_a_damaged_heads_table_is_still_listed_whole(db_path, monkeypatch):
+    """Ties and odd first positions (only a damaged file has them) must not hide a run
+    from list_runs: check and rebuild walk it, and verify names the damage."""
+    monkeypatch.setattr(sqlite_store, "PAGE", 2)
+    s = SqliteStore(db_path)
+    for name in ["a", "b", "c", "d", "e"]:
+        s.append(name, [step(1)], actor=W1)
+    s.close()
+    conn = sqlite3.connect(os.fspath(db_path))
+    conn.execute("UPDATE heads SET first_position = 2 WHERE run_id IN ('b', 'c', 'd')")  # ties over a page edge
+    conn.execute("UPDATE heads SET first_position = 0 WHERE run_id = 'e'")
+    conn.commit()
+    conn.close()
+    with SqliteStore(db_path) as s:
+        assert [h.run_id for h in s.list_runs()] == ["e", "a", "b", "c", "d"]
+        assert s.count_runs() == 5
+        assert sorted((p.kind, p.run_id) for p in s.verify()) == [
+            ("head_mismatch", r) for r in ("c", "d", "e")
+        ]  # 'a' and 'b' still start where their heads rows say (positions 1 and 2)

@@ -13,6 +13,7 @@ from handoff import Ledger
 from ledger import events as ev
 from ledger import sqlite as sqlite_store
 from ledger.store import Actor
+from reducers.checkpoint import Evidence
 
 from projection_support import Clock
 
@@ -77,3 +78,55 @@ def test_a_run_that_cannot_be_folded_is_reported_once_per_view_and_the_walk_goes
     assert [d for d in diffs if d["run_id"] != "b"] == [
         {"projection": "checkpoints", "run_id": "c", "column": "owner", "kept": "bob", "folded": "alice"},
     ]
+
+
+def test_views_kept_by_an_older_fold_are_refolded_on_the_next_writable_open(tmp_path):
+    """Version 1 of the checkpoints view kept every evidence record in the packet. A
+    ledger written then is read correctly as it is (read-only: delivery still ready), and
+    its views are refolded to the current version by the first writable open."""
+    import msgspec
+
+    from projections import queries, views
+
+    path = str(tmp_path / "ledger.db")
+    result = tmp_path / "report.md"
+    result.write_text("the report")
+    lg = Ledger(path, clock=Clock())
+    lg.open(goal="g", target="chat:#ops", owner="alice", run_id="r1")
+    lease = lg.claim("r1", "w1")
+    lg.transition("r1", lease, "planning", worker="w1")
+    lg.progress("r1", lease, "plan_committed", "p", worker="w1")
+    lg.transition("r1", lease, "executing", worker="w1")
+    lg.transition("r1", lease, "verifying", worker="w1")
+    lg.artifact("r1", lease, str(result), worker="w1")
+    lg.evidence("r1", "tests", "fail", "1 failed", lease=lease)
+    lg.evidence("r1", "tests", "pass", "all passed", lease=lease)
+    lg.submit("r1", lease, "done", worker="w1")
+    current = queries.checkpoint(lg.store, "r1")
+    lg.close()
+    # What version 1 kept: both records, in order, and no version table.
+    with Ledger(path, readonly=True) as ro:
+        every = tuple(
+            Evidence(r.event.kind, r.event.outcome, r.event.detail, r.seq)
+            for r in ro.store.read_run("r1") if r.type == "evidence_recorded"
+        )
+    assert [e.outcome for e in every] == ["fail", "pass"] and len(current.evidence) == 1
+    old_packet = views.encode_checkpoint(msgspec.structs.replace(current, evidence=every))
+    _tamper(path, "DROP TABLE projection_versions")
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("UPDATE checkpoints SET packet = ? WHERE run_id = 'r1'", (old_packet,))
+    conn.close()
+
+    with Ledger(path, readonly=True) as ro:
+        status = ro.status("r1")
+        assert [e["outcome"] for e in status["evidence"]] == ["fail", "pass"]  # kept as it was
+        assert status["delivery"]["status"] == "ready"  # the latest outcome per kind still counts
+        assert [d["column"] for d in ro.check()] == ["packet"]
+
+    with Ledger(path) as rw:  # a writable open refolds what an older version kept
+        assert rw.check() == []
+        assert [e["outcome"] for e in rw.status("r1")["evidence"]] == ["pass"]
+        assert rw.status("r1")["delivery"]["status"] == "ready"
+    conn = sqlite3.connect(path)
+    assert dict(conn.execute("SELECT name, version FROM projection_versions"))["checkpoints"] == 2
+    conn.close()
