@@ -27,6 +27,19 @@ def _indexes(path) -> set[str]:
         conn.close()
 
 
+def _ledger_then_edit(path, names: list[str], *sql: str) -> None:
+    """A ledger with one event in each named run, then edited behind the store."""
+    s = SqliteStore(path)
+    for name in names:
+        s.append(name, [step(1)], actor=W1)
+    s.close()
+    conn = sqlite3.connect(os.fspath(path))
+    for stmt in sql:
+        conn.execute(stmt)
+    conn.commit()
+    conn.close()
+
+
 def test_list_runs_pages_in_first_appearance_order(db_path, monkeypatch):
     monkeypatch.setattr(sqlite_store, "PAGE", 3)
     s = SqliteStore(db_path)
@@ -57,13 +70,8 @@ def test_a_run_added_between_pages_is_listed_once(db_path, monkeypatch):
 
 def test_an_older_ledger_gets_the_index_on_a_writable_open_only(db_path, monkeypatch):
     monkeypatch.setattr(sqlite_store, "PAGE", 2)
-    s = SqliteStore(db_path)
-    for name in ["p", "e", "g", "a", "r"]:
-        s.append(name, [step(1)], actor=W1)
-    s.close()
-    conn = sqlite3.connect(os.fspath(db_path))
-    conn.execute("DROP INDEX heads_first")  # as a ledger written before the index existed
-    conn.close()
+    # As a ledger written before the index existed:
+    _ledger_then_edit(db_path, ["p", "e", "g", "a", "r"], "DROP INDEX heads_first")
     before = open(db_path, "rb").read()
 
     with SqliteStore(db_path, readonly=True) as ro:
@@ -116,15 +124,11 @@ def test_a_damaged_heads_table_is_still_listed_whole(db_path, monkeypatch):
     """Ties and odd first positions (only a damaged file has them) must not hide a run
     from list_runs: check and rebuild walk it, and verify names the damage."""
     monkeypatch.setattr(sqlite_store, "PAGE", 2)
-    s = SqliteStore(db_path)
-    for name in ["a", "b", "c", "d", "e"]:
-        s.append(name, [step(1)], actor=W1)
-    s.close()
-    conn = sqlite3.connect(os.fspath(db_path))
-    conn.execute("UPDATE heads SET first_position = 2 WHERE run_id IN ('b', 'c', 'd')")  # ties over a page edge
-    conn.execute("UPDATE heads SET first_position = 0 WHERE run_id = 'e'")
-    conn.commit()
-    conn.close()
+    _ledger_then_edit(
+        db_path, ["a", "b", "c", "d", "e"],
+        "UPDATE heads SET first_position = 2 WHERE run_id IN ('b', 'c', 'd')",  # ties over a page edge
+        "UPDATE heads SET first_position = 0 WHERE run_id = 'e'",
+    )
     with SqliteStore(db_path) as s:
         assert [h.run_id for h in s.list_runs()] == ["e", "a", "b", "c", "d"]
         assert s.count_runs() == 5
