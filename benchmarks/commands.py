@@ -22,7 +22,9 @@ from .common import (
     SYNCHRONOUS,
     WORKER,
     _check,
+    expect,
     path_in,
+    raw_batch,
     raw_connect,
     raw_count,
     raw_encoder,
@@ -32,10 +34,6 @@ from .harness import Ctx, Goal, Scenario, Side, Trial, register
 
 AREA = "commands"
 
-
-def _expect(what: str, got: int, want: int) -> None:
-    if got != want:
-        raise RuntimeError(f"benchmark did not do its work: {what} is {got}, expected {want}")
 
 
 def _progress_events(n: int) -> list[ev.ProgressRecorded]:
@@ -79,8 +77,8 @@ def _cmd_handoff(ctx: Ctx) -> Trial:
 
     def check() -> None:
         cp = lg.checkpoint(run_id)
-        _expect("progress_seq", cp.progress_seq, base + n)
-        _expect("the projected progress_seq", lg.status(run_id)["progress_seq"], base + n)
+        expect("progress_seq", cp.progress_seq, base + n)
+        expect("the projected progress_seq", lg.status(run_id)["progress_seq"], base + n)
 
     return Trial(run, check, lg.close)
 
@@ -97,7 +95,7 @@ def _cmd_raw(ctx: Ctx) -> Trial:
             execute(RAW_INSERT, ("run-cmd", seq, encode(event)))
             execute("COMMIT")
 
-    return Trial(run, lambda: _expect("row count", raw_count(conn), n), conn.close)
+    return Trial(run, lambda: expect("row count", raw_count(conn), n), conn.close)
 
 
 def _cmd_es(ctx: Ctx) -> Trial:
@@ -114,7 +112,7 @@ def _cmd_es(ctx: Ctx) -> Trial:
             save(agg)
 
     def check() -> None:
-        _expect("the aggregate's version", app.repository.get(agg.id).version, n + 1)
+        expect("the aggregate's version", app.repository.get(agg.id).version, n + 1)
 
     return Trial(run, check, app.close)
 
@@ -136,9 +134,9 @@ def _cmd_lg(ctx: Ctx) -> Trial:
         cfg["c"] = config
 
     def check() -> None:
-        _expect("checkpoints", conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0], n)
+        expect("checkpoints", conn.execute("SELECT count(*) FROM checkpoints").fetchone()[0], n)
         tup = saver.get_tuple(peers.lg_config("run-cmd"))
-        _expect("the last checkpoint's progress_seq", tup.checkpoint["channel_values"]["progress_seq"], n)
+        expect("the last checkpoint's progress_seq", tup.checkpoint["channel_values"]["progress_seq"], n)
 
     return Trial(run, check, conn.close)
 
@@ -175,8 +173,8 @@ def _long_run(evidence: int):
 
         def check() -> None:
             logged = sum(1 for r in lg.store.read_run(run_id) if r.type == "evidence_recorded")
-            _expect("evidence records in the log", logged, evidence)
-            _expect("the projected progress_seq", lg.status(run_id)["progress_seq"], base + n)
+            expect("evidence records in the log", logged, evidence)
+            expect("the projected progress_seq", lg.status(run_id)["progress_seq"], base + n)
 
         return Trial(run, check, lg.close)
 
@@ -248,31 +246,10 @@ def _batch_handoff(ctx: Ctx) -> Trial:
             append(run_id, events, actor=WORKER, expected_seq=0, idempotency_key=f"batch-{run_id}")
 
     def check() -> None:
-        _expect("the last position", lg.store.last_position(), runs * per_run)
-        _expect("checkpoint rows", sum(1 for _ in lg.runs(include_terminal=True)), runs)
+        expect("the last position", lg.store.last_position(), runs * per_run)
+        expect("checkpoint rows", sum(1 for _ in lg.runs(include_terminal=True)), runs)
 
     return Trial(run, check, lg.close)
-
-
-def _batch_raw(rows_per_txn: int | None = None):
-    def prepare(ctx: Ctx) -> Trial:
-        runs, per_run = ctx.params["runs"], ctx.params["per_run"]
-        conn = raw_connect(path_in(ctx.dir, "raw.db"))
-        work = _batch_work(runs, per_run)
-        group = max(1, (rows_per_txn or per_run) // per_run)
-        chunks = [work[i : i + group] for i in range(0, len(work), group)]
-
-        def run() -> None:
-            execute, executemany, encode = conn.execute, conn.executemany, raw_encoder.encode
-            for chunk in chunks:
-                execute("BEGIN IMMEDIATE")
-                for run_id, events in chunk:
-                    executemany(RAW_INSERT, [(run_id, seq, encode(e)) for seq, e in enumerate(events, 1)])
-                execute("COMMIT")
-
-        return Trial(run, lambda: _expect("row count", raw_count(conn), runs * per_run), conn.close)
-
-    return prepare
 
 
 def _batch_es(aggregates_per_save: int):
@@ -299,8 +276,8 @@ def _batch_es(aggregates_per_save: int):
                 ids.extend(a.id for a in pending)
 
         def check() -> None:
-            _expect("aggregates saved", len(ids), runs)
-            _expect("the last aggregate's version", app.repository.get(ids[-1]).version, per_run)
+            expect("aggregates saved", len(ids), runs)
+            expect("the last aggregate's version", app.repository.get(ids[-1]).version, per_run)
 
         return Trial(run, check, app.close)
 
@@ -326,10 +303,10 @@ register(
         quick={"n": 10_000, "runs": 100, "per_run": 100},
         subject=Side("handoff-ledger", _batch_handoff,
                      note="Ledger.store.append, one run's 100 events per commit, inline projections"),
-        reference=Side("raw sqlite3", _batch_raw(),
+        reference=Side("raw sqlite3", raw_batch(_batch_work),
                        note="executemany, one transaction per run (100 rows)"),
         peers=(
-            Side("raw sqlite3, 1,000 rows/txn", _batch_raw(1_000),
+            Side("raw sqlite3, 1,000 rows/txn", raw_batch(_batch_work, 1_000),
                  note="executemany, one transaction per 1,000 rows spanning 10 runs"),
             Side("eventsourcing", _batch_es(1), requires=peers.ES_REQUIRES,
                  note=peers.ES_NOTE + "; one save() of an aggregate's 100 pending events"),

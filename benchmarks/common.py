@@ -17,6 +17,8 @@ import os
 import sqlite3
 from pathlib import Path
 
+from collections.abc import Callable
+
 import msgspec
 
 from ledger import events as ev
@@ -263,3 +265,36 @@ def reap(proc) -> dict:  # the child's JSON report
 
 def run_child(task: str, args: dict) -> dict:
     return reap(spawn(task, args))
+
+
+def expect(what: str, got: int, want: int) -> None:
+    """The untimed check after a trial: a side that did not do its work fails the run."""
+    if got != want:
+        raise RuntimeError(f"benchmark did not do its work: {what} is {got}, expected {want}")
+
+
+def raw_batch(make_work: Callable[[int, int], list[tuple[str, list[ev.Event]]]], rows_per_txn: int | None = None):
+    """The raw reference for batched writes: ``executemany`` of (run_id, seq, payload),
+    one transaction per run's batch, or per ``rows_per_txn`` rows spanning consecutive
+    runs. ``make_work(runs, per_run)`` gives the same (run_id, events) pairs the
+    handoff-ledger side appends."""
+    from .harness import Trial  # the harness does not import this module: no cycle
+
+    def prepare(ctx):  # -> Trial
+        runs, per_run = ctx.params["runs"], ctx.params["per_run"]
+        conn = raw_connect(path_in(ctx.dir, "raw.db"))
+        work = make_work(runs, per_run)
+        group = max(1, (rows_per_txn or per_run) // per_run)
+        chunks = [work[i : i + group] for i in range(0, len(work), group)]
+
+        def run() -> None:
+            execute, executemany, encode = conn.execute, conn.executemany, raw_encoder.encode
+            for chunk in chunks:
+                execute("BEGIN IMMEDIATE")
+                for run_id, events in chunk:
+                    executemany(RAW_INSERT, [(run_id, seq, encode(e)) for seq, e in enumerate(events, 1)])
+                execute("COMMIT")
+
+        return Trial(run, lambda: expect("row count", raw_count(conn), runs * per_run), conn.close)
+
+    return prepare

@@ -14,12 +14,14 @@ from ledger import events as ev
 from .common import (
     RAW_INSERT,
     WORKER,
+    expect,
     mean_payload_bytes,
     mixed_events,
     open_run,
     open_store,
     path_in,
     raw_connect,
+    raw_batch,
     raw_count,
     raw_decoder,
     raw_encoder,
@@ -30,10 +32,6 @@ from .harness import Ctx, Scenario, Side, Trial, register
 AREA = "store"
 _PAYLOAD = mean_payload_bytes(step_events(1000))
 
-
-def _expect(what: str, got: int, want: int) -> None:
-    if got != want:
-        raise RuntimeError(f"benchmark did not do its work: {what} is {got}, expected {want}")
 
 
 # --- 1. one event per durable commit -------------------------------------------------
@@ -54,7 +52,7 @@ def _single_handoff(ctx: Ctx) -> Trial:
 
     def check() -> None:
         head = store.head(run_id)
-        _expect("the run's last seq", head.last_seq if head else 0, n + 2)
+        expect("the run's last seq", head.last_seq if head else 0, n + 2)
 
     return Trial(run, check, store.close)
 
@@ -72,7 +70,7 @@ def _single_raw(ctx: Ctx) -> Trial:
             execute(RAW_INSERT, (run_id, seq, encode(event)))
             execute("COMMIT")
 
-    return Trial(run, lambda: _expect("row count", raw_count(conn), n), conn.close)
+    return Trial(run, lambda: expect("row count", raw_count(conn), n), conn.close)
 
 
 register(
@@ -120,36 +118,13 @@ def _batch_handoff(ctx: Ctx) -> Trial:
             append(run_id, events, actor=WORKER, expected_seq=0, idempotency_key=key)
 
     def check() -> None:
-        _expect("the last position", store.last_position(), runs * per_run)
+        expect("the last position", store.last_position(), runs * per_run)
 
     return Trial(run, check, store.close)
 
 
-def _batch_raw(rows_per_txn: int | None = None):
-    """Raw executemany; one transaction per run's batch, or per ``rows_per_txn`` rows
-    spanning consecutive runs."""
-
-    def prepare(ctx: Ctx) -> Trial:
-        runs, per_run = ctx.params["runs"], ctx.params["per_run"]
-        conn = raw_connect(path_in(ctx.dir, "raw.db"))
-        work = [(f"run-{r:05d}", step_events(per_run, f"r{r} ")) for r in range(runs)]
-        group = max(1, (rows_per_txn or per_run) // per_run)
-        chunks = [work[i : i + group] for i in range(0, len(work), group)]
-
-        def run() -> None:
-            execute, executemany, encode = conn.execute, conn.executemany, raw_encoder.encode
-            for chunk in chunks:
-                execute("BEGIN IMMEDIATE")
-                for run_id, events in chunk:
-                    executemany(
-                        RAW_INSERT,
-                        [(run_id, seq, encode(e)) for seq, e in enumerate(events, 1)],
-                    )
-                execute("COMMIT")
-
-        return Trial(run, lambda: _expect("row count", raw_count(conn), runs * per_run), conn.close)
-
-    return prepare
+def _step_work(runs: int, per_run: int) -> list[tuple[str, list[ev.Event]]]:
+    return [(f"run-{r:05d}", step_events(per_run, f"r{r} ")) for r in range(runs)]
 
 
 register(
@@ -167,7 +142,7 @@ register(
         quick={"n": 10_000, "runs": 10, "per_run": 1_000},
         subject=Side("handoff-ledger", _batch_handoff),
         reference=Side(
-            "raw sqlite3", _batch_raw(), note="executemany, one transaction per 1,000 rows"
+            "raw sqlite3", raw_batch(_step_work), note="executemany, one transaction per 1,000 rows"
         ),
         goal=0.6,
     )
@@ -189,12 +164,12 @@ register(
         quick={"n": 10_000, "runs": 100, "per_run": 100},
         subject=Side("handoff-ledger", _batch_handoff),
         reference=Side(
-            "raw sqlite3", _batch_raw(), note="executemany, one transaction per run (100 rows)"
+            "raw sqlite3", raw_batch(_step_work), note="executemany, one transaction per run (100 rows)"
         ),
         peers=(
             Side(
                 "raw sqlite3, 1,000 rows/txn",
-                _batch_raw(1_000),
+                raw_batch(_step_work, 1_000),
                 note="executemany, one transaction per 1,000 rows spanning 10 runs",
             ),
         ),
@@ -249,7 +224,7 @@ def _read_run_handoff(ctx: Ctx) -> Trial:
         events = [decode(r.payload) for r in records]
         out.append(len(events))
 
-    return Trial(run, lambda: _expect("events read", out[0], ctx.params["n"]), store.close)
+    return Trial(run, lambda: expect("events read", out[0], ctx.params["n"]), store.close)
 
 
 def _read_run_raw(ctx: Ctx) -> Trial:
@@ -265,7 +240,7 @@ def _read_run_raw(ctx: Ctx) -> Trial:
         events = [decode(p) for _, p in rows]
         out.append(len(events))
 
-    return Trial(run, lambda: _expect("events read", out[0], ctx.params["n"]), conn.close)
+    return Trial(run, lambda: expect("events read", out[0], ctx.params["n"]), conn.close)
 
 
 register(
@@ -304,7 +279,7 @@ def _read_all_handoff(ctx: Ctx) -> Trial:
             count += 1
         out.append(count)
 
-    return Trial(run, lambda: _expect("events read", out[0], ctx.params["n"]), store.close)
+    return Trial(run, lambda: expect("events read", out[0], ctx.params["n"]), store.close)
 
 
 def _read_all_raw(ctx: Ctx) -> Trial:
@@ -321,7 +296,7 @@ def _read_all_raw(ctx: Ctx) -> Trial:
             count += 1
         out.append(count)
 
-    return Trial(run, lambda: _expect("events read", out[0], ctx.params["n"]), conn.close)
+    return Trial(run, lambda: expect("events read", out[0], ctx.params["n"]), conn.close)
 
 
 register(
