@@ -298,3 +298,26 @@ def raw_batch(make_work: Callable[[int, int], list[tuple[str, list[ev.Event]]]],
         return Trial(run, lambda: expect("row count", raw_count(conn), runs * per_run), conn.close)
 
     return prepare
+
+
+def fill_round_robin(store: SqliteStore, conn: sqlite3.Connection, bodies: dict[str, list[ev.Event]],
+                     batch: int, *, tick: Callable[[], None] | None = None) -> None:
+    """Write each run's events to a ledger and to the raw table alike, ``batch`` at a time,
+    run after run, so one run's rows are spread through both files as in a live ledger.
+    ``tick`` runs before each round (to move a fixture's clock). Untimed fixture work."""
+    longest = max(len(events) for events in bodies.values())
+    for start in range(0, longest, batch):
+        if tick is not None:
+            tick()
+        for run_id, events in bodies.items():
+            chunk = events[start : start + batch]
+            if not chunk:
+                continue
+            store.append(run_id, chunk, actor=WORKER)
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(
+                RAW_INSERT, [(run_id, start + i + 1, raw_encoder.encode(e)) for i, e in enumerate(chunk)]
+            )
+            conn.execute("COMMIT")
+    store.checkpoint()
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")

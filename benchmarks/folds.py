@@ -20,7 +20,7 @@ from ledger import events as ev
 from ledger.sqlite import SqliteStore
 
 from . import peers
-from .common import RAW_INSERT, WORKER, Clock, path_in, raw_connect, raw_decoder, raw_encoder, run_events
+from .common import Clock, fill_round_robin, path_in, raw_connect, raw_decoder, run_events
 from .harness import Ctx, Goal, Measured, Scenario, Side, Trial, register
 
 AREA = "folds"
@@ -39,20 +39,11 @@ def _corpus(d: Path, params: dict[str, Any]) -> dict[str, Any]:
     store = SqliteStore(ledger_path, synchronous="NORMAL", clock=clock)
     conn = raw_connect(raw_path)
     conn.execute("PRAGMA synchronous=OFF")  # building the fixture only; never timed
+    def tick() -> None:
+        clock.now_us += 1_000_000
+
     try:
-        longest = max(sizes.values())
-        for start in range(0, longest, _BATCH):
-            clock.now_us += 1_000_000
-            for r, events in bodies.items():
-                chunk = events[start : start + _BATCH]
-                if not chunk:
-                    continue
-                store.append(r, chunk, actor=WORKER)
-                conn.execute("BEGIN")
-                conn.executemany(RAW_INSERT, [(r, start + i + 1, raw_encoder.encode(e)) for i, e in enumerate(chunk)])
-                conn.execute("COMMIT")
-        store.checkpoint()
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        fill_round_robin(store, conn, bodies, _BATCH, tick=tick)
     finally:
         store.close()
         conn.close()

@@ -15,6 +15,7 @@ from .common import (
     RAW_INSERT,
     WORKER,
     expect,
+    fill_round_robin,
     mean_payload_bytes,
     mixed_events,
     open_run,
@@ -191,18 +192,7 @@ def _corpus(d: Path, params: dict[str, Any]) -> dict[str, Any]:
     store = open_store(ledger_path)
     conn = raw_connect(raw_path)
     try:
-        for start in range(0, per_run, batch):
-            for r in runs:
-                chunk = bodies[r][start : start + batch]
-                store.append(r, chunk, actor=WORKER)
-                conn.execute("BEGIN IMMEDIATE")
-                conn.executemany(
-                    RAW_INSERT,
-                    [(r, start + i + 1, raw_encoder.encode(e)) for i, e in enumerate(chunk)],
-                )
-                conn.execute("COMMIT")
-        store.checkpoint()
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        fill_round_robin(store, conn, bodies, batch)
     finally:
         store.close()
         conn.close()
