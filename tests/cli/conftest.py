@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -14,6 +12,7 @@ from click.testing import CliRunner
 
 import cli
 from handoff import Ledger
+from tests.support import executable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -59,15 +58,6 @@ def _clean(env: dict[str, str]) -> dict[str, str | None]:
 @pytest.fixture
 def h(tmp_path) -> Handoff:
     return Handoff(str(tmp_path / "ledger.db"))
-
-
-def executable() -> list[str]:
-    """The installed ``handoff`` next to this interpreter, else ``python -m cli``."""
-    here = os.path.join(os.path.dirname(sys.executable), "handoff")
-    if os.path.exists(here):
-        return [here]
-    found = shutil.which("handoff")
-    return [found] if found else [sys.executable, "-m", "cli"]
 
 
 def run_exe(*args: str, db: str, timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess[str]:

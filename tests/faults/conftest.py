@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+
+from tests.support import executable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FULL = os.environ.get("HANDOFF_TEST_SCALE") == "full"
@@ -83,15 +84,6 @@ def agent(role: str, *args: object, stdout: Any = subprocess.PIPE, **popen: Any)
         [sys.executable, "-m", "tests.faults.agents", role, *map(str, args)],
         cwd=ROOT, env=child_env(), stdout=stdout, stderr=subprocess.PIPE, text=True, **popen,
     )
-
-
-def executable() -> list[str]:
-    """The installed ``handoff`` next to this interpreter, else ``python -m cli``."""
-    here = os.path.join(os.path.dirname(sys.executable), "handoff")
-    if os.path.exists(here):
-        return [here]
-    found = shutil.which("handoff")
-    return [found] if found else [sys.executable, "-m", "cli"]
 
 
 def handoff(*args: str | bytes, db: str, timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess[str]:
