@@ -141,6 +141,7 @@ def test_a_type_column_that_disagrees_with_its_payload_fails_both_fold_paths(db_
     # The heartbeat now claims to be a state change: a stall fold reading the column
     # would count it as progress, one reading the payload would not.
     conn.execute("UPDATE events SET type = 'state_changed' WHERE position = 2")
+    before = conn.execute("SELECT * FROM events ORDER BY position").fetchall()
     conn.close()
     with SqliteStore(db_path) as s:
         for fold in (s.fold, lambda run, agg: EventStore.fold(s, run, agg)):
@@ -150,6 +151,9 @@ def test_a_type_column_that_disagrees_with_its_payload_fails_both_fold_paths(db_
             assert (d["run_id"], d["seq"], d["position"]) == ("a", 2, 2)
             assert "state_changed" in info.value.message and "heartbeat_recorded" in info.value.message
         assert [p.kind for p in s.verify()][:1] == ["bad_hash"]
+    conn = sqlite3.connect(os.fspath(db_path))
+    assert conn.execute("SELECT * FROM events ORDER BY position").fetchall() == before
+    conn.close()
 
 
 # --- decode_many: a page at once, or exactly what decoding one by one says ----------------
