@@ -1448,17 +1448,10 @@ def import_(file: Any, as_json: bool) -> None:
     Example:
         handoff --db restored.db import backup.jsonl
     """
-    db = _state().db
-    existed = os.path.exists(db)
-    try:
-        with _ledger(create=True) as lg:
-            counts = lg.import_lines(file)
-    except BaseException:
-        if not existed:  # a failed import into a new file leaves no empty ledger behind, whatever failed
-            for suffix in ("", "-wal", "-shm"):
-                if os.path.exists(db + suffix):
-                    os.remove(db + suffix)
-        raise
+    from handoff.api import import_into
+
+    st = _state()
+    counts = import_into(st.db, file, busy_timeout_s=st.busy_timeout)
     _emit(counts, as_json, f"imported {counts['imported']} events of {counts['runs']} runs; "
                            f"{counts['skipped']} were already here")
 

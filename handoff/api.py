@@ -18,7 +18,7 @@ import msgspec
 
 from ledger import events as ev
 from ledger import portable
-from ledger.errors import InvalidInput, UnknownRun
+from ledger.errors import InvalidInput, StoreUnavailable, TargetAppeared, UnknownRun
 from ledger.sqlite import SqliteStore, Sync
 from ledger.store import (
     Actor,
@@ -556,6 +556,117 @@ class Ledger:
         if self.store.head(run_id) is None:
             raise UnknownRun(f"no run {run_id} in {self.store.path}")
         return self.store.read_run(run_id)
+
+
+# --- importing into a file that does not exist yet ------------------------------------
+
+
+def import_into(
+    path: str | os.PathLike[str], lines: Any, *, synchronous: Sync = "FULL", busy_timeout_s: float = 5.0,
+) -> dict[str, int]:
+    """Import an export into the ledger at ``path``, creating it if there is none.
+
+    An existing ledger is extended inside one transaction and never deleted. When no file
+    is at ``path``, the new ledger is built under a private, unpredictable name in the same
+    directory (created exclusively, mode 0600) and linked into place only once the import
+    succeeded; a file that appeared at ``path`` meanwhile is never replaced (the import is
+    refused with ``TargetAppeared`` and nothing of it stays behind). A failed import
+    removes only the private file it made.
+    """
+    path = check_path(path)
+    busy_timeout_s = check_seconds(busy_timeout_s, "busy_timeout")
+    if os.path.lexists(path):
+        with Ledger(path, synchronous=synchronous, busy_timeout_s=busy_timeout_s) as lg:
+            return lg.import_lines(lines)
+    import tempfile
+
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, private = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.import-", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise StoreUnavailable(
+            f"cannot create a file in {directory} to build the new ledger: {exc.strerror}; "
+            "check that the directory exists and is writable"
+        ) from exc
+    os.close(fd)
+    try:
+        with Ledger(private, synchronous=synchronous, busy_timeout_s=busy_timeout_s) as lg:
+            counts = lg.import_lines(lines)
+        # The last connection closed: SQLite copied the WAL into the file and removed it.
+        if os.path.exists(private + "-wal") and os.path.getsize(private + "-wal") > 0:
+            raise StoreUnavailable(
+                f"the new ledger {private} still has unmerged WAL content after closing; "
+                "nothing was published at the target. Retry the import"
+            )
+        _fsync_path(private)
+        _publish_no_replace(private, path)
+        _fsync_path(directory)
+        return counts
+    finally:
+        # Only the private names are removed, never the target: once published, the
+        # target is a second link to the same file (or the private name was renamed away).
+        for suffix in ("-wal", "-shm", "-journal", ""):
+            try:
+                os.remove(private + suffix)
+            except FileNotFoundError:
+                pass
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on a directory; the data file was synced
+        pass
+    finally:
+        os.close(fd)
+
+
+def _publish_no_replace(private: str, target: str) -> None:
+    """Give the finished ledger its name, failing if anything is at ``target`` by now.
+
+    ``os.link`` never replaces an existing name; where hard links are not supported,
+    ``renameat2(RENAME_NOREPLACE)`` does the same on Linux. There is no fallback that
+    could replace a file that appeared meanwhile.
+    """
+    try:
+        os.link(private, target, follow_symlinks=False)
+        return
+    except FileExistsError:
+        raise TargetAppeared(
+            f"a file appeared at {target} while the import ran; it was left alone and nothing "
+            f"was imported. If it is a ledger, import into it again ('handoff --db {target} import')",
+            field="db",
+        ) from None
+    except OSError as exc:
+        link_error = exc
+    if not _rename_noreplace(private, target):
+        raise StoreUnavailable(
+            f"cannot put the new ledger at {target}: {link_error.strerror} (this filesystem "
+            "supports neither hard links nor a rename that refuses to replace); nothing was imported"
+        ) from link_error
+
+
+def _rename_noreplace(src: str, dst: str) -> bool:
+    """renameat2(..., RENAME_NOREPLACE) through libc; False when the call is unavailable."""
+    import ctypes
+    import errno
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_noreplace = -100, 1
+    if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_noreplace) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.EEXIST:
+        raise TargetAppeared(
+            f"a file appeared at {dst} while the import ran; it was left alone and nothing was imported",
+            field="db",
+        )
+    return False
 
 
 def _user() -> str:

@@ -84,6 +84,10 @@ class UnknownRun(Refused):
     """No run has this id."""
 
 
+class TargetAppeared(Refused):
+    """Something was created at the import's target path while a new ledger was being built."""
+
+
 # --- malformed input (exit 2) ------------------------------------------------------
 
 
