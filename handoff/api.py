@@ -18,7 +18,7 @@ import msgspec
 
 from ledger import events as ev
 from ledger import portable
-from ledger.errors import InvalidInput, StoreUnavailable, TargetAppeared, UnknownRun
+from ledger.errors import HistoryRefused, InvalidInput, LedgerError, StoreUnavailable, TargetAppeared, UnknownRun
 from ledger.sqlite import SqliteStore, Sync
 from ledger.store import (
     Actor,
@@ -30,6 +30,7 @@ from ledger.store import (
     check_seq,
     check_utf8,
 )
+from reducers import admit as admission
 from reducers import commands as C
 from reducers import stall
 from reducers.checkpoint import AGGREGATE, Checkpoint, packet
@@ -520,12 +521,51 @@ class Ledger:
             yield portable.to_line(rec, digest, size)
 
     def import_lines(self, lines: Any) -> dict[str, int]:
-        """Verify every line's hash chain, then insert all of it or none of it.
+        """Import an export: all of it, or nothing of it.
 
-        Importing the same export twice changes nothing the second time.
+        Every line's hash chain is verified, and every new event is admitted only if a live
+        command could have written it at that point (``reducers.admit``: the command is
+        decided again against the run's fold, fenced on the lease, and its actor, time and
+        size checked). Lines are read and inserted as they come, inside one write
+        transaction, so memory stays flat in the size of the file. A refusal names the line
+        and leaves the ledger as it was. Importing the same export twice changes nothing.
         """
-        parsed = [(rec, digest, size) for _, rec, digest, size in portable.parse_lines(lines)]
-        return self.store.import_records(parsed)
+        where = {"line": 0}
+        pending: dict[str, admission.Pending] = {}
+
+        def items() -> Iterator[tuple[Recorded, bytes | None, int]]:
+            for lineno, rec, digest, size in portable.parse_lines(lines):
+                where["line"] = lineno
+                yield rec, digest, size
+
+        def admit(cp: Checkpoint, rec: Recorded, event: ev.Event) -> None:
+            parent = None
+            if isinstance(event, ev.RunForked):
+                parent = self.store.fold(event.parent, AGGREGATE, until_seq=event.parent_seq)
+            elif not cp.opened and rec.run_id.startswith(WATCHER_PREFIX) and not isinstance(event, ev.HandoffOpened):
+                _admit_watcher_beat(rec, event)
+                return
+            owed = admission.admit(cp, pending.pop(rec.run_id, None), seq=rec.seq, actor=rec.actor,
+                                   lease=rec.lease, recorded_us=rec.recorded_us, event=event, parent=parent)
+            if owed is not None:
+                pending[rec.run_id] = owed
+
+        def complete() -> None:
+            for run_id, owed in pending.items():
+                where["line"] = 0
+                raise HistoryRefused(
+                    f"run {run_id} ends in the middle of a command: the one that wrote seq {owed.seq} "
+                    f"also writes {ev.tag_of(owed.events[0])}, which the file does not have; it was cut",
+                    run_id=run_id,
+                )
+
+        try:
+            return self.store.import_records(items(), aggregate=AGGREGATE, admit=admit, before_commit=complete)
+        except LedgerError as exc:
+            if where["line"] and not exc.message.startswith("line "):
+                exc.message = f"line {where['line']}: {exc.message}"
+                exc.args = (exc.message,)
+            raise
 
     def doctor(self) -> dict[str, Any]:
         """Facts about the file and the SQLite library underneath, for support and audits."""
@@ -667,6 +707,20 @@ def _rename_noreplace(src: str, dst: str) -> bool:
             field="db",
         )
     return False
+
+
+def _admit_watcher_beat(rec: Recorded, event: ev.Event) -> None:
+    """A watcher's own stream holds only its beats, written by ``Ledger.watcher_beat``."""
+    name = rec.run_id[len(WATCHER_PREFIX):]
+    ok = (isinstance(event, ev.WatchdogObserved) and event.watcher == name and rec.actor == f"watchdog:{name}"
+          and rec.lease is None and event.classification == "alive" and event.progress_seq == 0
+          and math.isfinite(event.interval_s) and event.interval_s >= WATCHER_BEAT_PERIOD_S)
+    if not ok:
+        raise HistoryRefused(
+            f"{rec.run_id} seq {rec.seq}: a watcher's stream holds only its own beats "
+            f"(watchdog_observed 'alive' by watchdog:{name}), not this {rec.type} by {rec.actor[:60]}",
+            run_id=rec.run_id, seq=rec.seq,
+        )
 
 
 def _user() -> str:
