@@ -269,6 +269,14 @@ class _Import:
             )
         check_imported_envelope(r, cur.last_us, self.store.max_payload)
         event = ev.decode(r.payload)
+        if r.schema_version == ev.SCHEMA_VERSION and ev.encode(event) != r.payload:
+            # A live write stores the canonical encoding; anything else (a duplicated key,
+            # unknown fields, other spacing) reads differently in different JSON parsers.
+            raise InvalidInput(
+                f"run {run_id} seq {r.seq}: the payload is not in the form this library writes "
+                "(duplicate or unknown keys, or re-formatted JSON); export it again from the ledger",
+                field="payload",
+            )
         if self.aggregate is not None and cur.state is None:
             cur.state = self.aggregate.initial(run_id)
         if isinstance(event, ev.RunForked):
