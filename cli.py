@@ -1440,25 +1440,20 @@ def export(runs: tuple[str, ...], all_runs: bool, output: str, as_json: bool) ->
 @click.argument("file", type=click.File("rb"))
 @json_option
 def import_(file: Any, as_json: bool) -> None:
-    """Import an export: every line's hash chain is verified and every run re-folded
-    before anything is accepted; a tampered file is refused whole (exit 2), and
-    importing the same file twice changes nothing. FILE may be - for stdin.
+    """Import an export: every line's hash chain is verified and every new event must be
+    one the lifecycle rules would have written; a tampered or forged file is refused
+    whole (exit 2 or 1) and the ledger is left as it was. Into a path with no file, the
+    new ledger appears only when the import succeeded. Importing the same file twice
+    changes nothing. FILE may be - for stdin.
 
     \b
     Example:
         handoff --db restored.db import backup.jsonl
     """
-    db = _state().db
-    existed = os.path.exists(db)
-    try:
-        with _ledger(create=True) as lg:
-            counts = lg.import_lines(file)
-    except BaseException:
-        if not existed:  # a failed import into a new file leaves no empty ledger behind, whatever failed
-            for suffix in ("", "-wal", "-shm"):
-                if os.path.exists(db + suffix):
-                    os.remove(db + suffix)
-        raise
+    from handoff.api import import_into
+
+    st = _state()
+    counts = import_into(st.db, file, busy_timeout_s=st.busy_timeout)
     _emit(counts, as_json, f"imported {counts['imported']} events of {counts['runs']} runs; "
                            f"{counts['skipped']} were already here")
 
@@ -1712,8 +1707,13 @@ as is (`path`, `sqlite_version`, `journal_mode`, `synchronous`, `events`, `runs`
 "hash", "position", "idempotency_digest", "batch_size"}`, `payload` being the event
 itself and the hashes hex; with `-o FILE --json` it prints `{"output", "events", "runs"}`.
 **import**: `{"imported", "skipped", "runs"}` (events written, events already present,
-runs in the file). A line that does not decode, breaks its run's chain or does not match
-its hash refuses the whole import with exit 2, naming the line.
+runs in the file). A line that does not decode, breaks its run's chain, does not match
+its hash or is malformed (actor, time, size, a repeated key) refuses the whole import with
+exit 2, naming the line; an event the lifecycle rules would not have written refuses it
+with exit 1 and the rule's own error (`StaleLease`, `IllegalTransition`,
+`DeliveryRefused`, `HistoryRefused`...). Into a path with no file, the ledger is built
+under a private name and appears only when the import succeeded; if a file appeared there
+meanwhile, the import is refused (`TargetAppeared`, exit 1) and that file is left alone.
 
 **run**: `{"run_id", "worker", "lease", "exit_code", "signal", "lease_lost",
 "lost_reason", "released", "recorded", "forwarded", "returncode"}`, after the child's

@@ -18,7 +18,7 @@ import msgspec
 
 from ledger import events as ev
 from ledger import portable
-from ledger.errors import InvalidInput, UnknownRun
+from ledger.errors import HistoryRefused, InvalidInput, LedgerError, StoreUnavailable, TargetAppeared, UnknownRun
 from ledger.sqlite import SqliteStore, Sync
 from ledger.store import (
     Actor,
@@ -30,6 +30,7 @@ from ledger.store import (
     check_seq,
     check_utf8,
 )
+from reducers import admit as admission
 from reducers import commands as C
 from reducers import stall
 from reducers.checkpoint import AGGREGATE, Checkpoint, packet
@@ -520,12 +521,51 @@ class Ledger:
             yield portable.to_line(rec, digest, size)
 
     def import_lines(self, lines: Any) -> dict[str, int]:
-        """Verify every line's hash chain, then insert all of it or none of it.
+        """Import an export: all of it, or nothing of it.
 
-        Importing the same export twice changes nothing the second time.
+        Every line's hash chain is verified, and every new event is admitted only if a live
+        command could have written it at that point (``reducers.admit``: the command is
+        decided again against the run's fold, fenced on the lease, and its actor, time and
+        size checked). Lines are read and inserted as they come, inside one write
+        transaction, so memory stays flat in the size of the file. A refusal names the line
+        and leaves the ledger as it was. Importing the same export twice changes nothing.
         """
-        parsed = [(rec, digest, size) for _, rec, digest, size in portable.parse_lines(lines)]
-        return self.store.import_records(parsed)
+        where = {"line": 0}
+        pending: dict[str, admission.Pending] = {}
+
+        def items() -> Iterator[tuple[Recorded, bytes | None, int]]:
+            for lineno, rec, digest, size in portable.parse_lines(lines):
+                where["line"] = lineno
+                yield rec, digest, size
+
+        def admit(cp: Checkpoint, rec: Recorded, event: ev.Event) -> None:
+            parent = None
+            if isinstance(event, ev.RunForked):
+                parent = self.store.fold(event.parent, AGGREGATE, until_seq=event.parent_seq)
+            elif not cp.opened and rec.run_id.startswith(WATCHER_PREFIX) and not isinstance(event, ev.HandoffOpened):
+                _admit_watcher_beat(rec, event)
+                return
+            owed = admission.admit(cp, pending.pop(rec.run_id, None), seq=rec.seq, actor=rec.actor,
+                                   lease=rec.lease, recorded_us=rec.recorded_us, event=event, parent=parent)
+            if owed is not None:
+                pending[rec.run_id] = owed
+
+        def complete() -> None:
+            for run_id, owed in pending.items():
+                where["line"] = 0
+                raise HistoryRefused(
+                    f"run {run_id} ends in the middle of a command: the one that wrote seq {owed.seq} "
+                    f"also writes {ev.tag_of(owed.events[0])}, which the file does not have; it was cut",
+                    run_id=run_id,
+                )
+
+        try:
+            return self.store.import_records(items(), aggregate=AGGREGATE, admit=admit, before_commit=complete)
+        except LedgerError as exc:
+            if where["line"] and not exc.message.startswith("line "):
+                exc.message = f"line {where['line']}: {exc.message}"
+                exc.args = (exc.message,)
+            raise
 
     def doctor(self) -> dict[str, Any]:
         """Facts about the file and the SQLite library underneath, for support and audits."""
@@ -556,6 +596,131 @@ class Ledger:
         if self.store.head(run_id) is None:
             raise UnknownRun(f"no run {run_id} in {self.store.path}")
         return self.store.read_run(run_id)
+
+
+# --- importing into a file that does not exist yet ------------------------------------
+
+
+def import_into(
+    path: str | os.PathLike[str], lines: Any, *, synchronous: Sync = "FULL", busy_timeout_s: float = 5.0,
+) -> dict[str, int]:
+    """Import an export into the ledger at ``path``, creating it if there is none.
+
+    An existing ledger is extended inside one transaction and never deleted. When no file
+    is at ``path``, the new ledger is built under a private, unpredictable name in the same
+    directory (created exclusively, mode 0600) and linked into place only once the import
+    succeeded; a file that appeared at ``path`` meanwhile is never replaced (the import is
+    refused with ``TargetAppeared`` and nothing of it stays behind). A failed import
+    removes only the private file it made.
+    """
+    path = check_path(path)
+    busy_timeout_s = check_seconds(busy_timeout_s, "busy_timeout")
+    if os.path.lexists(path):
+        with Ledger(path, synchronous=synchronous, busy_timeout_s=busy_timeout_s) as lg:
+            return lg.import_lines(lines)
+    import tempfile
+
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, private = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.import-", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise StoreUnavailable(
+            f"cannot create a file in {directory} to build the new ledger: {exc.strerror}; "
+            "check that the directory exists and is writable"
+        ) from exc
+    os.close(fd)
+    try:
+        with Ledger(private, synchronous=synchronous, busy_timeout_s=busy_timeout_s) as lg:
+            counts = lg.import_lines(lines)
+        # The last connection closed: SQLite copied the WAL into the file and removed it.
+        if os.path.exists(private + "-wal") and os.path.getsize(private + "-wal") > 0:
+            raise StoreUnavailable(
+                f"the new ledger {private} still has unmerged WAL content after closing; "
+                "nothing was published at the target. Retry the import"
+            )
+        _fsync_path(private)
+        _publish_no_replace(private, path)
+        _fsync_path(directory)
+        return counts
+    finally:
+        # Only the private names are removed, never the target: once published, the
+        # target is a second link to the same file (or the private name was renamed away).
+        for suffix in ("-wal", "-shm", "-journal", ""):
+            try:
+                os.remove(private + suffix)
+            except FileNotFoundError:
+                pass
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on a directory; the data file was synced
+        pass
+    finally:
+        os.close(fd)
+
+
+def _publish_no_replace(private: str, target: str) -> None:
+    """Give the finished ledger its name, failing if anything is at ``target`` by now.
+
+    ``os.link`` never replaces an existing name; where hard links are not supported,
+    ``renameat2(RENAME_NOREPLACE)`` does the same on Linux. There is no fallback that
+    could replace a file that appeared meanwhile.
+    """
+    try:
+        os.link(private, target, follow_symlinks=False)
+        return
+    except FileExistsError:
+        raise TargetAppeared(
+            f"a file appeared at {target} while the import ran; it was left alone and nothing "
+            f"was imported. If it is a ledger, import into it again ('handoff --db {target} import')",
+            field="db",
+        ) from None
+    except OSError as exc:
+        link_error = exc
+    if not _rename_noreplace(private, target):
+        raise StoreUnavailable(
+            f"cannot put the new ledger at {target}: {link_error.strerror} (this filesystem "
+            "supports neither hard links nor a rename that refuses to replace); nothing was imported"
+        ) from link_error
+
+
+def _rename_noreplace(src: str, dst: str) -> bool:
+    """renameat2(..., RENAME_NOREPLACE) through libc; False when the call is unavailable."""
+    import ctypes
+    import errno
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_noreplace = -100, 1
+    if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_noreplace) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.EEXIST:
+        raise TargetAppeared(
+            f"a file appeared at {dst} while the import ran; it was left alone and nothing was imported",
+            field="db",
+        )
+    return False
+
+
+def _admit_watcher_beat(rec: Recorded, event: ev.Event) -> None:
+    """A watcher's own stream holds only its beats, written by ``Ledger.watcher_beat``."""
+    name = rec.run_id[len(WATCHER_PREFIX):]
+    ok = (isinstance(event, ev.WatchdogObserved) and event.watcher == name and rec.actor == f"watchdog:{name}"
+          and rec.lease is None and event.classification == "alive" and event.progress_seq == 0
+          and math.isfinite(event.interval_s) and event.interval_s >= WATCHER_BEAT_PERIOD_S)
+    if not ok:
+        raise HistoryRefused(
+            f"{rec.run_id} seq {rec.seq}: a watcher's stream holds only its own beats "
+            f"(watchdog_observed 'alive' by watchdog:{name}), not this {rec.type} by {rec.actor[:60]}",
+            run_id=rec.run_id, seq=rec.seq,
+        )
 
 
 def _user() -> str:

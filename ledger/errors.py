@@ -84,6 +84,14 @@ class UnknownRun(Refused):
     """No run has this id."""
 
 
+class TargetAppeared(Refused):
+    """Something was created at the import's target path while a new ledger was being built."""
+
+
+class HistoryRefused(Refused):
+    """Imported history that no sequence of live commands could have written."""
+
+
 # --- malformed input (exit 2) ------------------------------------------------------
 
 

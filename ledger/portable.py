@@ -86,12 +86,18 @@ def parse_lines(lines: Iterable[bytes | str]) -> Iterator[tuple[int, Recorded, b
         except UnicodeDecodeError as exc:  # invalid UTF-8 inside a JSON string
             raise InvalidInput(f"line {lineno} is not valid UTF-8 (byte {exc.start})",
                                field=f"line {lineno}") from None
+        except RecursionError:  # nesting deeper than the decoder can follow
+            raise InvalidInput(f"line {lineno} is nested too deeply to be an exported event",
+                               field=f"line {lineno}") from None
         check_run_id(e.run_id, f"line {lineno}: run_id")
         payload = bytes(e.payload)
         try:
             event = ev.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
             raise InvalidInput(f"line {lineno}: payload cannot be decoded: {exc}", field=f"line {lineno}") from None
+        except RecursionError:
+            raise InvalidInput(f"line {lineno}: payload is nested too deeply to be an event",
+                               field=f"line {lineno}") from None
         if ev.tag_of(event) != e.type:
             raise InvalidInput(f"line {lineno}: type {e.type} does not match the payload", field=f"line {lineno}")
         prev = _unhex(e.prev_hash, "prev_hash", lineno)

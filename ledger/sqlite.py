@@ -28,6 +28,7 @@ from .errors import (
     LedgerError,
     NotALedger,
     OutcomeUnknown,
+    PayloadTooLarge,
     SchemaTooNew,
     SeqConflict,
     StaleLease,
@@ -134,6 +135,250 @@ def _explain(exc: sqlite3.Error, doing: str, path: str) -> LedgerError:
             cause=text,
         )
     return StoreUnavailable(f"SQLite failed while {doing} on {path}: {text}", cause=text)
+
+
+#: Times an imported event may carry (UTC µs): from 2000-01-01 to the end of year 9999.
+#: Nothing this library wrote predates 2000, and later than 9999 cannot be printed.
+IMPORT_MIN_US = 946_684_800_000_000
+IMPORT_MAX_US = 253_402_300_799_999_999
+#: How far a run's clock may step back between two of its events in an import (µs): a day,
+#: room for a wall clock corrected by hand or NTP, not for back-dating history.
+IMPORT_MAX_STEP_BACK_US = 86_400_000_000
+#: Rows buffered before one executemany; runs whose fold is kept warm during an import.
+IMPORT_ROWS = 1000
+IMPORT_RUNS = 4096
+
+
+def check_imported_envelope(rec: Recorded, last_us: int | None, max_payload: int) -> None:
+    """What a live write guarantees about an envelope, required of an imported one."""
+    where = f"run {rec.run_id} seq {rec.seq}"
+    try:
+        check_actor(Actor.parse(rec.actor))
+    except InvalidInput as exc:
+        raise InvalidInput(f"{where}: actor {rec.actor[:60]!r} is not valid ({exc.message})", field="actor") from None
+    if rec.lease is not None and rec.lease < 1:
+        raise InvalidInput(f"{where}: lease {rec.lease} is not a lease (leases start at 1)", field="lease")
+    if rec.lease is not None and not rec.actor.startswith("worker:"):
+        raise InvalidInput(f"{where}: only a worker writes under a lease, not {rec.actor[:60]}", field="lease")
+    try:
+        check_idempotency_key(rec.idempotency_key)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{where}: {exc.message}", field="idempotency_key") from None
+    if not 1 <= rec.schema_version <= ev.SCHEMA_VERSION:
+        raise InvalidInput(
+            f"{where}: schema_version {rec.schema_version} is not one this version writes or reads "
+            f"(1 to {ev.SCHEMA_VERSION}); upgrade handoff-ledger to import it",
+            field="schema_version",
+        )
+    if len(rec.payload) > max_payload:
+        raise PayloadTooLarge(
+            f"{where} ({rec.type}) is {len(rec.payload)} bytes, over the limit of {max_payload} a "
+            "live write obeys; such an event cannot have been written by this library",
+            field="payload",
+        )
+    if not IMPORT_MIN_US <= rec.recorded_us <= IMPORT_MAX_US:
+        raise InvalidInput(
+            f"{where}: recorded_us {rec.recorded_us} is outside 2000-01-01 to 9999-12-31 (UTC); "
+            "the export was edited or its clock was wrong",
+            field="recorded_us",
+        )
+    if last_us is not None and rec.recorded_us < last_us - IMPORT_MAX_STEP_BACK_US:
+        raise InvalidInput(
+            f"{where}: recorded_us steps back {(last_us - rec.recorded_us) // 1_000_000} s from the "
+            "event before it, more than the one day an import allows; the history was reordered "
+            "or back-dated",
+            field="recorded_us",
+        )
+
+
+class _Cursor:
+    """Where one run stands during an import: its head as it will be written, and its fold."""
+
+    __slots__ = ("seq", "hash", "lease", "holder", "max_lease", "first_position", "last_position",
+                 "stored_seq", "last_us", "state", "dirty")
+
+
+class _Import:
+    """One streamed import inside the caller's write transaction: rows buffered and inserted
+    a thousand at a time, runs' heads and folds kept for the most recent few thousand runs
+    (others are read back from the transaction when they reappear), so memory stays flat
+    in the size of the file."""
+
+    def __init__(self, store: SqliteStore, aggregate: Aggregate[Any] | None,
+                 admit: Callable[[Any, Recorded, ev.Event], None] | None) -> None:
+        self.store, self.conn = store, store._conn
+        self.aggregate, self.admit = aggregate, admit
+        tail = self.conn.execute("SELECT position, global_hash FROM events ORDER BY position DESC LIMIT 1").fetchone()
+        self.last_pos, self.gprev = tail if tail is not None else (0, GENESIS_HASH)
+        self.runs: collections.OrderedDict[str, _Cursor] = collections.OrderedDict()
+        self.rows: list[tuple[Any, ...]] = []
+        self.keys: set[tuple[str, str]] = set()
+        self.seen: set[str] = set()
+        self.folded: dict[str, tuple[Head | None, list[tuple[Aggregate[Any], Any]]]] = {}
+        self.imported = self.skipped = 0
+
+    def _cursor(self, run_id: str) -> _Cursor:
+        cur = self.runs.get(run_id)
+        if cur is not None:
+            self.runs.move_to_end(run_id)
+            return cur
+        if len(self.runs) >= IMPORT_RUNS:
+            self.flush()
+            while len(self.runs) >= IMPORT_RUNS // 2:
+                self.runs.popitem(last=False)
+        head, max_lease = self.store._head_locked(run_id)
+        cur = _Cursor()
+        cur.seq = head.last_seq if head else 0
+        cur.hash = head.last_hash if head else GENESIS_HASH
+        cur.lease, cur.holder = (head.lease, head.lease_holder) if head else (None, None)
+        cur.max_lease = max_lease
+        cur.first_position = head.first_position if head else None
+        cur.last_position = head.last_position if head else None
+        cur.stored_seq = cur.seq
+        cur.last_us = None
+        if head is not None:
+            row = self.conn.execute("SELECT recorded_us FROM events WHERE run_id=? AND seq=?",
+                                    (run_id, head.last_seq)).fetchone()
+            cur.last_us = row[0] if row else None
+        cur.state = None
+        if self.aggregate is not None and head is not None:
+            cur.state = self.store._state_locked(run_id, self.aggregate, head)
+        cur.dirty = False
+        self.runs[run_id] = cur
+        return cur
+
+    def add(self, r: Recorded, digest: bytes | None, size: int) -> None:
+        run_id = r.run_id
+        self.seen.add(run_id)
+        cur = self._cursor(run_id)
+        if r.seq <= cur.stored_seq:
+            row = self.conn.execute("SELECT hash FROM events WHERE run_id=? AND seq=?", (run_id, r.seq)).fetchone()
+            if row is None or row[0] != r.hash:
+                raise InvalidInput(
+                    f"run {run_id} already exists here with a different event at seq {r.seq}; "
+                    "import it into another ledger, or fork it",
+                    field="import",
+                )
+            self.skipped += 1
+            return
+        if r.seq != cur.seq + 1 or r.prev_hash != cur.hash:
+            raise InvalidInput(
+                f"imported run {run_id} seq {r.seq} does not continue the stored chain (the "
+                f"ledger's run is at seq {cur.seq}); nothing was imported",
+                field="import",
+            )
+        check_imported_envelope(r, cur.last_us, self.store.max_payload)
+        event = ev.decode(r.payload)
+        if r.schema_version == ev.SCHEMA_VERSION and ev.encode(event) != r.payload:
+            # A live write stores the canonical encoding; anything else (a duplicated key,
+            # unknown fields, other spacing) reads differently in different JSON parsers.
+            raise InvalidInput(
+                f"run {run_id} seq {r.seq}: the payload is not in the form this library writes "
+                "(duplicate or unknown keys, or re-formatted JSON); export it again from the ledger",
+                field="payload",
+            )
+        if self.aggregate is not None and cur.state is None:
+            cur.state = self.aggregate.initial(run_id)
+        if isinstance(event, ev.RunForked):
+            self.flush()  # the parent's rows must be readable for the checks below
+            self.store._check_fork(run_id, r.seq, event)
+        if self.admit is not None:
+            self.admit(cur.state, r, event)
+        if isinstance(event, ev.RunForked) and self.aggregate is not None:
+            # A child's fold starts from its parent's history up to the fork point.
+            agg = self.aggregate
+            prefix = (self.store._lineage_steps(event.parent, event.parent_seq) if agg.lean
+                      else self.store.history(event.parent, until_seq=event.parent_seq))
+            cur.state = agg.evolve_all(agg.initial(run_id), prefix)
+        self._fence(cur, r, event)
+        key = r.idempotency_key
+        if key is not None:
+            if (run_id, key) in self.keys or self.conn.execute(
+                "SELECT 1 FROM events WHERE run_id=? AND idem_key=?", (run_id, key)
+            ).fetchone():
+                raise InvalidInput(
+                    f"run {run_id} seq {r.seq} reuses idempotency key {key[:60]!r}, which an earlier "
+                    "event of the run already carries; a live write never stores a key twice",
+                    field="idempotency_key",
+                )
+            self.keys.add((run_id, key))
+        self.last_pos += 1
+        pos = self.last_pos
+        self.gprev = global_link(self.gprev, pos, r.hash)
+        self.rows.append(
+            (pos, run_id, r.seq, r.type, r.actor, r.lease, key, digest, size, r.recorded_us,
+             r.schema_version, bytearray(r.payload), bytearray(r.prev_hash), bytearray(r.hash),
+             bytearray(self.gprev))
+        )
+        if self.aggregate is not None:
+            stored = Recorded(run_id, r.seq, pos, r.type, r.actor, r.lease, key, r.recorded_us,
+                              r.schema_version, r.payload, r.prev_hash, r.hash)
+            if self.aggregate.lean:
+                stored = Step(run_id, r.seq, r.type, r.recorded_us, event)  # type: ignore[assignment]
+            cur.state = self.aggregate.evolve(cur.state, stored)
+        cur.seq, cur.hash, cur.last_us, cur.dirty = r.seq, r.hash, r.recorded_us, True
+        cur.last_position = pos
+        if cur.first_position is None:
+            cur.first_position = pos
+        self.imported += 1
+        if len(self.rows) >= IMPORT_ROWS:
+            self.flush()
+
+    def _fence(self, cur: _Cursor, r: Recorded, event: ev.Event) -> None:
+        """The store's own fencing, as on a live append: a worker writes under the current
+        lease, and lease numbers only grow."""
+        if r.lease is not None and r.lease != cur.lease:
+            raise StaleLease(
+                f"run {r.run_id} seq {r.seq} was written under lease {r.lease}, but the run's lease "
+                f"at that point is {cur.lease if cur.lease is not None else 'none'}; no live write "
+                "could carry it",
+                lease=r.lease, current_lease=cur.lease,
+            )
+        if isinstance(event, ev.LeaseGranted):
+            if event.lease <= cur.max_lease:
+                raise StaleLease(
+                    f"run {r.run_id} seq {r.seq} grants lease {event.lease}, not above the run's "
+                    f"highest lease {cur.max_lease}; fencing tokens only grow",
+                    lease=event.lease, current_lease=cur.lease,
+                )
+            cur.lease, cur.holder, cur.max_lease = event.lease, event.worker, event.lease
+        elif isinstance(event, (ev.LeaseReleased, ev.LeaseRevoked)):
+            if event.lease == cur.lease:
+                cur.lease, cur.holder = None, None
+        elif isinstance(event, ev.RunForked):
+            cur.lease = cur.holder = None
+
+    def flush(self) -> None:
+        if self.rows:
+            self.conn.executemany(_INSERT_FIRST, self.rows)
+            self.store._after_insert(self.rows)
+            self.rows = []
+            self.keys.clear()
+        for run_id, cur in self.runs.items():
+            if not cur.dirty:
+                continue
+            self.conn.execute(
+                "INSERT INTO heads (run_id, last_seq, last_hash, lease, lease_holder, max_lease, "
+                "first_position, last_position) VALUES (?,?,?,?,?,?,?,?) "
+                "ON CONFLICT(run_id) DO UPDATE SET last_seq=excluded.last_seq, "
+                "last_hash=excluded.last_hash, lease=excluded.lease, "
+                "lease_holder=excluded.lease_holder, max_lease=excluded.max_lease, "
+                "last_position=excluded.last_position",
+                (run_id, cur.seq, bytearray(cur.hash), cur.lease, cur.holder, cur.max_lease,
+                 cur.first_position, cur.last_position),
+            )
+            head = Head(run_id, cur.seq, bytes(cur.hash), cur.lease, cur.holder, cur.first_position,
+                        cur.last_position)
+            known = [(self.aggregate, cur.state)] if self.aggregate is not None else []
+            self.folded[run_id] = self.store._run_hooks(run_id, head, known)
+            if len(self.folded) > IMPORT_RUNS:
+                self.folded.pop(next(iter(self.folded)))
+            cur.dirty = False
+            cur.stored_seq = cur.seq
+
+    def finish(self) -> list[tuple[str, tuple[Head | None, list[tuple[Aggregate[Any], Any]]]]]:
+        self.flush()
+        return list(self.folded.items())
 
 
 class SqliteStore(EventStore):
@@ -623,53 +868,37 @@ class SqliteStore(EventStore):
         return result, Head(run_id, seq, bytes(prev), cur_lease, holder, first_position, last_pos + n)
 
     def import_records(
-        self, items: Iterable[tuple[Recorded, bytes | None, int]]
+        self,
+        items: Iterable[tuple[Recorded, bytes | None, int]],
+        *,
+        aggregate: Aggregate[Any] | None = None,
+        admit: Callable[[Any, Recorded, ev.Event], None] | None = None,
+        before_commit: Callable[[], None] | None = None,
     ) -> dict[str, int]:
         """Insert exported events verbatim, all or nothing; already-present ones are skipped.
 
         Each item is (record, idempotency digest, batch size), with chains already checked
-        by ledger.portable.parse_lines. A run that exists must hold the same events up to
-        its head (same hashes); the import may only extend it. Inline projections refold
-        every imported run inside the same transaction, so an event that cannot be folded
-        refuses the whole import. Importing the same file twice changes nothing.
+        by ledger.portable.parse_lines. Items are consumed as they come (a file is read line
+        by line, rows go in by the thousand), inside one write transaction: any refusal
+        rolls all of it back. A run that exists must hold the same events up to its head
+        (same hashes); the import may only extend it. Every new event's envelope is checked
+        as a live write's would be (actor, lease, key, payload size, time: see
+        ``check_imported_envelope``) and fenced on leases; with ``aggregate`` and ``admit``,
+        ``admit(state, record, event)`` is called with the run's folded state before each
+        new event and may refuse it (the rules live with the caller, not in the store).
+        ``before_commit()`` may refuse the whole import at its end. Inline projections are
+        kept in the same transaction. Importing twice changes nothing.
         """
-        groups: dict[str, list[tuple[Recorded, bytes | None, int]]] = {}
-        for item in items:
-            groups.setdefault(item[0].run_id, []).append(item)
-        imported = skipped = 0
         with self._lock:
             self._begin("importing")
             ok = False
-            touched: list[tuple[str, Any]] = []
             try:
-                for run_id, recs in groups.items():
-                    head, max_lease = self._head_locked(run_id)
-                    have = head.last_seq if head else 0
-                    fresh = []
-                    for item in recs:
-                        r = item[0]
-                        if r.seq <= have:
-                            row = self._conn.execute(
-                                "SELECT hash FROM events WHERE run_id=? AND seq=?", (run_id, r.seq)
-                            ).fetchone()
-                            if row is None or row[0] != r.hash:
-                                raise InvalidInput(
-                                    f"run {run_id} already exists here with a different event at seq "
-                                    f"{r.seq}; import it under another ledger, or fork it",
-                                    field="import",
-                                )
-                            skipped += 1
-                        else:
-                            fresh.append(item)
-                    if not fresh:
-                        continue
-                    batch = [ev.decode(item[0].payload) for item in fresh]
-                    encoded = [(item[0].type, item[0].payload) for item in fresh]
-                    _, new_head = self._insert_locked(
-                        run_id, head, max_lease, batch, encoded, "", None, None, None, verbatim=fresh
-                    )
-                    touched.append((run_id, self._run_hooks(run_id, new_head, [])))
-                    imported += len(fresh)
+                run = _Import(self, aggregate, admit)
+                for item in items:
+                    run.add(*item)
+                touched = run.finish()
+                if before_commit is not None:
+                    before_commit()
                 ok = True
             except sqlite3.Error as exc:
                 raise _explain(exc, "importing", self.path) from exc
@@ -677,7 +906,7 @@ class SqliteStore(EventStore):
                 self._finish(ok, "committing an import")
         for run_id, folded in touched:
             self._remember_all(run_id, folded)
-        return {"imported": imported, "skipped": skipped, "runs": len(groups)}
+        return {"imported": run.imported, "skipped": run.skipped, "runs": len(run.seen)}
 
     def _check_fork(self, run_id: str, seq: int, fork: ev.RunForked) -> None:
         """history() follows run_forked to the parent: refuse what would loop or dangle.

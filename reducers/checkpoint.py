@@ -341,7 +341,12 @@ AGGREGATE = CheckpointAggregate()
 def iso(us: int | None) -> str | None:
     if us is None:
         return None
-    return datetime.fromtimestamp(us / 1_000_000, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    try:
+        return datetime.fromtimestamp(us / 1_000_000, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+    except (ValueError, OverflowError, OSError):
+        # A time outside years 1-9999 has no ISO form; imports refuse one, but a file
+        # written by other means may hold one, and a packet must still print.
+        return f"{us}us-since-1970"
 
 
 def packet(
