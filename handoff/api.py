@@ -629,8 +629,7 @@ class Ledger:
         target = files.check_target(path, "path")
         previous = None
         if os.path.exists(target):
-            with open(target, "rb") as f:
-                raw = f.read(4097)
+            raw = _read_small(target, 4097, "path")
             text = raw.decode("utf-8", "replace").strip()
             if len(raw) > 4096 or (text and "\n" in text):
                 raise InvalidInput(f"path: {path} holds more than one head digest line; it is not a file "
@@ -684,6 +683,21 @@ class Ledger:
         if self.store.head(run_id) is None:
             raise UnknownRun(f"no run {run_id} in {self.store.path}")
         return self.store.read_run(run_id)
+
+
+def _read_small(path: str, limit: int, field: str) -> bytes:
+    """Up to ``limit`` bytes of a regular file, opened without following a link or
+    blocking on a FIFO swapped in since it was checked."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise InvalidInput(f"{field}: cannot read {path}: {exc.strerror}", field=field) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidInput(f"{field}: {path} is not a regular file", field=field)
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
 
 
 class _RunOf(msgspec.Struct):
