@@ -1425,7 +1425,9 @@ def rebuild(name: str | None, as_json: bool) -> None:
 
 @main.command()
 @click.argument("dest", type=click.Path(dir_okay=False))
-@click.option("--replace", is_flag=True, help="Overwrite DEST if it exists (refused otherwise).")
+@click.option("--replace", is_flag=True,
+              help="Overwrite DEST if it is an earlier backup (an existing file is refused otherwise; "
+                   "a file that is not an SQLite database always).")
 @json_option
 def backup(dest: str, replace: bool, as_json: bool) -> None:
     """Copy the whole ledger to DEST as one consistent SQLite file, while writers go on.

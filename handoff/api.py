@@ -563,7 +563,8 @@ class Ledger:
         Uses SQLite's online backup into a private directory beside ``dest``, then renames
         the copy into place with the ledger's mode. Refuses (InvalidInput, nothing written)
         a link at ``dest``, the ledger itself, a file that is a live database (its -wal or
-        -shm beside it) and, unless ``replace``, any existing file. Returns ``{"path",
+        -shm beside it), any existing file unless ``replace``, and even then one that is
+        not an SQLite database (a mistyped name must not cost someone's file). Returns ``{"path",
         "positions", "head", "bytes", "runs"}``: ``head`` is the copy's head digest.
         """
         target = files.check_target(dest, "dest")
@@ -577,6 +578,10 @@ class Ledger:
             if not replace:
                 raise InvalidInput(f"dest: {dest} already exists; pass --replace (replace=True) to "
                                    "overwrite it, or name a new file", field="dest")
+            head = _read_small(target, 16, "dest")
+            if head and head != b"SQLite format 3\x00":
+                raise InvalidInput(f"dest: {dest} exists and is not an SQLite database; --replace only "
+                                   "overwrites an earlier backup. Name a new file", field="dest")
         live = [target + x for x in _SIDE if os.path.lexists(target + x)]
         if live:
             raise InvalidInput(

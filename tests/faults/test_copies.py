@@ -241,15 +241,20 @@ def test_backup_refusals_write_nothing(tmp_path):
     for name, words in cases.items():
         res = _cli(db, "backup", str(tmp_path / name))
         assert res.exit_code == 2 and words in res.output, (name, res.output)
-    with Ledger(db) as lg, pytest.raises(InvalidInput) as info:
-        lg.backup(str(tmp_path / "l.db"), replace=True)
-    assert info.value.field == "dest"
+    for name in ("l.db", "exists.db"):  # --replace overwrites neither the ledger nor a non-database
+        with Ledger(db) as lg, pytest.raises(InvalidInput) as info:
+            lg.backup(str(tmp_path / name), replace=True)
+        assert info.value.field == "dest"
+    assert "not an SQLite database" in info.value.message
     assert victim.read_text() == "precious\n" and (tmp_path / "exists.db").read_text() == "old\n"
     assert _events(db) == before and _files(tmp_path) == names
-    res = _cli(db, "backup", str(tmp_path / "exists.db"), "--replace")
+    assert _cli(db, "backup", str(tmp_path / "first.db")).exit_code == 0
+    with Ledger(db) as lg:
+        lg.open(run_id="later", goal="g", target="t", owner="alice")
+    res = _cli(db, "backup", str(tmp_path / "first.db"), "--replace")
     assert res.exit_code == 0, res.output
-    with Ledger(str(tmp_path / "exists.db")) as b:
-        assert b.verify() == [] and b.store.count_runs() == 1
+    with Ledger(str(tmp_path / "first.db")) as b:
+        assert b.verify() == [] and b.store.count_runs() == 2
 
 
 # --- anchors: what the file alone cannot show ------------------------------------------------
