@@ -191,7 +191,7 @@ def main(ctx: click.Context, db: str, busy_timeout: float) -> None:
     Exit codes: 0 ok; 1 refused by the ledger's rules (conflict, stale lease, illegal
     transition, double delivery, terminal run); 2 usage or malformed input; 3 store
     problem (not a ledger, locked past the timeout, read-only, disk full, corrupt);
-    4 verify or check found problems. Errors are one sentence on stderr, or with --json
+    4 verify, check or doctor found damage. Errors are one sentence on stderr, or with --json
     {"error": {"type": ..., "message": ...}} on stderr.
 
     Times are ISO 8601 in UTC, printed with a Z; a time given without an offset is
@@ -1283,20 +1283,31 @@ class _Bar:
 
 @main.command()
 @click.argument("run", metavar="[RUN]", required=False)
+@click.option("--expect-head", "expect_head", multiple=True, metavar="DIGEST",
+              help="A head digest kept from 'handoff head': the ledger must still hold that "
+                   "position with that hash (a cut tail or rewritten history fails). Repeatable.")
 @json_option
-def verify(run: str | None, as_json: bool) -> None:
-    """Check the log: hash chain, seq gaps, decodability, heads, and (for the whole
-    ledger) every projection against a fresh fold. Exit 4 when anything is wrong.
+def verify(run: str | None, expect_head: tuple[str, ...], as_json: bool) -> None:
+    """Check the log: hash chains (each run's and the ledger-wide one), seq and position
+    gaps, decodability, heads, the append-only triggers, and (for the whole ledger) every
+    projection against a fresh fold. Exit 4 when anything is wrong.
+
+    With RUN, that run's chain and heads plus the ledger-wide checks; what that skips is
+    listed. A file alone cannot show that its newest events were cut off: keep the
+    digest 'handoff head' prints somewhere else and pass it with --expect-head.
 
     \b
     Example:
         handoff verify
         handoff verify $RUN --json
+        handoff verify --expect-head "$(cat /elsewhere/handoff.head)"
     """
+    from handoff.api import VERIFY_RUN_SKIPS
+
     bar = _Bar("verifying", not as_json)
     with _ledger() as lg:
         try:
-            problems = lg.verify(run, progress=bar)
+            problems = lg.verify(run, progress=bar, expect_head=expect_head)
         finally:
             bar.close()
         diffs = lg.check() if run is None and hasattr(lg, "check") else []
@@ -1310,14 +1321,19 @@ def verify(run: str | None, as_json: bool) -> None:
 
     probs = [msgspec.to_builtins(p) for p in problems]
     ok = not probs and not diffs
-    doc = {"ok": ok, "run_id": run, "events": events, "streams": runs, "problems": probs, "projections": diffs}
+    skipped = list(VERIFY_RUN_SKIPS) if run is not None else []
+    doc = {"ok": ok, "run_id": run, "events": events, "streams": runs, "problems": probs, "projections": diffs,
+           "anchors": len(expect_head), "skipped": skipped}
     if as_json:
         _emit(doc, True, None)
     else:
         scope = f"run {run}" if run else f"{runs} streams"
         if ok:
-            click.echo(f"ok: {events} events in {scope}; hash chain, seqs, payloads and heads check out"
-                       + ("" if run else "; projections match a fresh fold"))
+            click.echo(f"ok: {events} events in {scope}; hash chains, seqs, payloads, heads and triggers check out"
+                       + ("" if run else "; projections match a fresh fold")
+                       + (f"; the ledger still holds {len(expect_head)} head digest(s)" if expect_head else ""))
+            if skipped:
+                click.echo("not checked: " + "; ".join(skipped))
         else:
             if probs:
                 click.echo(_table(["PROBLEM", "RUN", "SEQ", "POSITION", "DETAIL"],
@@ -1326,8 +1342,33 @@ def verify(run: str | None, as_json: bool) -> None:
                 click.echo(_table(["PROJECTION", "RUN", "COLUMN", "KEPT", "FOLDED"],
                                   [[d["projection"], d["run_id"], d["column"], d["kept"], d["folded"]] for d in diffs]))
             click.echo(f"{len(probs)} problem(s) in the log, {len(diffs)} projection difference(s)", err=True)
+            if skipped:
+                click.echo("not checked: " + "; ".join(skipped), err=True)
     if not ok:
         click.get_current_context().exit(EXIT_PROBLEMS)
+
+
+@main.command()
+@click.option("--write", "write", default=None, type=click.Path(dir_okay=False),
+              help="Also record the digest in this file (replaced atomically). Refused, exit 4, "
+                   "when the digest already there is no longer contained in the ledger.")
+@json_option
+def head(write: str | None, as_json: bool) -> None:
+    """Print the ledger's head digest, POSITION:HASH: its last position and the ledger-wide
+    hash there, which covers every event up to it.
+
+    Keep it where the ledger's writers cannot change it (another machine, a ticket); later,
+    'handoff verify --expect-head DIGEST' fails if the ledger no longer holds it, which is
+    how a tail cut off behind the store shows. Growth since the digest is fine.
+
+    \b
+    Example:
+        handoff head
+        handoff head --write /mnt/audit/handoff.head     # e.g. from cron, every few minutes
+    """
+    with _ledger() as lg:
+        doc = lg.write_head(write) if write else {**lg.head(), "path": None, "previous": None}
+    _emit(doc, as_json, doc["digest"])
 
 
 @main.command()
@@ -1383,10 +1424,38 @@ def rebuild(name: str | None, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("dest", type=click.Path(dir_okay=False))
+@click.option("--replace", is_flag=True,
+              help="Overwrite DEST if it is an earlier backup (an existing file is refused otherwise; "
+                   "a file that is not an SQLite database always).")
+@json_option
+def backup(dest: str, replace: bool, as_json: bool) -> None:
+    """Copy the whole ledger to DEST as one consistent SQLite file, while writers go on.
+
+    Copying the .db file yourself misses every commit still in its -wal file; this uses
+    SQLite's online backup, which includes them. DEST gets the ledger file's permissions,
+    is written under a private name and moved into place; a symbolic link at DEST, the
+    ledger itself, and a name with a -wal or -shm file beside it are refused. Prints the
+    copy's head digest: keep it to check the copy later ('handoff verify --expect-head').
+
+    \b
+    Example:
+        handoff backup /backups/handoff-$(date +%F).db
+        handoff --db /backups/handoff-2026-05-01.db verify
+    """
+    with _ledger() as lg:
+        doc = lg.backup(dest, replace=replace)
+    _emit(doc, as_json, f"backed up {doc['positions']} events of {doc['runs']} streams to {doc['path']} "
+                        f"({doc['bytes']} bytes); head {doc['head']}")
+
+
+@main.command()
 @click.argument("runs", nargs=-1, metavar="[RUN]...")
 @click.option("--all", "all_runs", is_flag=True, help="Export every run.")
 @click.option("-o", "--output", default="-", type=click.Path(dir_okay=False, allow_dash=True),
-              help="Write to this file (written whole, then moved into place) instead of stdout.")
+              help="Write to this file instead of stdout: written whole under a private name, with "
+                   "the ledger file's permissions, then moved into place. A symbolic link there is "
+                   "refused.")
 @json_option
 def export(runs: tuple[str, ...], all_runs: bool, output: str, as_json: bool) -> None:
     """Write runs as JSON Lines: one event per line with its whole envelope and hashes.
@@ -1403,37 +1472,15 @@ def export(runs: tuple[str, ...], all_runs: bool, output: str, as_json: bool) ->
         raise click.UsageError("name the runs to export, or pass --all (not both)")
     if as_json and output == "-":
         raise click.UsageError("--json needs -o FILE: stdout carries the export itself")
-    import msgspec
-
-    class _RunOf(msgspec.Struct):
-        run_id: str
-
-    run_of = msgspec.json.Decoder(_RunOf)
-    events, seen = 0, set()
     with _ledger() as lg:
-        lines = lg.export(None if all_runs else list(runs))
         if output == "-":
             out = sys.stdout.buffer
-            for line in lines:
+            for line in lg.export(None if all_runs else list(runs)):
                 out.write(line + b"\n")
-                events += 1
             out.flush()
             return
-        tmp = f"{output}.tmp-{os.getpid()}"
-        try:
-            with open(tmp, "wb") as f:
-                for line in lines:
-                    f.write(line + b"\n")
-                    events += 1
-                    seen.add(run_of.decode(line).run_id)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, output)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-    doc = {"output": os.path.abspath(output), "events": events, "runs": len(seen)}
-    _emit(doc, as_json, f"exported {events} events of {len(seen)} runs to {output}")
+        doc = lg.export_to(output, None if all_runs else list(runs))
+    _emit(doc, as_json, f"exported {doc['events']} events of {doc['runs']} runs to {output}")
 
 
 @main.command("import")
@@ -1481,14 +1528,20 @@ def contract_schema(as_json: bool) -> None:
 def doctor(as_json: bool) -> None:
     """Print facts about the ledger file and the SQLite library under it, for support.
 
+    Exit 4 when the append-only triggers are missing or altered (the file was edited
+    behind the store).
+
     \b
     Example:
         handoff doctor --json
     """
     with _ledger() as lg:
         facts = lg.doctor()
+    problems = facts.get("problems") or []
     if as_json:
         _emit(facts, True, None)
+        if problems:
+            click.get_current_context().exit(EXIT_PROBLEMS)
         return
     bug = facts.get("wal_reset_bug", {})
     rows = [
@@ -1500,8 +1553,12 @@ def doctor(as_json: bool) -> None:
         ("wal reset bug", ("affected version; " if bug.get("affected_version") else "not affected; ")
          + str(bug.get("mitigation", ""))),
     ]
+    rows.append(("append-only", "ok: the three triggers are in place" if not problems else
+                 "PROBLEM: " + "; ".join(p["message"] for p in problems)))
     width = max(len(k) for k, _ in rows)
     click.echo("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
+    if problems:
+        click.get_current_context().exit(EXIT_PROBLEMS)
 
 
 # --- the worker wrapper and the demo ----------------------------------------------------------
@@ -1611,7 +1668,7 @@ Generated from `--help` by `python -m cli --write-docs`; do not edit by hand
 | 1 | refused by the ledger's rules: conflict, stale lease, lease held, illegal transition, double delivery, terminal run, not authorized, unknown run; `run`: the lease was lost |
 | 2 | usage: a missing or malformed option or argument, or malformed input the ledger rejected |
 | 3 | store problem: not a ledger, locked past the busy timeout, read-only, disk full, corrupt |
-| 4 | `verify` or `check` found problems |
+| 4 | `verify`, `check` or `doctor` found damage; `head --write` found its file's digest no longer in the ledger |
 
 Errors go to stderr as one sentence that names what was wrong and what to do
 (`Error: lease 1 is no longer valid for run r1 (the current lease is 2, held by w2); ...`).
@@ -1696,16 +1753,26 @@ intervals.
 `skipped` (the run moved on between classification and action).
 
 **verify**: `{"ok", "run_id", "events", "streams", "problems": [{"kind", "run_id",
-"seq", "position", "message"}], "projections": [difference, ...]}`.
+"seq", "position", "message"}], "projections": [difference, ...], "anchors", "skipped"}`.
+Ledger-wide problems (`global_chain`, `position_gap`, `head_anchor`, `trigger_missing`,
+`trigger_altered`) are reported with or without RUN; `run_id` is null for the last three.
+`anchors` counts the `--expect-head` digests checked; `skipped` lists, in words, what a
+`verify RUN` did not look at (empty for the whole ledger).
+**head**: `{"digest", "position", "global_hash", "path", "previous"}`: `digest` is
+`POSITION:HASH`; with `--write`, `path` is the file written and `previous` the digest it
+held before (null when new).
 **check**: `{"ok", "differences": [{"projection", "run_id", "column", "kept",
 "folded"}]}`. **rebuild**: `{"rebuilt": {projection: rows}}`. **doctor**: `Ledger.doctor()`
 as is (`path`, `sqlite_version`, `journal_mode`, `synchronous`, `events`, `runs`,
-`projections`, ...).
+`projections`, `problems`, ...); `problems` (same shape as verify's) names a missing or
+altered append-only trigger, and makes doctor exit 4.
 
 **export** writes JSON Lines, one event per line: `{"run_id", "seq", "type", "actor",
 "lease", "idempotency_key", "recorded_us", "schema_version", "payload", "prev_hash",
 "hash", "position", "idempotency_digest", "batch_size"}`, `payload` being the event
 itself and the hashes hex; with `-o FILE --json` it prints `{"output", "events", "runs"}`.
+**backup**: `{"path", "positions", "head", "bytes", "runs"}`: the copy's absolute path, its
+last position, its head digest, its size and its number of streams.
 **import**: `{"imported", "skipped", "runs"}` (events written, events already present,
 runs in the file). A line that does not decode, breaks its run's chain, does not match
 its hash or is malformed (actor, time, size, a repeated key) refuses the whole import with

@@ -16,9 +16,11 @@ from typing import Any
 
 import msgspec
 
+from ledger import anchor, files, portable
 from ledger import events as ev
-from ledger import portable
-from ledger.errors import HistoryRefused, InvalidInput, LedgerError, StoreUnavailable, TargetAppeared, UnknownRun
+from ledger.errors import (
+    HeadAnchorBroken, HistoryRefused, InvalidInput, LedgerError, StoreUnavailable, TargetAppeared, UnknownRun,
+)
 from ledger.sqlite import SqliteStore, Sync
 from ledger.store import (
     Actor,
@@ -488,8 +490,15 @@ class Ledger:
         beat = ev.WatchdogObserved(watcher=watcher, classification="alive", progress_seq=0, interval_s=period)
         return self.store.append(run_id, [beat], actor=Actor("watchdog", watcher))
 
-    def verify(self, run_id: str | None = None, *, progress: Any = None) -> list[Any]:
-        """Hash chain, seq gaps, decodability and heads; an empty list means all is well."""
+    def verify(self, run_id: str | None = None, *, progress: Any = None,
+               expect_head: str | list[str] | tuple[str, ...] | None = None) -> list[Any]:
+        """Hash chain, seq gaps, decodability and heads; an empty list means all is well.
+
+        The ledger-wide checks (global chain, holes in positions, append-only triggers)
+        run with ``run_id`` too. ``expect_head``: head digests kept from ``head()``; each
+        must still be contained (a ``head_anchor`` problem otherwise)."""
+        anchors = [] if expect_head is None else [expect_head] if isinstance(expect_head, str) else list(expect_head)
+        parsed = [anchor.parse_digest(a) for a in anchors]  # malformed: refused before any work
         if run_id is not None:
             check_run_id(run_id)
             # Unknown means no head and no events: a run whose head row alone is gone is
@@ -497,7 +506,11 @@ class Ledger:
             if self.store.head(run_id) is None and next(iter(self.store.read_run(run_id)), None) is None:
                 raise UnknownRun(f"no run {run_id} in {self.store.path}; nothing to verify "
                                  "(list runs with 'handoff status --all')")
-        return self.store.verify(run_id, progress=progress)
+        problems = self.store.verify(run_id, progress=progress)
+        for position, ghash in parsed:
+            if (p := anchor.anchor_problem(self.store, position, ghash)) is not None:
+                problems.append(p)
+        return problems
 
     def export(self, run_ids: list[str] | None = None) -> Iterator[bytes]:
         """Each event as one JSON line (docs/cli.md), in global order; forks bring their parents.
@@ -519,6 +532,126 @@ class Ledger:
                     rid = fork.parent if isinstance(fork, ev.RunForked) else None
         for rec, digest, size in self.store.read_for_export(wanted):
             yield portable.to_line(rec, digest, size)
+
+    # --- copies and head digests (docs/reliability.md, "Copies and anchors") ----------
+
+    def copy_mode(self) -> int:
+        """The permission bits every copy of this ledger gets: the ledger file's own read
+        and write bits, or 0600 when there is no file."""
+        return files.copy_mode(None if self.store.path == ":memory:" else self.store.path)
+
+    def export_to(self, path: str | os.PathLike[str], run_ids: list[str] | None = None) -> dict[str, Any]:
+        """``export`` into a file, atomically, with the ledger's mode (see ``ledger.files``).
+
+        Returns ``{"output", "events", "runs"}``. On any refusal the file at ``path`` is as
+        it was: a symbolic link there is refused (InvalidInput), never followed.
+        """
+        target = files.check_target(path, "output")
+        counts = {"events": 0}
+        seen: set[str] = set()
+        run_of = msgspec.json.Decoder(_RunOf)
+
+        def lines() -> Iterator[bytes]:
+            for line in self.export(run_ids):
+                counts["events"] += 1
+                seen.add(run_of.decode(line).run_id)
+                yield line + b"\n"
+
+        files.atomic_write(target, lines(), mode=self.copy_mode(), field="output")
+        return {"output": target, "events": counts["events"], "runs": len(seen)}
+
+    def backup(self, dest: str | os.PathLike[str], *, replace: bool = False) -> dict[str, Any]:
+        """A consistent copy of the whole ledger file, WAL included, taken while writers go on.
+
+        Uses SQLite's online backup into a private directory beside ``dest``, then renames
+        the copy into place with the ledger's mode. Refuses (InvalidInput, nothing written)
+        a link at ``dest``, the ledger itself, a file that is a live database (its -wal or
+        -shm beside it), any existing file unless ``replace``, and even then one that is
+        not an SQLite database (a mistyped name must not cost someone's file). Returns ``{"path",
+        "positions", "head", "bytes", "runs"}``: ``head`` is the copy's head digest.
+        """
+        target = files.check_target(dest, "dest")
+        src = self.store.path
+        if src != ":memory:" and os.path.abspath(src) in (target, *(target[: -len(x)] for x in _SIDE if target.endswith(x))):
+            raise InvalidInput(f"dest: {dest} is the ledger itself or one of its files; back it up "
+                               "to another name", field="dest")
+        if os.path.exists(target):
+            if src != ":memory:" and os.path.exists(src) and os.path.samefile(src, target):
+                raise InvalidInput(f"dest: {dest} is the ledger itself; back it up to another name", field="dest")
+            if not replace:
+                raise InvalidInput(f"dest: {dest} already exists; pass --replace (replace=True) to "
+                                   "overwrite it, or name a new file", field="dest")
+            head = _read_small(target, 16, "dest")
+            if head and head != b"SQLite format 3\x00":
+                raise InvalidInput(f"dest: {dest} exists and is not an SQLite database; --replace only "
+                                   "overwrites an earlier backup. Name a new file", field="dest")
+        live = [target + x for x in _SIDE if os.path.lexists(target + x)]
+        if live:
+            raise InvalidInput(
+                f"dest: {live[0]} exists beside {dest}, so that name belongs to a database in use "
+                "(or one that was not closed cleanly), whose leftover journal SQLite would apply to "
+                "the copy. Choose another name",
+                field="dest",
+            )
+        with files.private_dir(target) as d:
+            tmp = os.path.join(d, "backup.db")
+            position, ghash, runs = self.store.backup_to(tmp)
+            try:
+                os.chmod(tmp, self.copy_mode())
+                files.fsync_file(tmp)
+                size = os.stat(tmp).st_size
+            except OSError as exc:
+                raise files._failed(target, exc) from exc
+            if not replace and os.path.lexists(target):
+                raise InvalidInput(f"dest: {dest} appeared while the backup was taken; nothing was "
+                                   "replaced. Name a new file", field="dest")
+            files.place(tmp, target, "dest")
+        return {"path": target, "positions": position, "head": anchor.format_digest(position, ghash),
+                "bytes": size, "runs": runs}
+
+    def head(self) -> dict[str, Any]:
+        """Where the ledger ends: ``{"digest", "position", "global_hash"}``.
+
+        Keep ``digest`` somewhere the ledger's writers cannot change; ``verify(expect_head=
+        digest)`` later proves the ledger still holds everything up to it."""
+        position, ghash = self.store.ledger_head()
+        return {"digest": anchor.format_digest(position, ghash), "position": position,
+                "global_hash": ghash.hex()}
+
+    def head_digest(self) -> str:
+        return self.head()["digest"]
+
+    def check_anchor(self, digest: str, *, field: str = "expect_head") -> Any:
+        """The problem between a kept head digest and the ledger now, or None."""
+        position, ghash = anchor.parse_digest(digest, field)
+        return anchor.anchor_problem(self.store, position, ghash)
+
+    def write_head(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Record the head digest in ``path`` (one line, replaced atomically, ledger's mode).
+
+        The digest already in the file must still hold first: a ledger whose tail was cut
+        since the last record is refused (``HeadAnchorBroken``, exit 4) and the file is
+        left as it was, so a scheduled job cannot launder a truncation into a new anchor.
+        Returns ``head()`` plus ``"path"`` and ``"previous"`` (the digest replaced, or None).
+        """
+        target = files.check_target(path, "path")
+        previous = None
+        if os.path.exists(target):
+            raw = _read_small(target, 4097, "path")
+            text = raw.decode("utf-8", "replace").strip()
+            if len(raw) > 4096 or (text and "\n" in text):
+                raise InvalidInput(f"path: {path} holds more than one head digest line; it is not a file "
+                                   "'handoff head --write' made. Name another file", field="path")
+            if text:
+                problem = self.check_anchor(text, field="path")
+                if problem is not None:
+                    raise HeadAnchorBroken(f"{path} holds the head digest {text.strip()}, which this ledger no "
+                                           f"longer contains: {problem.message}. The file was left as it was",
+                                           position=problem.position)
+                previous = text
+        doc = self.head()
+        files.atomic_write(target, [doc["digest"].encode() + b"\n"], mode=self.copy_mode(), field="path")
+        return {**doc, "path": target, "previous": previous}
 
     def import_lines(self, lines: Any) -> dict[str, int]:
         """Import an export: all of it, or nothing of it.
@@ -589,6 +722,7 @@ class Ledger:
             "events": self.store.last_position(),
             "runs": self.store.count_runs(),
             "projections": self.projector.positions(),
+            "problems": [msgspec.to_builtins(p) for p in self.store.append_only_problems()],
         }
 
     def log(self, run_id: str) -> Iterator[Recorded]:
@@ -662,6 +796,21 @@ def _fsync_path(path: str) -> None:
         os.close(fd)
 
 
+def _read_small(path: str, limit: int, field: str) -> bytes:
+    """Up to ``limit`` bytes of a regular file, opened without following a link or
+    blocking on a FIFO swapped in since it was checked."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        raise InvalidInput(f"{field}: cannot read {path}: {exc.strerror}", field=field) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InvalidInput(f"{field}: {path} is not a regular file", field=field)
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
 def _publish_no_replace(private: str, target: str) -> None:
     """Give the finished ledger its name, failing if anything is at ``target`` by now.
 
@@ -721,6 +870,20 @@ def _admit_watcher_beat(rec: Recorded, event: ev.Event) -> None:
             f"(watchdog_observed 'alive' by watchdog:{name}), not this {rec.type} by {rec.actor[:60]}",
             run_id=rec.run_id, seq=rec.seq,
         )
+
+
+class _RunOf(msgspec.Struct):
+    run_id: str
+
+
+#: The files SQLite keeps beside a database while it is open (or after an unclean close).
+_SIDE = ("-wal", "-shm", "-journal")
+
+#: What ``verify(run_id)`` does not look at (reported by ``handoff verify RUN``).
+VERIFY_RUN_SKIPS = (
+    "the hash chains, heads and lease fences of the other runs",
+    "the projections (run 'handoff check' or a whole-ledger 'handoff verify')",
+)
 
 
 def _user() -> str:

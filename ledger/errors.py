@@ -2,7 +2,8 @@
 
 A refusal always means nothing was written. Each class says in its docstring what was
 wrong; each message also says what to do next. ``exit_code`` is what the CLI returns:
-1 the ledger's rules said no, 2 the input was malformed, 3 the store itself failed.
+1 the ledger's rules said no, 2 the input was malformed, 3 the store itself failed, 4 a
+check found damage.
 """
 
 from __future__ import annotations
@@ -156,3 +157,17 @@ class UnknownEffect(Refused):
 
 class IllegalProgress(Refused):
     """This progress kind is not progress in the run's current state."""
+
+
+# --- a check found damage (exit 4) -------------------------------------------------
+
+
+class DamageFound(LedgerError):
+    """A check found the ledger not as it was written (what ``verify`` reports as problems)."""
+
+    exit_code = 4
+
+
+class HeadAnchorBroken(DamageFound):
+    """A head digest kept outside the ledger is no longer contained in it: its tail was
+    cut, or its history rewritten, since the digest was taken."""

@@ -66,6 +66,24 @@ PAGE = 1000
 # so head updates never touch this index; only a run's first append adds an entry.
 _HEADS_FIRST = "CREATE INDEX IF NOT EXISTS heads_first ON heads(first_position)"
 _TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
+#: The triggers that make the events table append-only, exactly as created. verify and
+#: doctor compare the file's triggers with these: one dropped or rewritten is reported.
+APPEND_ONLY_TRIGGERS = {
+    "events_no_update": (
+        "CREATE TRIGGER events_no_update BEFORE UPDATE ON events BEGIN "
+        "SELECT RAISE(ABORT, 'handoff ledger events are append-only: UPDATE refused'); END"
+    ),
+    "events_no_overwrite": (
+        "CREATE TRIGGER events_no_overwrite BEFORE INSERT ON events WHEN EXISTS ("
+        "SELECT 1 FROM events WHERE position = NEW.position "
+        "OR (run_id = NEW.run_id AND seq = NEW.seq)) BEGIN "
+        "SELECT RAISE(ABORT, 'handoff ledger events are append-only: overwrite refused'); END"
+    ),
+    "events_no_delete": (
+        "CREATE TRIGGER events_no_delete BEFORE DELETE ON events BEGIN "
+        "SELECT RAISE(ABORT, 'handoff ledger events are append-only: DELETE refused'); END"
+    ),
+}
 _MISSING = object()
 #: Checkpoint once the WAL file grows past this many bytes (checked after commits).
 WAL_CHECKPOINT_BYTES = 8 << 20
@@ -611,20 +629,8 @@ class SqliteStore(EventStore):
                 "CREATE UNIQUE INDEX events_idem ON events(run_id, idem_key) "
                 "WHERE idem_key IS NOT NULL"
             )
-            self._conn.execute(
-                "CREATE TRIGGER events_no_update BEFORE UPDATE ON events BEGIN "
-                "SELECT RAISE(ABORT, 'handoff ledger events are append-only: UPDATE refused'); END"
-            )
-            self._conn.execute(
-                "CREATE TRIGGER events_no_overwrite BEFORE INSERT ON events WHEN EXISTS ("
-                "SELECT 1 FROM events WHERE position = NEW.position "
-                "OR (run_id = NEW.run_id AND seq = NEW.seq)) BEGIN "
-                "SELECT RAISE(ABORT, 'handoff ledger events are append-only: overwrite refused'); END"
-            )
-            self._conn.execute(
-                "CREATE TRIGGER events_no_delete BEFORE DELETE ON events BEGIN "
-                "SELECT RAISE(ABORT, 'handoff ledger events are append-only: DELETE refused'); END"
-            )
+            for sql in APPEND_ONLY_TRIGGERS.values():
+                self._conn.execute(sql)
             db.create_table(
                 "heads",
                 {
@@ -1434,8 +1440,9 @@ class SqliteStore(EventStore):
                 elif e.lease == lease:  # released or revoked: the current lease ends
                     lease, holder = None, None
                 fences[rec.run_id] = (lease, holder, top)
-        if run_id is None:
-            problems.extend(self._verify_global_chain())
+        # The ledger-wide checks run for one run too: a hole or a break anywhere in the
+        # global chain makes every run's place in the order doubtful.
+        problems.extend(self._verify_global_chain(gaps=run_id is not None))
         heads = {h.run_id: h for h in self.list_runs()} if run_id is None else (
             {run_id: h} if (h := self.head(run_id)) else {}
         )
@@ -1473,25 +1480,110 @@ class SqliteStore(EventStore):
             if rid not in seen and rid not in broken:
                 problems.append(Problem("head_mismatch", rid, None, None,
                                         f"run {rid} has a head at seq {h.last_seq} but no events"))
+        problems.extend(self._append_only_locked())
         return problems
 
-    def _verify_global_chain(self) -> list[Problem]:
-        """Walk the ledger-wide chain; report the first position where it breaks."""
+    def _verify_global_chain(self, *, gaps: bool = False) -> list[Problem]:
+        """Walk the ledger-wide chain; report the first position where it breaks.
+
+        ``gaps``: also report the first hole in the positions (the whole-ledger walk
+        finds those itself; a one-run verify relies on this walk for them)."""
         prev, cursor = GENESIS_HASH, 0
+        found: list[Problem] = []
         while True:
             rows = self._conn.execute(
                 "SELECT position, run_id, seq, hash, global_hash FROM events WHERE position > ? "
                 "ORDER BY position LIMIT ?", (cursor, PAGE * 10),
             ).fetchall()
             for position, rid, seq, h, g in rows:
+                if gaps and position != cursor + 1:
+                    found.append(Problem("position_gap", rid, seq, position,
+                                         f"positions jump from {cursor} to {position}: events are missing"))
+                    gaps = False
+                cursor = position
                 if not isinstance(h, bytes) or g != global_link(prev, position, h):
-                    return [Problem("global_chain", rid, seq, position,
-                                    "the ledger-wide chain breaks here: events were reordered, moved "
-                                    "between positions, inserted or removed behind the store")]
+                    return found + [Problem("global_chain", rid, seq, position,
+                                            "the ledger-wide chain breaks here: events were reordered, moved "
+                                            "between positions, inserted or removed behind the store")]
                 prev = g
             if len(rows) < PAGE * 10:
-                return []
-            cursor = rows[-1][0]
+                return found
+
+    def _append_only_locked(self) -> list[Problem]:
+        have = dict(self._conn.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type='trigger' AND tbl_name='events'"
+        ).fetchall())
+        out = []
+        for name, sql in APPEND_ONLY_TRIGGERS.items():
+            if name not in have:
+                out.append(Problem(
+                    "trigger_missing", None, None, None,
+                    f"the append-only trigger {name} is gone: events can be changed or deleted "
+                    "without any error. Someone edited the file behind the store; run 'handoff "
+                    "verify' against a head digest kept elsewhere, and restore from a backup",
+                ))
+            elif " ".join(str(have[name]).split()) != " ".join(sql.split()):
+                out.append(Problem(
+                    "trigger_altered", None, None, None,
+                    f"the append-only trigger {name} is not the one the store created: it may "
+                    "no longer refuse changes. Someone edited the file behind the store; restore "
+                    "from a backup and compare with a head digest kept elsewhere",
+                ))
+        return out
+
+    def append_only_problems(self) -> list[Problem]:
+        with self._lock:
+            try:
+                return self._append_only_locked()
+            except sqlite3.Error as exc:
+                raise _explain(exc, "reading the triggers", self.path) from exc
+
+    # --- heads of the whole ledger, and copies ---------------------------------------
+
+    def ledger_head(self) -> tuple[int, bytes]:
+        with self._lock:
+            try:
+                row = self._conn.execute(
+                    "SELECT position, global_hash FROM events ORDER BY position DESC LIMIT 1"
+                ).fetchone()
+            except sqlite3.Error as exc:
+                raise _explain(exc, "reading the ledger's head", self.path) from exc
+        if row is None:
+            return 0, GENESIS_HASH
+        return row[0], bytes(row[1]) if isinstance(row[1], (bytes, bytearray)) else b""
+
+    def global_hash_at(self, position: int) -> bytes | None:
+        check_seq(position, "position")
+        with self._lock:
+            try:
+                row = self._conn.execute(
+                    "SELECT global_hash FROM events WHERE position=?", (position,)
+                ).fetchone()
+            except sqlite3.Error as exc:
+                raise _explain(exc, "reading the ledger-wide chain", self.path) from exc
+        if row is None or not isinstance(row[0], (bytes, bytearray)):
+            return None
+        return bytes(row[0])
+
+    def backup_to(self, path: str) -> tuple[int, bytes, int]:
+        """SQLite's online backup of every page, WAL included, in one step under one read
+        snapshot: writers go on meanwhile and the copy is exactly one committed state.
+        The copy is left in rollback-journal mode, so it is one self-contained file."""
+        try:
+            dst = sqlite3.connect(path, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise _explain(exc, "creating a backup", path) from exc
+        try:
+            with self._lock:
+                self._conn.backup(dst)
+            dst.execute("PRAGMA journal_mode=DELETE")
+            row = dst.execute("SELECT position, global_hash FROM events ORDER BY position DESC LIMIT 1").fetchone()
+            runs = dst.execute("SELECT count(*) FROM heads").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise _explain(exc, "copying the ledger into a backup", self.path) from exc
+        finally:
+            dst.close()
+        return (0, GENESIS_HASH, runs) if row is None else (row[0], bytes(row[1]), runs)
 
     def integrity_check(self) -> str:
         with self._lock:

@@ -123,7 +123,7 @@ class Problem(msgspec.Struct, frozen=True):
     """One thing ``verify`` found wrong, at the first position where it shows."""
 
     kind: str
-    run_id: str
+    run_id: str | None  # None for a ledger-wide problem (a head anchor, a missing trigger)
     seq: int | None
     position: int | None
     message: str
@@ -382,6 +382,27 @@ class EventStore(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+    # --- what lets a copy or an outside anchor be checked (docs/reliability.md) -------
+
+    @abc.abstractmethod
+    def ledger_head(self) -> tuple[int, bytes]:
+        """The last global position and the ledger-wide chain hash there (0 and the
+        genesis hash when empty), read together."""
+
+    @abc.abstractmethod
+    def global_hash_at(self, position: int) -> bytes | None:
+        """The ledger-wide chain hash stored at ``position``, or None when there is none."""
+
+    @abc.abstractmethod
+    def append_only_problems(self) -> list[Problem]:
+        """What is missing or altered in the store's own refusal of UPDATE and DELETE."""
+
+    @abc.abstractmethod
+    def backup_to(self, path: str) -> tuple[int, bytes, int]:
+        """Copy the whole ledger, as one consistent snapshot, into the new file ``path``
+        (which the caller made in a private place); return the copy's last position,
+        ledger-wide hash there, and run count."""
 
     # --- shared behaviour built on the primitives above --------------------------
 

@@ -57,9 +57,11 @@ def test_tampered_input_is_refused_whole(h, tmp_path):
     assert not target.exists()  # nothing was created, nothing imported
 
 
-def test_export_usage_and_unknown_runs(h):
+def test_export_usage_and_unknown_runs(h, tmp_path):
     _source(h)
     h("export", code=2)
     h("export", "r1", "--all", code=2)
     h("export", "r1", "--json", code=2)
-    assert json.loads(h("export", "nope", "--json", "-o", os.devnull, code=1).stderr)["error"]["type"] == "UnknownRun"
+    out = tmp_path / "none.jsonl"
+    assert json.loads(h("export", "nope", "--json", "-o", str(out), code=1).stderr)["error"]["type"] == "UnknownRun"
+    assert not out.exists()

@@ -656,7 +656,7 @@ SENSIBLE = {"--lease": "1", "--to": "verifying", "--kind": "tool_outcome", "--ou
             "--progress-timeout": "60", "--retry-budget": "2", "--owner-cap": "3", "--delivery-timeout": "60",
             "--type": "progress_recorded", "--state": "executing", "--projection": "checkpoints", "--blocker": "1",
             "--interval": "1", "--name": "fuzz", "-o": "out.jsonl", "--output": "out.jsonl", "--contract": "-",
-            "--busy-timeout": "5"}
+            "--busy-timeout": "5", "--write": "anchor.head"}
 argv_bytes = st.binary(max_size=12).map(lambda b: b.decode("utf-8", "surrogateescape").replace("\x00", ""))
 value = st.one_of(st.sampled_from(INTERESTING), st.sampled_from(GOOD), st.text(alphabet=string.printable, max_size=12),
                   argv_bytes)

@@ -1,7 +1,9 @@
 """Tamper evidence: an attacker with write access to the SQLite file, and what verify sees.
 
 The attacker drops the append-only triggers (anyone who can write the file can), then
-edits, deletes, reorders, inserts or re-chains rows with plain sqlite3. For every case
+edits, deletes, reorders, inserts or re-chains rows with plain sqlite3, and puts the
+triggers back to cover its tracks (a trigger left missing is reported by itself:
+tests/faults/test_copies.py). For every case
 ``Ledger.verify()`` and ``handoff verify`` (exit 4) must report it, naming the first bad
 position. Two cases cannot be seen from inside the file, and the tests say so:
 
@@ -28,6 +30,7 @@ from click.testing import CliRunner
 
 import cli
 from handoff.api import Ledger
+from ledger.sqlite import APPEND_ONLY_TRIGGERS
 from ledger.store import GENESIS_HASH, chain_hash
 
 from .conftest import handoff
@@ -87,6 +90,8 @@ def attack(base: dict[str, Any], name: str, *sql: str | tuple[str, tuple], recha
         for position, h in conn.execute("SELECT position, hash FROM events ORDER BY position").fetchall():
             prev = global_link(prev, position, h)
             conn.execute("UPDATE events SET global_hash=? WHERE position=?", (prev, position))
+    for trig in APPEND_ONLY_TRIGGERS.values():
+        conn.execute(trig)
     conn.execute("COMMIT")
     conn.close()
     return path
@@ -435,6 +440,7 @@ def test_head_digest_from_the_cli_export_catches_truncation(base, tmp_path, evid
     conn.execute("DELETE FROM events WHERE run_id='beta' AND seq>=8")
     conn.execute("UPDATE heads SET last_seq=7, last_hash=?, last_position=? WHERE run_id='beta'",
                  (prev["hash"], prev["position"]))
+    conn.execute(APPEND_ONLY_TRIGGERS["events_no_delete"])
     conn.close()
     with Ledger(path) as lg:
         assert lg.verify() == []

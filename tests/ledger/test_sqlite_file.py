@@ -25,7 +25,7 @@ from ledger.errors import (
     StaleLease,
     StoreUnavailable,
 )
-from ledger.sqlite import WAL_CHECKPOINT_BYTES, SqliteStore
+from ledger.sqlite import APPEND_ONLY_TRIGGERS, WAL_CHECKPOINT_BYTES, SqliteStore
 from ledger.store import AppendResult, Decision
 from tests.ledger.conformance import (
     OWNER,
@@ -436,11 +436,14 @@ def test_wal_is_checkpointed_under_the_writer_lock(db_path):
 
 
 def _tamper(path, *sql: str) -> None:
+    """Edit behind the store, then put the triggers back (a missing one is its own problem)."""
     conn = raw(path)
     conn.execute("DROP TRIGGER events_no_update")
     conn.execute("DROP TRIGGER events_no_delete")
     for stmt in sql:
         conn.execute(stmt)
+    for name in ("events_no_update", "events_no_delete"):
+        conn.execute(APPEND_ONLY_TRIGGERS[name])
     conn.close()
 
 
@@ -450,6 +453,7 @@ def test_verify_detects_an_edited_payload(db_path):
     conn = raw(db_path)
     conn.execute("DROP TRIGGER events_no_update")
     conn.execute("UPDATE events SET payload = ? WHERE position = 4", (forged,))
+    conn.execute(APPEND_ONLY_TRIGGERS["events_no_update"])
     conn.close()
     with SqliteStore(db_path) as s:
         problems = s.verify()
