@@ -516,13 +516,20 @@ def progress(run: str, lease: int, kind: str, detail: str, key: str | None, as_j
 @click.option("--kind", default="result", show_default=True, help="What the file is (result, log, diff...).")
 @click.option("--root", default=None, type=click.Path(file_okay=False),
               help="Refuse a path that resolves outside this directory.")
+@click.option("--max-bytes", "max_bytes", default=None, metavar="SIZE",
+              help="Refuse a file larger than this, e.g. 64M or 2G (default: $HANDOFF_ARTIFACT_MAX_BYTES, "
+                   "else 1G).")
 @key_option
 @json_option
-def artifact(run: str, path: str | None, lease: int, kind: str, root: str | None, key: str | None,
-             as_json: bool) -> None:
+def artifact(run: str, path: str | None, lease: int, kind: str, root: str | None, max_bytes: str | None,
+             key: str | None, as_json: bool) -> None:
     """Record a file the run produced; the ledger reads its size and sha256 itself.
 
     Inside 'handoff run', RUN may be left out (it is $HANDOFF_RUN).
+
+    Only a finished regular file is read: a FIFO, device, socket, directory or /proc
+    file is refused, and so is a file that changes while it is read (record it again
+    once it is finished). A path that does not exist is recorded as MISSING.
 
     \b
     Example:
@@ -533,7 +540,8 @@ def artifact(run: str, path: str | None, lease: int, kind: str, root: str | None
         if not run:
             raise click.UsageError("give RUN and PATH (RUN may be left out only when HANDOFF_RUN is set)")
     with _ledger() as lg:
-        out = lg.artifact(run, lease, path, kind=kind, root=root, key=key, worker=_wname(lg, run, lease))
+        out = lg.artifact(run, lease, path, kind=kind, root=root, key=key, worker=_wname(lg, run, lease),
+                          max_bytes=max_bytes)
     art = out.checkpoint.artifacts[-1] if out.checkpoint.artifacts else None
     extra = {} if art is None else {"artifact": {"path": art.path, "kind": art.kind, "bytes": art.bytes,
                                                  "sha256": art.sha256, "exists": art.exists}}
