@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import itertools
 import math
 import os
 import stat
@@ -120,6 +121,25 @@ class Outcome(msgspec.Struct, frozen=True):
     @property
     def duplicate(self) -> bool:
         return self.result.outcome == "duplicate"
+
+
+class Page(msgspec.Struct, frozen=True):
+    """One page of a listing: its entries in listing order, the cursor to pass as
+    ``after=`` for the next page (None when nothing follows) and how many entries follow."""
+
+    items: tuple[Any, ...]
+    next: str | None
+    more: int
+
+
+#: How many entries a listing page holds unless the caller says otherwise.
+DEFAULT_PAGE = 100
+
+
+def check_limit(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
+        raise InvalidInput(f"limit must be a whole number from 1 to 1000000, got {repr(value)[:60]}", field="limit")
+    return value
 
 
 def now_us() -> int:
@@ -556,11 +576,76 @@ class Ledger:
 
     def runs(self, *, include_terminal: bool = False, state: str | None = None,
              owner: str | None = None, target: str | None = None) -> Iterator[Checkpoint]:
-        """Runs from the checkpoints view, oldest first (not terminal unless asked)."""
+        """Runs from the checkpoints view, oldest first (not terminal unless asked); read a
+        page at a time, so memory does not grow with the number of runs."""
         for field, value in (("state", state), ("owner", owner), ("target", target)):
             check_filter(value, field)
-        return queries.runs(self.store, state=state, owner=owner, target=target,
-                            include_terminal=include_terminal)
+        return queries.runs_after(self.store, None, states=() if state is None else (state,), owner=owner,
+                                  target=target, include_terminal=include_terminal)
+
+    # --- listings a page at a time (queries.py says how they are sorted) ---------------
+
+    def _cursor(self, after: str | None) -> queries.Cursor | None:
+        if after is None:
+            return None
+        check_run_id(after, "after")
+        cursor = queries.cursor_of(self.store, after)
+        if cursor is None:
+            raise InvalidInput(f"no run {after} in {self.store.path} to continue after; pass the run id an "
+                               "earlier page gave as its next cursor ('next')", field="after")
+        return cursor
+
+    def iter_runs(self, *, after: str | None = None, include_terminal: bool = False,
+                  states: tuple[str, ...] = (), owner: str | None = None,
+                  target: str | None = None) -> Iterator[Checkpoint]:
+        """Every run matching the filters, oldest first (by where it begins in the log, then
+        run id), strictly after the run ``after``. Terminal runs only with
+        ``include_terminal`` or when a terminal state is asked for by name."""
+        states = tuple(states)
+        for i, value in enumerate(states):
+            if not isinstance(value, str):
+                raise InvalidInput(f"states[{i}] must be text, got {type(value).__name__}", field="states")
+            check_filter(value, f"states[{i}]")
+        for field, value in (("owner", owner), ("target", target)):
+            check_filter(value, field)
+        from reducers.transitions import TERMINAL
+
+        include_terminal = bool(include_terminal) or any(s in TERMINAL for s in states)
+        return queries.runs_after(self.store, self._cursor(after), include_terminal=include_terminal,
+                                  states=states, owner=owner, target=target)
+
+    def runs_page(self, *, limit: int = DEFAULT_PAGE, after: str | None = None, include_terminal: bool = False,
+                  states: tuple[str, ...] = (), owner: str | None = None, target: str | None = None) -> Page:
+        """One page of ``iter_runs``: at most ``limit`` runs, ``next`` to continue, ``more`` left."""
+        check_limit(limit)
+        stream = self.iter_runs(after=after, include_terminal=include_terminal, states=states, owner=owner,
+                                target=target)
+        items = tuple(itertools.islice(stream, limit))
+        if len(items) < limit:
+            return Page(items, None, 0)
+        last = items[-1].run_id
+        from reducers.transitions import TERMINAL
+
+        more = queries.count_runs_after(
+            self.store, queries.cursor_of(self.store, last), states=tuple(states), owner=owner, target=target,
+            include_terminal=bool(include_terminal) or any(s in TERMINAL for s in states))
+        return Page(items, last if more else None, more)
+
+    def iter_stalls(self, *, now: int | None = None, after: str | None = None
+                    ) -> Iterator[tuple[Checkpoint, stall.Health]]:
+        """Every run that needs attention at ``now``, in listing order, after the run ``after``."""
+        when = check_time_us(now, "now") if now is not None else self.clock()
+        due = queries.due_after(self.store, when, self._cursor(after))  # arguments checked here, not at next()
+        return ((cp, h) for cp in due if (h := stall.classify(cp, now_us=when)).needs_attention)
+
+    def stalls_page(self, *, limit: int = DEFAULT_PAGE, after: str | None = None, now: int | None = None) -> Page:
+        """One page of ``iter_stalls`` (pairs of checkpoint and health), judged at one ``now``."""
+        check_limit(limit)
+        when = check_time_us(now, "now") if now is not None else self.clock()
+        stream = self.iter_stalls(now=when, after=after)
+        items = tuple(itertools.islice(stream, limit))
+        more = sum(1 for _ in stream)  # the rest, judged at the same moment; counted, not kept
+        return Page(items, items[-1][0].run_id if more else None, more)
 
     def stalls(self, *, now: int | None = None) -> list[tuple[Checkpoint, stall.Health]]:
         """Every run that needs attention at ``now``: an index scan, then classify each candidate."""
@@ -677,11 +762,12 @@ class Ledger:
             "projections": self.projector.positions(),
         }
 
-    def log(self, run_id: str) -> Iterator[Recorded]:
+    def log(self, run_id: str, *, after_seq: int = 0) -> Iterator[Recorded]:
+        """The run's events after ``after_seq``, oldest first, read a page at a time."""
         check_run_id(run_id)
         if self.store.head(run_id) is None:
             raise UnknownRun(f"no run {run_id} in {self.store.path}")
-        return self.store.read_run(run_id)
+        return self.store.read_run(run_id, after_seq=after_seq)
 
 
 def _user() -> str:
