@@ -318,6 +318,91 @@ def _one_line(text: str, limit: int = 72) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+# --- output that streams: memory flat however long the listing ------------------------
+
+TABLE_WINDOW = 256  # a streamed table sizes its columns from this many rows at a time
+
+
+def _stream_table(headers: list[str], rows: Any, *, window: int = TABLE_WINDOW) -> int:
+    """Print an aligned table as its rows arrive; returns how many rows were printed.
+
+    Columns are sized from the header and the first ``window`` rows, and only widen for
+    later windows, so a long listing never has to be held whole to be printed.
+    """
+    import itertools
+
+    widths = [len(h) for h in headers]
+    it = iter(rows)
+    printed = 0
+    while chunk := [[("-" if c is None else str(c)).replace("\n", " ") for c in row]
+                    for row in itertools.islice(it, window)]:
+        for row in chunk:
+            for i, c in enumerate(row):
+                widths[i] = max(widths[i], len(c))
+        lines = [headers, *chunk] if not printed else chunk
+        click.echo("\n".join("  ".join(c.ljust(widths[i]) if i < len(row) - 1 else c for i, c in enumerate(row)).rstrip()
+                             for row in lines))
+        printed += len(chunk)
+    return printed
+
+
+def _stream_json(head: dict[str, Any], key: str, items: Any, tail: Any = None) -> int:
+    """Print ``{**head, key: [*items], **tail()}`` exactly as ``json.dumps(..., indent=2)``
+    would, one item at a time; ``tail`` is called after the last item. Returns the count."""
+    import json
+
+    def dumps(value: Any, depth: int) -> str:
+        return json.dumps(value, indent=2, ensure_ascii=False, default=str).replace("\n", "\n" + "  " * depth)
+
+    out = ["{"]
+    for k, v in head.items():
+        out.append(f"\n  {dumps(k, 1)}: {dumps(v, 1)},")
+    out.append(f"\n  {dumps(key, 1)}: [")
+    n = 0
+    for item in items:
+        out.append(("," if n else "") + "\n    " + dumps(item, 2))
+        n += 1
+        if len(out) >= TABLE_WINDOW:  # written in batches: one write per item is slow
+            click.echo("".join(out), nl=False)
+            out.clear()
+    click.echo("".join(out), nl=False)
+    end = ["\n  ]" if n else "]"]
+    for k, v in (tail() if tail is not None else {}).items():
+        end.append(f",\n  {dumps(k, 1)}: {dumps(v, 1)}")
+    click.echo("".join(end) + "\n}")
+    return n
+
+
+def _stream_jsonl(items: Any) -> int:
+    """One compact JSON document per line."""
+    import json
+
+    n = 0
+    out = []
+    for item in items:
+        out.append(json.dumps(item, ensure_ascii=False, default=str))
+        n += 1
+        if len(out) >= TABLE_WINDOW:
+            click.echo("\n".join(out))
+            out.clear()
+    if out:
+        click.echo("\n".join(out))
+    return n
+
+
+def page_options(f: Any) -> Any:
+    f = click.option("--after", "after", default=None, metavar="RUN",
+                     help="Continue a listing after this run (the 'next' an earlier page printed).")(f)
+    return click.option("--limit", type=click.IntRange(min=0), default=100, show_default=True,
+                        help="Print at most this many runs; 0 prints them all.")(f)
+
+
+def _more_line(more: int, nxt: str | None, extra: str = "") -> None:
+    if nxt:
+        click.echo(f"... {more} more not shown; for the next page, repeat the command with "
+                   f"--after {nxt}{extra} (or --limit 0 for all)")
+
+
 # --- contract and lease --------------------------------------------------------------
 
 
@@ -516,13 +601,20 @@ def progress(run: str, lease: int, kind: str, detail: str, key: str | None, as_j
 @click.option("--kind", default="result", show_default=True, help="What the file is (result, log, diff...).")
 @click.option("--root", default=None, type=click.Path(file_okay=False),
               help="Refuse a path that resolves outside this directory.")
+@click.option("--max-bytes", "max_bytes", default=None, metavar="SIZE",
+              help="Refuse a file larger than this, e.g. 64M or 2G (default: $HANDOFF_ARTIFACT_MAX_BYTES, "
+                   "else 1G).")
 @key_option
 @json_option
-def artifact(run: str, path: str | None, lease: int, kind: str, root: str | None, key: str | None,
-             as_json: bool) -> None:
+def artifact(run: str, path: str | None, lease: int, kind: str, root: str | None, max_bytes: str | None,
+             key: str | None, as_json: bool) -> None:
     """Record a file the run produced; the ledger reads its size and sha256 itself.
 
     Inside 'handoff run', RUN may be left out (it is $HANDOFF_RUN).
+
+    Only a finished regular file is read: a FIFO, device, socket, directory or /proc
+    file is refused, and so is a file that changes while it is read (record it again
+    once it is finished). A path that does not exist is recorded as MISSING.
 
     \b
     Example:
@@ -533,7 +625,8 @@ def artifact(run: str, path: str | None, lease: int, kind: str, root: str | None
         if not run:
             raise click.UsageError("give RUN and PATH (RUN may be left out only when HANDOFF_RUN is set)")
     with _ledger() as lg:
-        out = lg.artifact(run, lease, path, kind=kind, root=root, key=key, worker=_wname(lg, run, lease))
+        out = lg.artifact(run, lease, path, kind=kind, root=root, key=key, worker=_wname(lg, run, lease),
+                          max_bytes=max_bytes)
     art = out.checkpoint.artifacts[-1] if out.checkpoint.artifacts else None
     extra = {} if art is None else {"artifact": {"path": art.path, "kind": art.kind, "bytes": art.bytes,
                                                  "sha256": art.sha256, "exists": art.exists}}
@@ -947,19 +1040,25 @@ def _run_row(cp: Any, health: Any) -> dict[str, Any]:
 @click.option("--owner", default=None, help="Only this owner's runs.")
 @click.option("--all", "include_terminal", is_flag=True, help="Include delivered, no-op, cancelled and failed runs.")
 @click.option("--now", type=ISO_TIME, default=None, help="Judge health as of this time (default: now).")
+@page_options
 @json_option
 def status(run: str | None, states: tuple[str, ...], owner: str | None, include_terminal: bool,
-           now: int | None, as_json: bool) -> None:
+           now: int | None, limit: int, after: str | None, as_json: bool) -> None:
     """Show one run's checkpoint packet, or a table of the runs that are not terminal.
 
     The packet is everything the next actor needs: state, contract, lease, progress,
     blockers, artifacts, evidence, pending side effects, review, delivery, health and
     whether a live watcher really covers the run.
 
+    The table lists runs oldest first (by where each begins in the log, then run id),
+    100 at a time: the last line says how many more match and the --after RUN that
+    shows the next page (in --json: "next" and "more").
+
     \b
     Example:
         handoff status $RUN
         handoff status --state executing --owner alice --json
+        handoff status --all --limit 50 --after run-20260501-120000-a1b2c3
     """
     from reducers import stall
 
@@ -969,21 +1068,23 @@ def status(run: str | None, states: tuple[str, ...], owner: str | None, include_
             _emit(p, as_json, None if as_json else format_packet(p))
             return
         when = now if now is not None else lg.clock()
-        rows = []
-        for cp in lg.runs(include_terminal=include_terminal or any(s in ("delivered", "no_op", "cancelled", "failed")
-                                                                     for s in states), owner=owner):
-            if states and cp.state not in states:
-                continue
-            rows.append(_run_row(cp, stall.classify(cp, now_us=when)))
-    if as_json:
-        _emit({"now": _iso(when), "runs": rows}, True, None)
-        return
-    if not rows:
-        click.echo("no runs" + ("" if include_terminal else " that are not terminal") + " match")
-        return
-    click.echo(_table(["RUN", "STATE", "OWNER", "WORKER", "LEASE", "PROGRESS", "HEALTH", "UPDATED"],
-                      [[r["run_id"], r["state"], r["owner"], r["worker"], r["lease"], r["progress_seq"],
-                        r["health"], _iso_ms(r["updated_at"])] for r in rows]))
+        filters = {"after": after, "include_terminal": include_terminal, "states": states, "owner": owner}
+        if limit:
+            page = lg.runs_page(limit=limit, **filters)
+            items, nxt, more = page.items, page.next, page.more
+        else:
+            items, nxt, more = lg.iter_runs(**filters), None, 0
+        rows = (_run_row(cp, stall.classify(cp, now_us=when)) for cp in items)
+        if as_json:
+            _stream_json({"now": _iso(when)}, "runs", rows, lambda: {"next": nxt, "more": more})
+            return
+        n = _stream_table(["RUN", "STATE", "OWNER", "WORKER", "LEASE", "PROGRESS", "HEALTH", "UPDATED"],
+                          ([r["run_id"], r["state"], r["owner"], r["worker"], r["lease"], r["progress_seq"],
+                            r["health"], _iso_ms(r["updated_at"])] for r in rows))
+    if not n:
+        click.echo("no runs" + ("" if include_terminal else " that are not terminal")
+                   + (f" after {after}" if after else "") + " match")
+    _more_line(more, nxt)
 
 
 def _iso_ms(text: str | None) -> str | None:
@@ -1052,18 +1153,20 @@ def summarize(event: Any) -> str:
     return ev.tag_of(e)
 
 
-def log_rows(records: Any) -> list[dict[str, Any]]:
+def log_row(rec: Any) -> dict[str, Any]:
+    """One event as a row of 'handoff log' (its --json shape, docs/cli.md)."""
     import msgspec
 
-    rows = []
-    for rec in records:
-        event = rec.event
-        rows.append({
-            "seq": rec.seq, "position": rec.position, "at": _iso(rec.recorded_us), "actor": rec.actor,
-            "lease": rec.lease, "type": rec.type, "key": rec.idempotency_key, "summary": summarize(event),
-            "data": msgspec.to_builtins(event),
-        })
-    return rows
+    event = rec.event
+    return {
+        "seq": rec.seq, "position": rec.position, "at": _iso(rec.recorded_us), "actor": rec.actor,
+        "lease": rec.lease, "type": rec.type, "key": rec.idempotency_key, "summary": summarize(event),
+        "data": msgspec.to_builtins(event),
+    }
+
+
+def log_rows(records: Any) -> list[dict[str, Any]]:
+    return [log_row(rec) for rec in records]
 
 
 def format_log(rows: list[dict[str, Any]], *, width: int = 72) -> str:
@@ -1077,24 +1180,52 @@ def format_log(rows: list[dict[str, Any]], *, width: int = 72) -> str:
 @click.option("--after", "after_seq", type=click.IntRange(min=0), default=0, help="Only events after this seq.")
 @click.option("--type", "types", multiple=True, help="Only events of this type (repeatable), e.g. lease_revoked.")
 @click.option("--no-heartbeats", is_flag=True, help="Leave heartbeat_recorded events out.")
+@click.option("--limit", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Print at most this many events (0: all); the last line (or 'next' in --json) gives "
+                   "the --after SEQ that continues.")
 @json_option
-def log(run: str, after_seq: int, types: tuple[str, ...], no_heartbeats: bool, as_json: bool) -> None:
+@click.option("--jsonl", "as_jsonl", is_flag=True, help="Print one JSON object per event, one per line.")
+def log(run: str, after_seq: int, types: tuple[str, ...], no_heartbeats: bool, limit: int, as_json: bool,
+        as_jsonl: bool) -> None:
     """Print a run's timeline: seq, time, actor, lease, type and a one-line summary.
+
+    Events come oldest first and are printed as they are read, so a run of any length
+    takes the same memory; columns are sized from the first rows.
 
     \b
     Example:
         handoff log $RUN --no-heartbeats
         handoff log $RUN --type lease_granted --type lease_revoked --json
+        handoff log $RUN --limit 500 --after 1000 --jsonl
     """
+    if as_json and as_jsonl:
+        raise click.UsageError("give --json or --jsonl, not both")
     with _ledger() as lg:
-        records = [r for r in lg.log(run) if r.seq > after_seq
-                   and (not types or r.type in types)
-                   and not (no_heartbeats and r.type == "heartbeat_recorded")]
-        rows = log_rows(records)
-    if as_json:
-        _emit({"run_id": run, "events": rows}, True, None)
-    else:
-        click.echo(format_log(rows) if rows else f"{run}: no events match")
+        matching = (r for r in lg.log(run, after_seq=after_seq)
+                    if (not types or r.type in types) and not (no_heartbeats and r.type == "heartbeat_recorded"))
+        last: list[int] = []  # the seq of the last event printed: where a next page starts
+        nxt: list[int] = []
+
+        def rows() -> Any:
+            for i, rec in enumerate(matching):
+                if limit and i == limit:
+                    nxt.append(last[-1])
+                    return
+                last[:] = [rec.seq]
+                yield log_row(rec)
+
+        if as_jsonl:
+            _stream_jsonl(rows())
+        elif as_json:
+            _stream_json({"run_id": run}, "events", rows(), lambda: {"next": nxt[0] if nxt else None})
+        else:
+            n = _stream_table(["SEQ", "TIME", "ACTOR", "LEASE", "TYPE", "SUMMARY"],
+                              ([r["seq"], _iso_ms(r["at"]), r["actor"], r["lease"], r["type"],
+                                _one_line(r["summary"], 72)] for r in rows()))
+            if not n:
+                click.echo(f"{run}: no events match")
+            if nxt:
+                click.echo(f"... more events follow; for the next page, repeat the command with --after {nxt[0]}")
 
 
 @main.command()
@@ -1124,14 +1255,32 @@ def replay(run: str, at_seq: int | None, as_of: int | None, as_json: bool) -> No
         click.echo(f"{run} as it stood at {when}:\n" + format_packet(p))
 
 
+def _stall_row(cp: Any, h: Any) -> dict[str, Any]:
+    w = cp.watch
+    return {
+        "run_id": cp.run_id, "state": cp.state, "classification": h.classification, "action": h.action,
+        "reason": h.reason, "worker": cp.worker, "lease": cp.lease,
+        "last_heartbeat_at": _iso(w.last_heartbeat_us), "progress_seq": w.progress_seq,
+        "last_progress": None if w.last_progress is None else {
+            "seq": w.last_progress.seq, "kind": w.last_progress.kind, "at": _iso(w.last_progress.at_us)},
+        "retries": w.repeats, "retry_budget": cp.policy.retry_budget,
+    }
+
+
 @main.command()
 @click.option("--now", type=ISO_TIME, default=None, help="Judge as of this time (default: now).")
+@page_options
 @json_option
-def stalls(now: int | None, as_json: bool) -> None:
+def stalls(now: int | None, limit: int, after: str | None, as_json: bool) -> None:
     """List every run whose health needs attention, with the evidence and the action.
 
     Evidence: last heartbeat, last progress (seq and kind), the lease and how many
     stalled windows the watchdog has seen at the same progress_seq (retries).
+
+    Runs come oldest first (by where each begins in the log, then run id), 100 at a
+    time: the last line says how many more need attention and the --after RUN (with
+    the --now the page was judged at) that shows the next page; in --json, "next" and
+    "more".
 
     \b
     Example:
@@ -1140,29 +1289,23 @@ def stalls(now: int | None, as_json: bool) -> None:
     """
     with _ledger() as lg:
         when = now if now is not None else lg.clock()
-        found = lg.stalls(now=when)
-    rows = []
-    for cp, h in found:
-        w = cp.watch
-        rows.append({
-            "run_id": cp.run_id, "state": cp.state, "classification": h.classification, "action": h.action,
-            "reason": h.reason, "worker": cp.worker, "lease": cp.lease,
-            "last_heartbeat_at": _iso(w.last_heartbeat_us), "progress_seq": w.progress_seq,
-            "last_progress": None if w.last_progress is None else {
-                "seq": w.last_progress.seq, "kind": w.last_progress.kind, "at": _iso(w.last_progress.at_us)},
-            "retries": w.repeats, "retry_budget": cp.policy.retry_budget,
-        })
-    if as_json:
-        _emit({"now": _iso(when), "stalls": rows}, True, None)
-        return
-    if not rows:
-        click.echo(f"no run needs attention at {_iso(when, ms=True)}")
-        return
-    click.echo(_table(
-        ["RUN", "STATE", "HEALTH", "ACTION", "LEASE", "LAST BEAT", "PROGRESS", "RETRIES", "WHY"],
-        [[r["run_id"], r["state"], r["classification"], r["action"], r["lease"], _iso_ms(r["last_heartbeat_at"]),
-          f"{r['progress_seq']}" + (f" {r['last_progress']['kind']}" if r["last_progress"] else ""),
-          f"{r['retries']}/{r['retry_budget']}", _one_line(r["reason"], 60)] for r in rows]))
+        if limit:
+            page = lg.stalls_page(limit=limit, after=after, now=when)
+            found, nxt, more = page.items, page.next, page.more
+        else:
+            found, nxt, more = lg.iter_stalls(now=when, after=after), None, 0
+        rows = (_stall_row(cp, h) for cp, h in found)
+        if as_json:
+            _stream_json({"now": _iso(when)}, "stalls", rows, lambda: {"next": nxt, "more": more})
+            return
+        n = _stream_table(
+            ["RUN", "STATE", "HEALTH", "ACTION", "LEASE", "LAST BEAT", "PROGRESS", "RETRIES", "WHY"],
+            ([r["run_id"], r["state"], r["classification"], r["action"], r["lease"], _iso_ms(r["last_heartbeat_at"]),
+              f"{r['progress_seq']}" + (f" {r['last_progress']['kind']}" if r["last_progress"] else ""),
+              f"{r['retries']}/{r['retry_budget']}", _one_line(r["reason"], 60)] for r in rows))
+    if not n:
+        click.echo(f"no run needs attention at {_iso(when, ms=True)}" + (f" after {after}" if after else ""))
+    _more_line(more, nxt, "" if now is not None else f" --now {_iso(when)}")
 
 
 # --- the watchdog -------------------------------------------------------------------------

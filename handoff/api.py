@@ -6,7 +6,9 @@ to measure, the clock for "now", environment defaults). The CLI is a thin shell 
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import itertools
 import math
 import os
 import stat
@@ -124,6 +126,25 @@ class Outcome(msgspec.Struct, frozen=True):
         return self.result.outcome == "duplicate"
 
 
+class Page(msgspec.Struct, frozen=True):
+    """One page of a listing: its entries in listing order, the cursor to pass as
+    ``after=`` for the next page (None when nothing follows) and how many entries follow."""
+
+    items: tuple[Any, ...]
+    next: str | None
+    more: int
+
+
+#: How many entries a listing page holds unless the caller says otherwise.
+DEFAULT_PAGE = 100
+
+
+def check_limit(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
+        raise InvalidInput(f"limit must be a whole number from 1 to 1000000, got {repr(value)[:60]}", field="limit")
+    return value
+
+
 def now_us() -> int:
     return time.time_ns() // 1000
 
@@ -134,14 +155,93 @@ def new_run_id() -> str:
     return "run-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
-def measure(path: str, *, root: str | None = None) -> tuple[str, int, str, bool]:
+#: The largest artifact the ledger reads unless told otherwise: 1 GiB. Hashing is about
+#: 4 s per GiB here, and a file that big is rarely the evidence a reviewer wants.
+ARTIFACT_MAX_BYTES = 1 << 30
+#: The environment variable that sets another limit for every call that does not give one.
+ARTIFACT_MAX_ENV = "HANDOFF_ARTIFACT_MAX_BYTES"
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+#: Kernel pseudo-filesystems: their files claim a size (often 0) that is not their content,
+#: and some change or block when read (/proc/kmsg consumes the kernel log).
+_PSEUDO_ROOTS = ("/proc", "/sys")
+
+
+def parse_size(value: object, field: str = "max_bytes") -> int:
+    """A byte count: a whole number, or text such as ``1048576``, ``512K``, ``64M``, ``2G``
+    (binary units: K is 1024 bytes; a trailing ``B``/``iB`` is allowed)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower().removesuffix("ib").removesuffix("b")
+        unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
+        digits = text[: len(text) - len(unit)].strip()
+        if digits.isdigit() and digits.isascii():
+            return int(digits) * _SIZE_UNITS[unit]
+    shown = repr(value)[:60]
+    raise InvalidInput(f"{field} must be a number of bytes such as 1048576, 512K, 64M or 2G, got {shown}",
+                       field=field)
+
+
+def artifact_max_bytes(value: object = None) -> int:
+    """The artifact size limit: ``value`` if given, else $HANDOFF_ARTIFACT_MAX_BYTES, else 1 GiB."""
+    if value is not None:
+        return parse_size(value)
+    env = os.environ.get(ARTIFACT_MAX_ENV)
+    return ARTIFACT_MAX_BYTES if env is None or not env.strip() else parse_size(env, ARTIFACT_MAX_ENV)
+
+
+def _human(n: int, *, exact: bool = False) -> str:
+    """1073741824 -> '1 GiB', 1536 -> '1.5 KiB'; with ``exact``, a size no unit divides stays in bytes."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+        if n >= size and not exact:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _not_regular(path: str, mode: int) -> InvalidInput | None:
+    """The refusal for anything but a regular file, naming what it is, or None."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
+            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "something else")
+    return InvalidInput(f"artifact {path} is {kind}, not a regular file, and the ledger reads only regular files "
+                        "(reading this could wait forever or mean nothing); write what it holds to a regular "
+                        "file and record that file",
+                        field="path", reason="not_regular")
+
+
+def _on_pseudo_fs(st: os.stat_result) -> str | None:
+    for root in _PSEUDO_ROOTS:
+        try:
+            if os.stat(root).st_dev == st.st_dev:
+                return root
+        except OSError:
+            continue
+    return None
+
+
+def _changed(path: str, what: str) -> InvalidInput:
+    return InvalidInput(f"artifact {path} {what}; nothing was recorded. Record it again once it is "
+                        "finished and nothing is writing to it", field="path", reason="changed")
+
+
+def measure(path: str, *, root: str | None = None, max_bytes: object = None) -> tuple[str, int, str, bool]:
     """(resolved path, size, sha256, exists) of an artifact, read by the ledger itself.
 
-    Refuses directories, FIFOs and devices (reading them could hang or mean nothing),
-    and, when ``root`` is given, any path that resolves outside it (``..``, symlinks).
+    Only a regular file is read, and only what it held when opened: the descriptor that is
+    read is the one checked (opened without blocking and without following a last-moment
+    symlink), at most the size it reported, and no more than ``max_bytes`` (default
+    ``artifact_max_bytes()``). A file that grows, shrinks or changes while read, or yields
+    more than its size said (kernel pseudo-files), is refused. With ``root``, a path that
+    resolves outside it (``..``, symlinks) is refused. A path that does not exist is
+    measured as missing (``exists`` false), which the run's packet shows.
     """
     if not isinstance(path, str) or not path or "\x00" in path:
         raise InvalidInput("artifact path must be a non-empty path without NUL bytes", field="path")
+    limit = artifact_max_bytes(max_bytes)
     real = os.path.realpath(path)
     if root is not None:
         base = os.path.realpath(root)
@@ -149,22 +249,67 @@ def measure(path: str, *, root: str | None = None) -> tuple[str, int, str, bool]
             raise InvalidInput(
                 f"artifact {path} resolves to {real}, outside the declared root {base}", field="path"
             )
-    try:
+    try:  # refuse a device or a FIFO before anything opens it (opening some has effects)
         st = os.stat(real)
     except FileNotFoundError:
         return real, 0, "", False
     except OSError as exc:
         raise InvalidInput(f"cannot read artifact {path}: {exc.strerror}", field="path") from exc
-    if not stat.S_ISREG(st.st_mode):
-        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-        raise InvalidInput(f"artifact {path} is {kind}; record a regular file", field="path")
+    if (refusal := _not_regular(path, st.st_mode)) is not None:
+        raise refusal
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(real, flags)
+    except FileNotFoundError:
+        return real, 0, "", False
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # swapped for a symlink after it was resolved
+            raise _changed(path, f"was replaced by a symbolic link at {real} while being recorded") from None
+        raise InvalidInput(f"cannot read artifact {path}: {exc.strerror}", field="path") from exc
+    try:
+        return (real, *_read_bounded(path, fd, limit), True)  # type: ignore[return-value]
+    finally:
+        os.close(fd)
+
+
+def _read_bounded(path: str, fd: int, limit: int) -> tuple[int, str]:
+    """Size and sha256 of what the open descriptor ``fd`` holds, checked and bounded."""
+    st = os.fstat(fd)  # what was opened, not what the path named a moment before
+    if (refusal := _not_regular(path, st.st_mode)) is not None:
+        raise refusal
+    if (pseudo := _on_pseudo_fs(st)) is not None:
+        raise InvalidInput(f"artifact {path} is a kernel pseudo-file under {pseudo}: its reported size is not "
+                           "its content and reading it can wait or change it; copy what you need into a "
+                           "regular file and record that", field="path", reason="pseudo_file")
+    if st.st_size > limit:
+        raise InvalidInput(
+            f"artifact {path} is {st.st_size} bytes ({_human(st.st_size)}), over the {_human(limit, exact=True)} limit on "
+            f"what the ledger reads; record a smaller file (an excerpt, an archive's digest), or raise the "
+            f"limit with --max-bytes, ${ARTIFACT_MAX_ENV} or max_bytes= in Python",
+            field="path", reason="too_large", size=st.st_size, limit=limit,
+        )
     h = hashlib.sha256()
-    size = 0
-    with open(real, "rb") as f:
-        while chunk := f.read(1 << 20):
+    left = st.st_size
+    try:
+        while left > 0:
+            chunk = os.read(fd, min(1 << 20, left))
+            if not chunk:
+                raise _changed(path, f"shrank while being read (it said {st.st_size} bytes)")
             h.update(chunk)
-            size += len(chunk)
-    return real, size, h.hexdigest(), True
+            left -= len(chunk)
+        if os.read(fd, 1):
+            raise _changed(path, f"held more than the {st.st_size} bytes its size said (it grew while "
+                                 "being read, or its size is not its content)")
+    except BlockingIOError:
+        raise InvalidInput(f"artifact {path} has no data ready and reading it would wait; it is not a "
+                           "finished regular file on disk: record a regular file", field="path",
+                           reason="not_regular") from None
+    except OSError as exc:
+        raise InvalidInput(f"cannot read artifact {path}: {exc.strerror}", field="path") from exc
+    after = os.fstat(fd)
+    if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+        raise _changed(path, "changed while being read")
+    return st.st_size, h.hexdigest()
 
 
 class Ledger:
@@ -292,8 +437,9 @@ class Ledger:
         return self.execute(run_id, C.Progress(lease=lease, kind=kind, detail=detail), actor=self._worker(worker), key=key)
 
     def artifact(self, run_id: str, lease: int, path: str, *, kind: str = "result", root: str | None = None,
-                 key: str | None = None, worker: str | None = None) -> Outcome:
-        real, size, sha, exists = measure(path, root=root)
+                 key: str | None = None, worker: str | None = None, max_bytes: int | str | None = None) -> Outcome:
+        """Measure a file (``measure``: regular files only, at most ``max_bytes``) and record it."""
+        real, size, sha, exists = measure(path, root=root, max_bytes=max_bytes)
         cmd = C.RecordArtifact(lease=lease, path=real, kind=kind, bytes=size, sha256=sha, exists=exists)
         return self.execute(run_id, cmd, actor=self._worker(worker), key=key)
 
@@ -433,11 +579,76 @@ class Ledger:
 
     def runs(self, *, include_terminal: bool = False, state: str | None = None,
              owner: str | None = None, target: str | None = None) -> Iterator[Checkpoint]:
-        """Runs from the checkpoints view, oldest first (not terminal unless asked)."""
+        """Runs from the checkpoints view, oldest first (not terminal unless asked); read a
+        page at a time, so memory does not grow with the number of runs."""
         for field, value in (("state", state), ("owner", owner), ("target", target)):
             check_filter(value, field)
-        return queries.runs(self.store, state=state, owner=owner, target=target,
-                            include_terminal=include_terminal)
+        return queries.runs_after(self.store, None, states=() if state is None else (state,), owner=owner,
+                                  target=target, include_terminal=include_terminal)
+
+    # --- listings a page at a time (queries.py says how they are sorted) ---------------
+
+    def _cursor(self, after: str | None) -> queries.Cursor | None:
+        if after is None:
+            return None
+        check_run_id(after, "after")
+        cursor = queries.cursor_of(self.store, after)
+        if cursor is None:
+            raise InvalidInput(f"no run {after} in {self.store.path} to continue after; pass the run id an "
+                               "earlier page gave as its next cursor ('next')", field="after")
+        return cursor
+
+    def iter_runs(self, *, after: str | None = None, include_terminal: bool = False,
+                  states: tuple[str, ...] = (), owner: str | None = None,
+                  target: str | None = None) -> Iterator[Checkpoint]:
+        """Every run matching the filters, oldest first (by where it begins in the log, then
+        run id), strictly after the run ``after``. Terminal runs only with
+        ``include_terminal`` or when a terminal state is asked for by name."""
+        states = tuple(states)
+        for i, value in enumerate(states):
+            if not isinstance(value, str):
+                raise InvalidInput(f"states[{i}] must be text, got {type(value).__name__}", field="states")
+            check_filter(value, f"states[{i}]")
+        for field, value in (("owner", owner), ("target", target)):
+            check_filter(value, field)
+        from reducers.transitions import TERMINAL
+
+        include_terminal = bool(include_terminal) or any(s in TERMINAL for s in states)
+        return queries.runs_after(self.store, self._cursor(after), include_terminal=include_terminal,
+                                  states=states, owner=owner, target=target)
+
+    def runs_page(self, *, limit: int = DEFAULT_PAGE, after: str | None = None, include_terminal: bool = False,
+                  states: tuple[str, ...] = (), owner: str | None = None, target: str | None = None) -> Page:
+        """One page of ``iter_runs``: at most ``limit`` runs, ``next`` to continue, ``more`` left."""
+        check_limit(limit)
+        stream = self.iter_runs(after=after, include_terminal=include_terminal, states=states, owner=owner,
+                                target=target)
+        items = tuple(itertools.islice(stream, limit))
+        if len(items) < limit:
+            return Page(items, None, 0)
+        last = items[-1].run_id
+        from reducers.transitions import TERMINAL
+
+        more = queries.count_runs_after(
+            self.store, queries.cursor_of(self.store, last), states=tuple(states), owner=owner, target=target,
+            include_terminal=bool(include_terminal) or any(s in TERMINAL for s in states))
+        return Page(items, last if more else None, more)
+
+    def iter_stalls(self, *, now: int | None = None, after: str | None = None
+                    ) -> Iterator[tuple[Checkpoint, stall.Health]]:
+        """Every run that needs attention at ``now``, in listing order, after the run ``after``."""
+        when = check_time_us(now, "now") if now is not None else self.clock()
+        due = queries.due_after(self.store, when, self._cursor(after))  # arguments checked here, not at next()
+        return ((cp, h) for cp in due if (h := stall.classify(cp, now_us=when)).needs_attention)
+
+    def stalls_page(self, *, limit: int = DEFAULT_PAGE, after: str | None = None, now: int | None = None) -> Page:
+        """One page of ``iter_stalls`` (pairs of checkpoint and health), judged at one ``now``."""
+        check_limit(limit)
+        when = check_time_us(now, "now") if now is not None else self.clock()
+        stream = self.iter_stalls(now=when, after=after)
+        items = tuple(itertools.islice(stream, limit))
+        more = sum(1 for _ in stream)  # the rest, judged at the same moment; counted, not kept
+        return Page(items, items[-1][0].run_id if more else None, more)
 
     def stalls(self, *, now: int | None = None) -> list[tuple[Checkpoint, stall.Health]]:
         """Every run that needs attention at ``now``: an index scan, then classify each candidate."""
@@ -725,11 +936,12 @@ class Ledger:
             "problems": [msgspec.to_builtins(p) for p in self.store.append_only_problems()],
         }
 
-    def log(self, run_id: str) -> Iterator[Recorded]:
+    def log(self, run_id: str, *, after_seq: int = 0) -> Iterator[Recorded]:
+        """The run's events after ``after_seq``, oldest first, read a page at a time."""
         check_run_id(run_id)
         if self.store.head(run_id) is None:
             raise UnknownRun(f"no run {run_id} in {self.store.path}")
-        return self.store.read_run(run_id)
+        return self.store.read_run(run_id, after_seq=after_seq)
 
 
 # --- importing into a file that does not exist yet ------------------------------------

@@ -34,14 +34,15 @@ def test_status_packet(h):
 def test_status_list_log_stalls(h):
     _setup(h)
     doc = h.json("status")
-    assert set(doc) == {"now", "runs"}
+    assert set(doc) == {"now", "runs", "next", "more"} and doc["next"] is None and doc["more"] == 0
     assert set(doc["runs"][0]) == {"run_id", "state", "owner", "target", "worker", "lease", "progress_seq",
                                    "health", "action", "updated_at", "goal"}
     log = h.json("log", "r1")
-    assert set(log) == {"run_id", "events"}
+    assert set(log) == {"run_id", "events", "next"} and log["next"] is None
     assert set(log["events"][0]) == {"seq", "position", "at", "actor", "lease", "type", "key", "summary", "data"}
     stalls = h.json("stalls", "--now", "2100-01-01T00:00:00")  # a naive time is UTC
     assert stalls["now"] == "2100-01-01T00:00:00.000000Z"
+    assert set(stalls) == {"now", "stalls", "next", "more"} and stalls["next"] is None
     assert set(stalls["stalls"][0]) == {"run_id", "state", "classification", "action", "reason", "worker", "lease",
                                         "last_heartbeat_at", "progress_seq", "last_progress", "retries",
                                         "retry_budget"}
