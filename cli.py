@@ -271,6 +271,8 @@ def _report(out: Any, as_json: bool, did: str, **extra: Any) -> None:
     r, cp = out.result, out.checkpoint
     if r.outcome == "duplicate":
         text = f"{r.run_id}: already recorded; nothing new written (state {cp.state})"
+    elif r.outcome == "unchanged":
+        text = f"{r.run_id}: nothing to add, it is already so; nothing written (at seq {r.last_seq}; state {cp.state})"
     else:
         seqs = f"seq {r.first_seq}" if r.first_seq == r.last_seq else f"seq {r.first_seq}-{r.last_seq}"
         text = f"{r.run_id}: {did} ({seqs}; state {cp.state})"
@@ -736,7 +738,8 @@ def deliver(run: str, by: str, key: str, as_json: bool) -> None:
     """Record a delivery attempt to the contract's target, before sending.
 
     Send only when this prints "send": a retried attempt with the same key, or one
-    after the delivery was confirmed, writes nothing and says so (outcome "duplicate").
+    after the delivery was confirmed, writes nothing and says so ("send": false; outcome
+    "unchanged", or "duplicate" for a replayed --key).
     A second delivery under another key is refused (exit 1).
 
     \b
@@ -1612,7 +1615,7 @@ Generated from `--help` by `python -m cli --write-docs`; do not edit by hand
 
 | code | meaning |
 |---|---|
-| 0 | ok (a retried write that changed nothing is ok too: its outcome is `duplicate`) |
+| 0 | ok (a retried write that changed nothing is ok too: its outcome is `duplicate` or `unchanged`) |
 | 1 | refused by the ledger's rules: conflict, stale lease, lease held, illegal transition, double delivery, terminal run, not authorized, unknown run; `run`: the lease was lost |
 | 2 | usage: a missing or malformed option or argument, or malformed input the ledger rejected |
 | 3 | store problem: not a ledger, locked past the busy timeout, read-only, disk full, corrupt |
@@ -1641,8 +1644,17 @@ click's (`UsageError`, `BadParameter`, `MissingParameter`, `NoSuchOption`).
  "state": "executing", "worker": "w1", "lease": 1, "progress_seq": 3}
 ```
 
-`outcome` is `committed` (events written, `first_seq`..`last_seq`) or `duplicate` (an
-earlier identical request already did it; nothing written). `artifact` adds
+`outcome` is one of:
+
+- `committed`: events were written, seqs `first_seq`..`last_seq`;
+- `duplicate`: the `--key` was already used for this same request; nothing written, and
+  `first_seq`..`last_seq` are the seqs of that earlier write;
+- `unchanged`: the command was accepted but had nothing to add (a retried delivery
+  attempt, a delivery or side effect already confirmed the same way); nothing written,
+  and `first_seq` = `last_seq` = the run's last seq as it stands.
+
+Only `committed` wrote anything; a caller that acts on a write (sends, deploys) acts only
+then. `artifact` adds
 `"artifact": {path, kind, bytes, sha256, exists}`; `deliver`, `delivered` and
 `delivery-failed` add `"target"` and `"delivery": {status, key, receipt, attempts}`, and
 `deliver` adds `"send": true|false` (send the result only when true).

@@ -118,7 +118,17 @@ class Outcome(msgspec.Struct, frozen=True):
 
     @property
     def duplicate(self) -> bool:
-        return self.result.outcome == "duplicate"
+        """True when nothing new was written: a replayed idempotency key (outcome
+        ``duplicate``) or a command with nothing to add (outcome ``unchanged``).
+
+        Kept this broad on purpose, so code written as ``if not out.duplicate: send()``
+        never acts twice; ``result.outcome`` tells the two cases apart."""
+        return self.result.outcome != "committed"
+
+    @property
+    def unchanged(self) -> bool:
+        """The command was accepted but had nothing to add (no idempotency key replayed)."""
+        return self.result.outcome == "unchanged"
 
 
 def now_us() -> int:

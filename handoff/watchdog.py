@@ -144,8 +144,10 @@ def _act(lg: Ledger, watcher: str, cp: Checkpoint, action: str, cmd: C.Command, 
     except Refused:
         # The run changed in a way that makes the action illegal now (no lease left...).
         return "skipped", None
+    if result.outcome == "unchanged":  # the guard found the run moved on: nothing written
+        return "skipped", None
     if result.outcome == "duplicate":
-        return ("duplicate", result.first_seq) if result.positions else ("skipped", None)
+        return "duplicate", result.first_seq
     return "committed", result.first_seq
 
 

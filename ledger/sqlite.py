@@ -937,7 +937,8 @@ class SqliteStore(EventStore):
                 if not decision.events:
                     ok = True
                     seq = head.last_seq if head else 0
-                    return AppendResult(run_id, "duplicate", seq + 1, seq, ()), state
+                    # Not "duplicate": no key was replayed; the command had nothing to add.
+                    return AppendResult(run_id, "unchanged", seq, seq, ()), state
                 self._check_fence(run_id, head, None, decision.lease)
                 encoded = encode_events(decision.events, self.max_payload)
                 written: list[Recorded] = []

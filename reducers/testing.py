@@ -257,8 +257,15 @@ class Expect:
     error: type[E.LedgerError] | None = None
     why: str = ""
     tags: list[str] = field(default_factory=list)
+    #: A replayed idempotency key: nothing written, the earlier write's seqs answered.
     duplicate: bool = False
+    #: Accepted with nothing to add (decide returned no events): nothing written.
+    unchanged: bool = False
     after: RunModel | None = None
+
+    @property
+    def outcome(self) -> str:
+        return "duplicate" if self.duplicate else "unchanged" if self.unchanged else "committed"
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -301,7 +308,7 @@ class Model:
 
     def commit(self, run_id: str, expect: Expect) -> None:
         assert expect.error is None and expect.after is not None
-        if expect.duplicate:
+        if expect.duplicate or expect.unchanged:
             return
         run = expect.after
         if run.terminal and run.ended_as is None:
@@ -338,7 +345,7 @@ class Model:
         new = copy.deepcopy(run) if run is not None else RunModel(run_id)
         tags = getattr(self, "_" + name)(new, cmd, actor)
         if not tags:
-            return Expect(duplicate=True, after=run)
+            return Expect(unchanged=True, after=run)
         new.last_seq += len(tags)
         if key is not None:
             new.idem[key] = (str(actor), C.encode(cmd))
@@ -735,9 +742,10 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         added = self.log()[len(before):]
         got = [r.type for r in added]
-        want = [] if expect.duplicate else expect.tags
+        want = [] if expect.duplicate or expect.unchanged else expect.tags
         assert got == want, f"{actor} {cmd!r} on {run_id}: appended {got}, the model expected {want}"
-        assert out.result.outcome == ("duplicate" if expect.duplicate else "committed")
+        assert out.result.outcome == expect.outcome, (
+            f"{actor} {cmd!r} on {run_id}: outcome {out.result.outcome}, the model expected {expect.outcome}")
         # The store answers with its warm (cached, incrementally evolved) state: it must
         # equal a fresh fold from the log.
         assert out.checkpoint == self.ledger.checkpoint(run_id), f"{run_id}: warm state != fresh fold"
@@ -1027,8 +1035,8 @@ class LedgerMachine(RuleBasedStateMachine):
                 if exp.error is not None:
                     predicted[i] = exp.error
                 else:
-                    predicted[i] = "duplicate" if exp.duplicate else "committed"
-                    tags += [] if exp.duplicate else exp.tags
+                    predicted[i] = exp.outcome
+                    tags += [] if exp.duplicate or exp.unchanged else exp.tags
                     trial.commit(run, exp)
             if predicted == observed and [r.type for r in added] == tags:
                 self.model = trial

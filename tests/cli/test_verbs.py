@@ -51,7 +51,8 @@ def test_the_whole_lifecycle_through_the_verbs(h, tmp_path):
     again = h("deliver", run, "--by", "alice", "--key", "d1")
     assert "do not send again" in again.stdout
     doc = h.json("deliver", run, "--by", "alice", "--key", "d1")
-    assert doc["send"] is False and doc["outcome"] == "duplicate"
+    assert doc["send"] is False and doc["outcome"] == "unchanged"
+    assert doc["first_seq"] == doc["last_seq"] == h.json("status", run)["last_seq"]  # where the run stands
     packet = h.json("status", run)
     assert packet["state"] == "delivered" and packet["terminal"] is True
     assert packet["result_path"] == str(report)
