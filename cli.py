@@ -282,7 +282,9 @@ def _report(out: Any, as_json: bool, did: str, **extra: Any) -> None:
 def _actor(name: str | None) -> Any:
     from ledger.store import Actor
 
-    return Actor("operator", name or os.environ.get("HANDOFF_ACTOR") or os.environ.get("USER") or "operator")
+    from handoff.api import operator_name
+
+    return Actor("operator", operator_name(name))
 
 
 def _wname(lg: Any, run: str, lease: int | None) -> str:
@@ -294,7 +296,11 @@ def _wname(lg: Any, run: str, lease: int | None) -> str:
         head = lg.store.head(run)
     except Exception:
         head = None
-    return head.lease_holder if head is not None and head.lease == lease and head.lease_holder else "worker"
+    if head is not None and head.lease == lease and head.lease_holder:
+        return head.lease_holder
+    from handoff.api import login_name
+
+    return login_name()  # never "worker", which would log the kind twice (worker:worker)
 
 
 def _worker_actor(lg: Any, run: str, lease: int | None) -> Any:
@@ -823,7 +829,7 @@ def release(run: str, lease: int, reason: str, as_json: bool) -> None:
 @click.option("--reason", required=True, help="Why the holder must stop.")
 @click.option("--lease", type=click.IntRange(min=1), default=None,
               help="Revoke only if this is still the current lease.")
-@click.option("--by", default=None, help="Operator name (default: $HANDOFF_ACTOR or $USER).")
+@click.option("--by", default=None, help="Operator name (default: $HANDOFF_ACTOR, else your login name).")
 @key_option
 @json_option
 def revoke(run: str, reason: str, lease: int | None, by: str | None, key: str | None, as_json: bool) -> None:
@@ -864,7 +870,7 @@ def close(run: str, by: str, disposition: str, reason: str, operator: bool, as_j
 @run_argument
 @click.option("--at", "at_seq", required=True, type=click.IntRange(min=1), help="The parent's seq to continue from.")
 @click.option("--run-id", default=None, help="The new run's id.")
-@click.option("--by", default=None, help="Operator name (default: $HANDOFF_ACTOR or $USER).")
+@click.option("--by", default=None, help="Operator name (default: $HANDOFF_ACTOR, else your login name).")
 @json_option
 def fork(run: str, at_seq: int, run_id: str | None, by: str | None, as_json: bool) -> None:
     """Start a new run that continues RUN as it stood at --at; print the new id.
@@ -1606,6 +1612,10 @@ Generated from `--help` by `python -m cli --write-docs`; do not edit by hand
 - Inside `handoff run`, the child's environment holds `HANDOFF_DB`, `HANDOFF_RUN`,
   `HANDOFF_LEASE` and `HANDOFF_WORKER`; the worker verbs take `RUN` and `--lease` from
   there when they are not given.
+- Who acted is logged as `kind:name`. A person acting without a lease (an operator) is
+  named by `--by`, else `$HANDOFF_ACTOR`, else the login name (`$USER`, `$LOGNAME`, or the
+  name the system gives your uid); a worker by `$HANDOFF_WORKER`, else the holder of the
+  lease it shows. An empty `--by` is refused (exit 2).
 - Human output is aligned tables and short lines on stdout. `--json` prints exactly one
   JSON document on stdout instead (`watch --json` prints one per pass, one per line).
 - Times in and out are ISO 8601 UTC (`2026-05-01T12:00:00.123456Z`). A time given

@@ -287,7 +287,7 @@ class Ledger:
         return out.checkpoint.lease
 
     def _worker(self, worker: str | None) -> Actor:
-        return Actor("worker", worker or os.environ.get("HANDOFF_WORKER") or "worker")
+        return Actor("worker", worker or os.environ.get("HANDOFF_WORKER") or login_name())
 
     def heartbeat(self, run_id: str, lease: int, *, worker: str | None = None) -> Outcome:
         return self.execute(run_id, C.Heartbeat(lease=lease), actor=self._worker(worker))
@@ -368,7 +368,7 @@ class Ledger:
         import secrets
 
         child = f"{run_id}.fork{at_seq}-{secrets.token_hex(2)}" if new_run_id is None else new_run_id
-        actor = Actor("operator", by or _user())
+        actor = Actor("operator", operator_name(by))
         self.execute(child, C.Fork(parent=run_id, at_seq=at_seq), actor=actor)
         return child
 
@@ -568,5 +568,33 @@ class Ledger:
         return self.store.read_run(run_id)
 
 
+def login_name() -> str:
+    """Who runs this process: $USER, else $LOGNAME, else the name the password database
+    gives the process's uid, else ``uid-N``. Never a placeholder such as "operator", which
+    would log the actor as ``operator:operator`` and hide who acted."""
+    for var in ("USER", "LOGNAME"):
+        name = os.environ.get(var)
+        if name:
+            return name
+    uid = os.getuid()
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name or f"uid-{uid}"
+    except (ImportError, KeyError):
+        return f"uid-{uid}"
+
+
+def operator_name(by: object = None) -> str:
+    """The name an operator (or a person acting without a lease) is logged under: ``by``
+    when given, else $HANDOFF_ACTOR, else ``login_name()``. The CLI's ``--by`` is ``by``."""
+    if by is not None:
+        if not isinstance(by, str) or not by.strip():
+            raise InvalidInput("--by must name who is acting; leave it out to use $HANDOFF_ACTOR or your "
+                               "login name", field="by")
+        return by
+    return os.environ.get("HANDOFF_ACTOR") or login_name()
+
+
 def _user() -> str:
-    return os.environ.get("HANDOFF_ACTOR") or os.environ.get("USER") or "operator"
+    return operator_name()
