@@ -1177,6 +1177,11 @@ def stalls(now: int | None, as_json: bool) -> None:
 # --- the watchdog -------------------------------------------------------------------------
 
 
+#: How a dry run's outcomes read in text.
+_DRY_OUTCOME = {"would_commit": "would record this", "duplicate": "already recorded", "skipped": "would do nothing",
+                "conflict": "its key is taken by another request: would not act"}
+
+
 def _action_doc(a: Any) -> dict[str, Any]:
     return {"run_id": a.run_id, "classification": a.classification, "action": a.action, "outcome": a.outcome,
             "key": a.key, "progress_seq": a.progress_seq, "lease": a.lease, "reason": a.reason, "seq": a.seq}
@@ -1187,9 +1192,16 @@ def _action_doc(a: Any) -> dict[str, Any]:
 @click.option("--interval", type=click.FloatRange(min=0.05, max=86_400), default=5.0, show_default=True,
               help="Seconds between passes.")
 @click.option("--name", default=None, help="This watcher's name (default: watchdog-<host>).")
-@click.option("--now", type=ISO_TIME, default=None, help="With --once: judge as of this time (audits, tests).")
+@click.option("--now", type=ISO_TIME, default=None,
+              help="With --once: judge the runs as if it were this time. Needs --dry-run, or --commit "
+                   "to record the decisions for real.")
+@click.option("--dry-run", is_flag=True,
+              help="With --once: record nothing (no decision, no beat) and print what a pass would do.")
+@click.option("--commit", "commit_at_now", is_flag=True,
+              help="With --now: record the decisions made at that time for real (tests, simulations).")
 @json_option
-def watch(once: bool, interval: float, name: str | None, now: int | None, as_json: bool) -> None:
+def watch(once: bool, interval: float, name: str | None, now: int | None, dry_run: bool, commit_at_now: bool,
+          as_json: bool) -> None:
     """The watchdog: classify every live run and act within bounds, one line per action.
 
     unavailable (no heartbeat): revoke the lease so another worker can claim.
@@ -1201,10 +1213,15 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, as_jso
     pass also records the watcher's own liveness, which 'status' reads to say whether a
     live watcher covers a run. With --json, one JSON document per pass.
 
+    --once --dry-run shows what one pass would do and records nothing; add --now to ask
+    about another time. --now alone is refused: judged at a time that is not the present,
+    real decisions can revoke a live worker's lease, so recording them needs --commit.
+
     \b
     Example:
         handoff watch --interval 10 --name ops-watchdog
         handoff watch --once --json
+        handoff watch --once --dry-run --now 2026-05-01T12:00:00Z
     """
     import signal
     import socket
@@ -1213,6 +1230,17 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, as_jso
 
     if now is not None and not once:
         raise click.UsageError("--now only goes with --once")
+    if dry_run and not once:
+        raise click.UsageError("--dry-run only goes with --once")
+    if dry_run and commit_at_now:
+        raise click.UsageError("--dry-run records nothing and --commit records for real; choose one")
+    if commit_at_now and now is None:
+        raise click.UsageError("--commit only goes with --now (without --now, a pass records its decisions anyway)")
+    if now is not None and not (dry_run or commit_at_now):
+        raise click.UsageError(
+            "--now judges the runs at a time that is not the present, and the decisions would be recorded "
+            "for real (a live worker's lease can be revoked). Add --dry-run to see what the watchdog would "
+            "do and record nothing, or --commit to record the decisions anyway")
     from handoff.api import check_seconds
 
     check_seconds(interval, "interval", low=0.05, high=86_400)  # nan slips past FloatRange
@@ -1231,21 +1259,31 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, as_jso
         if not as_json and a.outcome == "committed":
             click.echo(f"{_iso(now_holder['now'], ms=True)} {a.line()}")
             sys.stdout.flush()
+        elif not as_json and dry_run:
+            click.echo(f"dry run: {a.line()} [{_DRY_OUTCOME.get(a.outcome, a.outcome)}]")
 
     def on_pass(when: int, actions: list[Any]) -> None:
         if as_json:
             import json
 
-            click.echo(json.dumps({"watcher": name, "at": _iso(when), "interval_s": interval,
-                                   "actions": [_action_doc(a) for a in actions]}, ensure_ascii=False))
+            doc = {"watcher": name, "at": _iso(when), "interval_s": interval,
+                   "actions": [_action_doc(a) for a in actions]}
+            if dry_run:
+                doc["dry_run"] = True
+            click.echo(json.dumps(doc, ensure_ascii=False))
             sys.stdout.flush()
+        elif dry_run:
+            would = sum(a.outcome == "would_commit" for a in actions)
+            click.echo(f"dry run at {_iso(when)}: nothing recorded; a pass would record {would} "
+                       f"action{'' if would == 1 else 's'}")
 
     now_holder: dict[str, int] = {}
     with _ledger() as lg:
         if once:
             when = now if now is not None else lg.clock()
             now_holder["now"] = when
-            actions = watchdog.watch_once(lg, name=name, now_us=when, interval_s=interval, on_action=on_action)
+            actions = watchdog.watch_once(lg, name=name, now_us=when, interval_s=interval, on_action=on_action,
+                                          dry_run=dry_run)
             on_pass(when, actions)
             return
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -1720,7 +1758,12 @@ intervals.
 **watch**: per pass `{"watcher", "at", "interval_s", "actions": [{"run_id",
 "classification", "action", "outcome", "key", "progress_seq", "lease", "reason",
 "seq"}]}`; `outcome` is `committed`, `duplicate` (an earlier pass already did it) or
-`skipped` (the run moved on between classification and action).
+`skipped` (the run moved on between classification and action). With `--dry-run` the
+document adds `"dry_run": true`, nothing is recorded, `seq` is null unless already
+recorded, and `outcome` says what a real pass would do now: `would_commit` (it would
+record the action), `duplicate` (already recorded), `conflict` (its key is taken by
+another request, so it would not act) or `skipped` (the run moved on, or the rules
+refuse the action now).
 
 **verify**: `{"ok", "run_id", "events", "streams", "problems": [{"kind", "run_id",
 "seq", "position", "message"}], "projections": [difference, ...]}`.

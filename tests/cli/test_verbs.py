@@ -147,9 +147,9 @@ def test_stalls_and_watch(h):
     assert row["classification"] == "unavailable" and row["action"] == "revoke_lease" and row["lease"] == 1
     assert {"last_heartbeat_at", "last_progress", "retries", "retry_budget", "reason"} <= set(row)
     assert "unavailable" in h("stalls", "--now", _iso(later)).stdout
-    out = h("watch", "--once", "--name", "t", "--now", _iso(later)).stdout
+    out = h("watch", "--once", "--name", "t", "--now", _iso(later), "--commit").stdout
     assert out.count("\n") == 1 and "quiet unavailable -> revoke_lease" in out
-    doc = h.json("watch", "--once", "--name", "t", "--now", _iso(later))
+    doc = h.json("watch", "--once", "--name", "t", "--now", _iso(later), "--commit")
     assert doc["watcher"] == "t" and doc["actions"] == []
     assert h.json("status", "quiet")["lease"] is None
 
