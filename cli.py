@@ -548,8 +548,42 @@ def artifact(run: str, path: str | None, lease: int, kind: str, root: str | None
     did = "artifact recorded"
     if art is not None:
         did = (f"{art.kind} {art.path} recorded ({art.bytes} bytes, sha256 {art.sha256[:12]})" if art.exists
-               else f"{art.kind} {art.path} recorded as MISSING")
+               else f"{art.kind} {art.path} recorded as MISSING (mistyped? 'handoff artifact-withdraw')")
     _report(out, as_json, did, **extra)
+
+
+@main.command("artifact-withdraw")
+@click.argument("run", metavar="RUN")
+@click.argument("path", metavar="PATH")
+@click.option("--reason", required=True, help="Why it no longer counts (mistyped path, replaced by another file...).")
+@click.option("--lease", type=click.IntRange(min=1), default=None, envvar="HANDOFF_LEASE", show_envvar=True,
+              help="Act as the worker holding this lease; without it you act as an operator (see --by).")
+@click.option("--by", default=None, help="Operator name when acting without a lease.")
+@key_option
+@json_option
+def artifact_withdraw(run: str, path: str, reason: str, lease: int | None, by: str | None, key: str | None,
+                      as_json: bool) -> None:
+    """Withdraw a recorded artifact: it no longer counts for 'submit'; the log keeps both.
+
+    For a path recorded by mistake (MISSING, empty, or replaced by another file). PATH
+    is the path as 'status' shows it, or as it was given to 'artifact'. The file is not
+    touched. Refused once a result is submitted (ready_for_review, succeeded) and after
+    the run ended.
+
+    \b
+    Example:
+        handoff artifact-withdraw $RUN --lease $LEASE ./reprot.md --reason "typo: report.md"
+    """
+    with _ledger() as lg:
+        actor = _worker_actor(lg, run, lease) if lease is not None else _actor(by)
+        out = lg.withdraw_artifact(run, path, reason, lease=lease, actor=actor, key=key)
+        r = out.result
+        # The path as recorded (resolved), read from the event itself (or the original, for a replayed key).
+        rec = next(iter(lg.store.read_run(run, after_seq=r.first_seq - 1, until_seq=r.first_seq)), None) \
+            if r.positions else None
+    if rec is not None and rec.type == "artifact_withdrawn":
+        path = rec.event.path  # type: ignore[attr-defined]
+    _report(out, as_json, f"artifact {path} withdrawn; it no longer counts for submit", path=path)
 
 
 @main.command()
@@ -1683,7 +1717,7 @@ click's (`UsageError`, `BadParameter`, `MissingParameter`, `NoSuchOption`).
 
 ## JSON documents
 
-**Write verbs** (`heartbeat`, `transition`, `progress`, `artifact`, `evidence`, `block`,
+**Write verbs** (`heartbeat`, `transition`, `progress`, `artifact`, `artifact-withdraw`, `evidence`, `block`,
 `unblock`, `effect-start`, `effect-confirm`, `submit`, `review`, `transfer`, `deliver`,
 `delivered`, `delivery-failed`, `release`, `revoke`, `close`, `claim`):
 
@@ -1703,7 +1737,8 @@ click's (`UsageError`, `BadParameter`, `MissingParameter`, `NoSuchOption`).
 
 Only `committed` wrote anything; a caller that acts on a write (sends, deploys) acts only
 then. `artifact` adds
-`"artifact": {path, kind, bytes, sha256, exists}`; `deliver`, `delivered` and
+`"artifact": {path, kind, bytes, sha256, exists}`; `artifact-withdraw` adds `"path"` (as
+recorded); `deliver`, `delivered` and
 `delivery-failed` add `"target"` and `"delivery": {status, key, receipt, attempts}`, and
 `deliver` adds `"send": true|false` (send the result only when true).
 

@@ -304,6 +304,24 @@ class Ledger:
         cmd = C.RecordArtifact(lease=lease, path=real, kind=kind, bytes=size, sha256=sha, exists=exists)
         return self.execute(run_id, cmd, actor=self._worker(worker), key=key)
 
+    def withdraw_artifact(self, run_id: str, path: str, reason: str, *, lease: int | None = None,
+                          actor: Actor | None = None, key: str | None = None, worker: str | None = None) -> Outcome:
+        """Take back a recorded artifact (a mistyped path, a superseded file) so it no longer
+        counts for submit; the log keeps both records. ``path`` is matched as recorded, else
+        resolved the way ``artifact`` resolved it. The file itself is not touched. With
+        ``lease`` it acts as that lease's worker (named by ``worker``, $HANDOFF_WORKER or the
+        holder), else as ``actor`` or an operator."""
+        check_run_id(run_id)
+        cp = self.checkpoint(run_id) if self.store.head(run_id) is not None else None
+        if cp is not None and isinstance(path, str) and path and "\x00" not in path:
+            if path not in {a.path for a in cp.artifacts}:
+                path = os.path.realpath(path)
+        if actor is None and lease is not None:
+            holder = cp.worker if cp is not None and cp.lease == lease else None
+            actor = self._worker(worker or os.environ.get("HANDOFF_WORKER") or holder)
+        actor = actor or Actor("operator", _user())
+        return self.execute(run_id, C.WithdrawArtifact(path=path, reason=reason, lease=lease), actor=actor, key=key)
+
     def evidence(self, run_id: str, kind: str, outcome: str, detail: str = "", *, lease: int | None = None,
                  actor: Actor | None = None, key: str | None = None) -> Outcome:
         actor = actor or (self._worker(None) if lease is not None else Actor("operator", _user()))

@@ -148,3 +148,7 @@ class UnknownEffect(Refused):
 
 class IllegalProgress(Refused):
     """This progress kind is not progress in the run's current state."""
+
+
+class UnknownArtifact(Refused):
+    """No artifact is recorded at this path on the run (never recorded, or withdrawn)."""
