@@ -271,6 +271,8 @@ def _report(out: Any, as_json: bool, did: str, **extra: Any) -> None:
     r, cp = out.result, out.checkpoint
     if r.outcome == "duplicate":
         text = f"{r.run_id}: already recorded; nothing new written (state {cp.state})"
+    elif r.outcome == "unchanged":
+        text = f"{r.run_id}: nothing to add, it is already so; nothing written (at seq {r.last_seq}; state {cp.state})"
     else:
         seqs = f"seq {r.first_seq}" if r.first_seq == r.last_seq else f"seq {r.first_seq}-{r.last_seq}"
         text = f"{r.run_id}: {did} ({seqs}; state {cp.state})"
@@ -280,7 +282,9 @@ def _report(out: Any, as_json: bool, did: str, **extra: Any) -> None:
 def _actor(name: str | None) -> Any:
     from ledger.store import Actor
 
-    return Actor("operator", name or os.environ.get("HANDOFF_ACTOR") or os.environ.get("USER") or "operator")
+    from handoff.api import operator_name
+
+    return Actor("operator", operator_name(name))
 
 
 def _wname(lg: Any, run: str, lease: int | None) -> str:
@@ -292,7 +296,11 @@ def _wname(lg: Any, run: str, lease: int | None) -> str:
         head = lg.store.head(run)
     except Exception:
         head = None
-    return head.lease_holder if head is not None and head.lease == lease and head.lease_holder else "worker"
+    if head is not None and head.lease == lease and head.lease_holder:
+        return head.lease_holder
+    from handoff.api import login_name
+
+    return login_name()  # never "worker", which would log the kind twice (worker:worker)
 
 
 def _worker_actor(lg: Any, run: str, lease: int | None) -> Any:
@@ -633,8 +641,42 @@ def artifact(run: str, path: str | None, lease: int, kind: str, root: str | None
     did = "artifact recorded"
     if art is not None:
         did = (f"{art.kind} {art.path} recorded ({art.bytes} bytes, sha256 {art.sha256[:12]})" if art.exists
-               else f"{art.kind} {art.path} recorded as MISSING")
+               else f"{art.kind} {art.path} recorded as MISSING (mistyped? 'handoff artifact-withdraw')")
     _report(out, as_json, did, **extra)
+
+
+@main.command("artifact-withdraw")
+@click.argument("run", metavar="RUN")
+@click.argument("path", metavar="PATH")
+@click.option("--reason", required=True, help="Why it no longer counts (mistyped path, replaced by another file...).")
+@click.option("--lease", type=click.IntRange(min=1), default=None, envvar="HANDOFF_LEASE", show_envvar=True,
+              help="Act as the worker holding this lease; without it you act as an operator (see --by).")
+@click.option("--by", default=None, help="Operator name when acting without a lease.")
+@key_option
+@json_option
+def artifact_withdraw(run: str, path: str, reason: str, lease: int | None, by: str | None, key: str | None,
+                      as_json: bool) -> None:
+    """Withdraw a recorded artifact: it no longer counts for 'submit'; the log keeps both.
+
+    For a path recorded by mistake (MISSING, empty, or replaced by another file). PATH
+    is the path as 'status' shows it, or as it was given to 'artifact'. The file is not
+    touched. Refused once a result is submitted (ready_for_review, succeeded) and after
+    the run ended.
+
+    \b
+    Example:
+        handoff artifact-withdraw $RUN --lease $LEASE ./reprot.md --reason "typo: report.md"
+    """
+    with _ledger() as lg:
+        actor = _worker_actor(lg, run, lease) if lease is not None else _actor(by)
+        out = lg.withdraw_artifact(run, path, reason, lease=lease, actor=actor, key=key)
+        r = out.result
+        # The path as recorded (resolved), read from the event itself (or the original, for a replayed key).
+        rec = next(iter(lg.store.read_run(run, after_seq=r.first_seq - 1, until_seq=r.first_seq)), None) \
+            if r.positions else None
+    if rec is not None and rec.type == "artifact_withdrawn":
+        path = rec.event.path  # type: ignore[attr-defined]
+    _report(out, as_json, f"artifact {path} withdrawn; it no longer counts for submit", path=path)
 
 
 @main.command()
@@ -829,7 +871,8 @@ def deliver(run: str, by: str, key: str, as_json: bool) -> None:
     """Record a delivery attempt to the contract's target, before sending.
 
     Send only when this prints "send": a retried attempt with the same key, or one
-    after the delivery was confirmed, writes nothing and says so (outcome "duplicate").
+    after the delivery was confirmed, writes nothing and says so ("send": false; outcome
+    "unchanged", or "duplicate" for a replayed --key).
     A second delivery under another key is refused (exit 1).
 
     \b
@@ -913,7 +956,7 @@ def release(run: str, lease: int, reason: str, as_json: bool) -> None:
 @click.option("--reason", required=True, help="Why the holder must stop.")
 @click.option("--lease", type=click.IntRange(min=1), default=None,
               help="Revoke only if this is still the current lease.")
-@click.option("--by", default=None, help="Operator name (default: $HANDOFF_ACTOR or $USER).")
+@click.option("--by", default=None, help="Operator name (default: $HANDOFF_ACTOR, else your login name).")
 @key_option
 @json_option
 def revoke(run: str, reason: str, lease: int | None, by: str | None, key: str | None, as_json: bool) -> None:
@@ -954,7 +997,7 @@ def close(run: str, by: str, disposition: str, reason: str, operator: bool, as_j
 @run_argument
 @click.option("--at", "at_seq", required=True, type=click.IntRange(min=1), help="The parent's seq to continue from.")
 @click.option("--run-id", default=None, help="The new run's id.")
-@click.option("--by", default=None, help="Operator name (default: $HANDOFF_ACTOR or $USER).")
+@click.option("--by", default=None, help="Operator name (default: $HANDOFF_ACTOR, else your login name).")
 @json_option
 def fork(run: str, at_seq: int, run_id: str | None, by: str | None, as_json: bool) -> None:
     """Start a new run that continues RUN as it stood at --at; print the new id.
@@ -1311,6 +1354,11 @@ def stalls(now: int | None, limit: int, after: str | None, as_json: bool) -> Non
 # --- the watchdog -------------------------------------------------------------------------
 
 
+#: How a dry run's outcomes read in text.
+_DRY_OUTCOME = {"would_commit": "would record this", "duplicate": "already recorded", "skipped": "would do nothing",
+                "conflict": "its key is taken by another request: would not act"}
+
+
 def _action_doc(a: Any) -> dict[str, Any]:
     return {"run_id": a.run_id, "classification": a.classification, "action": a.action, "outcome": a.outcome,
             "key": a.key, "progress_seq": a.progress_seq, "lease": a.lease, "reason": a.reason, "seq": a.seq}
@@ -1321,9 +1369,16 @@ def _action_doc(a: Any) -> dict[str, Any]:
 @click.option("--interval", type=click.FloatRange(min=0.05, max=86_400), default=5.0, show_default=True,
               help="Seconds between passes.")
 @click.option("--name", default=None, help="This watcher's name (default: watchdog-<host>).")
-@click.option("--now", type=ISO_TIME, default=None, help="With --once: judge as of this time (audits, tests).")
+@click.option("--now", type=ISO_TIME, default=None,
+              help="With --once: judge the runs as if it were this time. Needs --dry-run, or --commit "
+                   "to record the decisions for real.")
+@click.option("--dry-run", is_flag=True,
+              help="With --once: record nothing (no decision, no beat) and print what a pass would do.")
+@click.option("--commit", "commit_at_now", is_flag=True,
+              help="With --now: record the decisions made at that time for real (tests, simulations).")
 @json_option
-def watch(once: bool, interval: float, name: str | None, now: int | None, as_json: bool) -> None:
+def watch(once: bool, interval: float, name: str | None, now: int | None, dry_run: bool, commit_at_now: bool,
+          as_json: bool) -> None:
     """The watchdog: classify every live run and act within bounds, one line per action.
 
     unavailable (no heartbeat): revoke the lease so another worker can claim.
@@ -1335,10 +1390,15 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, as_jso
     pass also records the watcher's own liveness, which 'status' reads to say whether a
     live watcher covers a run. With --json, one JSON document per pass.
 
+    --once --dry-run shows what one pass would do and records nothing; add --now to ask
+    about another time. --now alone is refused: judged at a time that is not the present,
+    real decisions can revoke a live worker's lease, so recording them needs --commit.
+
     \b
     Example:
         handoff watch --interval 10 --name ops-watchdog
         handoff watch --once --json
+        handoff watch --once --dry-run --now 2026-05-01T12:00:00Z
     """
     import signal
     import socket
@@ -1347,6 +1407,17 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, as_jso
 
     if now is not None and not once:
         raise click.UsageError("--now only goes with --once")
+    if dry_run and not once:
+        raise click.UsageError("--dry-run only goes with --once")
+    if dry_run and commit_at_now:
+        raise click.UsageError("--dry-run records nothing and --commit records for real; choose one")
+    if commit_at_now and now is None:
+        raise click.UsageError("--commit only goes with --now (without --now, a pass records its decisions anyway)")
+    if now is not None and not (dry_run or commit_at_now):
+        raise click.UsageError(
+            "--now judges the runs at a time that is not the present, and the decisions would be recorded "
+            "for real (a live worker's lease can be revoked). Add --dry-run to see what the watchdog would "
+            "do and record nothing, or --commit to record the decisions anyway")
     from handoff.api import check_seconds
 
     check_seconds(interval, "interval", low=0.05, high=86_400)  # nan slips past FloatRange
@@ -1365,21 +1436,31 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, as_jso
         if not as_json and a.outcome == "committed":
             click.echo(f"{_iso(now_holder['now'], ms=True)} {a.line()}")
             sys.stdout.flush()
+        elif not as_json and dry_run:
+            click.echo(f"dry run: {a.line()} [{_DRY_OUTCOME.get(a.outcome, a.outcome)}]")
 
     def on_pass(when: int, actions: list[Any]) -> None:
         if as_json:
             import json
 
-            click.echo(json.dumps({"watcher": name, "at": _iso(when), "interval_s": interval,
-                                   "actions": [_action_doc(a) for a in actions]}, ensure_ascii=False))
+            doc = {"watcher": name, "at": _iso(when), "interval_s": interval,
+                   "actions": [_action_doc(a) for a in actions]}
+            if dry_run:
+                doc["dry_run"] = True
+            click.echo(json.dumps(doc, ensure_ascii=False))
             sys.stdout.flush()
+        elif dry_run:
+            would = sum(a.outcome == "would_commit" for a in actions)
+            click.echo(f"dry run at {_iso(when)}: nothing recorded; a pass would record {would} "
+                       f"action{'' if would == 1 else 's'}")
 
     now_holder: dict[str, int] = {}
     with _ledger() as lg:
         if once:
             when = now if now is not None else lg.clock()
             now_holder["now"] = when
-            actions = watchdog.watch_once(lg, name=name, now_us=when, interval_s=interval, on_action=on_action)
+            actions = watchdog.watch_once(lg, name=name, now_us=when, interval_s=interval, on_action=on_action,
+                                          dry_run=dry_run)
             on_pass(when, actions)
             return
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -1798,6 +1879,10 @@ Generated from `--help` by `python -m cli --write-docs`; do not edit by hand
 - Inside `handoff run`, the child's environment holds `HANDOFF_DB`, `HANDOFF_RUN`,
   `HANDOFF_LEASE` and `HANDOFF_WORKER`; the worker verbs take `RUN` and `--lease` from
   there when they are not given.
+- Who acted is logged as `kind:name`. A person acting without a lease (an operator) is
+  named by `--by`, else `$HANDOFF_ACTOR`, else the login name (`$USER`, `$LOGNAME`, or the
+  name the system gives your uid); a worker by `$HANDOFF_WORKER`, else the holder of the
+  lease it shows. An empty `--by` is refused (exit 2).
 - Human output is aligned tables and short lines on stdout. `--json` prints exactly one
   JSON document on stdout instead (`watch --json` prints one per pass, one per line).
 - Times in and out are ISO 8601 UTC (`2026-05-01T12:00:00.123456Z`). A time given
@@ -1807,7 +1892,7 @@ Generated from `--help` by `python -m cli --write-docs`; do not edit by hand
 
 | code | meaning |
 |---|---|
-| 0 | ok (a retried write that changed nothing is ok too: its outcome is `duplicate`) |
+| 0 | ok (a retried write that changed nothing is ok too: its outcome is `duplicate` or `unchanged`) |
 | 1 | refused by the ledger's rules: conflict, stale lease, lease held, illegal transition, double delivery, terminal run, not authorized, unknown run; `run`: the lease was lost |
 | 2 | usage: a missing or malformed option or argument, or malformed input the ledger rejected |
 | 3 | store problem: not a ledger, locked past the busy timeout, read-only, disk full, corrupt |
@@ -1827,7 +1912,7 @@ click's (`UsageError`, `BadParameter`, `MissingParameter`, `NoSuchOption`).
 
 ## JSON documents
 
-**Write verbs** (`heartbeat`, `transition`, `progress`, `artifact`, `evidence`, `block`,
+**Write verbs** (`heartbeat`, `transition`, `progress`, `artifact`, `artifact-withdraw`, `evidence`, `block`,
 `unblock`, `effect-start`, `effect-confirm`, `submit`, `review`, `transfer`, `deliver`,
 `delivered`, `delivery-failed`, `release`, `revoke`, `close`, `claim`):
 
@@ -1836,9 +1921,19 @@ click's (`UsageError`, `BadParameter`, `MissingParameter`, `NoSuchOption`).
  "state": "executing", "worker": "w1", "lease": 1, "progress_seq": 3}
 ```
 
-`outcome` is `committed` (events written, `first_seq`..`last_seq`) or `duplicate` (an
-earlier identical request already did it; nothing written). `artifact` adds
-`"artifact": {path, kind, bytes, sha256, exists}`; `deliver`, `delivered` and
+`outcome` is one of:
+
+- `committed`: events were written, seqs `first_seq`..`last_seq`;
+- `duplicate`: the `--key` was already used for this same request; nothing written, and
+  `first_seq`..`last_seq` are the seqs of that earlier write;
+- `unchanged`: the command was accepted but had nothing to add (a retried delivery
+  attempt, a delivery or side effect already confirmed the same way); nothing written,
+  and `first_seq` = `last_seq` = the run's last seq as it stands.
+
+Only `committed` wrote anything; a caller that acts on a write (sends, deploys) acts only
+then. `artifact` adds
+`"artifact": {path, kind, bytes, sha256, exists}`; `artifact-withdraw` adds `"path"` (as
+recorded); `deliver`, `delivered` and
 `delivery-failed` add `"target"` and `"delivery": {status, key, receipt, attempts}`, and
 `deliver` adds `"send": true|false` (send the result only when true).
 
@@ -1893,7 +1988,12 @@ intervals.
 **watch**: per pass `{"watcher", "at", "interval_s", "actions": [{"run_id",
 "classification", "action", "outcome", "key", "progress_seq", "lease", "reason",
 "seq"}]}`; `outcome` is `committed`, `duplicate` (an earlier pass already did it) or
-`skipped` (the run moved on between classification and action).
+`skipped` (the run moved on between classification and action). With `--dry-run` the
+document adds `"dry_run": true`, nothing is recorded, `seq` is null unless already
+recorded, and `outcome` says what a real pass would do now: `would_commit` (it would
+record the action), `duplicate` (already recorded), `conflict` (its key is taken by
+another request, so it would not act) or `skipped` (the run moved on, or the rules
+refuse the action now).
 
 **verify**: `{"ok", "run_id", "events", "streams", "problems": [{"kind", "run_id",
 "seq", "position", "message"}], "projections": [difference, ...], "anchors", "skipped"}`.

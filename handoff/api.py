@@ -123,7 +123,17 @@ class Outcome(msgspec.Struct, frozen=True):
 
     @property
     def duplicate(self) -> bool:
-        return self.result.outcome == "duplicate"
+        """True when nothing new was written: a replayed idempotency key (outcome
+        ``duplicate``) or a command with nothing to add (outcome ``unchanged``).
+
+        Kept this broad on purpose, so code written as ``if not out.duplicate: send()``
+        never acts twice; ``result.outcome`` tells the two cases apart."""
+        return self.result.outcome != "committed"
+
+    @property
+    def unchanged(self) -> bool:
+        """The command was accepted but had nothing to add (no idempotency key replayed)."""
+        return self.result.outcome == "unchanged"
 
 
 class Page(msgspec.Struct, frozen=True):
@@ -425,7 +435,7 @@ class Ledger:
         return out.checkpoint.lease
 
     def _worker(self, worker: str | None) -> Actor:
-        return Actor("worker", worker or os.environ.get("HANDOFF_WORKER") or "worker")
+        return Actor("worker", worker or os.environ.get("HANDOFF_WORKER") or login_name())
 
     def heartbeat(self, run_id: str, lease: int, *, worker: str | None = None) -> Outcome:
         return self.execute(run_id, C.Heartbeat(lease=lease), actor=self._worker(worker))
@@ -442,6 +452,24 @@ class Ledger:
         real, size, sha, exists = measure(path, root=root, max_bytes=max_bytes)
         cmd = C.RecordArtifact(lease=lease, path=real, kind=kind, bytes=size, sha256=sha, exists=exists)
         return self.execute(run_id, cmd, actor=self._worker(worker), key=key)
+
+    def withdraw_artifact(self, run_id: str, path: str, reason: str, *, lease: int | None = None,
+                          actor: Actor | None = None, key: str | None = None, worker: str | None = None) -> Outcome:
+        """Take back a recorded artifact (a mistyped path, a superseded file) so it no longer
+        counts for submit; the log keeps both records. ``path`` is matched as recorded, else
+        resolved the way ``artifact`` resolved it. The file itself is not touched. With
+        ``lease`` it acts as that lease's worker (named by ``worker``, $HANDOFF_WORKER or the
+        holder), else as ``actor`` or an operator."""
+        check_run_id(run_id)
+        cp = self.checkpoint(run_id) if self.store.head(run_id) is not None else None
+        if cp is not None and isinstance(path, str) and path and "\x00" not in path:
+            if path not in {a.path for a in cp.artifacts}:
+                path = os.path.realpath(path)
+        if actor is None and lease is not None:
+            holder = cp.worker if cp is not None and cp.lease == lease else None
+            actor = self._worker(worker or os.environ.get("HANDOFF_WORKER") or holder)
+        actor = actor or Actor("operator", _user())
+        return self.execute(run_id, C.WithdrawArtifact(path=path, reason=reason, lease=lease), actor=actor, key=key)
 
     def evidence(self, run_id: str, kind: str, outcome: str, detail: str = "", *, lease: int | None = None,
                  actor: Actor | None = None, key: str | None = None) -> Outcome:
@@ -507,7 +535,7 @@ class Ledger:
         import secrets
 
         child = f"{run_id}.fork{at_seq}-{secrets.token_hex(2)}" if new_run_id is None else new_run_id
-        actor = Actor("operator", by or _user())
+        actor = Actor("operator", operator_name(by))
         self.execute(child, C.Fork(parent=run_id, at_seq=at_seq), actor=actor)
         return child
 
@@ -1098,5 +1126,33 @@ VERIFY_RUN_SKIPS = (
 )
 
 
+def login_name() -> str:
+    """Who runs this process: $USER, else $LOGNAME, else the name the password database
+    gives the process's uid, else ``uid-N``. Never a placeholder such as "operator", which
+    would log the actor as ``operator:operator`` and hide who acted."""
+    for var in ("USER", "LOGNAME"):
+        name = os.environ.get(var)
+        if name:
+            return name
+    uid = os.getuid()
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name or f"uid-{uid}"
+    except (ImportError, KeyError):
+        return f"uid-{uid}"
+
+
+def operator_name(by: object = None) -> str:
+    """The name an operator (or a person acting without a lease) is logged under: ``by``
+    when given, else $HANDOFF_ACTOR, else ``login_name()``. The CLI's ``--by`` is ``by``."""
+    if by is not None:
+        if not isinstance(by, str) or not by.strip():
+            raise InvalidInput("--by must name who is acting; leave it out to use $HANDOFF_ACTOR or your "
+                               "login name", field="by")
+        return by
+    return os.environ.get("HANDOFF_ACTOR") or login_name()
+
+
 def _user() -> str:
-    return os.environ.get("HANDOFF_ACTOR") or os.environ.get("USER") or "operator"
+    return operator_name()

@@ -144,9 +144,53 @@ def _act(lg: Ledger, watcher: str, cp: Checkpoint, action: str, cmd: C.Command, 
     except Refused:
         # The run changed in a way that makes the action illegal now (no lease left...).
         return "skipped", None
+    if result.outcome == "unchanged":  # the guard found the run moved on: nothing written
+        return "skipped", None
     if result.outcome == "duplicate":
-        return ("duplicate", result.first_seq) if result.positions else ("skipped", None)
+        return "duplicate", result.first_seq
     return "committed", result.first_seq
+
+
+class _Preview(Exception):
+    """Raised inside a dry run's write transaction once the decision is known: the store
+    rolls the transaction back, so nothing of it is written."""
+
+    def __init__(self, events: tuple[Any, ...]) -> None:
+        super().__init__("dry run")
+        self.events = events
+
+
+def _preview(lg: Ledger, watcher: str, cp: Checkpoint, action: str, cmd: C.Command, key: str) -> tuple[str, int | None]:
+    """What ``_act`` would do, found by the same path, then rolled back: nothing is written.
+
+    It runs the real transaction (the same key lookup, guard and decide) and aborts it
+    once the events are decided, so its answer is the one a real pass would get at this
+    moment. "would_commit": a real pass would record the action; "duplicate": already
+    recorded under its key; "conflict": the key is taken by another request, so a real
+    pass would not act under it; "skipped": the run moved on, or the rules refuse it now.
+    """
+    from ledger.store import Actor, Decision
+    from reducers.checkpoint import AGGREGATE
+
+    actor = Actor("watchdog", watcher)
+
+    def _decide(now: Checkpoint, head: Any) -> Decision:
+        if not _unchanged(action, cp, now):
+            return Decision(())
+        raise _Preview(tuple(decide(now, cmd, Context(actor=actor))))
+
+    try:
+        result, _ = lg.store.execute(cp.run_id, AGGREGATE, _decide, actor=actor, idempotency_key=key,
+                                     digest_of=C.encode(cmd))
+    except _Preview as p:
+        return ("would_commit" if p.events else "skipped"), None
+    except IdempotencyConflict:
+        return "conflict", None
+    except Refused:
+        return "skipped", None
+    if result.outcome == "duplicate":
+        return "duplicate", result.first_seq
+    return "skipped", None
 
 
 class Sightings:
@@ -207,6 +251,7 @@ def watch_once(
     on_action: Callable[[Action], None] | None = None,
     sightings: Sightings | None = None,
     mono_s: float | None = None,
+    dry_run: bool = False,
 ) -> list[Action]:
     """One pass: beat, classify every run that may need attention at ``now_us``, act.
 
@@ -214,15 +259,22 @@ def watch_once(
     written by an earlier pass: nothing written) or ``skipped`` (the run moved on since it
     was classified: nothing written). ``on_action`` sees each one as it is decided.
     Terminal runs are never touched: the stall reducer calls them silent.
+
+    ``dry_run=True`` records nothing at all (no beat, no observation, no decision) and
+    answers what a real pass would do now: ``would_commit`` where it would act, else
+    ``duplicate``, ``conflict`` or ``skipped`` (see ``_preview``). Each action is judged
+    against the ledger as it stands; of a run's two actions (observe, then mark_stalled)
+    the first changes nothing the second is judged on, so the preview holds for both.
     """
-    ledger.watcher_beat(name, interval_s)
+    if not dry_run:
+        ledger.watcher_beat(name, interval_s)
     now = ledger.clock() if now_us is None else now_us
     out: list[Action] = []
     for cp, health in _classified(ledger, now, sightings, mono_s):
         if health.classification not in ACTS_ON:
             continue
         for action, cmd, key in _plan(cp, health, now):
-            outcome, seq = _act(ledger, name, cp, action, cmd, key)
+            outcome, seq = (_preview if dry_run else _act)(ledger, name, cp, action, cmd, key)
             reason = getattr(cmd, "reason", "") if outcome != "skipped" else (
                 "the run moved on since it was classified; nothing done")
             act = Action(cp.run_id, health.classification, action, outcome, key, cp.progress_seq,

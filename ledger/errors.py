@@ -159,6 +159,10 @@ class IllegalProgress(Refused):
     """This progress kind is not progress in the run's current state."""
 
 
+class UnknownArtifact(Refused):
+    """No artifact is recorded at this path on the run (never recorded, or withdrawn)."""
+
+
 # --- a check found damage (exit 4) -------------------------------------------------
 
 

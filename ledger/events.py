@@ -219,6 +219,14 @@ class RunForked(Event, tag="run_forked"):
     parent_seq: int
 
 
+class ArtifactWithdrawn(Event, tag="artifact_withdrawn"):
+    """A recorded artifact no longer counts (a mistyped path, a superseded file); the log
+    keeps its record, and ``reason`` says why it was taken back."""
+
+    path: str
+    reason: str
+
+
 AnyEvent = (
     HandoffOpened
     | LeaseGranted
@@ -244,6 +252,7 @@ AnyEvent = (
     | WatchdogObserved
     | RecoveryDecided
     | RunForked
+    | ArtifactWithdrawn
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {

@@ -399,6 +399,63 @@ class _Import:
         return list(self.folded.items())
 
 
+#: The first 16 bytes of every SQLite 3 database file.
+SQLITE_HEADER = b"SQLite format 3\x00"
+#: The ledger's marker row (handoff_meta: format = handoff-ledger) as SQLite stores it:
+#: the two values side by side. The table is created first, so the row sits on an early
+#: page; the bytes are too specific to turn up in a text file that merely names the project.
+_MARKER = b"format" + FORMAT_NAME.encode()
+_MARKER_SCAN = 1 << 20
+
+
+def _sniff(path: str) -> LedgerError | None:
+    """Why an existing file cannot be opened as a ledger, judged from its bytes, or None.
+
+    Tells a file that never was a ledger (no SQLite header, no marker table) from a
+    ledger that was damaged (the marker is there behind a broken header): the first
+    needs a different path, the second a backup. Empty files and unreadable ones are
+    left to SQLite and the schema check.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+            if not head or head == SQLITE_HEADER:
+                return None
+            marked = _MARKER in head + f.read(_MARKER_SCAN)
+    except OSError:
+        return None
+    if marked:
+        return CorruptLedger(
+            f"{path} is a handoff ledger whose SQLite header is damaged (its first bytes "
+            "are not SQLite's), so it cannot be opened. Restore it from a backup or an "
+            "export; keep this copy for inspection",
+        )
+    return NotALedger(_not_a_ledger(path, "it is not a database at all: its first bytes are not SQLite's header"))
+
+
+def _not_a_ledger(path: str, why: str) -> str:
+    return (
+        f"{path} is not a handoff ledger; {why}. Check the path given by --db or "
+        "HANDOFF_DB, or name a new file and create it with 'handoff --db FILE init'"
+    )
+
+
+def _unreadable_schema(path: str, exc: sqlite3.Error) -> LedgerError:
+    """SQLite's header is there but its schema cannot be read: damage if the marker shows."""
+    try:
+        with open(path, "rb") as f:
+            marked = _MARKER in f.read(_MARKER_SCAN)
+    except OSError:
+        marked = False
+    if marked:
+        return CorruptLedger(
+            f"{path} is a handoff ledger that SQLite cannot read ({exc}); it was damaged. "
+            "Restore it from a backup or an export; keep this copy for inspection",
+            cause=str(exc),
+        )
+    return NotALedger(_not_a_ledger(path, f"SQLite cannot read it ({exc}) and it carries no ledger marker"))
+
+
 class SqliteStore(EventStore):
     """An EventStore in one SQLite file (or ``:memory:`` for tests and scratch work).
 
@@ -474,6 +531,10 @@ class SqliteStore(EventStore):
             exists = os.path.exists(path)
             if exists and not stat.S_ISREG(os.stat(path).st_mode):
                 raise NotALedger(f"{path} is not a regular file, so it cannot be a ledger")
+            if exists:
+                refusal = _sniff(path)
+                if refusal is not None:
+                    raise refusal
             if not exists:
                 if not create or readonly:
                     raise StoreUnavailable(
@@ -516,6 +577,12 @@ class SqliteStore(EventStore):
             conn.execute(f"PRAGMA journal_size_limit={WAL_CHECKPOINT_BYTES}")
             # No automatic (passive) checkpoints: see _maybe_checkpoint.
             conn.execute("PRAGMA wal_autocheckpoint=0")
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            low = str(exc).lower()
+            if not self._memory and ("not a database" in low or "malformed" in low):
+                raise _unreadable_schema(path, exc) from exc
+            raise _explain(exc, "opening", path) from exc
         except sqlite3.Error as exc:
             conn.close()
             raise _explain(exc, "opening", path) from exc
@@ -537,10 +604,7 @@ class SqliteStore(EventStore):
         try:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         except sqlite3.DatabaseError as exc:
-            raise NotALedger(
-                f"{self.path} is not a handoff ledger (SQLite says: {exc}); point --db at a "
-                "ledger or at a new file name"
-            ) from exc
+            raise (_unreadable_schema(self.path, exc) if not self._memory else _explain(exc, "opening", self.path)) from exc
         if "handoff_meta" not in tables:
             if tables:
                 raise NotALedger(
@@ -1172,7 +1236,8 @@ class SqliteStore(EventStore):
                 if not decision.events:
                     ok = True
                     seq = head.last_seq if head else 0
-                    return AppendResult(run_id, "duplicate", seq + 1, seq, ()), state
+                    # Not "duplicate": no key was replayed; the command had nothing to add.
+                    return AppendResult(run_id, "unchanged", seq, seq, ()), state
                 self._check_fence(run_id, head, None, decision.lease)
                 encoded = encode_events(decision.events, self.max_payload)
                 written: list[Recorded] = []

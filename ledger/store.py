@@ -110,10 +110,19 @@ class Head(msgspec.Struct, frozen=True):
 
 
 class AppendResult(msgspec.Struct, frozen=True):
-    """What an append did: ``committed`` new events, or ``duplicate`` of an earlier append."""
+    """What an append did, in ``outcome``:
+
+    - ``committed``: new events were written, seqs ``first_seq``..``last_seq``;
+    - ``duplicate``: the idempotency key was already used for this same request; nothing
+      was written, and the seqs and positions are those of that earlier write;
+    - ``unchanged``: the command was accepted but had nothing to add (``execute`` whose
+      decide returned no events: a retried delivery attempt, an effect already settled);
+      nothing was written, ``positions`` is empty and ``first_seq`` = ``last_seq`` = the
+      run's last seq as it stood (0 for a run that does not exist).
+    """
 
     run_id: str
-    outcome: Literal["committed", "duplicate"]
+    outcome: Literal["committed", "duplicate", "unchanged"]
     first_seq: int
     last_seq: int
     positions: tuple[int, ...]

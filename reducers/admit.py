@@ -102,6 +102,8 @@ def command_of(event: ev.Event, lease: int | None) -> C.Command | None:
                              reason=e.reason)
         case ev.RunForked():
             return C.Fork(parent=e.parent, at_seq=e.parent_seq)
+        case ev.ArtifactWithdrawn():
+            return C.WithdrawArtifact(path=e.path, reason=e.reason, lease=lease)
     return None
 
 

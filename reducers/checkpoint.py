@@ -217,6 +217,12 @@ def _artifact(d: _Draft, rec: Any, e: ev.ArtifactRecorded) -> None:
     d.artifacts[e.path] = Artifact(e.path, e.kind, e.bytes, e.sha256, e.exists, rec.seq)
 
 
+@_on(ev.ArtifactWithdrawn)
+def _artifact_withdrawn(d: _Draft, rec: Any, e: ev.ArtifactWithdrawn) -> None:
+    # It stops counting (submit's evidence check no longer sees it); the log keeps both.
+    d.artifacts.pop(e.path, None)
+
+
 @_on(ev.EvidenceRecorded)
 def _evidence(d: _Draft, rec: Any, e: ev.EvidenceRecorded) -> None:
     # The latest record of a kind replaces the earlier one and moves to the end, as an

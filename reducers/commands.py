@@ -157,10 +157,19 @@ class Recover(Command, tag="recover"):
     lease: int | None = None
 
 
+class WithdrawArtifact(Command, tag="withdraw_artifact"):
+    """Take back a recorded artifact by its recorded path; the file itself is not touched."""
+
+    path: str
+    reason: str
+    lease: int | None = None
+
+
 AnyCommand = (
     Open | Claim | Heartbeat | Transition | Progress | RecordArtifact | RecordEvidence | Block
     | Unblock | StartEffect | ConfirmEffect | Submit | ReviewResult | TransferAuthority | Deliver
     | ConfirmDelivery | FailDelivery | Release | Revoke | Close | Fork | Observe | Recover
+    | WithdrawArtifact
 )
 
 _enc = msgspec.json.Encoder()

@@ -27,6 +27,7 @@ from ledger.errors import (
     RunExists,
     StaleLease,
     TerminalRun,
+    UnknownArtifact,
     UnknownEffect,
     UnknownRun,
 )
@@ -308,7 +309,11 @@ def _submit(cp: Checkpoint, c: C.Submit, ctx: Context) -> list[ev.Event]:
     if bad:
         a = bad[0]
         what = "missing" if not a.exists else "empty"
-        raise EvidenceMissing(f"artifact {a.path} was recorded as {what}; a result must point at files that exist and have content")
+        raise EvidenceMissing(
+            f"artifact {a.path} was recorded as {what}; a result must point at files that exist and have "
+            f"content. Record it again once the file is right, or withdraw it ('handoff artifact-withdraw "
+            f"{cp.run_id} {a.path} --reason ...') if it was recorded by mistake"
+        )
     if cp.result_path is not None and not any(a.path == cp.result_path for a in cp.artifacts):
         raise EvidenceMissing(f"the contract names the result file {cp.result_path}, but no artifact was recorded at that path")
     return [ev.ResultSubmitted(summary=_text("summary", c.summary), artifacts=tuple(a.path for a in cp.artifacts)), move]
@@ -471,6 +476,26 @@ def _recover(cp: Checkpoint, c: C.Recover, ctx: Context) -> list[ev.Event]:
     return [decided]
 
 
+def _withdraw_artifact(cp: Checkpoint, c: C.WithdrawArtifact, ctx: Context) -> list[ev.Event]:
+    path = _text("path", c.path, max_len=4096, empty=False)
+    reason = _text("reason", c.reason, empty=False)
+    if cp.state not in T.WITHDRAWABLE:
+        raise IllegalTransition(
+            f"run {cp.run_id} is {cp.state}: its submitted result names its artifacts, so none can be "
+            "withdrawn now. A rejected review sends it back to executing, where it can",
+            state=cp.state,
+        )
+    if not any(a.path == path for a in cp.artifacts):
+        recorded = [a.path for a in cp.artifacts]
+        shown = ", ".join(recorded[:5]) + (f" and {len(recorded) - 5} more" if len(recorded) > 5 else "")
+        raise UnknownArtifact(
+            f"run {cp.run_id} has no artifact recorded at {path} (it was never recorded, or was "
+            f"withdrawn already); recorded now: {shown or 'none'}. See 'handoff status {cp.run_id}'",
+            path=path,
+        )
+    return [ev.ArtifactWithdrawn(path=path, reason=reason)]
+
+
 HANDLERS = {
     C.Open: _open, C.Claim: _claim, C.Heartbeat: _heartbeat, C.Transition: _transition,
     C.Progress: _progress, C.RecordArtifact: _artifact, C.RecordEvidence: _evidence,
@@ -479,6 +504,7 @@ HANDLERS = {
     C.TransferAuthority: _transfer, C.Deliver: _deliver, C.ConfirmDelivery: _delivered,
     C.FailDelivery: _delivery_failed, C.Release: _release, C.Revoke: _revoke, C.Close: _close,
     C.Fork: _fork, C.Observe: _observe, C.Recover: _recover,
+    C.WithdrawArtifact: _withdraw_artifact,
 }
 #: Commands that may answer on a terminal run: observation, and the idempotent
 #: retries of the delivery that ended it (which either do nothing or refuse clearly).

@@ -117,6 +117,8 @@ def commands(
         st.builds(C.Observe, classification=st.sampled_from(["healthy", "stalled"]), progress_seq=st.integers(0, 9)),
         st.builds(C.Recover, action=st.sampled_from(sorted(T.RECOVERY_ACTIONS)),
                   classification=st.just("stalled"), progress_seq=st.integers(0, 9)),
+        st.builds(C.WithdrawArtifact, path=st.sampled_from(["/a", "/b"]), reason=st.sampled_from(["typo", ""]),
+                  lease=st.none() | leases),
     )
 
 
@@ -171,6 +173,7 @@ def events() -> st.SearchStrategy[ev.Event]:
                   progress_seq=small),
         st.builds(ev.RecoveryDecided, watcher=st.just("dog"), action=st.sampled_from(sorted(T.RECOVERY_ACTIONS)),
                   classification=st.just("stalled"), progress_seq=small),
+        st.builds(ev.ArtifactWithdrawn, path=st.sampled_from(["/a", "/b", "/c"]), reason=st.just("typo")),
     )
 
 
@@ -257,8 +260,15 @@ class Expect:
     error: type[E.LedgerError] | None = None
     why: str = ""
     tags: list[str] = field(default_factory=list)
+    #: A replayed idempotency key: nothing written, the earlier write's seqs answered.
     duplicate: bool = False
+    #: Accepted with nothing to add (decide returned no events): nothing written.
+    unchanged: bool = False
     after: RunModel | None = None
+
+    @property
+    def outcome(self) -> str:
+        return "duplicate" if self.duplicate else "unchanged" if self.unchanged else "committed"
 
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -301,7 +311,7 @@ class Model:
 
     def commit(self, run_id: str, expect: Expect) -> None:
         assert expect.error is None and expect.after is not None
-        if expect.duplicate:
+        if expect.duplicate or expect.unchanged:
             return
         run = expect.after
         if run.terminal and run.ended_as is None:
@@ -338,7 +348,7 @@ class Model:
         new = copy.deepcopy(run) if run is not None else RunModel(run_id)
         tags = getattr(self, "_" + name)(new, cmd, actor)
         if not tags:
-            return Expect(duplicate=True, after=run)
+            return Expect(unchanged=True, after=run)
         new.last_seq += len(tags)
         if key is not None:
             new.idem[key] = (str(actor), C.encode(cmd))
@@ -418,6 +428,16 @@ class Model:
         r.artifacts[c.path] = c.exists and c.bytes > 0
         r.progress_seq += 1
         return ["artifact_recorded"]
+
+    def _withdraw_artifact(self, r: RunModel, c: C.WithdrawArtifact, a: Actor) -> list[str]:
+        if _bad_text(c.path, max_len=4096, empty=False) or _bad_text(c.reason, empty=False):
+            _refuse(E.InvalidInput, "bad path or reason")
+        if r.state not in T.WITHDRAWABLE:
+            _refuse(E.IllegalTransition, f"no withdrawal in {r.state}")
+        if c.path not in r.artifacts:
+            _refuse(E.UnknownArtifact, f"{c.path} is not recorded")
+        del r.artifacts[c.path]  # a correction: progress_seq does not move
+        return ["artifact_withdrawn"]
 
     def _evidence(self, r: RunModel, c: C.RecordEvidence, a: Actor) -> list[str]:
         r.evidence[c.kind] = c.outcome
@@ -638,6 +658,7 @@ COMPARED: dict[str, Callable[[Checkpoint], Any]] = {
     "blockers": lambda cp: [(b.id, b.prior_state) for b in cp.blockers],
     "pending": lambda cp: sorted(e.key for e in cp.pending_effects),
     "confirmed_key": lambda cp: cp.delivery.confirmed_key,
+    "artifacts": lambda cp: sorted((a.path, a.substantive) for a in cp.artifacts),
     "ready": lambda cp: cp.delivery_ready,
 }
 
@@ -645,6 +666,8 @@ COMPARED: dict[str, Callable[[Checkpoint], Any]] = {
 def _model_value(m: RunModel, name: str) -> Any:
     if name == "pending":
         return sorted(m.pending)
+    if name == "artifacts":
+        return sorted(m.artifacts.items())
     return getattr(m, name)
 
 
@@ -735,9 +758,10 @@ class LedgerMachine(RuleBasedStateMachine):
         )
         added = self.log()[len(before):]
         got = [r.type for r in added]
-        want = [] if expect.duplicate else expect.tags
+        want = [] if expect.duplicate or expect.unchanged else expect.tags
         assert got == want, f"{actor} {cmd!r} on {run_id}: appended {got}, the model expected {want}"
-        assert out.result.outcome == ("duplicate" if expect.duplicate else "committed")
+        assert out.result.outcome == expect.outcome, (
+            f"{actor} {cmd!r} on {run_id}: outcome {out.result.outcome}, the model expected {expect.outcome}")
         # The store answers with its warm (cached, incrementally evolved) state: it must
         # equal a fresh fold from the log.
         assert out.checkpoint == self.ledger.checkpoint(run_id), f"{run_id}: warm state != fresh fold"
@@ -863,6 +887,17 @@ class LedgerMachine(RuleBasedStateMachine):
         real, size, sha, exists = measure(path)
         cmd = C.RecordArtifact(lease=lease, path=real, kind=which, bytes=size, sha256=sha, exists=exists)  # type: ignore[arg-type]
         return self.issue(run, actor, cmd, via=lambda: self.ledger.artifact(run, lease, path, kind=which, worker=actor.name))
+
+    @rule(run=runs, which=st.sampled_from(["recorded", "recorded", "never"]),
+          whom=st.sampled_from(["worker", "worker", "owner", "operator", "stranger", "watchdog"]),
+          lease_pick=st.sampled_from(["current", "current", "stale", "none"]), reason=st.sampled_from(["typo", " "]))
+    def withdraw_artifact(self, run: str, which: str, whom: str, lease_pick: str, reason: str) -> None:
+        """Take back a recorded artifact (or one never recorded): only where and by whom the rules allow."""
+        m = self.model.runs[run]
+        paths = sorted(m.artifacts) if which == "recorded" else []
+        path = paths[0] if paths else os.path.join(self.files, f"{run}-never.txt")
+        actor, lease = self.worker_for(run, lease_pick) if whom == "worker" else self.actor_for(run, whom)
+        self.issue(run, actor, C.WithdrawArtifact(path=path, reason=reason, lease=lease))
 
     @rule(run=runs, kind=st.sampled_from(["tests", "lint"]), outcome=st.sampled_from(["pass", "pass", "fail", "skipped"]),
           whom=st.sampled_from(["worker", "owner", "operator", "stranger"]))
@@ -1027,8 +1062,8 @@ class LedgerMachine(RuleBasedStateMachine):
                 if exp.error is not None:
                     predicted[i] = exp.error
                 else:
-                    predicted[i] = "duplicate" if exp.duplicate else "committed"
-                    tags += [] if exp.duplicate else exp.tags
+                    predicted[i] = exp.outcome
+                    tags += [] if exp.duplicate or exp.unchanged else exp.tags
                     trial.commit(run, exp)
             if predicted == observed and [r.type for r in added] == tags:
                 self.model = trial
@@ -1161,6 +1196,9 @@ class LedgerMachine(RuleBasedStateMachine):
             if m.pending and choice % 3 != 2:
                 return self.issue(run, w, C.ConfirmEffect(key=sorted(m.pending)[0], outcome="done", lease=lease))
             bad = sorted(p for p, ok in m.artifacts.items() if not ok)
+            if bad and choice % 2 and bad[0] != m.result_path:
+                # Recorded by mistake: take it back rather than make the file.
+                return self.issue(run, w, C.WithdrawArtifact(path=bad[0], reason="recorded by mistake", lease=lease))
             if bad:
                 return self._artifact(run, "fixed", path=bad[0])
             if not m.artifacts or (m.result_path and m.result_path not in m.artifacts):

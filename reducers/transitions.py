@@ -122,11 +122,18 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     "fork": frozenset({OWNER, OPERATOR}),
     "observe": frozenset({WATCHDOG, OPERATOR}),
     "recover": frozenset({WATCHDOG, OPERATOR}),
+    "withdraw_artifact": frozenset({"lease", OWNER, OPERATOR}),
 }
 #: Owner actions that a transfer of authority can hand to another named actor.
 TRANSFERABLE = frozenset({"review", "deliver", "delivered", "delivery_failed", "close"})
 #: Commands accepted on a terminal run (read-only observation only).
 READ_ONLY = frozenset({"observe"})
+
+#: States in which a recorded artifact may be withdrawn. Not once a result is submitted
+#: (ready_for_review, succeeded): the result names its artifacts, and what it points at
+#: must stay what was reviewed and delivered; a rejected review reopens the run. Not in
+#: terminal states, which absorb everything but observation.
+WITHDRAWABLE = frozenset({QUEUED, PLANNING, EXECUTING, VERIFYING, BLOCKED, UNKNOWN})
 
 #: Recovery actions the watchdog may choose from; all are bounded and reversible by a person.
 RECOVERY_ACTIONS = frozenset({"revoke_lease", "mark_stalled", "pause", "reconcile", "reconcile_delivery"})

@@ -61,7 +61,7 @@ def test_write_documents(h):
 
 def test_watch_and_verify_documents(h):
     _setup(h)
-    doc = h.json("watch", "--once", "--name", "wd", "--now", "2100-01-01T00:00:00Z")
+    doc = h.json("watch", "--once", "--name", "wd", "--now", "2100-01-01T00:00:00Z", "--commit")
     assert set(doc) == {"watcher", "at", "interval_s", "actions"}
     (a,) = doc["actions"]
     assert set(a) == {"run_id", "classification", "action", "outcome", "key", "progress_seq", "lease", "reason",

@@ -109,7 +109,7 @@ def test_watchdog_killed_mid_pass_and_restarted_never_acts_twice(tmp_path):
         now = lg.clock() + 10_000_000
     from cli import _iso
 
-    args = ("watch", "--once", "--name", "wd", "--now", _iso(now))
+    args = ("watch", "--once", "--name", "wd", "--now", _iso(now), "--commit")
     first = _spawn(*args, db=db)
     lines = [first.stdout.readline() for _ in range(10)]
     first.send_signal(signal.SIGKILL)

@@ -51,7 +51,8 @@ def test_the_whole_lifecycle_through_the_verbs(h, tmp_path):
     again = h("deliver", run, "--by", "alice", "--key", "d1")
     assert "do not send again" in again.stdout
     doc = h.json("deliver", run, "--by", "alice", "--key", "d1")
-    assert doc["send"] is False and doc["outcome"] == "duplicate"
+    assert doc["send"] is False and doc["outcome"] == "unchanged"
+    assert doc["first_seq"] == doc["last_seq"] == h.json("status", run)["last_seq"]  # where the run stands
     packet = h.json("status", run)
     assert packet["state"] == "delivered" and packet["terminal"] is True
     assert packet["result_path"] == str(report)
@@ -146,9 +147,9 @@ def test_stalls_and_watch(h):
     assert row["classification"] == "unavailable" and row["action"] == "revoke_lease" and row["lease"] == 1
     assert {"last_heartbeat_at", "last_progress", "retries", "retry_budget", "reason"} <= set(row)
     assert "unavailable" in h("stalls", "--now", _iso(later)).stdout
-    out = h("watch", "--once", "--name", "t", "--now", _iso(later)).stdout
+    out = h("watch", "--once", "--name", "t", "--now", _iso(later), "--commit").stdout
     assert out.count("\n") == 1 and "quiet unavailable -> revoke_lease" in out
-    doc = h.json("watch", "--once", "--name", "t", "--now", _iso(later))
+    doc = h.json("watch", "--once", "--name", "t", "--now", _iso(later), "--commit")
     assert doc["watcher"] == "t" and doc["actions"] == []
     assert h.json("status", "quiet")["lease"] is None
 

@@ -359,7 +359,7 @@ CASES = [
     Case("a non-ledger file", "plain text", ["log", "r1"], 3, "not a database", lambda lg, w: None, db=text_file),
     Case("a truncated database", "status", ["status", "r1"], 3, "damaged", lambda lg, w: None, db=truncated),
     Case("a truncated database", "verify", ["verify"], 3, "damaged", db=truncated),
-    Case("a byte-flipped database", "header", ["status"], 3, "not a database", lambda lg, w: None, db=flipped_header),
+    Case("a byte-flipped database", "header", ["status"], 3, "header is damaged", lambda lg, w: None, db=flipped_header),
     Case("a ledger with a newer schema", "status", ["status"], 3, "newer", lambda lg, w: None, db=newer_schema),
     Case("a ledger with a newer schema", "progress", [*P, "--detail", "x"], 3, "newer", db=newer_schema),
     # click refuses a directory for --db before the ledger is asked (usage, exit 2).

@@ -614,6 +614,17 @@ class StoreConformance:
         assert store.head("nothing") is None
         assert_unchanged(store, before)
 
+    def test_execute_with_nothing_to_add_is_unchanged_not_a_duplicate(self, store):
+        # "duplicate" means a replayed idempotency key; a decide that returns no events
+        # is its own outcome, with both seqs at the run's head (not head+1..head).
+        self.fill(store, "cmd", 3)
+        result, _ = store.execute("cmd", Count(), up_to(3), actor=W1)
+        assert (result.outcome, result.first_seq, result.last_seq, result.positions) == ("unchanged", 3, 3, ())
+        keyed, _ = store.execute("cmd", Count(), up_to(3), actor=W1, idempotency_key="u1", digest_of=b"r")
+        assert (keyed.outcome, keyed.first_seq, keyed.last_seq) == ("unchanged", 3, 3)
+        result, _ = store.execute("nothing", Count(), up_to(0), actor=W1)
+        assert (result.outcome, result.first_seq, result.last_seq) == ("unchanged", 0, 0)
+
     def test_execute_decide_sees_state_and_head(self, store):
         seen: list[tuple[int, int | None]] = []
 

@@ -102,6 +102,9 @@ FORGED = {
         [OPEN, ("admin:root", None, ev.AuthorityTransferred(action="close", to="x"))], E.InvalidInput, 2),
     "a run that does not begin with its contract": (
         [CLAIM], E.UnknownRun, 1),
+    "an artifact withdrawn that was never recorded": (
+        [OPEN, CLAIM, ("worker:w1", 1, ev.ArtifactWithdrawn(path="/tmp/never", reason="typo"))],
+        E.UnknownArtifact, 3),
 }
 
 
@@ -119,6 +122,14 @@ def test_forged_history_is_refused_and_the_ledger_is_untouched(lg, name):
     # The same file without its forged tail goes in: the refusal was about that line.
     if line is not None and line > 1:
         assert lg.import_lines(lines[: line - 1])["imported"] == line - 1
+
+
+def test_a_withdrawal_a_live_command_wrote_is_admitted(lg):
+    recorded = ev.ArtifactRecorded(path="/tmp/typo.md", kind="result", bytes=0, sha256="", exists=False)
+    lines = forge("r1", [OPEN, CLAIM, ("worker:w1", 1, recorded),
+                         ("worker:w1", 1, ev.ArtifactWithdrawn(path="/tmp/typo.md", reason="mistyped"))])
+    assert lg.import_lines(lines)["imported"] == 4
+    assert lg.checkpoint("r1").artifacts == ()
 
 
 @pytest.mark.parametrize("at, why", [

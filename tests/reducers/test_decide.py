@@ -438,11 +438,13 @@ def test_retried_delivery_attempt_is_not_a_second_send(lg, tmp_path):
     first = lg.deliver(run.id, "alice", "send-1")
     before = log(lg)
     again = lg.deliver(run.id, "alice", "send-1")
-    assert first.result.outcome == "committed" and again.result.outcome == "duplicate"
+    # No idempotency key is replayed (deliver takes none): the rules find nothing to add.
+    assert first.result.outcome == "committed" and again.result.outcome == "unchanged" and again.duplicate
+    assert (again.result.first_seq, again.result.last_seq) == (before[-1].seq, before[-1].seq)
     assert log(lg) == before
     # The rules agree without the store's idempotency key, too.
     raw = execute(lg, run.id, OWNER, C.Deliver(key="send-1"))
-    assert raw.result.outcome == "duplicate" and log(lg) == before
+    assert raw.result.outcome == "unchanged" and log(lg) == before
     assert len(lg.checkpoint(run.id).delivery.attempts) == 1
 
 
@@ -451,8 +453,8 @@ def test_retried_confirmation_is_not_a_second_delivery(lg, tmp_path):
     lg.deliver(run.id, "alice", "send-1")
     lg.delivered(run.id, "send-1", "msg-1")
     before = log(lg)
-    assert lg.delivered(run.id, "send-1", "msg-1").result.outcome == "duplicate"
-    assert lg.deliver(run.id, "alice", "send-1").result.outcome == "duplicate"
+    assert lg.delivered(run.id, "send-1", "msg-1").result.outcome == "unchanged"
+    assert lg.deliver(run.id, "alice", "send-1").result.outcome == "unchanged"
     assert log(lg) == before
     assert sum(r.type == "delivery_confirmed" for r in before) == 1
 
@@ -461,9 +463,9 @@ def test_retried_side_effect_start_and_confirm(lg, tmp_path):
     run = bring(lg, tmp_path, T.EXECUTING)
     lg.effect_start(run.id, run.lease, "k", "send mail", worker="w1")
     n = len(log(lg))
-    assert lg.effect_start(run.id, run.lease, "k", "send mail", worker="w1").result.outcome == "duplicate"
+    assert lg.effect_start(run.id, run.lease, "k", "send mail", worker="w1").result.outcome == "unchanged"
     lg.effect_confirm(run.id, "k", "done", lease=run.lease, actor=W1)
-    assert lg.effect_confirm(run.id, "k", "done", lease=run.lease, actor=W1).result.outcome == "duplicate"
+    assert lg.effect_confirm(run.id, "k", "done", lease=run.lease, actor=W1).result.outcome == "unchanged"
     assert len(log(lg)) == n + 1
 
 

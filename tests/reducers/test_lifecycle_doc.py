@@ -60,7 +60,12 @@ def permissions_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-BLOCKS = {"diagram": diagram, "progress": progress_table, "permissions": permissions_table}
+def withdrawable() -> str:
+    return ", ".join(f"`{s}`" for s in sorted(T.WITHDRAWABLE)) + ".\n"
+
+
+BLOCKS = {"diagram": diagram, "progress": progress_table, "permissions": permissions_table,
+          "withdrawable": withdrawable}
 
 
 def _span(text: str, name: str) -> tuple[int, int]:
