@@ -1012,9 +1012,21 @@ def import_into(
                 f"the new ledger {private} still has unmerged WAL content after closing; "
                 "nothing was published at the target. Retry the import"
             )
-        _fsync_path(private)
-        _publish_no_replace(private, path)
-        _fsync_path(directory)
+        files.fsync_file(private)
+        try:
+            files.publish_no_replace(private, path)
+        except FileExistsError:
+            raise TargetAppeared(
+                f"a file appeared at {path} while the import ran; it was left alone and nothing "
+                f"was imported. If it is a ledger, import into it again ('handoff --db {path} import')",
+                field="db",
+            ) from None
+        except OSError as exc:
+            raise StoreUnavailable(
+                f"cannot put the new ledger at {path}: {exc.strerror} (this filesystem supports "
+                "neither hard links nor a rename that refuses to replace); nothing was imported"
+            ) from exc
+        files.sync_dir(directory)
         return counts
     finally:
         # Only the private names are removed, never the target: once published, the
@@ -1024,16 +1036,6 @@ def import_into(
                 os.remove(private + suffix)
             except FileNotFoundError:
                 pass
-
-
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:  # some filesystems refuse fsync on a directory; the data file was synced
-        pass
-    finally:
-        os.close(fd)
 
 
 def _read_small(path: str, limit: int, field: str) -> bytes:
@@ -1049,53 +1051,6 @@ def _read_small(path: str, limit: int, field: str) -> bytes:
         return os.read(fd, limit)
     finally:
         os.close(fd)
-
-
-def _publish_no_replace(private: str, target: str) -> None:
-    """Give the finished ledger its name, failing if anything is at ``target`` by now.
-
-    ``os.link`` never replaces an existing name; where hard links are not supported,
-    ``renameat2(RENAME_NOREPLACE)`` does the same on Linux. There is no fallback that
-    could replace a file that appeared meanwhile.
-    """
-    try:
-        os.link(private, target, follow_symlinks=False)
-        return
-    except FileExistsError:
-        raise TargetAppeared(
-            f"a file appeared at {target} while the import ran; it was left alone and nothing "
-            f"was imported. If it is a ledger, import into it again ('handoff --db {target} import')",
-            field="db",
-        ) from None
-    except OSError as exc:
-        link_error = exc
-    if not _rename_noreplace(private, target):
-        raise StoreUnavailable(
-            f"cannot put the new ledger at {target}: {link_error.strerror} (this filesystem "
-            "supports neither hard links nor a rename that refuses to replace); nothing was imported"
-        ) from link_error
-
-
-def _rename_noreplace(src: str, dst: str) -> bool:
-    """renameat2(..., RENAME_NOREPLACE) through libc; False when the call is unavailable."""
-    import ctypes
-    import errno
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_noreplace = -100, 1
-    if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_noreplace) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err == errno.EEXIST:
-        raise TargetAppeared(
-            f"a file appeared at {dst} while the import ran; it was left alone and nothing was imported",
-            field="db",
-        )
-    return False
 
 
 def _admit_watcher_beat(rec: Recorded, event: ev.Event) -> None:

@@ -80,7 +80,7 @@ def _failed(target: str, exc: OSError) -> StoreUnavailable:
     )
 
 
-def _sync_dir(directory: str) -> None:
+def sync_dir(directory: str) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
@@ -105,7 +105,7 @@ def place(tmp: str, target: str, field: str) -> None:
         os.replace(tmp, target)
     except OSError as exc:
         raise _failed(target, exc) from exc
-    _sync_dir(os.path.dirname(target))
+    sync_dir(os.path.dirname(target))
 
 
 def atomic_write(target: str, chunks: Iterable[bytes], *, mode: int, field: str = "output") -> int:
@@ -168,3 +168,41 @@ def fsync_file(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def publish_no_replace(private: str, target: str) -> None:
+    """Give a finished file its public name, failing if anything is at ``target`` by now.
+
+    ``os.link`` never replaces an existing name; where hard links are not supported,
+    ``renameat2(RENAME_NOREPLACE)`` does the same on Linux. There is no fallback that could
+    replace a file that appeared meanwhile: FileExistsError when the name is taken, the
+    link's OSError when neither call is available. The private name stays; the caller
+    removes it.
+    """
+    try:
+        os.link(private, target, follow_symlinks=False)
+        return
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        link_error = exc
+    if not _rename_noreplace(private, target):
+        raise link_error
+
+
+def _rename_noreplace(src: str, dst: str) -> bool:
+    """renameat2(..., RENAME_NOREPLACE) through libc; False when the call is unavailable."""
+    import ctypes
+    import errno
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_noreplace = -100, 1
+    if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_noreplace) == 0:
+        return True
+    if ctypes.get_errno() == errno.EEXIST:
+        raise FileExistsError(errno.EEXIST, "file exists", dst)
+    return False

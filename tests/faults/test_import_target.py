@@ -132,15 +132,19 @@ def test_the_api_builds_a_new_ledger_privately(tmp_path):
     assert _runs(target) == {"r1": 3} and _leftovers(target) == []
 
 
-def test_a_refusal_to_replace_names_the_target(tmp_path):
-    """The last step cannot replace: a name that exists by then is refused, typed."""
-    from handoff import api
+def test_the_last_step_never_replaces_a_name_that_exists(tmp_path):
+    """Publishing cannot replace: a name that exists by then fails, both ways it may be
+    done (a hard link, and renameat2 with RENAME_NOREPLACE where links are refused)."""
+    from ledger import files
 
     private = tmp_path / "private"
     private.write_bytes(b"x")
     target = tmp_path / "there"
     target.write_bytes(b"someone else's")
-    with pytest.raises(TargetAppeared) as err:
-        api._publish_no_replace(str(private), str(target))
-    assert err.value.exit_code == 1 and str(target) in err.value.message
-    assert target.read_bytes() == b"someone else's"
+    with pytest.raises(FileExistsError):
+        files.publish_no_replace(str(private), str(target))
+    with pytest.raises(FileExistsError):
+        files._rename_noreplace(str(private), str(target))
+    assert target.read_bytes() == b"someone else's" and private.read_bytes() == b"x"
+    assert files._rename_noreplace(str(private), str(tmp_path / "free"))
+    assert (tmp_path / "free").read_bytes() == b"x" and not private.exists()
