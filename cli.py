@@ -104,15 +104,15 @@ class HandoffGroup(click.Group):
 
 def _ledger_exit(exc: BaseException) -> int | None:
     """The exit code of a library error, or None for a bug (which keeps its traceback)."""
-    if "ledger.errors" not in sys.modules and "sqlite3" not in sys.modules:
+    if "ledger.errors" not in sys.modules:  # no store was opened: nothing of ours failed
         return None
     from ledger.errors import LedgerError
 
     if isinstance(exc, LedgerError):
         return int(exc.exit_code)
-    import sqlite3
+    from ledger.backends import is_driver_error
 
-    if isinstance(exc, sqlite3.Error):
+    if is_driver_error(exc):
         return EXIT_STORE
     return None
 

@@ -11,19 +11,20 @@ import math
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
 
 from ledger import events as ev
 from ledger import portable
+from ledger.backends import open_store
 from ledger.errors import InvalidInput, UnknownRun
-from ledger.sqlite import SqliteStore, Sync
 from ledger.store import (
     Actor,
     AppendResult,
     Decision,
+    EventStore,
     Head,
     Recorded,
     check_run_id,
@@ -165,7 +166,11 @@ def measure(path: str, *, root: str | None = None) -> tuple[str, int, str, bool]
 
 
 class Ledger:
-    """A handoff ledger in one SQLite file. Open it, issue commands, read packets.
+    """A handoff ledger. Open it, issue commands, read packets.
+
+    ``path`` names the ledger: a file path or ``:memory:`` (SQLite), or a URL such as
+    ``sqlite:///abs/path?synchronous=NORMAL`` (see ledger/backends.py). ``store=`` hands
+    it an already open store of any backend instead.
 
     >>> lg = Ledger("handoff.db")                                   # doctest: +SKIP
     >>> run = lg.open(goal="Draft the report", target="chat:#ops", owner="alice")
@@ -175,19 +180,27 @@ class Ledger:
         self,
         path: str | os.PathLike[str] = "handoff.db",
         *,
-        synchronous: Sync = "FULL",
+        synchronous: str | None = None,
         busy_timeout_s: float = 5.0,
         readonly: bool = False,
         create: bool = True,
         clock: Any = None,
+        store: EventStore | None = None,
     ) -> None:
-        path = check_path(path)
-        busy_timeout_s = check_seconds(busy_timeout_s, "busy_timeout")
         self.clock = clock or now_us
-        self.store = SqliteStore(
-            path, synchronous=synchronous, busy_timeout_s=busy_timeout_s,
-            readonly=readonly, create=create, clock=self.clock,
-        )
+        if store is not None:
+            if not isinstance(store, EventStore):
+                raise InvalidInput(f"store must be an EventStore, got {type(store).__name__}", field="store")
+            self.store = store
+        else:
+            path = check_path(path)
+            busy_timeout_s = check_seconds(busy_timeout_s, "busy_timeout")
+            # ``synchronous`` is the SQLite backend's setting, kept here as a shorthand
+            # for ``sqlite:///path?synchronous=...``; other backends refuse it.
+            self.store = open_store(
+                path, readonly=readonly, create=create, busy_timeout_s=busy_timeout_s,
+                clock=self.clock, synchronous=synchronous,
+            )
         try:
             self.projector = Projector(self.store)
         except BaseException:
@@ -206,13 +219,21 @@ class Ledger:
     # --- the one write path ----------------------------------------------------------
 
     def execute(
-        self, run_id: str, cmd: C.Command, *, actor: Actor, key: str | None = None
+        self, run_id: str, cmd: C.Command, *, actor: Actor, key: str | None = None,
+        guard: Callable[[Checkpoint], bool] | None = None,
     ) -> Outcome:
-        """Fold, decide and append in one write transaction; refusals write nothing."""
+        """Fold, decide and append in one write transaction; refusals write nothing.
+
+        ``guard``, if given, sees the run's checkpoint inside that transaction first; when
+        it returns False nothing is decided or written (the watchdog acts only on a run
+        that still stands where it classified it) and the result names no positions.
+        """
         check_run_id(run_id)
         check_text(cmd, "")
 
         def _decide(cp: Checkpoint, head: Head | None) -> Decision:
+            if guard is not None and not guard(cp):
+                return Decision(())
             load = None
             parent = None
             if isinstance(cmd, C.Claim) and cp.opened:
@@ -230,6 +251,34 @@ class Ledger:
             digest_of=C.encode(cmd) if key else None,
         )
         return Outcome(result, state)
+
+    def append_stream(self, stream_id: str, events: Any, *, actor: Actor, key: str | None = None) -> AppendResult:
+        """The second write path: events no rule decides, on a stream that is not a run.
+
+        A watcher's liveness beats live in a stream of their own (``watcher:NAME``); no
+        command folds them, so they do not go through ``decide``. They take the same
+        write transaction as ``execute`` (inline projections, fencing, idempotency), and
+        the stream is checked inside it: a handoff run's stream is refused, so nothing
+        reaches a run's log without its rules.
+        """
+        check_run_id(stream_id)
+        batch = tuple(events)
+        for i, e in enumerate(batch):
+            check_text(e, f"events[{i}]")
+
+        def _decide(cp: Checkpoint, head: Head | None) -> Decision:
+            if cp.opened:
+                raise InvalidInput(
+                    f"{stream_id} is a handoff run; write to it with its commands (Ledger.execute), "
+                    "not append_stream", field="stream_id",
+                )
+            return Decision(batch)
+
+        result, _ = self.store.execute(
+            stream_id, AGGREGATE, _decide, actor=actor, idempotency_key=key,
+            digest_of=b"".join(ev.encode(e) for e in batch) if key else None,
+        )
+        return result
 
     def _owner_load_locked(self, owner: str, *, exclude: str) -> int:
         # Read inside the claim's own write transaction, so two racing claims see each other.
@@ -485,7 +534,7 @@ class Ledger:
             if fresh and isinstance(prev, ev.WatchdogObserved) and prev.interval_s == period:
                 return None
         beat = ev.WatchdogObserved(watcher=watcher, classification="alive", progress_seq=0, interval_s=period)
-        return self.store.append(run_id, [beat], actor=Actor("watchdog", watcher))
+        return self.append_stream(run_id, [beat], actor=Actor("watchdog", watcher))
 
     def verify(self, run_id: str | None = None, *, progress: Any = None) -> list[Any]:
         """Hash chain, seq gaps, decodability and heads; an empty list means all is well."""
@@ -528,26 +577,11 @@ class Ledger:
         return self.store.import_records(parsed)
 
     def doctor(self) -> dict[str, Any]:
-        """Facts about the file and the SQLite library underneath, for support and audits."""
-        import sqlite3
-
-        conn = self.store._conn
-        version = sqlite3.sqlite_version
-        affected = tuple(int(x) for x in version.split(".")[:3]) < (3, 51, 3)
-        pragma = lambda name: conn.execute(f"PRAGMA {name}").fetchone()[0]  # noqa: E731
+        """Facts about the ledger and the backend underneath, for support and audits:
+        the store's ``diagnostics()`` (backend, version, settings), then the counts."""
         return {
-            "path": os.path.abspath(self.store.path),
-            "sqlite_version": version,
-            "wal_reset_bug": {
-                "affected_version": affected,
-                "mitigation": "automatic checkpoints off; checkpoints run only in RESTART mode, "
-                "which holds the writer lock (docs/architecture.md)",
-            },
-            "journal_mode": pragma("journal_mode"),
-            "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(pragma("synchronous")),
-            "wal_autocheckpoint": pragma("wal_autocheckpoint"),
-            "events": self.store.last_position(),
-            "runs": self.store.count_runs(),
+            **self.store.diagnostics(),
+            **self.store.counts(),
             "projections": self.projector.positions(),
         }
 

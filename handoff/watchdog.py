@@ -18,7 +18,6 @@ import msgspec
 from ledger.errors import IdempotencyConflict, InvalidInput, LedgerError, Refused
 from reducers import commands as C
 from reducers.checkpoint import Checkpoint, iso
-from reducers.decide import Context, decide
 from reducers.stall import Health
 
 from .api import WATCHER_PREFIX, Ledger, check_seconds
@@ -124,19 +123,13 @@ def _act(lg: Ledger, watcher: str, cp: Checkpoint, action: str, cmd: C.Command, 
     lease was granted since the classification, nothing is written ("skipped"). A used
     key answers "duplicate" before the guard is even asked.
     """
-    from ledger.store import Actor, Decision
-    from reducers.checkpoint import AGGREGATE
+    from ledger.store import Actor
 
     actor = Actor("watchdog", watcher)
-
-    def _decide(now: Checkpoint, head: Any) -> Decision:
-        if not _unchanged(action, cp, now):
-            return Decision(())
-        return Decision(tuple(decide(now, cmd, Context(actor=actor))))
-
     try:
-        result, _ = lg.store.execute(cp.run_id, AGGREGATE, _decide, actor=actor, idempotency_key=key,
-                                     digest_of=C.encode(cmd))
+        # The one write path: Ledger.execute, with the guard run inside its transaction.
+        result = lg.execute(cp.run_id, cmd, actor=actor, key=key,
+                            guard=lambda now: _unchanged(action, cp, now)).result
     except IdempotencyConflict:
         # The key was used for this decision with other bytes (another watcher's name):
         # the decision is made; never make it twice.

@@ -148,3 +148,7 @@ class UnknownEffect(Refused):
 
 class IllegalProgress(Refused):
     """This progress kind is not progress in the run's current state."""
+
+
+class BackendUnavailable(StoreUnavailable):
+    """The ledger address names a storage backend this installation does not have."""
