@@ -104,15 +104,15 @@ class HandoffGroup(click.Group):
 
 def _ledger_exit(exc: BaseException) -> int | None:
     """The exit code of a library error, or None for a bug (which keeps its traceback)."""
-    if "ledger.errors" not in sys.modules and "sqlite3" not in sys.modules:
+    if "ledger.errors" not in sys.modules:  # no store was opened: nothing of ours failed
         return None
     from ledger.errors import LedgerError
 
     if isinstance(exc, LedgerError):
         return int(exc.exit_code)
-    import sqlite3
+    from ledger.backends import is_driver_error
 
-    if isinstance(exc, sqlite3.Error):
+    if is_driver_error(exc):
         return EXIT_STORE
     return None
 
@@ -1093,7 +1093,7 @@ def status(run: str | None, states: tuple[str, ...], owner: str | None, include_
     blockers, artifacts, evidence, pending side effects, review, delivery, health and
     whether a live watcher really covers the run.
 
-    The table lists runs oldest first (by where each begins in the log, then run id),
+    The table lists runs oldest first (in the order the ledger first recorded them),
     100 at a time: the last line says how many more match and the --after RUN that
     shows the next page (in --json: "next" and "more").
 
@@ -1320,7 +1320,7 @@ def stalls(now: int | None, limit: int, after: str | None, as_json: bool) -> Non
     Evidence: last heartbeat, last progress (seq and kind), the lease and how many
     stalled windows the watchdog has seen at the same progress_seq (retries).
 
-    Runs come oldest first (by where each begins in the log, then run id), 100 at a
+    Runs come oldest first (in the order the ledger first recorded them), 100 at a
     time: the last line says how many more need attention and the --after RUN (with
     the --now the page was judged at) that shows the next page; in --json, "next" and
     "more".

@@ -13,21 +13,22 @@ import math
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
 
 from ledger import anchor, files, portable
 from ledger import events as ev
+from ledger.backends import open_store
 from ledger.errors import (
     HeadAnchorBroken, HistoryRefused, InvalidInput, LedgerError, StoreUnavailable, TargetAppeared, UnknownRun,
 )
-from ledger.sqlite import SqliteStore, Sync
 from ledger.store import (
     Actor,
     AppendResult,
     Decision,
+    EventStore,
     Head,
     Recorded,
     check_run_id,
@@ -113,6 +114,24 @@ def check_path(path: object, field: str = "path") -> str:
     if not p or "\x00" in p:
         raise InvalidInput(f"{field} must be a non-empty file path without NUL bytes", field=field)
     return p
+
+
+class Preview(msgspec.Struct, frozen=True):
+    """What a command would do (``Ledger.preview``): ``would_commit`` these events,
+    ``unchanged`` (nothing to add), or ``duplicate`` (its key was already used for it)."""
+
+    outcome: str
+    events: tuple[ev.Event, ...]
+    #: For ``duplicate``: what the earlier write under the key recorded.
+    result: AppendResult | None = None
+
+
+class _Decided(Exception):
+    """Raised inside a preview's transaction once decide has answered: the store rolls it back."""
+
+    def __init__(self, events: tuple[ev.Event, ...]) -> None:
+        super().__init__("preview")
+        self.events = events
 
 
 class Outcome(msgspec.Struct, frozen=True):
@@ -323,7 +342,11 @@ def _read_bounded(path: str, fd: int, limit: int) -> tuple[int, str]:
 
 
 class Ledger:
-    """A handoff ledger in one SQLite file. Open it, issue commands, read packets.
+    """A handoff ledger. Open it, issue commands, read packets.
+
+    ``path`` names the ledger: a file path or ``:memory:`` (SQLite), or a URL such as
+    ``sqlite:///abs/path?synchronous=NORMAL`` (see ledger/backends.py). ``store=`` hands
+    it an already open store of any backend instead.
 
     >>> lg = Ledger("handoff.db")                                   # doctest: +SKIP
     >>> run = lg.open(goal="Draft the report", target="chat:#ops", owner="alice")
@@ -333,19 +356,27 @@ class Ledger:
         self,
         path: str | os.PathLike[str] = "handoff.db",
         *,
-        synchronous: Sync = "FULL",
+        synchronous: str | None = None,
         busy_timeout_s: float = 5.0,
         readonly: bool = False,
         create: bool = True,
         clock: Any = None,
+        store: EventStore | None = None,
     ) -> None:
-        path = check_path(path)
-        busy_timeout_s = check_seconds(busy_timeout_s, "busy_timeout")
         self.clock = clock or now_us
-        self.store = SqliteStore(
-            path, synchronous=synchronous, busy_timeout_s=busy_timeout_s,
-            readonly=readonly, create=create, clock=self.clock,
-        )
+        if store is not None:
+            if not isinstance(store, EventStore):
+                raise InvalidInput(f"store must be an EventStore, got {type(store).__name__}", field="store")
+            self.store = store
+        else:
+            path = check_path(path)
+            busy_timeout_s = check_seconds(busy_timeout_s, "busy_timeout")
+            # ``synchronous`` is the SQLite backend's setting, kept here as a shorthand
+            # for ``sqlite:///path?synchronous=...``; other backends refuse it.
+            self.store = open_store(
+                path, readonly=readonly, create=create, busy_timeout_s=busy_timeout_s,
+                clock=self.clock, synchronous=synchronous,
+            )
         try:
             self.projector = Projector(self.store)
         except BaseException:
@@ -364,13 +395,52 @@ class Ledger:
     # --- the one write path ----------------------------------------------------------
 
     def execute(
-        self, run_id: str, cmd: C.Command, *, actor: Actor, key: str | None = None
+        self, run_id: str, cmd: C.Command, *, actor: Actor, key: str | None = None,
+        guard: Callable[[Checkpoint], bool] | None = None,
     ) -> Outcome:
-        """Fold, decide and append in one write transaction; refusals write nothing."""
+        """Fold, decide and append in one write transaction; refusals write nothing.
+
+        ``guard``, if given, sees the run's checkpoint inside that transaction first; when
+        it returns False nothing is decided or written (the watchdog acts only on a run
+        that still stands where it classified it) and the result names no positions.
+        """
         check_run_id(run_id)
         check_text(cmd, "")
+        result, state = self.store.execute(
+            run_id, AGGREGATE, self._decider(run_id, cmd, actor, guard), actor=actor, idempotency_key=key,
+            digest_of=C.encode(cmd) if key else None,
+        )
+        return Outcome(result, state)
+
+    def preview(
+        self, run_id: str, cmd: C.Command, *, actor: Actor, key: str | None = None,
+        guard: Callable[[Checkpoint], bool] | None = None,
+    ) -> Preview:
+        """What ``execute`` would do now, found by the same transaction, then rolled back.
+
+        The key lookup, the guard and decide all run as they would for real, so the answer
+        is the one a real write would get at this moment; nothing is written. Refusals
+        raise as they would from ``execute``. The write lock is held for the moment it takes.
+        """
+        check_run_id(run_id)
+        check_text(cmd, "")
+        decider = self._decider(run_id, cmd, actor, guard)
 
         def _decide(cp: Checkpoint, head: Head | None) -> Decision:
+            raise _Decided(decider(cp, head).events)
+
+        try:
+            result, _ = self.store.execute(run_id, AGGREGATE, _decide, actor=actor, idempotency_key=key,
+                                           digest_of=C.encode(cmd) if key else None)
+        except _Decided as d:
+            return Preview("would_commit" if d.events else "unchanged", d.events)
+        return Preview(result.outcome, (), result)  # a replayed key: answered before anything is decided
+
+    def _decider(self, run_id: str, cmd: C.Command, actor: Actor,
+                 guard: Callable[[Checkpoint], bool] | None) -> Callable[[Checkpoint, Head | None], Decision]:
+        def _decide(cp: Checkpoint, head: Head | None) -> Decision:
+            if guard is not None and not guard(cp):
+                return Decision(())
             load = None
             parent = None
             if isinstance(cmd, C.Claim) and cp.opened:
@@ -383,11 +453,35 @@ class Ledger:
             lease = getattr(cmd, "lease", None) if actor.kind == "worker" else None
             return Decision(tuple(events), lease=lease)
 
-        result, state = self.store.execute(
-            run_id, AGGREGATE, _decide, actor=actor, idempotency_key=key,
-            digest_of=C.encode(cmd) if key else None,
+        return _decide
+
+    def append_stream(self, stream_id: str, events: Any, *, actor: Actor, key: str | None = None) -> AppendResult:
+        """The second write path: events no rule decides, on a stream that is not a run.
+
+        A watcher's liveness beats live in a stream of their own (``watcher:NAME``); no
+        command folds them, so they do not go through ``decide``. They take the same
+        write transaction as ``execute`` (inline projections, fencing, idempotency), and
+        the stream is checked inside it: a handoff run's stream is refused, so nothing
+        reaches a run's log without its rules.
+        """
+        check_run_id(stream_id)
+        batch = tuple(events)
+        for i, e in enumerate(batch):
+            check_text(e, f"events[{i}]")
+
+        def _decide(cp: Checkpoint, head: Head | None) -> Decision:
+            if cp.opened:
+                raise InvalidInput(
+                    f"{stream_id} is a handoff run; write to it with its commands (Ledger.execute), "
+                    "not append_stream", field="stream_id",
+                )
+            return Decision(batch)
+
+        result, _ = self.store.execute(
+            stream_id, AGGREGATE, _decide, actor=actor, idempotency_key=key,
+            digest_of=b"".join(ev.encode(e) for e in batch) if key else None,
         )
-        return Outcome(result, state)
+        return result
 
     def _owner_load_locked(self, owner: str, *, exclude: str) -> int:
         # Read inside the claim's own write transaction, so two racing claims see each other.
@@ -616,11 +710,11 @@ class Ledger:
 
     # --- listings a page at a time (queries.py says how they are sorted) ---------------
 
-    def _cursor(self, after: str | None) -> queries.Cursor | None:
+    def _cursor(self, after: str | None, view: str = "checkpoints") -> queries.Cursor | None:
         if after is None:
             return None
         check_run_id(after, "after")
-        cursor = queries.cursor_of(self.store, after)
+        cursor = queries.cursor_of(self.store, after, view)
         if cursor is None:
             raise InvalidInput(f"no run {after} in {self.store.path} to continue after; pass the run id an "
                                "earlier page gave as its next cursor ('next')", field="after")
@@ -629,8 +723,8 @@ class Ledger:
     def iter_runs(self, *, after: str | None = None, include_terminal: bool = False,
                   states: tuple[str, ...] = (), owner: str | None = None,
                   target: str | None = None) -> Iterator[Checkpoint]:
-        """Every run matching the filters, oldest first (by where it begins in the log, then
-        run id), strictly after the run ``after``. Terminal runs only with
+        """Every run matching the filters, oldest first (in the order the ledger first recorded
+        them), strictly after the run ``after``. Terminal runs only with
         ``include_terminal`` or when a terminal state is asked for by name."""
         states = tuple(states)
         for i, value in enumerate(states):
@@ -666,7 +760,7 @@ class Ledger:
                     ) -> Iterator[tuple[Checkpoint, stall.Health]]:
         """Every run that needs attention at ``now``, in listing order, after the run ``after``."""
         when = check_time_us(now, "now") if now is not None else self.clock()
-        due = queries.due_after(self.store, when, self._cursor(after))  # arguments checked here, not at next()
+        due = queries.due_after(self.store, when, self._cursor(after, "stall_watch"))  # checked here, not at next()
         return ((cp, h) for cp in due if (h := stall.classify(cp, now_us=when)).needs_attention)
 
     def stalls_page(self, *, limit: int = DEFAULT_PAGE, after: str | None = None, now: int | None = None) -> Page:
@@ -727,7 +821,7 @@ class Ledger:
             if fresh and isinstance(prev, ev.WatchdogObserved) and prev.interval_s == period:
                 return None
         beat = ev.WatchdogObserved(watcher=watcher, classification="alive", progress_seq=0, interval_s=period)
-        return self.store.append(run_id, [beat], actor=Actor("watchdog", watcher))
+        return self.append_stream(run_id, [beat], actor=Actor("watchdog", watcher))
 
     def verify(self, run_id: str | None = None, *, progress: Any = None,
                expect_head: str | list[str] | tuple[str, ...] | None = None) -> list[Any]:
@@ -940,26 +1034,11 @@ class Ledger:
             raise
 
     def doctor(self) -> dict[str, Any]:
-        """Facts about the file and the SQLite library underneath, for support and audits."""
-        import sqlite3
-
-        conn = self.store._conn
-        version = sqlite3.sqlite_version
-        affected = tuple(int(x) for x in version.split(".")[:3]) < (3, 51, 3)
-        pragma = lambda name: conn.execute(f"PRAGMA {name}").fetchone()[0]  # noqa: E731
+        """Facts about the ledger and the backend underneath, for support and audits:
+        the store's ``diagnostics()`` (backend, version, settings), then the counts."""
         return {
-            "path": os.path.abspath(self.store.path),
-            "sqlite_version": version,
-            "wal_reset_bug": {
-                "affected_version": affected,
-                "mitigation": "automatic checkpoints off; checkpoints run only in RESTART mode, "
-                "which holds the writer lock (docs/architecture.md)",
-            },
-            "journal_mode": pragma("journal_mode"),
-            "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(pragma("synchronous")),
-            "wal_autocheckpoint": pragma("wal_autocheckpoint"),
-            "events": self.store.last_position(),
-            "runs": self.store.count_runs(),
+            **self.store.diagnostics(),
+            **self.store.counts(),
             "projections": self.projector.positions(),
             "problems": [msgspec.to_builtins(p) for p in self.store.append_only_problems()],
         }
@@ -976,7 +1055,7 @@ class Ledger:
 
 
 def import_into(
-    path: str | os.PathLike[str], lines: Any, *, synchronous: Sync = "FULL", busy_timeout_s: float = 5.0,
+    path: str | os.PathLike[str], lines: Any, *, synchronous: str | None = None, busy_timeout_s: float = 5.0,
 ) -> dict[str, int]:
     """Import an export into the ledger at ``path``, creating it if there is none.
 

@@ -18,7 +18,6 @@ import msgspec
 from ledger.errors import IdempotencyConflict, InvalidInput, LedgerError, Refused
 from reducers import commands as C
 from reducers.checkpoint import Checkpoint, iso
-from reducers.decide import Context, decide
 from reducers.stall import Health
 
 from .api import WATCHER_PREFIX, Ledger, check_seconds
@@ -124,19 +123,13 @@ def _act(lg: Ledger, watcher: str, cp: Checkpoint, action: str, cmd: C.Command, 
     lease was granted since the classification, nothing is written ("skipped"). A used
     key answers "duplicate" before the guard is even asked.
     """
-    from ledger.store import Actor, Decision
-    from reducers.checkpoint import AGGREGATE
+    from ledger.store import Actor
 
     actor = Actor("watchdog", watcher)
-
-    def _decide(now: Checkpoint, head: Any) -> Decision:
-        if not _unchanged(action, cp, now):
-            return Decision(())
-        return Decision(tuple(decide(now, cmd, Context(actor=actor))))
-
     try:
-        result, _ = lg.store.execute(cp.run_id, AGGREGATE, _decide, actor=actor, idempotency_key=key,
-                                     digest_of=C.encode(cmd))
+        # The one write path: Ledger.execute, with the guard run inside its transaction.
+        result = lg.execute(cp.run_id, cmd, actor=actor, key=key,
+                            guard=lambda now: _unchanged(action, cp, now)).result
     except IdempotencyConflict:
         # The key was used for this decision with other bytes (another watcher's name):
         # the decision is made; never make it twice.
@@ -151,15 +144,6 @@ def _act(lg: Ledger, watcher: str, cp: Checkpoint, action: str, cmd: C.Command, 
     return "committed", result.first_seq
 
 
-class _Preview(Exception):
-    """Raised inside a dry run's write transaction once the decision is known: the store
-    rolls the transaction back, so nothing of it is written."""
-
-    def __init__(self, events: tuple[Any, ...]) -> None:
-        super().__init__("dry run")
-        self.events = events
-
-
 def _preview(lg: Ledger, watcher: str, cp: Checkpoint, action: str, cmd: C.Command, key: str) -> tuple[str, int | None]:
     """What ``_act`` would do, found by the same path, then rolled back: nothing is written.
 
@@ -169,27 +153,19 @@ def _preview(lg: Ledger, watcher: str, cp: Checkpoint, action: str, cmd: C.Comma
     recorded under its key; "conflict": the key is taken by another request, so a real
     pass would not act under it; "skipped": the run moved on, or the rules refuse it now.
     """
-    from ledger.store import Actor, Decision
-    from reducers.checkpoint import AGGREGATE
+    from ledger.store import Actor
 
     actor = Actor("watchdog", watcher)
-
-    def _decide(now: Checkpoint, head: Any) -> Decision:
-        if not _unchanged(action, cp, now):
-            return Decision(())
-        raise _Preview(tuple(decide(now, cmd, Context(actor=actor))))
-
     try:
-        result, _ = lg.store.execute(cp.run_id, AGGREGATE, _decide, actor=actor, idempotency_key=key,
-                                     digest_of=C.encode(cmd))
-    except _Preview as p:
-        return ("would_commit" if p.events else "skipped"), None
+        seen = lg.preview(cp.run_id, cmd, actor=actor, key=key, guard=lambda now: _unchanged(action, cp, now))
     except IdempotencyConflict:
         return "conflict", None
     except Refused:
         return "skipped", None
-    if result.outcome == "duplicate":
-        return "duplicate", result.first_seq
+    if seen.outcome == "would_commit":
+        return "would_commit", None
+    if seen.outcome == "duplicate" and seen.result is not None:
+        return "duplicate", seen.result.first_seq
     return "skipped", None
 
 

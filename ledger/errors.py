@@ -93,6 +93,22 @@ class HistoryRefused(Refused):
     """Imported history that no sequence of live commands could have written."""
 
 
+class LeaseHeld(Refused):
+    """Another worker holds the run's lease; it must be released or revoked first."""
+
+
+class UnknownEffect(Refused):
+    """No side effect with this key was started on the run."""
+
+
+class IllegalProgress(Refused):
+    """This progress kind is not progress in the run's current state."""
+
+
+class UnknownArtifact(Refused):
+    """No artifact is recorded at this path on the run (never recorded, or withdrawn)."""
+
+
 # --- malformed input (exit 2) ------------------------------------------------------
 
 
@@ -147,20 +163,8 @@ class OutcomeUnknown(StoreError):
     """
 
 
-class LeaseHeld(Refused):
-    """Another worker holds the run's lease; it must be released or revoked first."""
-
-
-class UnknownEffect(Refused):
-    """No side effect with this key was started on the run."""
-
-
-class IllegalProgress(Refused):
-    """This progress kind is not progress in the run's current state."""
-
-
-class UnknownArtifact(Refused):
-    """No artifact is recorded at this path on the run (never recorded, or withdrawn)."""
+class BackendUnavailable(StoreUnavailable):
+    """The ledger address names a storage backend this installation does not have."""
 
 
 # --- a check found damage (exit 4) -------------------------------------------------

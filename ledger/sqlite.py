@@ -9,6 +9,7 @@ Checkpoints run only under the writer lock (see docs/architecture.md, "WAL reset
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import os
 import sqlite3
@@ -45,6 +46,7 @@ from .store import (
     Problem,
     Recorded,
     Step,
+    Transaction,
     chain_hash,
     check_actor,
     check_idempotency_key,
@@ -85,6 +87,12 @@ APPEND_ONLY_TRIGGERS = {
     ),
 }
 _MISSING = object()
+# Runs with events after a position, in the order they first appeared in the log (the
+# order a full rebuild inserts them in), so new view rows get rowids in creation order.
+_RUNS_SINCE = (
+    "SELECT run_id FROM heads WHERE run_id IN "
+    "(SELECT run_id FROM events WHERE position > ?) ORDER BY first_position"
+)
 #: Checkpoint once the WAL file grows past this many bytes (checked after commits).
 WAL_CHECKPOINT_BYTES = 8 << 20
 
@@ -117,6 +125,11 @@ def global_link(prev_global: bytes, position: int, event_hash: bytes) -> bytes:
 
 def _now_us() -> int:
     return time.time_ns() // 1000
+
+
+def is_driver_error(exc: BaseException) -> bool:
+    """An error from the sqlite3 driver itself (ledger.backends.is_driver_error asks)."""
+    return isinstance(exc, sqlite3.Error)
 
 
 def _explain(exc: sqlite3.Error, doing: str, path: str) -> LedgerError:
@@ -491,6 +504,8 @@ class SqliteStore(EventStore):
         )
         self._memory = self.path == ":memory:"
         self._hooks: list[tuple[Aggregate[Any], Callable[..., None]]] = []
+        self._txn = SqliteTransaction(self)
+        self._views: Any = None
         self._db: Any = None
         self._commits_since_check = 0
         self._heads_indexed = False
@@ -1006,7 +1021,7 @@ class SqliteStore(EventStore):
         """Hook for subclasses; runs inside the write transaction."""
 
     def attach(self, aggregate: Aggregate[Any], hook: Callable[..., None]) -> None:
-        """Run ``hook(conn, run_id, state, last_position)`` inside every append's transaction.
+        """Run ``hook(txn, run_id, state, last_position)`` inside every append's transaction.
 
         ``state`` is ``aggregate``'s fold of the run after the append. This is how inline
         projections stay in step with the log: a failing hook rolls the append back.
@@ -1025,7 +1040,7 @@ class SqliteStore(EventStore):
             state = next((st for agg, st in known if agg is aggregate), _MISSING)
             if state is _MISSING:
                 state = self._state_locked(run_id, aggregate, head)
-            hook(self._conn, run_id, state, head.last_position)
+            hook(self._txn, run_id, state, head.last_position)
             folded.append((aggregate, state))
         return head, folded
 
@@ -1650,6 +1665,68 @@ class SqliteStore(EventStore):
             dst.close()
         return (0, GENESIS_HASH, runs) if row is None else (row[0], bytes(row[1]), runs)
 
+    # --- the backend-neutral interface for the layers above (ledger/store.py) ---------
+
+    @contextlib.contextmanager
+    def write_transaction(self, doing: str) -> Iterator[SqliteTransaction]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on any exception), under the lock."""
+        with self._lock:
+            self._begin(doing)
+            ok = False
+            try:
+                yield self._txn
+                ok = True
+            except sqlite3.Error as exc:
+                raise _explain(exc, doing, self.path) from exc
+            finally:
+                self._finish(ok, doing)
+
+    @contextlib.contextmanager
+    def read_transaction(self) -> Iterator[SqliteTransaction]:
+        """One read snapshot (``BEGIN`` ... ``ROLLBACK``), or the transaction already open."""
+        with self._lock:
+            conn = self._conn
+            began = not conn.in_transaction
+            try:
+                if began:
+                    conn.execute("BEGIN")
+                yield self._txn
+            except sqlite3.Error as exc:
+                raise _explain(exc, "reading", self.path) from exc
+            finally:
+                if began and conn.in_transaction:
+                    conn.execute("ROLLBACK")
+
+    @property
+    def views(self) -> Any:
+        """The view store on this file (ledger/sqlite_views.py)."""
+        if self._views is None:
+            from .sqlite_views import SqliteViewStore
+
+            self._views = SqliteViewStore(self)
+        return self._views
+
+    def diagnostics(self) -> dict[str, Any]:
+        """What ``handoff doctor`` prints: the file, the SQLite library and its settings."""
+        version = sqlite3.sqlite_version
+        affected = tuple(int(x) for x in version.split(".")[:3]) < (3, 51, 3)
+        with self._lock:
+            pragma = lambda name: self._conn.execute(f"PRAGMA {name}").fetchone()[0]  # noqa: E731
+            return {
+                "path": self.path if self._memory else os.path.abspath(self.path),
+                "backend": "sqlite",
+                "backend_version": version,
+                "sqlite_version": version,
+                "wal_reset_bug": {
+                    "affected_version": affected,
+                    "mitigation": "automatic checkpoints off; checkpoints run only in RESTART mode, "
+                    "which holds the writer lock (docs/architecture.md)",
+                },
+                "journal_mode": pragma("journal_mode"),
+                "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(pragma("synchronous")),
+                "wal_autocheckpoint": pragma("wal_autocheckpoint"),
+            }
+
     def integrity_check(self) -> str:
         with self._lock:
             return "; ".join(r[0] for r in self._conn.execute("PRAGMA integrity_check"))
@@ -1664,3 +1741,43 @@ class SqliteStore(EventStore):
                 self._conn.close()
             except sqlite3.Error:
                 pass
+
+
+class SqliteTransaction(Transaction):
+    """The handle ``write_transaction``, ``read_transaction`` and inline hooks receive.
+
+    Stateless beyond its store: the transaction is the connection's, and the store's
+    lock is held by whoever opened it."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+
+    def head(self, run_id: str) -> Head | None:
+        return self._store._head_locked(run_id)[0]
+
+    def state(self, run_id: str, aggregate: Aggregate[S], head: Head | None | object = _MISSING) -> S:
+        store = self._store
+        if head is _MISSING:
+            head = store._head_locked(run_id)[0]
+        return store._state_locked(run_id, aggregate, head)  # type: ignore[arg-type]
+
+    def fold(self, run_id: str, aggregate: Aggregate[S]) -> S:
+        return self._store.fold(run_id, aggregate)
+
+    def runs_since(self, position: int) -> list[str]:
+        return [r[0] for r in self._store._conn.execute(_RUNS_SINCE, (position,))]
+
+    def count_runs(self, *, begun_by: int | None = None) -> int:
+        conn = self._store._conn
+        if begun_by is None:
+            return conn.execute("SELECT count(*) FROM heads").fetchone()[0]
+        return conn.execute("SELECT count(*) FROM heads WHERE first_position <= ?", (begun_by,)).fetchone()[0]
+
+    def last_position(self) -> int:
+        return self._store.last_position()
+
+    @property
+    def views(self) -> Any:
+        return self._store.views

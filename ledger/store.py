@@ -10,16 +10,20 @@ changing; the conformance suite in tests/ledger/conformance.py is the contract i
 from __future__ import annotations
 
 import abc
+import contextlib
 import hashlib
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timezone
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import msgspec
 
 from . import events as ev
 from .errors import CorruptLedger, InvalidInput, PayloadTooLarge, UnknownEventType
+
+if TYPE_CHECKING:
+    from .views import ViewStore, ViewWriter
 
 RUN_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 ACTOR_KINDS = ("worker", "owner", "watchdog", "operator")
@@ -312,6 +316,51 @@ def request_digest(actor: str, lease: int | None, payloads: Sequence[bytes]) -> 
     return hashlib.sha256(b"".join(parts)).digest()
 
 
+class Transaction(abc.ABC):
+    """A handle on one open transaction of a store: a write transaction (holding the
+    store's write lock) or a read snapshot. Valid only inside the ``with`` block that
+    yielded it; everything it answers is as of that transaction.
+
+    Inline projection hooks receive one (inside the append's own write transaction), and
+    callers above the store use ``store.write_transaction`` / ``store.read_transaction``
+    to get one.
+    """
+
+    @abc.abstractmethod
+    def head(self, run_id: str) -> Head | None:
+        """The run's head, or None if it has no events."""
+
+    @abc.abstractmethod
+    def state(self, run_id: str, aggregate: Aggregate[S], head: Any = ...) -> S:
+        """The aggregate's fold of the run at its head (a cached fold when still current);
+        pass ``head`` when just read from this transaction, to save reading it again."""
+
+    def fold(self, run_id: str, aggregate: Aggregate[S]) -> S:
+        """A fresh fold of the run from the log, no cache involved (a rebuild's view)."""
+        return self.state(run_id, aggregate)
+
+    @abc.abstractmethod
+    def runs_since(self, position: int) -> list[str]:
+        """The runs with events after ``position``, in the order they first appeared."""
+
+    @abc.abstractmethod
+    def count_runs(self, *, begun_by: int | None = None) -> int:
+        """How many streams exist (only those whose first event is at or before
+        ``begun_by`` if given)."""
+
+    @abc.abstractmethod
+    def last_position(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def views(self) -> ViewWriter:
+        """The view writer bound to this transaction (its writes commit or roll back with it)."""
+
+
+#: ``hook(txn, run_id, state, last_position)``, run inside every append's write transaction.
+InlineHook = Callable[[Transaction, str, Any, int], None]
+
+
 class EventStore(abc.ABC):
     """The interface: append-only per-run streams with a global order.
 
@@ -389,6 +438,10 @@ class EventStore(abc.ABC):
     @abc.abstractmethod
     def last_position(self) -> int: ...
 
+    def counts(self) -> dict[str, int]:
+        """How many events and streams the ledger holds."""
+        return {"events": self.last_position(), "runs": self.count_runs()}
+
     @abc.abstractmethod
     def close(self) -> None: ...
 
@@ -412,6 +465,45 @@ class EventStore(abc.ABC):
         """Copy the whole ledger, as one consistent snapshot, into the new file ``path``
         (which the caller made in a private place); return the copy's last position,
         ledger-wide hash there, and run count."""
+
+    # --- transactions and views for the layers above -------------------------------
+
+    #: True when the store was opened for reading only: every write is refused.
+    readonly: bool = False
+    #: Where the ledger lives, as error messages name it (a file path for SQLite; a
+    #: backend whose address holds a secret gives it here without the secret).
+    path: str = ""
+
+    @abc.abstractmethod
+    def write_transaction(self, doing: str) -> contextlib.AbstractContextManager[Transaction]:
+        """Hold the write lock for the block: all of it commits, or (on an exception)
+        none of it. ``doing`` names the work in error messages ("rebuilding projections")."""
+
+    @abc.abstractmethod
+    def read_transaction(self) -> contextlib.AbstractContextManager[Transaction]:
+        """One consistent snapshot for the block; writes nothing."""
+
+    @abc.abstractmethod
+    def attach(self, aggregate: Aggregate[Any], hook: InlineHook) -> None:
+        """Run ``hook(txn, run_id, state, last_position)`` inside every write that appends,
+        with ``state`` the aggregate's fold after it. A failing hook rolls the write back.
+        This is how inline projections stay in step with the log."""
+
+    @property
+    @abc.abstractmethod
+    def views(self) -> ViewStore:
+        """This backend's view store (see ledger/views.py)."""
+
+    @abc.abstractmethod
+    def verify(
+        self, run_id: str | None = None, *, progress: Callable[[int, int], None] | None = None
+    ) -> list[Problem]:
+        """Walk the log (one run, or all of it) and report what is damaged; [] when sound."""
+
+    @abc.abstractmethod
+    def diagnostics(self) -> dict[str, Any]:
+        """Facts for ``handoff doctor``: at least ``backend`` and ``backend_version``, then
+        the backend's own settings (as JSON-ready values)."""
 
     # --- shared behaviour built on the primitives above --------------------------
 

@@ -39,3 +39,13 @@ def store(db_path):
     s = SqliteStore(db_path)
     yield s
     s.close()
+
+
+@pytest.fixture(params=sorted(__import__("tests.backends", fromlist=["BACKENDS"]).BACKENDS))
+def backend_store(request, tmp_path):
+    """A fresh, empty store of each backend in tests/backends.py, closed afterwards."""
+    from tests.backends import BACKENDS
+
+    s = BACKENDS[request.param](tmp_path)
+    yield s
+    s.close()

@@ -11,8 +11,10 @@ A backend proves it honours the contract by subclassing ``StoreConformance`` in 
 Every refusal test also proves the refusal wrote nothing, with ``refused()``: it
 snapshots every event and every head before the call and compares them after.
 
-``verify()`` is not on the abstract interface but every backend is expected to offer
-it (the CLI's ``handoff verify``); the hash-chain tests call it.
+The suite covers the whole interface: appends and commands, reads, fencing, idempotency,
+forks, counts, export and import, ``verify``, ``diagnostics``, and the transactions and
+inline hook the projections use. The projections' own backend-neutral suite is
+tests/projections/test_projection_backends.py (one fixture: tests/backends.py).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from ledger.store import (
     EventStore,
     Head,
     Recorded,
+    Transaction,
     chain_hash,
 )
 
@@ -891,3 +894,153 @@ class StoreConformance:
         assert positions(list(store.read_all())) == list(range(1, 2 * n_threads * n_each + 1))
         assert store.verify() == []
 
+
+    # --- counts, export and import ---------------------------------------------------------
+
+    def history_of_three(self, store: EventStore) -> None:
+        """Three runs: one under a lease with a keyed append, a plain one, and a fork."""
+        self.fill(store, "a", 3)
+        self.grant(store, "a", 1)
+        store.append("a", [hb(), hb()], actor=W1, lease=1, idempotency_key="k-a")
+        self.fill(store, "b", 2, actor=OWNER)
+        store.append("c", [ev.RunForked(parent="a", parent_seq=2), hb()], actor=OWNER)
+
+    def test_counts(self, store):
+        assert store.counts() == {"events": 0, "runs": 0}
+        self.history_of_three(store)
+        assert store.counts() == {"events": 10, "runs": 3}
+        assert store.count_runs() == 3
+
+    def test_export_then_import_gives_the_same_log(self, store):
+        self.history_of_three(store)
+        items = list(store.read_for_export())
+        assert [r.position for r, _, _ in items] == list(range(1, 11))
+        keyed = [(r, d, n) for r, d, n in items if r.idempotency_key == "k-a"]
+        assert len(keyed) == 1 and isinstance(keyed[0][1], bytes) and keyed[0][2] == 2
+        copy = self.make_store()
+        try:
+            assert copy.import_records(items) == {"imported": 10, "skipped": 0, "runs": 3}
+            assert list(copy.read_all()) == list(store.read_all())
+            assert list(copy.list_runs()) == list(store.list_runs())
+            assert copy.verify() == []
+            # The same export again changes nothing.
+            before = snapshot(copy)
+            assert copy.import_records(items) == {"imported": 0, "skipped": 10, "runs": 3}
+            assert_unchanged(copy, before)
+            # The imported key still answers its request as a duplicate.
+            again = copy.append("a", [hb(), hb()], actor=W1, lease=1, idempotency_key="k-a")
+            assert again.outcome == "duplicate" and again.first_seq == 5
+        finally:
+            copy.close()
+
+    def test_export_of_chosen_runs(self, store):
+        self.history_of_three(store)
+        assert {r.run_id for r, _, _ in store.read_for_export(["b"])} == {"b"}
+        assert list(store.read_for_export([])) == []
+
+    def test_import_that_extends_a_run_appends_only_the_new_events(self, store):
+        self.fill(store, "a", 2)
+        items = list(store.read_for_export())
+        store.append("a", [hb()], actor=W1)
+        longer = list(store.read_for_export())
+        copy = self.make_store()
+        try:
+            copy.import_records(items)
+            assert copy.import_records(longer) == {"imported": 1, "skipped": 2, "runs": 1}
+            assert list(copy.read_all()) == list(store.read_all())
+        finally:
+            copy.close()
+
+    def test_import_that_contradicts_a_stored_run_writes_nothing(self, store):
+        self.fill(store, "a", 2)
+        items = list(store.read_for_export())
+        other = self.make_store()
+        try:
+            other.append("a", [hb(), hb()], actor=W2)
+            other.append("z", [hb()], actor=W2)
+            with refused(other, InvalidInput, match="different event"):
+                other.import_records(items)
+        finally:
+            other.close()
+
+    def test_import_whose_chain_does_not_continue_writes_nothing(self, store):
+        self.fill(store, "a", 3)
+        items = [item for item in store.read_for_export() if item[0].seq != 2]  # a hole at seq 2
+        copy = self.make_store()
+        try:
+            copy.append("keep", [hb()], actor=W1)
+            with refused(copy, InvalidInput, match="does not continue"):
+                copy.import_records(items)
+        finally:
+            copy.close()
+
+    # --- verify and diagnostics --------------------------------------------------------
+
+    def test_verify_of_one_run_and_of_the_whole_log(self, store):
+        self.history_of_three(store)
+        assert store.verify() == []
+        assert store.verify("c") == []
+        seen: list[tuple[int, int]] = []
+        assert store.verify(progress=lambda done, total: seen.append((done, total))) == []
+
+    def test_diagnostics_name_the_backend_as_json(self, store):
+        facts = store.diagnostics()
+        assert isinstance(facts["backend"], str) and facts["backend"]
+        assert isinstance(facts["backend_version"], str) and facts["backend_version"]
+        assert msgspec.json.decode(msgspec.json.encode(facts)) == facts
+        assert store.diagnostics() == facts  # reading them writes nothing
+        assert store.last_position() == 0
+
+    # --- transactions and the inline hook ----------------------------------------------------
+
+    def test_read_transaction_answers_under_one_snapshot(self, store):
+        self.history_of_three(store)
+        with store.read_transaction() as txn:
+            assert txn.head("a") == store.head("a")
+            assert txn.head("nope") is None
+            assert txn.state("a", Count()) == 6
+            assert txn.state("c", Count()) == 4  # the fork folds its parent's prefix
+            assert txn.fold("c", Types()) == ("progress_recorded",) * 2 + ("run_forked", "heartbeat_recorded")
+            assert txn.last_position() == 10
+            assert txn.count_runs() == 3
+            assert txn.count_runs(begun_by=8) == 2
+            assert txn.runs_since(0) == ["a", "b", "c"]  # first-appearance order
+            assert txn.runs_since(5) == ["a", "b", "c"]
+            assert txn.runs_since(6) == ["b", "c"]
+            assert txn.runs_since(10) == []
+
+    def test_write_transaction_that_raises_writes_nothing(self, store):
+        self.fill(store, "a", 2)
+        with refused(store, RuntimeError, match="on purpose"):
+            with store.write_transaction("testing") as txn:
+                assert txn.last_position() == 2
+                raise RuntimeError("on purpose")
+        with store.write_transaction("testing") as txn:  # the store is usable afterwards
+            assert txn.head("a").last_seq == 2
+
+    def test_inline_hook_sees_the_write_in_its_transaction(self, store):
+        seen: list[tuple[str, int, int, int]] = []
+
+        def hook(txn, run_id, state, last_position):
+            assert isinstance(txn, Transaction)
+            head = txn.head(run_id)
+            seen.append((run_id, state, last_position, head.last_position))
+
+        store.attach(Count(), hook)
+        self.fill(store, "a", 2)
+        store.execute("a", Count(), up_to(3), actor=W1)
+        assert seen == [("a", 2, 2, 2), ("a", 3, 3, 3)]
+
+    def test_failing_inline_hook_rolls_the_append_back(self, store):
+        self.fill(store, "a", 1)
+
+        def hook(txn, run_id, state, last_position):
+            if state == 3:
+                raise RuntimeError("hook failed on purpose")
+
+        store.attach(Count(), hook)
+        store.append("a", [hb()], actor=W1)
+        with refused(store, RuntimeError, match="on purpose"):
+            store.append("a", [hb()], actor=W1)
+        with refused(store, RuntimeError, match="on purpose"):
+            store.execute("a", Count(), up_to(5), actor=W1)

@@ -12,6 +12,7 @@ import pytest
 
 from handoff import Ledger
 from handoff import api
+from ledger.views import Index, TableSpec, columns
 from projections import engine
 from reducers.checkpoint import AGGREGATE, Checkpoint
 
@@ -129,11 +130,12 @@ def _beats_rows(cp: Checkpoint, last_position: int) -> list[dict]:
 
 NEW = engine.Projection(
     name="heartbeats",
-    table="heartbeats",
-    columns={"run_id": "TEXT NOT NULL", "state": "TEXT NOT NULL", "last_heartbeat_us": "INTEGER",
-             "events": "INTEGER NOT NULL"},
-    pk=("run_id",),
-    indexes=("CREATE INDEX {i}_beat ON {t}(last_heartbeat_us)",),
+    spec=TableSpec(
+        "heartbeats",
+        columns(run_id="text!", state="text!", last_heartbeat_us="int", events="int!"),
+        pk=("run_id",),
+        indexes=(Index("beat", ("last_heartbeat_us",)),),
+    ),
     rows=_beats_rows,
 )
 

@@ -14,6 +14,8 @@ import pytest
 
 from handoff import Ledger
 from ledger.sqlite import SqliteStore
+from ledger.sqlite_views import Table
+from ledger.views import Index, TableSpec, columns
 from projections import engine, queries
 from reducers.checkpoint import Checkpoint
 
@@ -101,18 +103,18 @@ def by_index(lg: Ledger, sql: str, *args: Any) -> list[Any]:
 def test_in_place_updates_leave_out_every_indexed_column():
     """The in-place UPDATE sets no column a secondary index reads (keys or partial WHERE);
     it matches them instead, so a row whose indexed values moved takes the upsert."""
-    ck = engine._Table(engine.BY_NAME["checkpoints"], "checkpoints")
+    ck = Table(engine.BY_NAME["checkpoints"].spec, "checkpoints")
     assert ck.update is not None
     set_part, where = ck.update.split(" WHERE ", 1)
     for c in CK_KEYS:
         assert f"{c}=" not in set_part and f"{c} IS :{c}" in where
     assert "packet=:packet" in set_part and "last_seq=:last_seq" in set_part
-    stall = engine._Table(engine.BY_NAME["stall_watch"], "stall_watch")
+    stall = Table(engine.BY_NAME["stall_watch"].spec, "stall_watch")
     set_part, where = stall.update.split(" WHERE ", 1)  # type: ignore[union-attr]
     for c in ("live", "next_deadline_us"):  # the due index's key and its partial WHERE
         assert f"{c}=" not in set_part and f"{c} IS :{c}" in where
     # An index name that merely contains a column's name does not count as reading it.
-    owner = engine._Table(engine.BY_NAME["owner_load"], "owner_load")
+    owner = Table(engine.BY_NAME["owner_load"].spec, "owner_load")
     assert owner.update is not None and "SET lease=:lease" in owner.update
 
 
@@ -269,11 +271,12 @@ def _effect_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
 # A view with 0..n rows per run, some of whose values move: one row per pending side effect.
 EFFECTS = engine.Projection(
     name="effects",
-    table="effects",
-    columns={"run_id": "TEXT NOT NULL", "key": "TEXT NOT NULL", "what": "TEXT NOT NULL",
-             "lost": "INTEGER NOT NULL", "holder": "INTEGER"},
-    pk=("run_id", "key"),
-    indexes=("CREATE INDEX {i}_lost ON {t}(lost, run_id)",),
+    spec=TableSpec(
+        "effects",
+        columns(run_id="text!", key="text!", what="text!", lost="int!", holder="int"),
+        pk=("run_id", "key"),
+        indexes=(Index("lost", ("lost", "run_id")),),
+    ),
     rows=_effect_rows,
     many=True,
 )
