@@ -236,10 +236,31 @@ def worker_run_argument(f: Any) -> Any:
     return click.argument("run", metavar="RUN", envvar="HANDOFF_RUN")(f)
 
 
+class LeaseTokenParam(click.ParamType):
+    """A lease token as claim printed it (LEASE.SECRET); a bare number is a usage error."""
+
+    name = "TOKEN"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from ledger.errors import InvalidInput
+        from ledger.store import LeaseToken
+
+        try:
+            return LeaseToken.parse(value)
+        except InvalidInput as exc:
+            # Say what was given only by its kind: an argument may be someone's real token.
+            self.fail(exc.message.replace("lease is ", "this is ", 1), param, ctx)
+
+
+LEASE_TOKEN = LeaseTokenParam()
+
+
 def lease_option(required: bool = True) -> Any:
-    help_ = ("Your lease token (from claim)." if required else
-             "Act as the worker holding this lease; without it you act as the operator ($HANDOFF_ACTOR or $USER).")
-    return click.option("--lease", type=click.IntRange(min=1), required=required, envvar="HANDOFF_LEASE",
+    help_ = ("Your lease token, exactly as claim printed it (LEASE.SECRET); the lease number alone is refused."
+             if required else
+             "Act as the worker holding this lease, given as the token claim printed; without it you act "
+             "as the operator ($HANDOFF_ACTOR or $USER).")
+    return click.option("--lease", type=LEASE_TOKEN, required=required, envvar="HANDOFF_LEASE",
                         show_envvar=True, help=help_)
 
 
@@ -283,19 +304,24 @@ def _actor(name: str | None) -> Any:
     return Actor("operator", name or os.environ.get("HANDOFF_ACTOR") or os.environ.get("USER") or "operator")
 
 
-def _wname(lg: Any, run: str, lease: int | None) -> str:
-    """The writing worker's name: $HANDOFF_WORKER, else the holder of that lease (for the log)."""
+def _wname(lg: Any, run: str, lease: str | None) -> str:
+    """The writing worker's name: $HANDOFF_WORKER, else the holder of that lease (for the log).
+
+    Only a name for the envelope: the write itself is proven by the token, not by this."""
     name = os.environ.get("HANDOFF_WORKER")
     if name:
         return name
+    number = str(lease or "").partition(".")[0]
     try:
         head = lg.store.head(run)
     except Exception:
         head = None
-    return head.lease_holder if head is not None and head.lease == lease and head.lease_holder else "worker"
+    if head is not None and head.lease_holder and number.isdigit() and head.lease == int(number):
+        return head.lease_holder
+    return "worker"
 
 
-def _worker_actor(lg: Any, run: str, lease: int | None) -> Any:
+def _worker_actor(lg: Any, run: str, lease: str | None) -> Any:
     from ledger.store import Actor
 
     return Actor("worker", _wname(lg, run, lease))
@@ -433,28 +459,27 @@ def open_(as_json: bool, key: str | None, contract_file: Any, **p: Any) -> None:
 def claim(run: str, worker: str, key: str | None, as_json: bool) -> None:
     """Take the run's lease; print the lease token every later write must carry.
 
-    Refused (exit 1) while another worker holds the lease, or when the owner is at its
-    cap of active runs.
+    The token (LEASE.SECRET) is printed this once and never stored: keep it, and pass
+    it as --lease (or $HANDOFF_LEASE). The lease number that status shows is not a
+    token. Refused (exit 1) while another worker holds the lease, or when the owner is
+    at its cap of active runs. Retrying with the same --key after the claim went through
+    is refused with the lease it got (its token cannot be shown again).
 
     \b
     Example:
         LEASE=$(handoff claim $RUN --worker worker-1)
     """
-    from reducers import commands as C
-
-    from ledger.store import Actor
-
     with _ledger() as lg:
-        out = lg.execute(run, C.Claim(worker=worker), actor=Actor("worker", worker), key=key)
-    doc = _write_doc(out)
-    _emit(doc, as_json, str(out.checkpoint.lease))
+        got = lg.claim_outcome(run, worker, key=key)
+    doc = {**_write_doc(got.outcome), "token": str(got.token)}
+    _emit(doc, as_json, str(got.token))
 
 
 @main.command()
 @worker_run_argument
 @lease_option()
 @json_option
-def heartbeat(run: str, lease: int, as_json: bool) -> None:
+def heartbeat(run: str, lease: str, as_json: bool) -> None:
     """Say the lease holder is alive. Heartbeats are liveness, never progress.
 
     \b
@@ -474,7 +499,7 @@ def heartbeat(run: str, lease: int, as_json: bool) -> None:
 @click.option("--reason", default="", help="Why.")
 @key_option
 @json_option
-def transition(run: str, lease: int, to: str, reason: str, key: str | None, as_json: bool) -> None:
+def transition(run: str, lease: str, to: str, reason: str, key: str | None, as_json: bool) -> None:
     """Move the run through its lifecycle (queued -> planning -> executing -> verifying).
 
     \b
@@ -495,7 +520,7 @@ def transition(run: str, lease: int, to: str, reason: str, key: str | None, as_j
 @click.option("--detail", default="", help="What happened.")
 @key_option
 @json_option
-def progress(run: str, lease: int, kind: str, detail: str, key: str | None, as_json: bool) -> None:
+def progress(run: str, lease: str, kind: str, detail: str, key: str | None, as_json: bool) -> None:
     """Record a step. Only the state's progress kinds advance progress_seq.
 
     With --key, a retried report writes nothing new.
@@ -518,7 +543,7 @@ def progress(run: str, lease: int, kind: str, detail: str, key: str | None, as_j
               help="Refuse a path that resolves outside this directory.")
 @key_option
 @json_option
-def artifact(run: str, path: str | None, lease: int, kind: str, root: str | None, key: str | None,
+def artifact(run: str, path: str | None, lease: str, kind: str, root: str | None, key: str | None,
              as_json: bool) -> None:
     """Record a file the run produced; the ledger reads its size and sha256 itself.
 
@@ -553,7 +578,7 @@ def artifact(run: str, path: str | None, lease: int, kind: str, root: str | None
 @click.option("--by", default=None, help="Operator name when acting without a lease.")
 @key_option
 @json_option
-def evidence(run: str, lease: int | None, kind: str, outcome: str, detail: str, by: str | None,
+def evidence(run: str, lease: str | None, kind: str, outcome: str, detail: str, by: str | None,
              key: str | None, as_json: bool) -> None:
     """Record a check that was run and how it came out. Delivery needs a pass and no fail.
 
@@ -575,7 +600,7 @@ def evidence(run: str, lease: int | None, kind: str, outcome: str, detail: str, 
 @click.option("--by", default=None, help="Operator name when acting without a lease.")
 @key_option
 @json_option
-def block(run: str, reason: str, next_action: str, lease: int | None, by: str | None, key: str | None,
+def block(run: str, reason: str, next_action: str, lease: str | None, by: str | None, key: str | None,
           as_json: bool) -> None:
     """Record a named blocker and the next action; the run waits in 'blocked'.
 
@@ -599,7 +624,7 @@ def block(run: str, reason: str, next_action: str, lease: int | None, by: str | 
 @click.option("--by", default=None, help="Operator name when acting without a lease.")
 @key_option
 @json_option
-def unblock(run: str, resolution: str, blocker_id: int | None, lease: int | None, by: str | None,
+def unblock(run: str, resolution: str, blocker_id: int | None, lease: str | None, by: str | None,
             key: str | None, as_json: bool) -> None:
     """Clear blockers; the run returns to the state it was blocked from.
 
@@ -619,7 +644,7 @@ def unblock(run: str, resolution: str, blocker_id: int | None, lease: int | None
 @click.option("--key", required=True, help="The side effect's own key (unique within the run).")
 @click.option("--what", required=True, help="What is about to happen outside (e.g. 'POST /deploy v42').")
 @json_option
-def effect_start(run: str, lease: int, key: str, what: str, as_json: bool) -> None:
+def effect_start(run: str, lease: str, key: str, what: str, as_json: bool) -> None:
     """Record that an external side effect is about to start, before starting it.
 
     Until its outcome is confirmed, a lost worker leaves the run 'unknown' and the
@@ -643,7 +668,7 @@ def effect_start(run: str, lease: int, key: str, what: str, as_json: bool) -> No
 @lease_option(required=False)
 @click.option("--by", default=None, help="Operator name when acting without a lease.")
 @json_option
-def effect_confirm(run: str, key: str, outcome: str, note: str, lease: int | None, by: str | None,
+def effect_confirm(run: str, key: str, outcome: str, note: str, lease: str | None, by: str | None,
                    as_json: bool) -> None:
     """Record a side effect's outcome (a reconciliation when its worker was lost).
 
@@ -663,7 +688,7 @@ def effect_confirm(run: str, key: str, outcome: str, note: str, lease: int | Non
 @click.option("--summary", default="", help="One paragraph on what was done.")
 @key_option
 @json_option
-def submit(run: str, lease: int, summary: str, key: str | None, as_json: bool) -> None:
+def submit(run: str, lease: str, summary: str, key: str | None, as_json: bool) -> None:
     """Submit the result: needs a recorded, existing, non-empty artifact (and the contract's
     result file, if it names one). Goes to review when the contract requires it.
 
@@ -803,7 +828,7 @@ def delivery_failed(run: str, key: str, error: str, by: str | None, as_json: boo
 @lease_option()
 @click.option("--reason", default="", help="Why.")
 @json_option
-def release(run: str, lease: int, reason: str, as_json: bool) -> None:
+def release(run: str, lease: str, reason: str, as_json: bool) -> None:
     """Give the lease back so another worker may claim the run.
 
     \b
@@ -812,7 +837,7 @@ def release(run: str, lease: int, reason: str, as_json: bool) -> None:
     """
     with _ledger() as lg:
         out = lg.release(run, lease, reason, worker=_wname(lg, run, lease))
-    _report(out, as_json, f"lease {lease} released")
+    _report(out, as_json, f"lease {str(lease).partition('.')[0]} released")
 
 
 @main.command()
@@ -1219,7 +1244,8 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, as_jso
         stop["flag"] = True
 
     def on_action(a: Any) -> None:
-        if not as_json and a.outcome == "committed":
+        # A refused action gets its line too: a watchdog that could not act must say so.
+        if not as_json and a.outcome in ("committed", "failed"):
             click.echo(f"{_iso(now_holder['now'], ms=True)} {a.line()}")
             sys.stdout.flush()
 

@@ -18,17 +18,19 @@ import msgspec
 
 from ledger import events as ev
 from ledger import portable
-from ledger.errors import InvalidInput, UnknownRun
+from ledger.errors import ClaimAlreadyMade, InvalidInput, StaleLease, UnknownRun
 from ledger.sqlite import SqliteStore, Sync
 from ledger.store import (
     Actor,
     AppendResult,
     Decision,
     Head,
+    LeaseToken,
     Recorded,
     check_run_id,
     check_seq,
     check_utf8,
+    new_lease_secret,
 )
 from reducers import commands as C
 from reducers import stall
@@ -121,6 +123,18 @@ class Outcome(msgspec.Struct, frozen=True):
         return self.result.outcome == "duplicate"
 
 
+class Claimed(msgspec.Struct, frozen=True):
+    """What a claim got: the lease token (shown this once, never stored) and the write."""
+
+    token: LeaseToken
+    outcome: Outcome
+
+
+def lease_token(value: object, field: str = "lease") -> LeaseToken:
+    """The lease token a worker passed, or InvalidInput (a bare lease number is not one)."""
+    return LeaseToken.parse(value, field)
+
+
 def now_us() -> int:
     return time.time_ns() // 1000
 
@@ -206,11 +220,30 @@ class Ledger:
     # --- the one write path ----------------------------------------------------------
 
     def execute(
-        self, run_id: str, cmd: C.Command, *, actor: Actor, key: str | None = None
+        self, run_id: str, cmd: C.Command, *, actor: Actor, key: str | None = None,
+        token: str | None = None,
     ) -> Outcome:
-        """Fold, decide and append in one write transaction; refusals write nothing."""
+        """Fold, decide and append in one write transaction; refusals write nothing.
+
+        A worker's command that names a lease needs ``token``, that lease's token from
+        ``claim``: the store checks it before anything else is decided.
+        """
         check_run_id(run_id)
         check_text(cmd, "")
+        number = getattr(cmd, "lease", None)
+        if token is not None:
+            token = lease_token(token, "token")
+            if number is not None and number != token.lease:
+                raise InvalidInput(
+                    f"the command names lease {number} but the token is for lease {token.lease}; "
+                    "pass the token's own lease", field="lease",
+                )
+        elif actor.kind == "worker" and number is not None:
+            raise StaleLease(
+                f"a worker's write under lease {number} of run {run_id} must carry that lease's "
+                "token (token=, what claim returned); a lease number alone proves nothing",
+                run_id=run_id, lease=number, why="no_token",
+            )
 
         def _decide(cp: Checkpoint, head: Head | None) -> Decision:
             load = None
@@ -227,7 +260,7 @@ class Ledger:
 
         result, state = self.store.execute(
             run_id, AGGREGATE, _decide, actor=actor, idempotency_key=key,
-            digest_of=C.encode(cmd) if key else None,
+            digest_of=C.request_bytes(cmd) if key else None, lease=token,
         )
         return Outcome(result, state)
 
@@ -271,55 +304,115 @@ class Ledger:
             key=key,
         )
 
-    def claim(self, run_id: str, worker: str, *, key: str | None = None) -> int:
-        out = self.execute(run_id, C.Claim(worker=worker), actor=Actor("worker", worker), key=key)
-        assert out.checkpoint.lease is not None
-        return out.checkpoint.lease
+    def claim(self, run_id: str, worker: str, *, key: str | None = None) -> LeaseToken:
+        """Take the run's lease and return its token: ``"<lease>.<secret>"``, a ``str``.
+
+        Every later write under the lease passes it (``lg.progress(run, token, ...)``);
+        ``token.lease`` is the number status shows. Only a digest is stored, so this is the
+        one time the token can be seen: a retried keyed claim cannot show it again and
+        raises ClaimAlreadyMade instead (see ``claim_outcome``).
+        """
+        return self.claim_outcome(run_id, worker, key=key).token
+
+    def claim_outcome(self, run_id: str, worker: str, *, key: str | None = None) -> Claimed:
+        """``claim`` with the write it made (for the CLI's --json)."""
+        secret, digest = new_lease_secret()
+        cmd = C.Claim(worker=worker, token_digest=digest)
+        out = self.execute(run_id, cmd, actor=Actor("worker", worker), key=key)
+        if out.duplicate:
+            raise self._claim_already_made(run_id, key, out)
+        lease = out.checkpoint.lease
+        assert lease is not None  # a committed claim ends with its own lease current
+        return Claimed(LeaseToken(f"{lease}.{secret}"), out)
+
+    def _claim_already_made(self, run_id: str, key: str | None, out: Outcome) -> ClaimAlreadyMade:
+        """The refusal for a keyed claim that already happened: which lease it got, and what
+        a caller without that lease's token can do now."""
+        seq = out.result.first_seq
+        first = next(iter(self.store.read_run(run_id, after_seq=seq - 1, until_seq=seq)))
+        granted = first.event
+        assert isinstance(granted, ev.LeaseGranted)
+        n, cp = granted.lease, out.checkpoint
+        said = (f"claim key {key!r} on run {run_id} was already used: that claim got lease {n} for "
+                f"worker {granted.worker} (seq {seq}). Its token was printed once, to that claim, "
+                "and is not stored, so it cannot be shown again. ")
+        if cp.lease == n:
+            state = "held"
+            said += (f"Lease {n} is still held: if this worker kept the token, keep using it. "
+                     "Without the token the lease can be neither used nor released: wait for the "
+                     "watchdog to revoke it after its heartbeat timeout, or ask the owner to run "
+                     f"'handoff revoke {run_id} --lease {n}', then claim with a new key")
+        elif cp.lease is not None:
+            state = "moved_on"
+            said += (f"Lease {n} has ended and another claim holds the run now; this worker does "
+                     "not hold it and must not write to it")
+        else:
+            state = "ended"
+            said += (f"Lease {n} has ended and no lease is held now: claim again with a new key "
+                     "to take the run")
+        return ClaimAlreadyMade(said, run_id=run_id, lease=n, seq=seq, state=state)
 
     def _worker(self, worker: str | None) -> Actor:
         return Actor("worker", worker or os.environ.get("HANDOFF_WORKER") or "worker")
 
-    def heartbeat(self, run_id: str, lease: int, *, worker: str | None = None) -> Outcome:
-        return self.execute(run_id, C.Heartbeat(lease=lease), actor=self._worker(worker))
+    # A worker's ``lease`` below is the token claim returned; a bare number is refused.
 
-    def transition(self, run_id: str, lease: int, to: str, *, reason: str = "", worker: str | None = None, key: str | None = None) -> Outcome:
-        return self.execute(run_id, C.Transition(lease=lease, to=to, reason=reason), actor=self._worker(worker), key=key)
+    def heartbeat(self, run_id: str, lease: str, *, worker: str | None = None) -> Outcome:
+        t = lease_token(lease)
+        return self.execute(run_id, C.Heartbeat(lease=t.lease), actor=self._worker(worker), token=t)
 
-    def progress(self, run_id: str, lease: int, kind: str, detail: str = "", *, key: str | None = None, worker: str | None = None) -> Outcome:
-        return self.execute(run_id, C.Progress(lease=lease, kind=kind, detail=detail), actor=self._worker(worker), key=key)
+    def transition(self, run_id: str, lease: str, to: str, *, reason: str = "", worker: str | None = None, key: str | None = None) -> Outcome:
+        t = lease_token(lease)
+        return self.execute(run_id, C.Transition(lease=t.lease, to=to, reason=reason), actor=self._worker(worker),
+                            key=key, token=t)
 
-    def artifact(self, run_id: str, lease: int, path: str, *, kind: str = "result", root: str | None = None,
+    def progress(self, run_id: str, lease: str, kind: str, detail: str = "", *, key: str | None = None, worker: str | None = None) -> Outcome:
+        t = lease_token(lease)
+        return self.execute(run_id, C.Progress(lease=t.lease, kind=kind, detail=detail), actor=self._worker(worker),
+                            key=key, token=t)
+
+    def artifact(self, run_id: str, lease: str, path: str, *, kind: str = "result", root: str | None = None,
                  key: str | None = None, worker: str | None = None) -> Outcome:
+        t = lease_token(lease)
         real, size, sha, exists = measure(path, root=root)
-        cmd = C.RecordArtifact(lease=lease, path=real, kind=kind, bytes=size, sha256=sha, exists=exists)
-        return self.execute(run_id, cmd, actor=self._worker(worker), key=key)
+        cmd = C.RecordArtifact(lease=t.lease, path=real, kind=kind, bytes=size, sha256=sha, exists=exists)
+        return self.execute(run_id, cmd, actor=self._worker(worker), key=key, token=t)
 
-    def evidence(self, run_id: str, kind: str, outcome: str, detail: str = "", *, lease: int | None = None,
+    def evidence(self, run_id: str, kind: str, outcome: str, detail: str = "", *, lease: str | None = None,
                  actor: Actor | None = None, key: str | None = None) -> Outcome:
-        actor = actor or (self._worker(None) if lease is not None else Actor("operator", _user()))
-        return self.execute(run_id, C.RecordEvidence(kind=kind, outcome=outcome, detail=detail, lease=lease),  # type: ignore[arg-type]
-                            actor=actor, key=key)
+        t = None if lease is None else lease_token(lease)
+        actor = actor or (self._worker(None) if t is not None else Actor("operator", _user()))
+        cmd = C.RecordEvidence(kind=kind, outcome=outcome, detail=detail, lease=t and t.lease)  # type: ignore[arg-type]
+        return self.execute(run_id, cmd, actor=actor, key=key, token=t)
 
-    def block(self, run_id: str, reason: str, next_action: str, *, lease: int | None = None,
+    def block(self, run_id: str, reason: str, next_action: str, *, lease: str | None = None,
               actor: Actor | None = None, key: str | None = None) -> Outcome:
-        actor = actor or (self._worker(None) if lease is not None else Actor("operator", _user()))
-        return self.execute(run_id, C.Block(reason=reason, next_action=next_action, lease=lease), actor=actor, key=key)
+        t = None if lease is None else lease_token(lease)
+        actor = actor or (self._worker(None) if t is not None else Actor("operator", _user()))
+        return self.execute(run_id, C.Block(reason=reason, next_action=next_action, lease=t and t.lease),
+                            actor=actor, key=key, token=t)
 
-    def unblock(self, run_id: str, resolution: str, *, blocker_id: int | None = None, lease: int | None = None,
+    def unblock(self, run_id: str, resolution: str, *, blocker_id: int | None = None, lease: str | None = None,
                 actor: Actor | None = None, key: str | None = None) -> Outcome:
-        actor = actor or (self._worker(None) if lease is not None else Actor("operator", _user()))
-        return self.execute(run_id, C.Unblock(resolution=resolution, blocker_id=blocker_id, lease=lease), actor=actor, key=key)
+        t = None if lease is None else lease_token(lease)
+        actor = actor or (self._worker(None) if t is not None else Actor("operator", _user()))
+        return self.execute(run_id, C.Unblock(resolution=resolution, blocker_id=blocker_id, lease=t and t.lease),
+                            actor=actor, key=key, token=t)
 
-    def effect_start(self, run_id: str, lease: int, key: str, what: str, *, worker: str | None = None) -> Outcome:
-        return self.execute(run_id, C.StartEffect(lease=lease, key=key, what=what), actor=self._worker(worker))
+    def effect_start(self, run_id: str, lease: str, key: str, what: str, *, worker: str | None = None) -> Outcome:
+        t = lease_token(lease)
+        return self.execute(run_id, C.StartEffect(lease=t.lease, key=key, what=what), actor=self._worker(worker), token=t)
 
-    def effect_confirm(self, run_id: str, key: str, outcome: str, *, note: str = "", lease: int | None = None,
+    def effect_confirm(self, run_id: str, key: str, outcome: str, *, note: str = "", lease: str | None = None,
                        actor: Actor | None = None) -> Outcome:
-        actor = actor or (self._worker(None) if lease is not None else Actor("operator", _user()))
-        return self.execute(run_id, C.ConfirmEffect(key=key, outcome=outcome, note=note, lease=lease), actor=actor)  # type: ignore[arg-type]
+        t = None if lease is None else lease_token(lease)
+        actor = actor or (self._worker(None) if t is not None else Actor("operator", _user()))
+        cmd = C.ConfirmEffect(key=key, outcome=outcome, note=note, lease=t and t.lease)  # type: ignore[arg-type]
+        return self.execute(run_id, cmd, actor=actor, token=t)
 
-    def submit(self, run_id: str, lease: int, summary: str = "", *, worker: str | None = None, key: str | None = None) -> Outcome:
-        return self.execute(run_id, C.Submit(lease=lease, summary=summary), actor=self._worker(worker), key=key)
+    def submit(self, run_id: str, lease: str, summary: str = "", *, worker: str | None = None, key: str | None = None) -> Outcome:
+        t = lease_token(lease)
+        return self.execute(run_id, C.Submit(lease=t.lease, summary=summary), actor=self._worker(worker), key=key, token=t)
 
     def review(self, run_id: str, by: str, approve: bool, notes: str = "", *, key: str | None = None) -> Outcome:
         return self.execute(run_id, C.ReviewResult(approve=approve, notes=notes), actor=Actor("owner", by), key=key)
@@ -341,8 +434,9 @@ class Ledger:
         cp = self.checkpoint(run_id)
         return self.execute(run_id, C.FailDelivery(key=key, error=error), actor=Actor("owner", by or cp.owner))
 
-    def release(self, run_id: str, lease: int, reason: str = "", *, worker: str | None = None) -> Outcome:
-        return self.execute(run_id, C.Release(lease=lease, reason=reason), actor=self._worker(worker))
+    def release(self, run_id: str, lease: str, reason: str = "", *, worker: str | None = None) -> Outcome:
+        t = lease_token(lease)
+        return self.execute(run_id, C.Release(lease=t.lease, reason=reason), actor=self._worker(worker), token=t)
 
     def revoke(self, run_id: str, reason: str, *, lease: int | None = None, actor: Actor | None = None,
                key: str | None = None) -> Outcome:
