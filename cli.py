@@ -1627,8 +1627,12 @@ Generated from `--help` by `python -m cli --write-docs`; do not edit by hand
   own ledger (`./handoff-demo.db` unless `--db` is given on its command line; it ignores
   `HANDOFF_DB`, and refuses to overwrite a ledger holding runs it did not write).
 - Inside `handoff run`, the child's environment holds `HANDOFF_DB`, `HANDOFF_RUN`,
-  `HANDOFF_LEASE` and `HANDOFF_WORKER`; the worker verbs take `RUN` and `--lease` from
-  there when they are not given.
+  `HANDOFF_LEASE` (the lease token) and `HANDOFF_WORKER`; the worker verbs take `RUN` and
+  `--lease` from there when they are not given.
+- `--lease` is the token `claim` printed, `LEASE.SECRET`; the ledger keeps only its
+  digest, so no other command shows it. The lease number that `status` and `log` show is
+  not a token: given as `--lease` it is a usage error (exit 2), and a made-up or old
+  token is refused (exit 1). See docs/reliability.md, "Lease tokens".
 - Human output is aligned tables and short lines on stdout. `--json` prints exactly one
   JSON document on stdout instead (`watch --json` prints one per pass, one per line).
 - Times in and out are ISO 8601 UTC (`2026-05-01T12:00:00.123456Z`). A time given
@@ -1645,11 +1649,11 @@ Generated from `--help` by `python -m cli --write-docs`; do not edit by hand
 | 4 | `verify` or `check` found problems |
 
 Errors go to stderr as one sentence that names what was wrong and what to do
-(`Error: lease 1 is no longer valid for run r1 (the current lease is 2, held by w2); ...`).
+(`Error: lease 1 of run r1 has ended (revoked, released, or replaced by a later claim); ...`).
 With `--json` the error is one JSON document on stderr, stdout stays empty:
 
 ```json
-{"error": {"type": "StaleLease", "message": "lease 1 is no longer valid for run r1 (...)"}}
+{"error": {"type": "StaleLease", "message": "lease 1 of run r1 has ended (...)"}}
 ```
 
 `type` is the ledger's error class (`StaleLease`, `IllegalTransition`, `DeliveryRefused`,
@@ -1666,6 +1670,9 @@ click's (`UsageError`, `BadParameter`, `MissingParameter`, `NoSuchOption`).
 {"run_id": "r1", "outcome": "committed", "first_seq": 7, "last_seq": 7,
  "state": "executing", "worker": "w1", "lease": 1, "progress_seq": 3}
 ```
+
+`claim` adds `"token"`, the lease token (the only output that ever holds it); `lease` is
+the number, everywhere.
 
 `outcome` is `committed` (events written, `first_seq`..`last_seq`) or `duplicate` (an
 earlier identical request already did it; nothing written). `artifact` adds
@@ -1723,8 +1730,10 @@ intervals.
 
 **watch**: per pass `{"watcher", "at", "interval_s", "actions": [{"run_id",
 "classification", "action", "outcome", "key", "progress_seq", "lease", "reason",
-"seq"}]}`; `outcome` is `committed`, `duplicate` (an earlier pass already did it) or
-`skipped` (the run moved on between classification and action).
+"seq"}]}`; `outcome` is `committed`, `duplicate` (an earlier pass already did it),
+`skipped` (the run moved on between classification and action) or `failed` (the ledger
+refused it; nothing was written and `reason` says why; the text output prints these
+lines too, with `FAILED` before the action).
 
 **verify**: `{"ok", "run_id", "events", "streams", "problems": [{"kind", "run_id",
 "seq", "position", "message"}], "projections": [difference, ...]}`.
