@@ -318,6 +318,12 @@ def _wname(lg: Any, run: str, lease: str | None) -> str:
         head = None
     if head is not None and head.lease_holder and number.isdigit() and head.lease == int(number):
         return head.lease_holder
+    if head is not None and number.isdigit():
+        # An ended lease (a keyed retry of a release, say): the name its grant recorded,
+        # so the retry is the same request as the first attempt.
+        for rec in lg.store.read_run(run):
+            if rec.type == "lease_granted" and rec.event.lease == int(number):
+                return rec.event.worker
     return "worker"
 
 
@@ -375,7 +381,9 @@ def open_options(required: bool) -> Any:
             click.option("--target", required=required, help="Where the result is delivered (e.g. chat:#ops)."),
             click.option("--owner", required=required, help="Who owns the run: reviews, delivers, closes."),
             click.option("--origin", default="", help="Where the request came from."),
-            click.option("--run-id", default=None, help="Choose the run id (default: run-<time>-<random>)."),
+            click.option("--run-id", default=None,
+                         help="Choose the run id (default: run-<time>-<random>; for 'open --key', one "
+                         "derived from the key and the owner, so a retried open finds the run it made)."),
             click.option("--result", "result_path", default=None, type=click.Path(dir_okay=False),
                          help="The result file the run must produce (submit checks it was recorded)."),
             click.option("--stop-rule", "stop_rules", multiple=True, help="A rule for when to stop (repeatable)."),
@@ -421,7 +429,9 @@ def open_(as_json: bool, key: str | None, contract_file: Any, **p: Any) -> None:
     result is delivered to, the owner, the result file and the watchdog's timeouts.
     Give it as options (--goal, --target and --owner are then required) or as one JSON
     document with --contract, which is checked field by field. A result path is stored
-    resolved to an absolute path.
+    resolved to an absolute path. Without --run-id, each open makes a new run unless
+    --key is given: the id then follows from the key and the owner, so a retry (even
+    from another process at the same moment) prints the run the first attempt made.
 
     \b
     Example:
@@ -481,6 +491,9 @@ def claim(run: str, worker: str, key: str | None, as_json: bool) -> None:
 @json_option
 def heartbeat(run: str, lease: str, as_json: bool) -> None:
     """Say the lease holder is alive. Heartbeats are liveness, never progress.
+
+    It takes no --key: a heartbeat changes no authority, and a repeated one only says
+    again that the holder is alive, which is what a retry means.
 
     \b
     Example:
@@ -728,16 +741,19 @@ def review(run: str, by: str, approve: bool | None, notes: str, key: str | None,
 @click.option("--action", required=True, type=click.Choice(["review", "deliver", "delivered", "delivery_failed", "close"]),
               help="The owner-only action to hand over.")
 @click.option("--to", "to", required=True, help="Who may perform it from now on.")
+@key_option
 @json_option
-def transfer(run: str, by: str, action: str, to: str, as_json: bool) -> None:
+def transfer(run: str, by: str, action: str, to: str, key: str | None, as_json: bool) -> None:
     """Let a named actor perform one of the owner's actions on this run.
+
+    Each transfer is recorded; retry one with the same --key to record it once.
 
     \b
     Example:
         handoff transfer $RUN --by alice --action deliver --to release-bot
     """
     with _ledger() as lg:
-        out = lg.transfer(run, action, to, by=by)
+        out = lg.transfer(run, action, to, by=by, key=key)
     _report(out, as_json, f"{to} may now {action}")
 
 
@@ -827,16 +843,20 @@ def delivery_failed(run: str, key: str, error: str, by: str | None, as_json: boo
 @worker_run_argument
 @lease_option()
 @click.option("--reason", default="", help="Why.")
+@key_option
 @json_option
-def release(run: str, lease: str, reason: str, as_json: bool) -> None:
+def release(run: str, lease: str, reason: str, key: str | None, as_json: bool) -> None:
     """Give the lease back so another worker may claim the run.
+
+    A retry without --key after the release went through is refused (the lease has
+    ended); with the same --key it answers that the release is already recorded.
 
     \b
     Example:
         handoff release $RUN --lease $LEASE --reason "handing over to the night shift"
     """
     with _ledger() as lg:
-        out = lg.release(run, lease, reason, worker=_wname(lg, run, lease))
+        out = lg.release(run, lease, reason, worker=_wname(lg, run, lease), key=key)
     _report(out, as_json, f"lease {str(lease).partition('.')[0]} released")
 
 
@@ -868,9 +888,14 @@ def revoke(run: str, reason: str, lease: int | None, by: str | None, key: str | 
               type=click.Choice(["no-op", "cancelled", "failed", "no_op"]), help="How the run ends.")
 @click.option("--reason", default="", help="Why.")
 @click.option("--operator", is_flag=True, help="Close as an operator rather than as the owner.")
+@key_option
 @json_option
-def close(run: str, by: str, disposition: str, reason: str, operator: bool, as_json: bool) -> None:
+def close(run: str, by: str, disposition: str, reason: str, operator: bool, key: str | None,
+          as_json: bool) -> None:
     """End a run without delivery: no-op, cancelled or failed. Terminal states absorb.
+
+    A second close is refused (the run has ended); a retry with the same --key answers
+    that the close is already recorded.
 
     \b
     Example:
@@ -878,7 +903,7 @@ def close(run: str, by: str, disposition: str, reason: str, operator: bool, as_j
     """
     disposition = disposition.replace("-", "_")
     with _ledger() as lg:
-        out = lg.close_run(run, by, disposition, reason, as_operator=operator)
+        out = lg.close_run(run, by, disposition, reason, as_operator=operator, key=key)
     _report(out, as_json, f"closed as {disposition}")
 
 
@@ -887,18 +912,21 @@ def close(run: str, by: str, disposition: str, reason: str, operator: bool, as_j
 @click.option("--at", "at_seq", required=True, type=click.IntRange(min=1), help="The parent's seq to continue from.")
 @click.option("--run-id", default=None, help="The new run's id.")
 @click.option("--by", default=None, help="Operator name (default: $HANDOFF_ACTOR or $USER).")
+@key_option
 @json_option
-def fork(run: str, at_seq: int, run_id: str | None, by: str | None, as_json: bool) -> None:
+def fork(run: str, at_seq: int, run_id: str | None, by: str | None, key: str | None, as_json: bool) -> None:
     """Start a new run that continues RUN as it stood at --at; print the new id.
 
-    The fork keeps the parent's history but not its lease, timers or watchers.
+    The fork keeps the parent's history but not its lease, timers or watchers. Without
+    --run-id each fork is a new child; with --key (and no --run-id) the child's id
+    follows from the key, so a retried fork prints the child it made the first time.
 
     \b
     Example:
         NEW=$(handoff fork $RUN --at 12)
     """
     with _ledger() as lg:
-        child = lg.fork(run, at_seq, new_run_id=run_id, by=by)
+        child = lg.fork(run, at_seq, new_run_id=run_id, by=by, key=key)
         cp = lg.checkpoint(child)
     _emit({"run_id": child, "parent": run, "parent_seq": at_seq, "state": cp.state}, as_json, child)
 

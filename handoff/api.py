@@ -28,6 +28,7 @@ from ledger.store import (
     LeaseToken,
     Recorded,
     check_run_id,
+    check_idempotency_key,
     check_seq,
     check_utf8,
     new_lease_secret,
@@ -143,6 +144,14 @@ def new_run_id() -> str:
     import secrets  # imported when needed: CLI start-up time is what a shell agent pays per event
 
     return "run-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def keyed_id(prefix: str, *parts: object) -> str:
+    """A run id derived from an idempotency key and what it is scoped to: the same key
+    always names the same run, so a retried keyed ``open`` or ``fork`` finds its first
+    attempt (and answers ``duplicate``) instead of creating a second run."""
+    digest = hashlib.sha256("\x00".join(str(p) for p in parts).encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{prefix}{digest[:24]}"
 
 
 def measure(path: str, *, root: str | None = None) -> tuple[str, int, str, bool]:
@@ -277,6 +286,10 @@ class Ledger:
         delivery_timeout_s: float = 600.0, owner_cap: int = 10, key: str | None = None,
         actor: Actor | None = None,
     ) -> str:
+        if run_id is None and key is not None:
+            # The id follows from the key and the owner, so a retry cannot open a second run.
+            check_idempotency_key(key)
+            run_id = keyed_id("run-k", "open", owner, key)
         run_id = new_run_id() if run_id is None else run_id  # '' is refused, not replaced
         if isinstance(result_path, str) and result_path and "\x00" not in result_path:
             # Artifacts are recorded at their resolved path; submit compares the two.
@@ -417,8 +430,8 @@ class Ledger:
     def review(self, run_id: str, by: str, approve: bool, notes: str = "", *, key: str | None = None) -> Outcome:
         return self.execute(run_id, C.ReviewResult(approve=approve, notes=notes), actor=Actor("owner", by), key=key)
 
-    def transfer(self, run_id: str, action: str, to: str, *, by: str) -> Outcome:
-        return self.execute(run_id, C.TransferAuthority(action=action, to=to), actor=Actor("owner", by))
+    def transfer(self, run_id: str, action: str, to: str, *, by: str, key: str | None = None) -> Outcome:
+        return self.execute(run_id, C.TransferAuthority(action=action, to=to), actor=Actor("owner", by), key=key)
 
     def deliver(self, run_id: str, by: str, key: str) -> Outcome:
         """Record a delivery attempt under ``key``; retrying the same key sends nothing twice."""
@@ -434,26 +447,35 @@ class Ledger:
         cp = self.checkpoint(run_id)
         return self.execute(run_id, C.FailDelivery(key=key, error=error), actor=Actor("owner", by or cp.owner))
 
-    def release(self, run_id: str, lease: str, reason: str = "", *, worker: str | None = None) -> Outcome:
+    def release(self, run_id: str, lease: str, reason: str = "", *, worker: str | None = None,
+                key: str | None = None) -> Outcome:
         t = lease_token(lease)
-        return self.execute(run_id, C.Release(lease=t.lease, reason=reason), actor=self._worker(worker), token=t)
+        return self.execute(run_id, C.Release(lease=t.lease, reason=reason), actor=self._worker(worker), token=t,
+                            key=key)
 
     def revoke(self, run_id: str, reason: str, *, lease: int | None = None, actor: Actor | None = None,
                key: str | None = None) -> Outcome:
         return self.execute(run_id, C.Revoke(reason=reason, lease=lease), actor=actor or Actor("operator", _user()), key=key)
 
-    def close_run(self, run_id: str, by: str, disposition: str, reason: str = "", *, as_operator: bool = False) -> Outcome:
+    def close_run(self, run_id: str, by: str, disposition: str, reason: str = "", *, as_operator: bool = False,
+                  key: str | None = None) -> Outcome:
         actor = Actor("operator" if as_operator else "owner", by)
-        return self.execute(run_id, C.Close(disposition=disposition, reason=reason), actor=actor)  # type: ignore[arg-type]
+        return self.execute(run_id, C.Close(disposition=disposition, reason=reason), actor=actor, key=key)  # type: ignore[arg-type]
 
-    def fork(self, run_id: str, at_seq: int, *, new_run_id: str | None = None, by: str | None = None) -> str:
+    def fork(self, run_id: str, at_seq: int, *, new_run_id: str | None = None, by: str | None = None,
+             key: str | None = None) -> str:
+        """A child run continuing ``run_id`` at ``at_seq``; with ``key`` and no id, the
+        child's id follows from the key, so a retried keyed fork makes one child."""
         check_run_id(run_id)
         check_seq(at_seq, "at_seq", low=1)
         import secrets
 
+        if new_run_id is None and key is not None:
+            check_idempotency_key(key)
+            new_run_id = keyed_id(f"{run_id[:80]}.fork{at_seq}-k", "fork", run_id, at_seq, key)
         child = f"{run_id}.fork{at_seq}-{secrets.token_hex(2)}" if new_run_id is None else new_run_id
         actor = Actor("operator", by or _user())
-        self.execute(child, C.Fork(parent=run_id, at_seq=at_seq), actor=actor)
+        self.execute(child, C.Fork(parent=run_id, at_seq=at_seq), actor=actor, key=key)
         return child
 
     def observe(self, run_id: str, watcher: str, classification: str, progress_seq: int, *, reason: str = "",
