@@ -236,10 +236,31 @@ def worker_run_argument(f: Any) -> Any:
     return click.argument("run", metavar="RUN", envvar="HANDOFF_RUN")(f)
 
 
+class LeaseTokenParam(click.ParamType):
+    """A lease token as claim printed it (LEASE.SECRET); a bare number is a usage error."""
+
+    name = "TOKEN"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from ledger.errors import InvalidInput
+        from ledger.store import LeaseToken
+
+        try:
+            return LeaseToken.parse(value)
+        except InvalidInput as exc:
+            # Say what was given only by its kind: an argument may be someone's real token.
+            self.fail(exc.message.replace("lease is ", "this is ", 1), param, ctx)
+
+
+LEASE_TOKEN = LeaseTokenParam()
+
+
 def lease_option(required: bool = True) -> Any:
-    help_ = ("Your lease token (from claim)." if required else
-             "Act as the worker holding this lease; without it you act as the operator ($HANDOFF_ACTOR or $USER).")
-    return click.option("--lease", type=click.IntRange(min=1), required=required, envvar="HANDOFF_LEASE",
+    help_ = ("Your lease token, exactly as claim printed it (LEASE.SECRET); the lease number alone is refused."
+             if required else
+             "Act as the worker holding this lease, given as the token claim printed; without it you act "
+             "as an operator (--by, else $HANDOFF_ACTOR, else your login name).")
+    return click.option("--lease", type=LEASE_TOKEN, required=required, envvar="HANDOFF_LEASE",
                         show_envvar=True, help=help_)
 
 
@@ -287,23 +308,32 @@ def _actor(name: str | None) -> Any:
     return Actor("operator", operator_name(name))
 
 
-def _wname(lg: Any, run: str, lease: int | None) -> str:
-    """The writing worker's name: $HANDOFF_WORKER, else the holder of that lease (for the log)."""
+def _wname(lg: Any, run: str, lease: str | None) -> str:
+    """The writing worker's name: $HANDOFF_WORKER, else the holder of that lease (for the log).
+
+    Only a name for the envelope: the write itself is proven by the token, not by this."""
     name = os.environ.get("HANDOFF_WORKER")
     if name:
         return name
+    number = str(lease or "").partition(".")[0]
     try:
         head = lg.store.head(run)
     except Exception:
         head = None
-    if head is not None and head.lease == lease and head.lease_holder:
+    if head is not None and head.lease_holder and number.isdigit() and head.lease == int(number):
         return head.lease_holder
+    if head is not None and number.isdigit():
+        # An ended lease (a keyed retry of a release, say): the name its grant recorded,
+        # so the retry is the same request as the first attempt.
+        for rec in lg.store.read_run(run):
+            if rec.type == "lease_granted" and rec.event.lease == int(number):
+                return rec.event.worker
     from handoff.api import login_name
 
     return login_name()  # never "worker", which would log the kind twice (worker:worker)
 
 
-def _worker_actor(lg: Any, run: str, lease: int | None) -> Any:
+def _worker_actor(lg: Any, run: str, lease: str | None) -> Any:
     from ledger.store import Actor
 
     return Actor("worker", _wname(lg, run, lease))
@@ -442,7 +472,9 @@ def open_options(required: bool) -> Any:
             click.option("--target", required=required, help="Where the result is delivered (e.g. chat:#ops)."),
             click.option("--owner", required=required, help="Who owns the run: reviews, delivers, closes."),
             click.option("--origin", default="", help="Where the request came from."),
-            click.option("--run-id", default=None, help="Choose the run id (default: run-<time>-<random>)."),
+            click.option("--run-id", default=None,
+                         help="Choose the run id (default: run-<time>-<random>; for 'open --key', one "
+                         "derived from the key and the owner, so a retried open finds the run it made)."),
             click.option("--result", "result_path", default=None, type=click.Path(dir_okay=False),
                          help="The result file the run must produce (submit checks it was recorded)."),
             click.option("--stop-rule", "stop_rules", multiple=True, help="A rule for when to stop (repeatable)."),
@@ -488,7 +520,9 @@ def open_(as_json: bool, key: str | None, contract_file: Any, **p: Any) -> None:
     result is delivered to, the owner, the result file and the watchdog's timeouts.
     Give it as options (--goal, --target and --owner are then required) or as one JSON
     document with --contract, which is checked field by field. A result path is stored
-    resolved to an absolute path.
+    resolved to an absolute path. Without --run-id, each open makes a new run unless
+    --key is given: the id then follows from the key and the owner, so a retry (even
+    from another process at the same moment) prints the run the first attempt made.
 
     \b
     Example:
@@ -526,29 +560,31 @@ def open_(as_json: bool, key: str | None, contract_file: Any, **p: Any) -> None:
 def claim(run: str, worker: str, key: str | None, as_json: bool) -> None:
     """Take the run's lease; print the lease token every later write must carry.
 
-    Refused (exit 1) while another worker holds the lease, or when the owner is at its
-    cap of active runs.
+    The token (LEASE.SECRET) is printed this once and never stored: keep it, and pass
+    it as --lease (or $HANDOFF_LEASE). The lease number that status shows is not a
+    token. Refused (exit 1) while another worker holds the lease, or when the owner is
+    at its cap of active runs. Retrying with the same --key after the claim went through
+    is refused with the lease it got (its token cannot be shown again).
 
     \b
     Example:
         LEASE=$(handoff claim $RUN --worker worker-1)
     """
-    from reducers import commands as C
-
-    from ledger.store import Actor
-
     with _ledger() as lg:
-        out = lg.execute(run, C.Claim(worker=worker), actor=Actor("worker", worker), key=key)
-    doc = _write_doc(out)
-    _emit(doc, as_json, str(out.checkpoint.lease))
+        got = lg.claim_outcome(run, worker, key=key)
+    doc = {**_write_doc(got.outcome), "token": str(got.token)}
+    _emit(doc, as_json, str(got.token))
 
 
 @main.command()
 @worker_run_argument
 @lease_option()
 @json_option
-def heartbeat(run: str, lease: int, as_json: bool) -> None:
+def heartbeat(run: str, lease: str, as_json: bool) -> None:
     """Say the lease holder is alive. Heartbeats are liveness, never progress.
+
+    It takes no --key: a heartbeat changes no authority, and a repeated one only says
+    again that the holder is alive, which is what a retry means.
 
     \b
     Example:
@@ -567,7 +603,7 @@ def heartbeat(run: str, lease: int, as_json: bool) -> None:
 @click.option("--reason", default="", help="Why.")
 @key_option
 @json_option
-def transition(run: str, lease: int, to: str, reason: str, key: str | None, as_json: bool) -> None:
+def transition(run: str, lease: str, to: str, reason: str, key: str | None, as_json: bool) -> None:
     """Move the run through its lifecycle (queued -> planning -> executing -> verifying).
 
     \b
@@ -588,7 +624,7 @@ def transition(run: str, lease: int, to: str, reason: str, key: str | None, as_j
 @click.option("--detail", default="", help="What happened.")
 @key_option
 @json_option
-def progress(run: str, lease: int, kind: str, detail: str, key: str | None, as_json: bool) -> None:
+def progress(run: str, lease: str, kind: str, detail: str, key: str | None, as_json: bool) -> None:
     """Record a step. Only the state's progress kinds advance progress_seq.
 
     With --key, a retried report writes nothing new.
@@ -614,7 +650,7 @@ def progress(run: str, lease: int, kind: str, detail: str, key: str | None, as_j
                    "else 1G).")
 @key_option
 @json_option
-def artifact(run: str, path: str | None, lease: int, kind: str, root: str | None, max_bytes: str | None,
+def artifact(run: str, path: str | None, lease: str, kind: str, root: str | None, max_bytes: str | None,
              key: str | None, as_json: bool) -> None:
     """Record a file the run produced; the ledger reads its size and sha256 itself.
 
@@ -649,12 +685,11 @@ def artifact(run: str, path: str | None, lease: int, kind: str, root: str | None
 @click.argument("run", metavar="RUN")
 @click.argument("path", metavar="PATH")
 @click.option("--reason", required=True, help="Why it no longer counts (mistyped path, replaced by another file...).")
-@click.option("--lease", type=click.IntRange(min=1), default=None, envvar="HANDOFF_LEASE", show_envvar=True,
-              help="Act as the worker holding this lease; without it you act as an operator (see --by).")
+@lease_option(required=False)
 @click.option("--by", default=None, help="Operator name when acting without a lease.")
 @key_option
 @json_option
-def artifact_withdraw(run: str, path: str, reason: str, lease: int | None, by: str | None, key: str | None,
+def artifact_withdraw(run: str, path: str, reason: str, lease: str | None, by: str | None, key: str | None,
                       as_json: bool) -> None:
     """Withdraw a recorded artifact: it no longer counts for 'submit'; the log keeps both.
 
@@ -688,7 +723,7 @@ def artifact_withdraw(run: str, path: str, reason: str, lease: int | None, by: s
 @click.option("--by", default=None, help="Operator name when acting without a lease.")
 @key_option
 @json_option
-def evidence(run: str, lease: int | None, kind: str, outcome: str, detail: str, by: str | None,
+def evidence(run: str, lease: str | None, kind: str, outcome: str, detail: str, by: str | None,
              key: str | None, as_json: bool) -> None:
     """Record a check that was run and how it came out. Delivery needs a pass and no fail.
 
@@ -710,7 +745,7 @@ def evidence(run: str, lease: int | None, kind: str, outcome: str, detail: str, 
 @click.option("--by", default=None, help="Operator name when acting without a lease.")
 @key_option
 @json_option
-def block(run: str, reason: str, next_action: str, lease: int | None, by: str | None, key: str | None,
+def block(run: str, reason: str, next_action: str, lease: str | None, by: str | None, key: str | None,
           as_json: bool) -> None:
     """Record a named blocker and the next action; the run waits in 'blocked'.
 
@@ -734,7 +769,7 @@ def block(run: str, reason: str, next_action: str, lease: int | None, by: str | 
 @click.option("--by", default=None, help="Operator name when acting without a lease.")
 @key_option
 @json_option
-def unblock(run: str, resolution: str, blocker_id: int | None, lease: int | None, by: str | None,
+def unblock(run: str, resolution: str, blocker_id: int | None, lease: str | None, by: str | None,
             key: str | None, as_json: bool) -> None:
     """Clear blockers; the run returns to the state it was blocked from.
 
@@ -754,7 +789,7 @@ def unblock(run: str, resolution: str, blocker_id: int | None, lease: int | None
 @click.option("--key", required=True, help="The side effect's own key (unique within the run).")
 @click.option("--what", required=True, help="What is about to happen outside (e.g. 'POST /deploy v42').")
 @json_option
-def effect_start(run: str, lease: int, key: str, what: str, as_json: bool) -> None:
+def effect_start(run: str, lease: str, key: str, what: str, as_json: bool) -> None:
     """Record that an external side effect is about to start, before starting it.
 
     Until its outcome is confirmed, a lost worker leaves the run 'unknown' and the
@@ -778,7 +813,7 @@ def effect_start(run: str, lease: int, key: str, what: str, as_json: bool) -> No
 @lease_option(required=False)
 @click.option("--by", default=None, help="Operator name when acting without a lease.")
 @json_option
-def effect_confirm(run: str, key: str, outcome: str, note: str, lease: int | None, by: str | None,
+def effect_confirm(run: str, key: str, outcome: str, note: str, lease: str | None, by: str | None,
                    as_json: bool) -> None:
     """Record a side effect's outcome (a reconciliation when its worker was lost).
 
@@ -798,7 +833,7 @@ def effect_confirm(run: str, key: str, outcome: str, note: str, lease: int | Non
 @click.option("--summary", default="", help="One paragraph on what was done.")
 @key_option
 @json_option
-def submit(run: str, lease: int, summary: str, key: str | None, as_json: bool) -> None:
+def submit(run: str, lease: str, summary: str, key: str | None, as_json: bool) -> None:
     """Submit the result: needs a recorded, existing, non-empty artifact (and the contract's
     result file, if it names one). Goes to review when the contract requires it.
 
@@ -838,16 +873,19 @@ def review(run: str, by: str, approve: bool | None, notes: str, key: str | None,
 @click.option("--action", required=True, type=click.Choice(["review", "deliver", "delivered", "delivery_failed", "close"]),
               help="The owner-only action to hand over.")
 @click.option("--to", "to", required=True, help="Who may perform it from now on.")
+@key_option
 @json_option
-def transfer(run: str, by: str, action: str, to: str, as_json: bool) -> None:
+def transfer(run: str, by: str, action: str, to: str, key: str | None, as_json: bool) -> None:
     """Let a named actor perform one of the owner's actions on this run.
+
+    Each transfer is recorded; retry one with the same --key to record it once.
 
     \b
     Example:
         handoff transfer $RUN --by alice --action deliver --to release-bot
     """
     with _ledger() as lg:
-        out = lg.transfer(run, action, to, by=by)
+        out = lg.transfer(run, action, to, by=by, key=key)
     _report(out, as_json, f"{to} may now {action}")
 
 
@@ -938,17 +976,21 @@ def delivery_failed(run: str, key: str, error: str, by: str | None, as_json: boo
 @worker_run_argument
 @lease_option()
 @click.option("--reason", default="", help="Why.")
+@key_option
 @json_option
-def release(run: str, lease: int, reason: str, as_json: bool) -> None:
+def release(run: str, lease: str, reason: str, key: str | None, as_json: bool) -> None:
     """Give the lease back so another worker may claim the run.
+
+    A retry without --key after the release went through is refused (the lease has
+    ended); with the same --key it answers that the release is already recorded.
 
     \b
     Example:
         handoff release $RUN --lease $LEASE --reason "handing over to the night shift"
     """
     with _ledger() as lg:
-        out = lg.release(run, lease, reason, worker=_wname(lg, run, lease))
-    _report(out, as_json, f"lease {lease} released")
+        out = lg.release(run, lease, reason, worker=_wname(lg, run, lease), key=key)
+    _report(out, as_json, f"lease {str(lease).partition('.')[0]} released")
 
 
 @main.command()
@@ -979,9 +1021,14 @@ def revoke(run: str, reason: str, lease: int | None, by: str | None, key: str | 
               type=click.Choice(["no-op", "cancelled", "failed", "no_op"]), help="How the run ends.")
 @click.option("--reason", default="", help="Why.")
 @click.option("--operator", is_flag=True, help="Close as an operator rather than as the owner.")
+@key_option
 @json_option
-def close(run: str, by: str, disposition: str, reason: str, operator: bool, as_json: bool) -> None:
+def close(run: str, by: str, disposition: str, reason: str, operator: bool, key: str | None,
+          as_json: bool) -> None:
     """End a run without delivery: no-op, cancelled or failed. Terminal states absorb.
+
+    A second close is refused (the run has ended); a retry with the same --key answers
+    that the close is already recorded.
 
     \b
     Example:
@@ -989,7 +1036,7 @@ def close(run: str, by: str, disposition: str, reason: str, operator: bool, as_j
     """
     disposition = disposition.replace("-", "_")
     with _ledger() as lg:
-        out = lg.close_run(run, by, disposition, reason, as_operator=operator)
+        out = lg.close_run(run, by, disposition, reason, as_operator=operator, key=key)
     _report(out, as_json, f"closed as {disposition}")
 
 
@@ -998,18 +1045,21 @@ def close(run: str, by: str, disposition: str, reason: str, operator: bool, as_j
 @click.option("--at", "at_seq", required=True, type=click.IntRange(min=1), help="The parent's seq to continue from.")
 @click.option("--run-id", default=None, help="The new run's id.")
 @click.option("--by", default=None, help="Operator name (default: $HANDOFF_ACTOR, else your login name).")
+@key_option
 @json_option
-def fork(run: str, at_seq: int, run_id: str | None, by: str | None, as_json: bool) -> None:
+def fork(run: str, at_seq: int, run_id: str | None, by: str | None, key: str | None, as_json: bool) -> None:
     """Start a new run that continues RUN as it stood at --at; print the new id.
 
-    The fork keeps the parent's history but not its lease, timers or watchers.
+    The fork keeps the parent's history but not its lease, timers or watchers. Without
+    --run-id each fork is a new child; with --key (and no --run-id) the child's id
+    follows from the key, so a retried fork prints the child it made the first time.
 
     \b
     Example:
         NEW=$(handoff fork $RUN --at 12)
     """
     with _ledger() as lg:
-        child = lg.fork(run, at_seq, new_run_id=run_id, by=by)
+        child = lg.fork(run, at_seq, new_run_id=run_id, by=by, key=key)
         cp = lg.checkpoint(child)
     _emit({"run_id": child, "parent": run, "parent_seq": at_seq, "state": cp.state}, as_json, child)
 
@@ -1356,7 +1406,7 @@ def stalls(now: int | None, limit: int, after: str | None, as_json: bool) -> Non
 
 #: How a dry run's outcomes read in text.
 _DRY_OUTCOME = {"would_commit": "would record this", "duplicate": "already recorded", "skipped": "would do nothing",
-                "conflict": "its key is taken by another request: would not act"}
+                "failed": "would be refused: nothing would be recorded"}
 
 
 def _action_doc(a: Any) -> dict[str, Any]:
@@ -1433,11 +1483,12 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, dry_ru
         stop["flag"] = True
 
     def on_action(a: Any) -> None:
-        if not as_json and a.outcome == "committed":
+        # A refused action gets its line too: a watchdog that could not act must say so.
+        if not as_json and dry_run:
+            click.echo(f"dry run: {a.line()} [{_DRY_OUTCOME.get(a.outcome, a.outcome)}]")
+        elif not as_json and a.outcome in ("committed", "failed"):
             click.echo(f"{_iso(now_holder['now'], ms=True)} {a.line()}")
             sys.stdout.flush()
-        elif not as_json and dry_run:
-            click.echo(f"dry run: {a.line()} [{_DRY_OUTCOME.get(a.outcome, a.outcome)}]")
 
     def on_pass(when: int, actions: list[Any]) -> None:
         if as_json:
@@ -1877,8 +1928,12 @@ Generated from `--help` by `python -m cli --write-docs`; do not edit by hand
   own ledger (`./handoff-demo.db` unless `--db` is given on its command line; it ignores
   `HANDOFF_DB`, and refuses to overwrite a ledger holding runs it did not write).
 - Inside `handoff run`, the child's environment holds `HANDOFF_DB`, `HANDOFF_RUN`,
-  `HANDOFF_LEASE` and `HANDOFF_WORKER`; the worker verbs take `RUN` and `--lease` from
-  there when they are not given.
+  `HANDOFF_LEASE` (the lease token) and `HANDOFF_WORKER`; the worker verbs take `RUN` and
+  `--lease` from there when they are not given.
+- `--lease` is the token `claim` printed, `LEASE.SECRET`; the ledger keeps only its
+  digest, so no other command shows it. The lease number that `status` and `log` show is
+  not a token: given as `--lease` it is a usage error (exit 2), and a made-up or old
+  token is refused (exit 1). See docs/reliability.md, "Lease tokens".
 - Who acted is logged as `kind:name`. A person acting without a lease (an operator) is
   named by `--by`, else `$HANDOFF_ACTOR`, else the login name (`$USER`, `$LOGNAME`, or the
   name the system gives your uid); a worker by `$HANDOFF_WORKER`, else the holder of the
@@ -1899,11 +1954,11 @@ Generated from `--help` by `python -m cli --write-docs`; do not edit by hand
 | 4 | `verify`, `check` or `doctor` found damage; `head --write` found its file's digest no longer in the ledger |
 
 Errors go to stderr as one sentence that names what was wrong and what to do
-(`Error: lease 1 is no longer valid for run r1 (the current lease is 2, held by w2); ...`).
+(`Error: lease 1 of run r1 has ended (revoked, released, or replaced by a later claim); ...`).
 With `--json` the error is one JSON document on stderr, stdout stays empty:
 
 ```json
-{"error": {"type": "StaleLease", "message": "lease 1 is no longer valid for run r1 (...)"}}
+{"error": {"type": "StaleLease", "message": "lease 1 of run r1 has ended (...)"}}
 ```
 
 `type` is the ledger's error class (`StaleLease`, `IllegalTransition`, `DeliveryRefused`,
@@ -1920,6 +1975,9 @@ click's (`UsageError`, `BadParameter`, `MissingParameter`, `NoSuchOption`).
 {"run_id": "r1", "outcome": "committed", "first_seq": 7, "last_seq": 7,
  "state": "executing", "worker": "w1", "lease": 1, "progress_seq": 3}
 ```
+
+`claim` adds `"token"`, the lease token (the only output that ever holds it); `lease` is
+the number, everywhere.
 
 `outcome` is one of:
 
@@ -1987,13 +2045,14 @@ intervals.
 
 **watch**: per pass `{"watcher", "at", "interval_s", "actions": [{"run_id",
 "classification", "action", "outcome", "key", "progress_seq", "lease", "reason",
-"seq"}]}`; `outcome` is `committed`, `duplicate` (an earlier pass already did it) or
-`skipped` (the run moved on between classification and action). With `--dry-run` the
-document adds `"dry_run": true`, nothing is recorded, `seq` is null unless already
-recorded, and `outcome` says what a real pass would do now: `would_commit` (it would
-record the action), `duplicate` (already recorded), `conflict` (its key is taken by
-another request, so it would not act) or `skipped` (the run moved on, or the rules
-refuse the action now).
+"seq"}]}`; `outcome` is `committed`, `duplicate` (an earlier pass already did it),
+`skipped` (the run moved on between classification and action) or `failed` (the ledger
+refused it; nothing was written and `reason` says why; the text output prints these
+lines too, with `FAILED` before the action). With `--dry-run` the document adds
+`"dry_run": true`, nothing is recorded, `seq` is null unless already recorded, and
+`outcome` says what a real pass would do now: `would_commit` (it would record the
+action), `duplicate` (already recorded), `failed` (it would be refused, a key taken by
+another request included; `reason` says why) or `skipped` (the run moved on).
 
 **verify**: `{"ok", "run_id", "events", "streams", "problems": [{"kind", "run_id",
 "seq", "position", "message"}], "projections": [difference, ...], "anchors", "skipped"}`.

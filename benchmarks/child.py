@@ -80,7 +80,7 @@ def writer(args: dict[str, Any]) -> dict[str, Any]:
 
         lg = Ledger(args["db"], busy_timeout_s=args.get("busy_timeout_s", 5.0))
 
-        def one(run_id: str, lease: int, i: int) -> None:
+        def one(run_id: str, lease: str, i: int) -> None:
             lg.progress(run_id, lease, "tool_outcome", f"{tag} step {i}: ran the tool",
                         key=f"{tag}-{run_id}-{i}", worker="w1")
 
@@ -99,7 +99,7 @@ def writer(args: dict[str, Any]) -> dict[str, Any]:
         encode = msgspec.json.Encoder().encode
         seqs = {r[0]: 0 for r in runs}
 
-        def one(run_id: str, lease: int, i: int) -> None:
+        def one(run_id: str, lease: str, i: int) -> None:
             payload = encode(ev.ProgressRecorded(kind="tool_outcome", detail=f"{tag} step {i}: ran the tool"))
             try:
                 conn.execute("BEGIN IMMEDIATE")

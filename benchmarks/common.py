@@ -23,7 +23,7 @@ import msgspec
 
 from ledger import events as ev
 from ledger.sqlite import SqliteStore
-from ledger.store import Actor
+from ledger.store import Actor, new_lease_secret
 
 JOURNAL_MODE = "wal"
 SYNCHRONOUS = "FULL"
@@ -113,16 +113,20 @@ def mean_payload_bytes(events: list[ev.Event]) -> float:
     return sum(len(ev.encode(e)) for e in events) / len(events)
 
 
-def open_run(store: SqliteStore, run_id: str, *, lease: int | None = None) -> None:
-    """Write the contract (and optionally grant a lease) so the run looks like a real one."""
+def open_run(store: SqliteStore, run_id: str, *, lease: int | None = None) -> str | None:
+    """Write the contract (and optionally grant a lease) so the run looks like a real one;
+    return the lease's token, which every write under it carries."""
     store.append(
         run_id,
         [ev.HandoffOpened(goal="benchmark run", target="file:out/result.json", owner=OWNER.name)],
         actor=OWNER,
         expected_seq=0,
     )
-    if lease is not None:
-        store.append(run_id, [ev.LeaseGranted(worker=WORKER.name, lease=lease)], actor=OWNER)
+    if lease is None:
+        return None
+    secret, digest = new_lease_secret()
+    store.append(run_id, [ev.LeaseGranted(worker=WORKER.name, lease=lease, token_digest=digest)], actor=OWNER)
+    return f"{lease}.{secret}"
 
 
 def path_in(d: Path, name: str) -> str:

@@ -27,7 +27,7 @@ def _ledger_with_runs(db: str, count: int) -> list[list[Any]]:
     with open_ledger(db) as lg:
         for w in range(count):
             run_id = f"run-w{w}"
-            runs.append([run_id, working_run(lg, run_id)])
+            runs.append([run_id, str(working_run(lg, run_id))])  # the token, through JSON
     return runs
 
 

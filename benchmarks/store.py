@@ -42,14 +42,14 @@ def _single_handoff(ctx: Ctx) -> Trial:
     n = ctx.params["n"]
     store = open_store(path_in(ctx.dir, "ledger.db"))
     run_id = "run-single"
-    open_run(store, run_id, lease=1)
+    token = open_run(store, run_id, lease=1)
     events = step_events(n)
     keys = [f"step-{i}" for i in range(n)]
 
     def run() -> None:
         append = store.append
         for event, key in zip(events, keys):
-            append(run_id, [event], actor=WORKER, lease=1, idempotency_key=key)
+            append(run_id, [event], actor=WORKER, lease=token, idempotency_key=key)
 
     def check() -> None:
         head = store.head(run_id)

@@ -22,7 +22,8 @@ from ledger import anchor, files, portable
 from ledger import events as ev
 from ledger.backends import open_store
 from ledger.errors import (
-    HeadAnchorBroken, HistoryRefused, InvalidInput, LedgerError, StoreUnavailable, TargetAppeared, UnknownRun,
+    ClaimAlreadyMade, HeadAnchorBroken, HistoryRefused, InvalidInput, LedgerError, StaleLease, StoreUnavailable,
+    TargetAppeared, UnknownRun,
 )
 from ledger.store import (
     Actor,
@@ -30,10 +31,13 @@ from ledger.store import (
     Decision,
     EventStore,
     Head,
+    LeaseToken,
     Recorded,
     check_run_id,
+    check_idempotency_key,
     check_seq,
     check_utf8,
+    new_lease_secret,
 )
 from reducers import admit as admission
 from reducers import commands as C
@@ -174,6 +178,18 @@ def check_limit(value: object) -> int:
     return value
 
 
+class Claimed(msgspec.Struct, frozen=True):
+    """What a claim got: the lease token (shown this once, never stored) and the write."""
+
+    token: LeaseToken
+    outcome: Outcome
+
+
+def lease_token(value: object, field: str = "lease") -> LeaseToken:
+    """The lease token a worker passed, or InvalidInput (a bare lease number is not one)."""
+    return LeaseToken.parse(value, field)
+
+
 def now_us() -> int:
     return time.time_ns() // 1000
 
@@ -182,6 +198,14 @@ def new_run_id() -> str:
     import secrets  # imported when needed: CLI start-up time is what a shell agent pays per event
 
     return "run-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def keyed_id(prefix: str, *parts: object) -> str:
+    """A run id derived from an idempotency key and what it is scoped to: the same key
+    always names the same run, so a retried keyed ``open`` or ``fork`` finds its first
+    attempt (and answers ``duplicate``) instead of creating a second run."""
+    digest = hashlib.sha256("\x00".join(str(p) for p in parts).encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{prefix}{digest[:24]}"
 
 
 #: The largest artifact the ledger reads unless told otherwise: 1 GiB. Hashing is about
@@ -396,34 +420,56 @@ class Ledger:
 
     def execute(
         self, run_id: str, cmd: C.Command, *, actor: Actor, key: str | None = None,
-        guard: Callable[[Checkpoint], bool] | None = None,
+        guard: Callable[[Checkpoint], bool] | None = None, token: str | None = None,
     ) -> Outcome:
         """Fold, decide and append in one write transaction; refusals write nothing.
 
-        ``guard``, if given, sees the run's checkpoint inside that transaction first; when
-        it returns False nothing is decided or written (the watchdog acts only on a run
-        that still stands where it classified it) and the result names no positions.
+        A worker's command that names a lease needs ``token``, that lease's token from
+        ``claim``: the store checks it before anything else is decided. ``guard``, if
+        given, sees the run's checkpoint inside that transaction first; when it returns
+        False nothing is decided or written (the watchdog acts only on a run that still
+        stands where it classified it) and the result is ``unchanged``.
         """
-        check_run_id(run_id)
-        check_text(cmd, "")
+        token = self._token_for(run_id, cmd, actor, token)
         result, state = self.store.execute(
             run_id, AGGREGATE, self._decider(run_id, cmd, actor, guard), actor=actor, idempotency_key=key,
-            digest_of=C.encode(cmd) if key else None,
+            digest_of=C.request_bytes(cmd) if key else None, lease=token,
         )
         return Outcome(result, state)
 
+    def _token_for(self, run_id: str, cmd: C.Command, actor: Actor, token: str | None) -> LeaseToken | None:
+        """The checked token of a command's lease; a worker's leased command without one is refused."""
+        check_run_id(run_id)
+        check_text(cmd, "")
+        number = getattr(cmd, "lease", None)
+        if token is not None:
+            token = lease_token(token, "token")
+            if number is not None and number != token.lease:
+                raise InvalidInput(
+                    f"the command names lease {number} but the token is for lease {token.lease}; "
+                    "pass the token's own lease", field="lease",
+                )
+            return token
+        if actor.kind == "worker" and number is not None:
+            raise StaleLease(
+                f"a worker's write under lease {number} of run {run_id} must carry that lease's "
+                "token (token=, what claim returned); a lease number alone proves nothing",
+                run_id=run_id, lease=number, why="no_token",
+            )
+        return None
+
     def preview(
         self, run_id: str, cmd: C.Command, *, actor: Actor, key: str | None = None,
-        guard: Callable[[Checkpoint], bool] | None = None,
+        guard: Callable[[Checkpoint], bool] | None = None, token: str | None = None,
     ) -> Preview:
         """What ``execute`` would do now, found by the same transaction, then rolled back.
 
-        The key lookup, the guard and decide all run as they would for real, so the answer
-        is the one a real write would get at this moment; nothing is written. Refusals
-        raise as they would from ``execute``. The write lock is held for the moment it takes.
+        The key lookup, the token, the guard and decide all run as they would for real, so
+        the answer is the one a real write would get at this moment; nothing is written.
+        Refusals raise as they would from ``execute``. The write lock is held for the moment
+        it takes.
         """
-        check_run_id(run_id)
-        check_text(cmd, "")
+        token = self._token_for(run_id, cmd, actor, token)
         decider = self._decider(run_id, cmd, actor, guard)
 
         def _decide(cp: Checkpoint, head: Head | None) -> Decision:
@@ -431,7 +477,7 @@ class Ledger:
 
         try:
             result, _ = self.store.execute(run_id, AGGREGATE, _decide, actor=actor, idempotency_key=key,
-                                           digest_of=C.encode(cmd) if key else None)
+                                           digest_of=C.request_bytes(cmd) if key else None, lease=token)
         except _Decided as d:
             return Preview("would_commit" if d.events else "unchanged", d.events)
         return Preview(result.outcome, (), result)  # a replayed key: answered before anything is decided
@@ -496,6 +542,10 @@ class Ledger:
         delivery_timeout_s: float = 600.0, owner_cap: int = 10, key: str | None = None,
         actor: Actor | None = None,
     ) -> str:
+        if run_id is None and key is not None:
+            # The id follows from the key and the owner, so a retry cannot open a second run.
+            check_idempotency_key(key)
+            run_id = keyed_id("run-k", "open", owner, key)
         run_id = new_run_id() if run_id is None else run_id  # '' is refused, not replaced
         if isinstance(result_path, str) and result_path and "\x00" not in result_path:
             # Artifacts are recorded at their resolved path; submit compares the two.
@@ -523,31 +573,82 @@ class Ledger:
             key=key,
         )
 
-    def claim(self, run_id: str, worker: str, *, key: str | None = None) -> int:
-        out = self.execute(run_id, C.Claim(worker=worker), actor=Actor("worker", worker), key=key)
-        assert out.checkpoint.lease is not None
-        return out.checkpoint.lease
+    def claim(self, run_id: str, worker: str, *, key: str | None = None) -> LeaseToken:
+        """Take the run's lease and return its token: ``"<lease>.<secret>"``, a ``str``.
+
+        Every later write under the lease passes it (``lg.progress(run, token, ...)``);
+        ``token.lease`` is the number status shows. Only a digest is stored, so this is the
+        one time the token can be seen: a retried keyed claim cannot show it again and
+        raises ClaimAlreadyMade instead (see ``claim_outcome``).
+        """
+        return self.claim_outcome(run_id, worker, key=key).token
+
+    def claim_outcome(self, run_id: str, worker: str, *, key: str | None = None) -> Claimed:
+        """``claim`` with the write it made (for the CLI's --json)."""
+        secret, digest = new_lease_secret()
+        cmd = C.Claim(worker=worker, token_digest=digest)
+        out = self.execute(run_id, cmd, actor=Actor("worker", worker), key=key)
+        if out.duplicate:
+            raise self._claim_already_made(run_id, key, out)
+        lease = out.checkpoint.lease
+        assert lease is not None  # a committed claim ends with its own lease current
+        return Claimed(LeaseToken(f"{lease}.{secret}"), out)
+
+    def _claim_already_made(self, run_id: str, key: str | None, out: Outcome) -> ClaimAlreadyMade:
+        """The refusal for a keyed claim that already happened: which lease it got, and what
+        a caller without that lease's token can do now."""
+        seq = out.result.first_seq
+        first = next(iter(self.store.read_run(run_id, after_seq=seq - 1, until_seq=seq)))
+        granted = first.event
+        assert isinstance(granted, ev.LeaseGranted)
+        n, cp = granted.lease, out.checkpoint
+        said = (f"claim key {key!r} on run {run_id} was already used: that claim got lease {n} for "
+                f"worker {granted.worker} (seq {seq}). Its token was printed once, to that claim, "
+                "and is not stored, so it cannot be shown again. ")
+        if cp.lease == n:
+            state = "held"
+            said += (f"Lease {n} is still held: if this worker kept the token, keep using it. "
+                     "Without the token the lease can be neither used nor released: wait for the "
+                     "watchdog to revoke it after its heartbeat timeout, or ask the owner to run "
+                     f"'handoff revoke {run_id} --lease {n}', then claim with a new key")
+        elif cp.lease is not None:
+            state = "moved_on"
+            said += (f"Lease {n} has ended and another claim holds the run now; this worker does "
+                     "not hold it and must not write to it")
+        else:
+            state = "ended"
+            said += (f"Lease {n} has ended and no lease is held now: claim again with a new key "
+                     "to take the run")
+        return ClaimAlreadyMade(said, run_id=run_id, lease=n, seq=seq, state=state)
 
     def _worker(self, worker: str | None) -> Actor:
         return Actor("worker", worker or os.environ.get("HANDOFF_WORKER") or login_name())
 
-    def heartbeat(self, run_id: str, lease: int, *, worker: str | None = None) -> Outcome:
-        return self.execute(run_id, C.Heartbeat(lease=lease), actor=self._worker(worker))
+    # A worker's ``lease`` below is the token claim returned; a bare number is refused.
 
-    def transition(self, run_id: str, lease: int, to: str, *, reason: str = "", worker: str | None = None, key: str | None = None) -> Outcome:
-        return self.execute(run_id, C.Transition(lease=lease, to=to, reason=reason), actor=self._worker(worker), key=key)
+    def heartbeat(self, run_id: str, lease: str, *, worker: str | None = None) -> Outcome:
+        t = lease_token(lease)
+        return self.execute(run_id, C.Heartbeat(lease=t.lease), actor=self._worker(worker), token=t)
 
-    def progress(self, run_id: str, lease: int, kind: str, detail: str = "", *, key: str | None = None, worker: str | None = None) -> Outcome:
-        return self.execute(run_id, C.Progress(lease=lease, kind=kind, detail=detail), actor=self._worker(worker), key=key)
+    def transition(self, run_id: str, lease: str, to: str, *, reason: str = "", worker: str | None = None, key: str | None = None) -> Outcome:
+        t = lease_token(lease)
+        return self.execute(run_id, C.Transition(lease=t.lease, to=to, reason=reason), actor=self._worker(worker),
+                            key=key, token=t)
 
-    def artifact(self, run_id: str, lease: int, path: str, *, kind: str = "result", root: str | None = None,
+    def progress(self, run_id: str, lease: str, kind: str, detail: str = "", *, key: str | None = None, worker: str | None = None) -> Outcome:
+        t = lease_token(lease)
+        return self.execute(run_id, C.Progress(lease=t.lease, kind=kind, detail=detail), actor=self._worker(worker),
+                            key=key, token=t)
+
+    def artifact(self, run_id: str, lease: str, path: str, *, kind: str = "result", root: str | None = None,
                  key: str | None = None, worker: str | None = None, max_bytes: int | str | None = None) -> Outcome:
         """Measure a file (``measure``: regular files only, at most ``max_bytes``) and record it."""
+        t = lease_token(lease)
         real, size, sha, exists = measure(path, root=root, max_bytes=max_bytes)
-        cmd = C.RecordArtifact(lease=lease, path=real, kind=kind, bytes=size, sha256=sha, exists=exists)
-        return self.execute(run_id, cmd, actor=self._worker(worker), key=key)
+        cmd = C.RecordArtifact(lease=t.lease, path=real, kind=kind, bytes=size, sha256=sha, exists=exists)
+        return self.execute(run_id, cmd, actor=self._worker(worker), key=key, token=t)
 
-    def withdraw_artifact(self, run_id: str, path: str, reason: str, *, lease: int | None = None,
+    def withdraw_artifact(self, run_id: str, path: str, reason: str, *, lease: str | None = None,
                           actor: Actor | None = None, key: str | None = None, worker: str | None = None) -> Outcome:
         """Take back a recorded artifact (a mistyped path, a superseded file) so it no longer
         counts for submit; the log keeps both records. ``path`` is matched as recorded, else
@@ -559,44 +660,55 @@ class Ledger:
         if cp is not None and isinstance(path, str) and path and "\x00" not in path:
             if path not in {a.path for a in cp.artifacts}:
                 path = os.path.realpath(path)
-        if actor is None and lease is not None:
-            holder = cp.worker if cp is not None and cp.lease == lease else None
+        t = None if lease is None else lease_token(lease)
+        if actor is None and t is not None:
+            holder = cp.worker if cp is not None and cp.lease == t.lease else None
             actor = self._worker(worker or os.environ.get("HANDOFF_WORKER") or holder)
         actor = actor or Actor("operator", _user())
-        return self.execute(run_id, C.WithdrawArtifact(path=path, reason=reason, lease=lease), actor=actor, key=key)
+        cmd = C.WithdrawArtifact(path=path, reason=reason, lease=t and t.lease)
+        return self.execute(run_id, cmd, actor=actor, key=key, token=t)
 
-    def evidence(self, run_id: str, kind: str, outcome: str, detail: str = "", *, lease: int | None = None,
+    def evidence(self, run_id: str, kind: str, outcome: str, detail: str = "", *, lease: str | None = None,
                  actor: Actor | None = None, key: str | None = None) -> Outcome:
-        actor = actor or (self._worker(None) if lease is not None else Actor("operator", _user()))
-        return self.execute(run_id, C.RecordEvidence(kind=kind, outcome=outcome, detail=detail, lease=lease),  # type: ignore[arg-type]
-                            actor=actor, key=key)
+        t = None if lease is None else lease_token(lease)
+        actor = actor or (self._worker(None) if t is not None else Actor("operator", _user()))
+        cmd = C.RecordEvidence(kind=kind, outcome=outcome, detail=detail, lease=t and t.lease)  # type: ignore[arg-type]
+        return self.execute(run_id, cmd, actor=actor, key=key, token=t)
 
-    def block(self, run_id: str, reason: str, next_action: str, *, lease: int | None = None,
+    def block(self, run_id: str, reason: str, next_action: str, *, lease: str | None = None,
               actor: Actor | None = None, key: str | None = None) -> Outcome:
-        actor = actor or (self._worker(None) if lease is not None else Actor("operator", _user()))
-        return self.execute(run_id, C.Block(reason=reason, next_action=next_action, lease=lease), actor=actor, key=key)
+        t = None if lease is None else lease_token(lease)
+        actor = actor or (self._worker(None) if t is not None else Actor("operator", _user()))
+        return self.execute(run_id, C.Block(reason=reason, next_action=next_action, lease=t and t.lease),
+                            actor=actor, key=key, token=t)
 
-    def unblock(self, run_id: str, resolution: str, *, blocker_id: int | None = None, lease: int | None = None,
+    def unblock(self, run_id: str, resolution: str, *, blocker_id: int | None = None, lease: str | None = None,
                 actor: Actor | None = None, key: str | None = None) -> Outcome:
-        actor = actor or (self._worker(None) if lease is not None else Actor("operator", _user()))
-        return self.execute(run_id, C.Unblock(resolution=resolution, blocker_id=blocker_id, lease=lease), actor=actor, key=key)
+        t = None if lease is None else lease_token(lease)
+        actor = actor or (self._worker(None) if t is not None else Actor("operator", _user()))
+        return self.execute(run_id, C.Unblock(resolution=resolution, blocker_id=blocker_id, lease=t and t.lease),
+                            actor=actor, key=key, token=t)
 
-    def effect_start(self, run_id: str, lease: int, key: str, what: str, *, worker: str | None = None) -> Outcome:
-        return self.execute(run_id, C.StartEffect(lease=lease, key=key, what=what), actor=self._worker(worker))
+    def effect_start(self, run_id: str, lease: str, key: str, what: str, *, worker: str | None = None) -> Outcome:
+        t = lease_token(lease)
+        return self.execute(run_id, C.StartEffect(lease=t.lease, key=key, what=what), actor=self._worker(worker), token=t)
 
-    def effect_confirm(self, run_id: str, key: str, outcome: str, *, note: str = "", lease: int | None = None,
+    def effect_confirm(self, run_id: str, key: str, outcome: str, *, note: str = "", lease: str | None = None,
                        actor: Actor | None = None) -> Outcome:
-        actor = actor or (self._worker(None) if lease is not None else Actor("operator", _user()))
-        return self.execute(run_id, C.ConfirmEffect(key=key, outcome=outcome, note=note, lease=lease), actor=actor)  # type: ignore[arg-type]
+        t = None if lease is None else lease_token(lease)
+        actor = actor or (self._worker(None) if t is not None else Actor("operator", _user()))
+        cmd = C.ConfirmEffect(key=key, outcome=outcome, note=note, lease=t and t.lease)  # type: ignore[arg-type]
+        return self.execute(run_id, cmd, actor=actor, token=t)
 
-    def submit(self, run_id: str, lease: int, summary: str = "", *, worker: str | None = None, key: str | None = None) -> Outcome:
-        return self.execute(run_id, C.Submit(lease=lease, summary=summary), actor=self._worker(worker), key=key)
+    def submit(self, run_id: str, lease: str, summary: str = "", *, worker: str | None = None, key: str | None = None) -> Outcome:
+        t = lease_token(lease)
+        return self.execute(run_id, C.Submit(lease=t.lease, summary=summary), actor=self._worker(worker), key=key, token=t)
 
     def review(self, run_id: str, by: str, approve: bool, notes: str = "", *, key: str | None = None) -> Outcome:
         return self.execute(run_id, C.ReviewResult(approve=approve, notes=notes), actor=Actor("owner", by), key=key)
 
-    def transfer(self, run_id: str, action: str, to: str, *, by: str) -> Outcome:
-        return self.execute(run_id, C.TransferAuthority(action=action, to=to), actor=Actor("owner", by))
+    def transfer(self, run_id: str, action: str, to: str, *, by: str, key: str | None = None) -> Outcome:
+        return self.execute(run_id, C.TransferAuthority(action=action, to=to), actor=Actor("owner", by), key=key)
 
     def deliver(self, run_id: str, by: str, key: str) -> Outcome:
         """Record a delivery attempt under ``key``; retrying the same key sends nothing twice."""
@@ -612,25 +724,35 @@ class Ledger:
         cp = self.checkpoint(run_id)
         return self.execute(run_id, C.FailDelivery(key=key, error=error), actor=Actor("owner", by or cp.owner))
 
-    def release(self, run_id: str, lease: int, reason: str = "", *, worker: str | None = None) -> Outcome:
-        return self.execute(run_id, C.Release(lease=lease, reason=reason), actor=self._worker(worker))
+    def release(self, run_id: str, lease: str, reason: str = "", *, worker: str | None = None,
+                key: str | None = None) -> Outcome:
+        t = lease_token(lease)
+        return self.execute(run_id, C.Release(lease=t.lease, reason=reason), actor=self._worker(worker), token=t,
+                            key=key)
 
     def revoke(self, run_id: str, reason: str, *, lease: int | None = None, actor: Actor | None = None,
                key: str | None = None) -> Outcome:
         return self.execute(run_id, C.Revoke(reason=reason, lease=lease), actor=actor or Actor("operator", _user()), key=key)
 
-    def close_run(self, run_id: str, by: str, disposition: str, reason: str = "", *, as_operator: bool = False) -> Outcome:
+    def close_run(self, run_id: str, by: str, disposition: str, reason: str = "", *, as_operator: bool = False,
+                  key: str | None = None) -> Outcome:
         actor = Actor("operator" if as_operator else "owner", by)
-        return self.execute(run_id, C.Close(disposition=disposition, reason=reason), actor=actor)  # type: ignore[arg-type]
+        return self.execute(run_id, C.Close(disposition=disposition, reason=reason), actor=actor, key=key)  # type: ignore[arg-type]
 
-    def fork(self, run_id: str, at_seq: int, *, new_run_id: str | None = None, by: str | None = None) -> str:
+    def fork(self, run_id: str, at_seq: int, *, new_run_id: str | None = None, by: str | None = None,
+             key: str | None = None) -> str:
+        """A child run continuing ``run_id`` at ``at_seq``; with ``key`` and no id, the
+        child's id follows from the key, so a retried keyed fork makes one child."""
         check_run_id(run_id)
         check_seq(at_seq, "at_seq", low=1)
         import secrets
 
+        if new_run_id is None and key is not None:
+            check_idempotency_key(key)
+            new_run_id = keyed_id(f"{run_id[:80]}.fork{at_seq}-k", "fork", run_id, at_seq, key)
         child = f"{run_id}.fork{at_seq}-{secrets.token_hex(2)}" if new_run_id is None else new_run_id
         actor = Actor("operator", operator_name(by))
-        self.execute(child, C.Fork(parent=run_id, at_seq=at_seq), actor=actor)
+        self.execute(child, C.Fork(parent=run_id, at_seq=at_seq), actor=actor, key=key)
         return child
 
     def observe(self, run_id: str, watcher: str, classification: str, progress_seq: int, *, reason: str = "",

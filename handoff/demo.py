@@ -28,7 +28,7 @@ REPORT, STUCK = "demo-report", "demo-stuck"
 _COMMON = r"""
 import os, sys, time
 from handoff import Ledger, LedgerError
-run, lease = os.environ["HANDOFF_RUN"], int(os.environ["HANDOFF_LEASE"])
+run, lease = os.environ["HANDOFF_RUN"], os.environ["HANDOFF_LEASE"]  # the token claim printed
 files = sys.argv[1]
 lg = Ledger(os.environ["HANDOFF_DB"])
 def put(name, text):
@@ -259,7 +259,7 @@ class _Story:
         wrapper_a.wait()
         os.kill(pid_a, signal.SIGSTOP)
         self.stopped.append(pid_a)
-        self.say(f"  its agent process (pid {pid_a}) is frozen with SIGSTOP, still holding lease 1 in memory.")
+        self.say(f"  its agent process (pid {pid_a}) is frozen with SIGSTOP, still holding the token of lease 1 in memory.")
 
         self.step("The watchdog sees the heartbeat stop and revokes the lease.")
         self.wait_for("the watchdog's revocation", lambda: self.committed(REPORT, "revoke_lease"))
@@ -271,7 +271,7 @@ class _Story:
         cp = lg.checkpoint(REPORT)
         self.say(f"  worker-b holds lease {cp.lease}; it resumes at {self.read('b.ready')}")
 
-        self.step("worker-a is resumed (SIGCONT) and tries a late write with lease 1:")
+        self.step("worker-a is resumed (SIGCONT) and tries a late write with its lease 1 token:")
         with open(self.path("a.go"), "w"):
             pass
         os.kill(pid_a, signal.SIGCONT)

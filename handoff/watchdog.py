@@ -32,7 +32,7 @@ class Action(msgspec.Struct, frozen=True):
     run_id: str
     classification: str
     action: str  # revoke_lease, observe, mark_stalled, pause, reconcile, reconcile_delivery
-    outcome: str  # committed, duplicate, skipped (the run moved on since it was classified)
+    outcome: str  # committed, duplicate, skipped (the run moved on since it was classified), failed
     key: str
     progress_seq: int
     lease: int | None
@@ -41,7 +41,8 @@ class Action(msgspec.Struct, frozen=True):
 
     def line(self) -> str:
         lease = "-" if self.lease is None else str(self.lease)
-        return (f"{self.run_id} {self.classification} -> {self.action} "
+        failed = "FAILED " if self.outcome == "failed" else ""
+        return (f"{self.run_id} {self.classification} -> {failed}{self.action} "
                 f"(lease {lease}, progress_seq {self.progress_seq}): {self.reason}")
 
 
@@ -116,12 +117,15 @@ def _unchanged(action: str, seen: Checkpoint, now: Checkpoint) -> bool:
     return same
 
 
-def _act(lg: Ledger, watcher: str, cp: Checkpoint, action: str, cmd: C.Command, key: str) -> tuple[str, int | None]:
+def _act(lg: Ledger, watcher: str, cp: Checkpoint, action: str, cmd: C.Command,
+         key: str) -> tuple[str, int | None, str | None]:
     """Append one watchdog command only if the run still stands where it was classified.
 
     The guard runs inside the write transaction: if the worker beat, progressed or a new
     lease was granted since the classification, nothing is written ("skipped"). A used
-    key answers "duplicate" before the guard is even asked.
+    key answers "duplicate" before the guard is even asked. A refusal is "failed", with
+    the reason as third item: it is never taken for a decision already made, except a key
+    conflict with the same decision recorded by another watchdog (see ``_conflict``).
     """
     from ledger.store import Actor
 
@@ -130,43 +134,60 @@ def _act(lg: Ledger, watcher: str, cp: Checkpoint, action: str, cmd: C.Command, 
         # The one write path: Ledger.execute, with the guard run inside its transaction.
         result = lg.execute(cp.run_id, cmd, actor=actor, key=key,
                             guard=lambda now: _unchanged(action, cp, now)).result
-    except IdempotencyConflict:
-        # The key was used for this decision with other bytes (another watcher's name):
-        # the decision is made; never make it twice.
-        return "duplicate", None
-    except Refused:
-        # The run changed in a way that makes the action illegal now (no lease left...).
-        return "skipped", None
+    except IdempotencyConflict as exc:
+        return _conflict(lg, cp.run_id, key, cmd, exc)
+    except Refused as exc:
+        return "failed", None, f"refused: {exc.message}"
     if result.outcome == "unchanged":  # the guard found the run moved on: nothing written
-        return "skipped", None
+        return "skipped", None, None
     if result.outcome == "duplicate":
-        return "duplicate", result.first_seq
-    return "committed", result.first_seq
+        return "duplicate", result.first_seq, None
+    return "committed", result.first_seq, None
 
 
-def _preview(lg: Ledger, watcher: str, cp: Checkpoint, action: str, cmd: C.Command, key: str) -> tuple[str, int | None]:
+def _conflict(lg: Ledger, run_id: str, key: str, cmd: C.Command,
+              exc: IdempotencyConflict) -> tuple[str, int | None, str | None]:
+    """The key holds other bytes. Only another watchdog recording the same kind of event
+    (its own name makes the bytes differ) means the decision is made; anything else, such
+    as an event a worker wrote under the key before such keys were reserved, is a failure
+    to act, reported as one and never as done."""
+    seq = exc.details.get("seq")
+    want = "watchdog_observed" if isinstance(cmd, C.Observe) else "recovery_decided"
+    rec = None
+    if isinstance(seq, int):
+        rec = next(iter(lg.store.read_run(run_id, after_seq=seq - 1, until_seq=seq)), None)
+    if rec is not None and rec.actor.startswith("watchdog:") and rec.type == want:
+        return "duplicate", seq, None
+    by = rec.actor if rec is not None else "someone else"
+    return "failed", None, (f"refused: key {key} already holds a {rec.type if rec else 'different'} "
+                            f"event by {by} (seq {seq}); this decision was not recorded. Ask an operator "
+                            "to act on the run by hand")
+
+
+def _preview(lg: Ledger, watcher: str, cp: Checkpoint, action: str, cmd: C.Command,
+             key: str) -> tuple[str, int | None, str | None]:
     """What ``_act`` would do, found by the same path, then rolled back: nothing is written.
 
     It runs the real transaction (the same key lookup, guard and decide) and aborts it
     once the events are decided, so its answer is the one a real pass would get at this
     moment. "would_commit": a real pass would record the action; "duplicate": already
-    recorded under its key; "conflict": the key is taken by another request, so a real
-    pass would not act under it; "skipped": the run moved on, or the rules refuse it now.
+    recorded under its key; "failed": a real pass would be refused (the reason says why,
+    a key taken by another request included); "skipped": the run moved on.
     """
     from ledger.store import Actor
 
     actor = Actor("watchdog", watcher)
     try:
         seen = lg.preview(cp.run_id, cmd, actor=actor, key=key, guard=lambda now: _unchanged(action, cp, now))
-    except IdempotencyConflict:
-        return "conflict", None
-    except Refused:
-        return "skipped", None
+    except IdempotencyConflict as exc:
+        return _conflict(lg, cp.run_id, key, cmd, exc)
+    except Refused as exc:
+        return "failed", None, f"refused: {exc.message}"
     if seen.outcome == "would_commit":
-        return "would_commit", None
+        return "would_commit", None, None
     if seen.outcome == "duplicate" and seen.result is not None:
-        return "duplicate", seen.result.first_seq
-    return "skipped", None
+        return "duplicate", seen.result.first_seq, None
+    return "skipped", None, None
 
 
 class Sightings:
@@ -232,8 +253,9 @@ def watch_once(
     """One pass: beat, classify every run that may need attention at ``now_us``, act.
 
     Returns every action considered: ``committed`` (written now), ``duplicate`` (already
-    written by an earlier pass: nothing written) or ``skipped`` (the run moved on since it
-    was classified: nothing written). ``on_action`` sees each one as it is decided.
+    written by an earlier pass: nothing written), ``skipped`` (the run moved on since it
+    was classified: nothing written) or ``failed`` (the ledger refused it: nothing written,
+    the reason says why). ``on_action`` sees each one as it is decided.
     Terminal runs are never touched: the stall reducer calls them silent.
 
     ``dry_run=True`` records nothing at all (no beat, no observation, no decision) and
@@ -250,15 +272,19 @@ def watch_once(
         if health.classification not in ACTS_ON:
             continue
         for action, cmd, key in _plan(cp, health, now):
-            outcome, seq = (_preview if dry_run else _act)(ledger, name, cp, action, cmd, key)
-            reason = getattr(cmd, "reason", "") if outcome != "skipped" else (
-                "the run moved on since it was classified; nothing done")
+            outcome, seq, failure = (_preview if dry_run else _act)(ledger, name, cp, action, cmd, key)
+            if failure is not None:
+                reason = failure
+            elif outcome == "skipped":
+                reason = "the run moved on since it was classified; nothing done"
+            else:
+                reason = getattr(cmd, "reason", "")
             act = Action(cp.run_id, health.classification, action, outcome, key, cp.progress_seq,
                          cp.lease, reason, seq)
             out.append(act)
             if on_action is not None:
                 on_action(act)
-            if outcome == "skipped":
+            if outcome in ("skipped", "failed"):
                 break
     return out
 

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from ledger.errors import InvalidInput, LedgerError, StaleLease, TerminalRun
-from ledger.store import Actor
+from ledger.store import Actor, LeaseToken
 from reducers import transitions as T
 
 from .api import Ledger
@@ -72,10 +72,11 @@ def _foreground() -> bool:
 class _Beater(threading.Thread):
     """Heartbeats for the child until stopped; stops the child when the lease is lost."""
 
-    def __init__(self, lg: Ledger, run_id: str, lease: int, worker: str, interval_s: float,
+    def __init__(self, lg: Ledger, run_id: str, token: LeaseToken, worker: str, interval_s: float,
                  child: subprocess.Popen[Any], grace_s: float, say: Callable[[str], None]) -> None:
         super().__init__(name=f"handoff-heartbeat-{run_id}", daemon=True)
-        self.lg, self.run_id, self.lease, self.worker = lg, run_id, lease, worker
+        self.lg, self.run_id, self.worker = lg, run_id, worker
+        self.token, self.lease = token, token.lease  # the token writes; the number is what is said
         self.interval_s, self.child, self.grace_s, self.say = interval_s, child, grace_s, say
         self.stop = threading.Event()
         self.lost = False
@@ -86,7 +87,7 @@ class _Beater(threading.Thread):
     def run(self) -> None:
         while not self.stop.wait(self.interval_s):
             try:
-                self.lg.heartbeat(self.run_id, self.lease, worker=self.worker)
+                self.lg.heartbeat(self.run_id, self.token, worker=self.worker)
             except (StaleLease, TerminalRun) as exc:
                 self._lease_ended(exc)
                 return
@@ -166,12 +167,13 @@ def run_wrapped(
         if run_id is None:
             run_id = lg.open(**(open_kwargs or {}))
             say(f"opened run {run_id}")
-        lease = lg.claim(run_id, worker)
+        token = lg.claim(run_id, worker)
+        lease = token.lease  # the number, for what the wrapper says; the token goes only to the child
         cp = lg.checkpoint(run_id)
         interval = heartbeat_s or max(0.05, min(cp.policy.heartbeat_timeout_s / 3, 30.0))
         say(f"{worker} holds lease {lease} on {run_id}; heartbeat every {interval:g}s")
         result = WorkerResult(run_id=run_id, worker=worker, lease=lease)
-        env = dict(os.environ, HANDOFF_DB=db, HANDOFF_RUN=run_id, HANDOFF_LEASE=str(lease), HANDOFF_WORKER=worker)
+        env = dict(os.environ, HANDOFF_DB=db, HANDOFF_RUN=run_id, HANDOFF_LEASE=str(token), HANDOFF_WORKER=worker)
         # The child reports through 'handoff ...': make sure this installation's is found.
         bindir = os.path.dirname(sys.executable)
         path = env.get("PATH", "")
@@ -180,14 +182,14 @@ def run_wrapped(
         try:
             child = subprocess.Popen(list(argv), env=env)
         except OSError as exc:
-            lg.release(run_id, lease, f"could not start {argv[0]}: {exc.strerror}", worker=worker)
+            lg.release(run_id, token, f"could not start {argv[0]}: {exc.strerror}", worker=worker)
             result.released = True
             result.exit_code = 127 if isinstance(exc, FileNotFoundError) else 126
             result.returncode = result.exit_code
             say(f"cannot start {argv[0]!r}: {exc.strerror}; lease {lease} released")
             return result
 
-        beater = _Beater(lg, run_id, lease, worker, interval, child, grace_s, say)
+        beater = _Beater(lg, run_id, token, worker, interval, child, grace_s, say)
 
         def forward(signum: int, frame: Any) -> None:
             if signum == signal.SIGINT and _foreground():
@@ -222,11 +224,12 @@ def run_wrapped(
             say(f"the child {result.describe()} after the lease was lost; nothing more recorded")
             return result
         result.returncode = rc if rc >= 0 else 128 - rc
-        _record_end(lg, result, beater.released_by_child, say)
+        _record_end(lg, result, token, beater.released_by_child, say)
         return result
 
 
-def _record_end(lg: Ledger, result: WorkerResult, released_by_child: bool, say: Callable[[str], None]) -> None:
+def _record_end(lg: Ledger, result: WorkerResult, token: str, released_by_child: bool,
+                say: Callable[[str], None]) -> None:
     run_id, lease, worker = result.run_id, result.lease, result.worker
     text = f"child {result.describe()}"
     if result.forwarded:
@@ -238,17 +241,17 @@ def _record_end(lg: Ledger, result: WorkerResult, released_by_child: bool, say: 
             say(f"the {text}; the lease was already given back")
             return
         if cp.state in _NOTE_STATES:
-            lg.progress(run_id, lease, "note", text, worker=worker)
+            lg.progress(run_id, token, "note", text, worker=worker)
             result.recorded = "progress note"
         elif result.exit_code != 0 and cp.state in _SUBMITTED:
             # A worker that fails after submitting puts its result in doubt: "fail" evidence
             # holds delivery until someone looks (a later pass of worker_exit clears it).
-            lg.evidence(run_id, "worker_exit", "fail", text, lease=lease, actor=Actor("worker", worker))
+            lg.evidence(run_id, "worker_exit", "fail", text, lease=token, actor=Actor("worker", worker))
             result.recorded = "evidence"
         else:
             # Queued (nothing started) or a clean exit after submit: the release says it.
             result.recorded = "release reason"
-        lg.release(run_id, lease, text, worker=worker)
+        lg.release(run_id, token, text, worker=worker)
         result.released = True
         say(f"the {text}; recorded as {result.recorded} and lease {lease} released")
     except (StaleLease, TerminalRun) as exc:

@@ -36,17 +36,60 @@ class SeqConflict(Refused):
 
 
 class StaleLease(Refused):
-    """The write carried a lease that is no longer the run's current one."""
+    """The write's lease token does not prove it holds the run's current lease.
+
+    ``details["why"]`` says which: ``ended`` (revoked, released or superseded),
+    ``never_issued``, ``wrong_token`` (the number is current, the secret is not its
+    holder's), ``no_token`` (a lease granted before tokens existed, or a bare number).
+    No message names the current lease: a refused worker has nothing to retry with.
+    """
 
     @classmethod
-    def superseded(cls, run_id: str, lease: int, current: int | None, holder: str | None) -> StaleLease:
-        """The one wording of "you were replaced", used by the store and by decide alike."""
-        now = f"the current lease is {current}, held by {holder}" if current is not None else "no lease is held now"
+    def superseded(cls, run_id: str, lease: int, current: int | None, holder: str | None,
+                   max_lease: int | None = None) -> StaleLease:
+        """The one wording of "this lease is not yours to write with", used by the store and
+        by decide alike. ``current`` and ``holder`` only choose the wording; neither is shown."""
+        if max_lease is not None and lease > max_lease:
+            return cls(
+                f"lease {lease} was never issued for run {run_id}, so it proves nothing: use the "
+                "token your own 'handoff claim' printed. A number read from status or the log is "
+                "not a token and will be refused",
+                run_id=run_id, lease=lease, why="never_issued",
+            )
         return cls(
-            f"lease {lease} is no longer valid for run {run_id} ({now}); this worker was "
-            "replaced or released the run and must stop writing",
-            run_id=run_id, lease=lease, current_lease=current,
+            f"lease {lease} of run {run_id} has ended (revoked, released, or replaced by a later "
+            "claim); this worker must stop writing to the run. Numbers or tokens read from status "
+            "or the log prove nothing and will be refused too; claim the run again only if it "
+            "should be yours",
+            run_id=run_id, lease=lease, why="ended",
         )
+
+    @classmethod
+    def wrong_token(cls, run_id: str, lease: int) -> StaleLease:
+        return cls(
+            f"the token given for lease {lease} of run {run_id} is not that lease's token; only "
+            "the output of the 'handoff claim' that took the lease carries it. This worker does "
+            "not hold the run and must stop writing to it",
+            run_id=run_id, lease=lease, why="wrong_token",
+        )
+
+    @classmethod
+    def untokened(cls, run_id: str, lease: int) -> StaleLease:
+        return cls(
+            f"lease {lease} of run {run_id} was granted before lease tokens existed, so no write "
+            "can prove it holds it; writes under it are refused. The owner or the watchdog must "
+            f"revoke it ('handoff revoke {run_id}'), then the worker claims again and uses the "
+            "token that claim prints",
+            run_id=run_id, lease=lease, why="no_token",
+        )
+
+
+class ClaimAlreadyMade(Refused):
+    """A keyed claim was retried: the claim happened once and its token cannot be shown again."""
+
+
+class ReservedKey(Refused):
+    """The idempotency key is in a namespace reserved for another kind of actor."""
 
 
 class IdempotencyConflict(Refused):

@@ -14,7 +14,9 @@ import msgspec
 #: Bumped when the meaning of stored payloads changes in a way a reader must know.
 #: Version 1 lacked ProgressRecorded.advances, ArtifactRecorded.exists,
 #: WatchdogObserved.interval_s and Policy.delivery_timeout_s / owner_cap; readers default them.
-SCHEMA_VERSION = 2
+#: Version 2 lacked LeaseGranted.token_digest: such a lease has no token, and no write can
+#: prove it holds it (docs/reliability.md, "Lease tokens").
+SCHEMA_VERSION = 3
 
 
 class Event(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=False):
@@ -45,10 +47,16 @@ class HandoffOpened(Event, tag="handoff_opened"):
 
 
 class LeaseGranted(Event, tag="lease_granted"):
-    """A worker now holds the run; ``lease`` is its fencing token (strictly increasing)."""
+    """A worker now holds the run; ``lease`` is its fencing number (strictly increasing).
+
+    ``token_digest`` is the hex sha256 of the secret half of the token the claim printed
+    (see ledger.store.lease_digest); the token itself is never stored. Empty for a lease
+    granted before tokens existed.
+    """
 
     worker: str
     lease: int
+    token_digest: str = ""
 
 
 class LeaseReleased(Event, tag="lease_released"):

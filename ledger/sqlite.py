@@ -38,6 +38,7 @@ from .errors import (
 from .store import (
     GENESIS_HASH,
     Actor,
+    LeaseToken,
     Aggregate,
     AppendResult,
     Decision,
@@ -226,7 +227,7 @@ class _Cursor:
     """Where one run stands during an import: its head as it will be written, and its fold."""
 
     __slots__ = ("seq", "hash", "lease", "holder", "max_lease", "first_position", "last_position",
-                 "stored_seq", "last_us", "state", "dirty")
+                 "stored_seq", "last_us", "state", "dirty", "digest", "digest_moved")
 
 
 class _Import:
@@ -271,6 +272,7 @@ class _Import:
             row = self.conn.execute("SELECT recorded_us FROM events WHERE run_id=? AND seq=?",
                                     (run_id, head.last_seq)).fetchone()
             cur.last_us = row[0] if row else None
+        cur.digest, cur.digest_moved = None, False
         cur.state = None
         if self.aggregate is not None and head is not None:
             cur.state = self.store._state_locked(run_id, self.aggregate, head)
@@ -373,9 +375,12 @@ class _Import:
                     lease=event.lease, current_lease=cur.lease,
                 )
             cur.lease, cur.holder, cur.max_lease = event.lease, event.worker, event.lease
+            # The grant's digest, as a live claim sets it: the holder's token works here too.
+            cur.digest, cur.digest_moved = event.token_digest or None, True
         elif isinstance(event, (ev.LeaseReleased, ev.LeaseRevoked)):
             if event.lease == cur.lease:
                 cur.lease, cur.holder = None, None
+                cur.digest, cur.digest_moved = None, True
         elif isinstance(event, ev.RunForked):
             cur.lease = cur.holder = None
 
@@ -398,6 +403,9 @@ class _Import:
                 (run_id, cur.seq, bytearray(cur.hash), cur.lease, cur.holder, cur.max_lease,
                  cur.first_position, cur.last_position),
             )
+            if cur.digest_moved:
+                self.conn.execute("UPDATE heads SET lease_digest=? WHERE run_id=?", (cur.digest, run_id))
+                cur.digest_moved = False
             head = Head(run_id, cur.seq, bytes(cur.hash), cur.lease, cur.holder, cur.first_position,
                         cur.last_position)
             known = [(self.aggregate, cur.state)] if self.aggregate is not None else []
@@ -643,6 +651,7 @@ class SqliteStore(EventStore):
             self._migrate(version)
         if not self.readonly:
             self._ensure_heads_index()
+            self._ensure_lease_digest_column()
 
     def _ensure_heads_index(self) -> None:
         """Add ``heads_first`` to a ledger made before it existed.
@@ -661,6 +670,25 @@ class SqliteStore(EventStore):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise _explain(exc, "adding an index to the heads table", self.path) from exc
+
+    def _ensure_lease_digest_column(self) -> None:
+        """Add ``heads.lease_digest`` (the digest a write's lease token must match) to a
+        ledger made before lease tokens. Additive like ``heads_first``: the file schema
+        version stays. A lease held at the upgrade has no digest, so no write can prove it:
+        it must be revoked and claimed again (docs/reliability.md, "Lease tokens")."""
+        conn = self._conn
+        if any(r[1] == "lease_digest" for r in conn.execute("PRAGMA table_info(heads)")):
+            return
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            # Another process may have added it while we waited for the lock.
+            if not any(r[1] == "lease_digest" for r in conn.execute("PRAGMA table_info(heads)")):
+                conn.execute("ALTER TABLE heads ADD COLUMN lease_digest TEXT")
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise _explain(exc, "adding the lease_digest column to the heads table", self.path) from exc
 
     def _create_schema(self) -> None:
         db = self.db
@@ -721,6 +749,7 @@ class SqliteStore(EventStore):
                     "max_lease": int,
                     "first_position": int,
                     "last_position": int,
+                    "lease_digest": str,
                 },
                 pk="run_id",
                 not_null=["last_seq", "last_hash", "max_lease", "first_position", "last_position"],
@@ -820,6 +849,20 @@ class SqliteStore(EventStore):
             return None, 0
         return Head(*row[:7]), row[7]
 
+    def _lease_digest_locked(self, run_id: str) -> str | None:
+        row = self._conn.execute("SELECT lease_digest FROM heads WHERE run_id=?", (run_id,)).fetchone()
+        return None if row is None else row[0]
+
+    def _check_token(self, run_id: str, head: Head | None, max_lease: int, token: LeaseToken) -> None:
+        """Does ``token`` prove the run's current lease? The number first, then its secret's
+        digest against the one the grant stored, compared in constant time."""
+        self._check_fence(run_id, head, None, token.lease, max_lease)
+        digest = self._lease_digest_locked(run_id)
+        if digest is None:
+            raise StaleLease.untokened(run_id, token.lease)
+        if not token.matches(digest):
+            raise StaleLease.wrong_token(run_id, token.lease)
+
     def _find_duplicate(
         self, run_id: str, key: str, digest: bytes
     ) -> AppendResult | None:
@@ -870,6 +913,8 @@ class SqliteStore(EventStore):
         prev = head.last_hash if head else GENESIS_HASH
         cur_lease = head.lease if head else None
         holder = head.lease_holder if head else None
+        token_digest: str | None = None
+        digest_moved = False
         first_position = head.first_position if head else last_pos + 1
         now = self._clock()
         rows = []
@@ -914,9 +959,11 @@ class SqliteStore(EventStore):
                         current_lease=cur_lease,
                     )
                 cur_lease, holder, max_lease = event.lease, event.worker, event.lease
+                token_digest, digest_moved = event.token_digest or None, True
             elif isinstance(event, (ev.LeaseReleased, ev.LeaseRevoked)):
                 if event.lease == cur_lease:
                     cur_lease, holder = None, None
+                    token_digest, digest_moved = None, True
             elif isinstance(event, ev.RunForked):
                 self._check_fork(run_id, seq, event)
         conn.execute(_INSERT_FIRST, rows[0])
@@ -935,6 +982,8 @@ class SqliteStore(EventStore):
             "last_position=excluded.last_position",
             (run_id, seq, bytearray(prev), cur_lease, holder, max_lease, first_position, last_pos + n),
         )
+        if digest_moved:
+            conn.execute("UPDATE heads SET lease_digest=? WHERE run_id=?", (token_digest, run_id))
         self._after_insert(rows)
         if written is not None:
             # The new events as a reader would get them, without reading them back.
@@ -1054,7 +1103,8 @@ class SqliteStore(EventStore):
             self._remember(aggregate, run_id, head.last_seq, head.last_hash, state)
 
     def _check_fence(
-        self, run_id: str, head: Head | None, expected_seq: int | None, lease: int | None
+        self, run_id: str, head: Head | None, expected_seq: int | None, lease: int | None,
+        max_lease: int | None = None,
     ) -> None:
         actual = head.last_seq if head else 0
         if expected_seq is not None and expected_seq != actual:
@@ -1068,7 +1118,8 @@ class SqliteStore(EventStore):
         if lease is not None:
             current = head.lease if head else None
             if current != lease:
-                raise StaleLease.superseded(run_id, lease, current, head.lease_holder if head else None)
+                raise StaleLease.superseded(run_id, lease, current, head.lease_holder if head else None,
+                                            max_lease if max_lease is not None else 0)
 
     def append(
         self,
@@ -1077,12 +1128,12 @@ class SqliteStore(EventStore):
         *,
         actor: Actor,
         expected_seq: int | None = None,
-        lease: int | None = None,
+        lease: str | None = None,
         idempotency_key: str | None = None,
     ) -> AppendResult:
         check_run_id(run_id)
         check_actor(actor)
-        check_idempotency_key(idempotency_key)
+        check_idempotency_key(idempotency_key, actor)
         try:
             # Materialise once: a generator would be consumed by encode_events and the
             # insert would then see an empty batch yet acknowledge it.
@@ -1095,14 +1146,12 @@ class SqliteStore(EventStore):
             isinstance(expected_seq, bool) or not isinstance(expected_seq, int) or expected_seq < 0
         ):
             raise InvalidInput("expected_seq must be a whole number >= 0", field="expected_seq")
-        if lease is not None and (
-            isinstance(lease, bool) or not isinstance(lease, int) or lease < 1
-        ):
-            raise InvalidInput("lease must be a whole number >= 1", field="lease")
+        token = LeaseToken.parse(lease) if lease is not None else None
+        lease_n = token.lease if token is not None else None
         encoded = encode_events(events, self.max_payload)
         actor_s = str(actor)
         digest = (
-            request_digest(actor_s, lease, [p for _, p in encoded]) if idempotency_key else None
+            request_digest(actor_s, lease_n, [p for _, p in encoded]) if idempotency_key else None
         )
         with self._lock:
             self._begin("appending")
@@ -1114,7 +1163,9 @@ class SqliteStore(EventStore):
                         ok = True
                         return dup
                 head, max_lease = self._head_locked(run_id)
-                self._check_fence(run_id, head, expected_seq, lease)
+                self._check_fence(run_id, head, expected_seq, None)
+                if token is not None:
+                    self._check_token(run_id, head, max_lease, token)
                 # The hooks' states before the write (cached for a warm run), so that after
                 # it they are evolved over the rows written instead of reading them back. A
                 # new fork child is the exception: its fold starts with the parent's prefix.
@@ -1124,7 +1175,7 @@ class SqliteStore(EventStore):
                 ]
                 written: list[Recorded] = []
                 result, new_head = self._insert_locked(
-                    run_id, head, max_lease, events, encoded, actor_s, lease, idempotency_key, digest,
+                    run_id, head, max_lease, events, encoded, actor_s, lease_n, idempotency_key, digest,
                     written=written,
                 )
                 folded = self._run_hooks(
@@ -1228,10 +1279,12 @@ class SqliteStore(EventStore):
         actor: Actor,
         idempotency_key: str | None = None,
         digest_of: bytes | None = None,
+        lease: str | None = None,
     ) -> tuple[AppendResult, S]:
         check_run_id(run_id)
         check_actor(actor)
-        check_idempotency_key(idempotency_key)
+        check_idempotency_key(idempotency_key, actor)
+        token = LeaseToken.parse(lease) if lease is not None else None
         actor_s = str(actor)
         digest = None
         if idempotency_key:
@@ -1246,6 +1299,8 @@ class SqliteStore(EventStore):
                     if dup is not None:
                         ok = True
                         return dup, self._state_locked(run_id, aggregate, head)
+                if token is not None:
+                    self._check_token(run_id, head, max_lease, token)
                 state = self._state_locked(run_id, aggregate, head)
                 decision = decide(state, head)
                 if not decision.events:
@@ -1253,7 +1308,14 @@ class SqliteStore(EventStore):
                     seq = head.last_seq if head else 0
                     # Not "duplicate": no key was replayed; the command had nothing to add.
                     return AppendResult(run_id, "unchanged", seq, seq, ()), state
-                self._check_fence(run_id, head, None, decision.lease)
+                if decision.lease is not None and (token is None or token.lease != decision.lease):
+                    # A number alone proves nothing: the write must have shown that lease's token.
+                    raise StaleLease(
+                        f"a write under lease {decision.lease} of run {run_id} must carry that "
+                        "lease's token (the one its claim printed); nothing was written",
+                        run_id=run_id, lease=decision.lease, why="no_token",
+                    )
+                self._check_fence(run_id, head, None, decision.lease, max_lease)
                 encoded = encode_events(decision.events, self.max_payload)
                 written: list[Recorded] = []
                 result, new_head = self._insert_locked(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import hashlib
+import hmac
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timezone
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 import msgspec
 
 from . import events as ev
-from .errors import CorruptLedger, InvalidInput, PayloadTooLarge, UnknownEventType
+from .errors import CorruptLedger, InvalidInput, PayloadTooLarge, ReservedKey, UnknownEventType
 
 if TYPE_CHECKING:
     from .views import ViewStore, ViewWriter
@@ -170,7 +171,11 @@ class Aggregate(abc.ABC, Generic[S]):
 
 
 class Decision(msgspec.Struct, frozen=True):
-    """What a decide callback returns: events to append (may be empty) and the lease they use."""
+    """What a decide callback returns: events to append (may be empty) and the lease they use.
+
+    ``lease`` is the number recorded in the envelope; a write that sets it must also have
+    passed that lease's token to ``execute`` (the store refuses a number without its token).
+    """
 
     events: tuple[ev.Event, ...]
     lease: int | None = None
@@ -226,7 +231,9 @@ def check_actor(actor: Actor) -> Actor:
     return actor
 
 
-def check_idempotency_key(key: str | None) -> str | None:
+def check_idempotency_key(key: str | None, actor: Actor | None = None) -> str | None:
+    """A well-formed key; with ``actor``, also one that actor's kind may use (see
+    ``RESERVED_KEY_PREFIXES``)."""
     if key is None:
         return None
     if not isinstance(key, str) or not ACTOR_NAME_RE.fullmatch(key) or len(key) > 200:
@@ -234,7 +241,83 @@ def check_idempotency_key(key: str | None) -> str | None:
             "idempotency key must be 1 to 128 printable characters", field="idempotency_key"
         )
     check_utf8(key, "idempotency_key")
+    if actor is not None:
+        for prefix, kind in RESERVED_KEY_PREFIXES.items():
+            if key.startswith(prefix) and actor.kind != kind:
+                raise ReservedKey(
+                    f"idempotency keys starting with {prefix!r} belong to the {kind} (it records "
+                    f"its own decisions under them); a {actor.kind} may not use {key!r}. Choose "
+                    "a key without that prefix",
+                    field="idempotency_key",
+                )
     return key
+
+
+#: Key prefixes only one actor kind may write under, so nobody can take a key another
+#: actor will need: a worker that recorded anything under the watchdog's key for a
+#: revocation would turn that revocation into a no-op.
+RESERVED_KEY_PREFIXES = {"watch:": "watchdog"}
+
+
+# --- lease tokens ------------------------------------------------------------------
+
+#: Domain separation for the digest of a lease token's secret.
+LEASE_TOKEN_DOMAIN = b"handoff-ledger lease token v1\x00"
+_LEASE_TOKEN_RE = re.compile(r"([1-9][0-9]{0,15})\.([A-Za-z0-9_-]{22,128})")
+
+
+def lease_digest(secret: str) -> str:
+    """The hex sha256 the ledger keeps for a token's secret; the secret itself is never stored."""
+    return hashlib.sha256(LEASE_TOKEN_DOMAIN + secret.encode("ascii")).hexdigest()
+
+
+def new_lease_secret() -> tuple[str, str]:
+    """A fresh (secret, digest) for a claim: 32 random bytes, URL-safe base64."""
+    import secrets
+
+    secret = secrets.token_urlsafe(32)
+    return secret, lease_digest(secret)
+
+
+class LeaseToken(str):
+    """What a claim returns: ``"<lease>.<secret>"``, the proof every write under the lease carries.
+
+    A ``str``, so it goes into environment variables and command lines as it is; ``lease``
+    is the fencing number, for ordering and display. ``repr`` hides the secret, so a token
+    printed by accident in a traceback or a log line does not hand the lease to a reader.
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def parse(cls, value: object, field: str = "lease") -> LeaseToken:
+        """The token in ``value``, or InvalidInput saying a lease number is not a token."""
+        if isinstance(value, str) and _LEASE_TOKEN_RE.fullmatch(value):
+            return cls(value)
+        what = ("a bare lease number" if isinstance(value, int) and not isinstance(value, bool)
+                or isinstance(value, str) and value.isdigit() else "not a lease token")
+        raise InvalidInput(
+            f"{field} is {what}: a write under a lease must carry the token its claim printed "
+            "(<lease>.<secret>). The lease number shown by status or the log proves nothing",
+            field=field,
+        )
+
+    @property
+    def lease(self) -> int:
+        return int(self.partition(".")[0])
+
+    @property
+    def secret(self) -> str:
+        return self.partition(".")[2]
+
+    def matches(self, digest: str | None) -> bool:
+        """Constant-time: does this token's secret hash to ``digest``?"""
+        if not digest:
+            return False
+        return hmac.compare_digest(lease_digest(self.secret), digest)
+
+    def __repr__(self) -> str:
+        return f"LeaseToken(lease={self.lease}, secret=...)"
 
 
 _TAGS: dict[type, str] = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
@@ -375,14 +458,15 @@ class EventStore(abc.ABC):
         *,
         actor: Actor,
         expected_seq: int | None = None,
-        lease: int | None = None,
+        lease: str | None = None,
         idempotency_key: str | None = None,
     ) -> AppendResult:
         """Append a batch to one run atomically.
 
-        ``expected_seq`` is the head the caller saw (0 for a new run); ``lease`` must be
-        the run's current lease when given; a repeated ``idempotency_key`` with the same
-        request returns the earlier result as ``duplicate``.
+        ``expected_seq`` is the head the caller saw (0 for a new run); ``lease``, when
+        given, is a lease token (``LeaseToken``) that must prove the run's current lease;
+        a repeated ``idempotency_key`` with the same request returns the earlier result as
+        ``duplicate``.
         """
 
     @abc.abstractmethod
@@ -395,8 +479,12 @@ class EventStore(abc.ABC):
         actor: Actor,
         idempotency_key: str | None = None,
         digest_of: bytes | None = None,
+        lease: str | None = None,
     ) -> tuple[AppendResult, S]:
         """Fold the run, call ``decide`` and append what it returns, in one write transaction.
+
+        ``lease`` is the token of the lease the write is made under: it is checked before
+        ``decide`` is called, so a caller that cannot prove the lease learns nothing else.
 
         Two racing commands therefore cannot both pass a check only one may pass.
         Returns the append result and the folded state after the new events.

@@ -54,7 +54,9 @@ def command_of(event: ev.Event, lease: int | None) -> C.Command | None:
             return C.Open(goal=e.goal, target=e.target, owner=e.owner, origin=e.origin, result_path=e.result_path,
                           stop_rules=e.stop_rules, require_review=e.require_review, policy=e.policy)
         case ev.LeaseGranted():
-            return C.Claim(worker=e.worker)
+            # A grant exported before lease tokens has no digest: no token can prove it, so
+            # nobody writes under it after the import; a placeholder lets decide judge the rest.
+            return C.Claim(worker=e.worker, token_digest=e.token_digest or "0" * 64)
         case ev.LeaseReleased():
             return C.Release(lease=e.lease, reason=e.reason)
         case ev.LeaseRevoked():

@@ -29,7 +29,11 @@ class Open(Command, tag="open"):
 
 
 class Claim(Command, tag="claim"):
+    """``token_digest`` is ledger.store.lease_digest of the secret the claimer drew; the
+    ledger keeps only the digest, so only the claimer can later prove the lease."""
+
     worker: str
+    token_digest: str = ""
 
 
 class Heartbeat(Command, tag="heartbeat"):
@@ -176,6 +180,14 @@ _enc = msgspec.json.Encoder()
 
 
 def encode(command: Command) -> bytes:
+    return _enc.encode(command)
+
+
+def request_bytes(command: Command) -> bytes:
+    """What an idempotency key stands for. A claim's token digest is left out: a retried
+    claim draws a new secret, yet it is the same request."""
+    if isinstance(command, Claim):
+        command = Claim(worker=command.worker)
     return _enc.encode(command)
 
 

@@ -40,6 +40,7 @@ from .checkpoint import Checkpoint
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 MAX_TEXT = 16_384
 MAX_NAME = 200
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 class Context(msgspec.Struct, frozen=True):
@@ -105,7 +106,7 @@ def _authorize(cp: Checkpoint, name: str, cmd: C.Command, actor: Actor) -> None:
         if lease is None:
             raise NotAuthorized(f"a worker must pass its lease to {name} run {cp.run_id}", field="lease")
         if cp.lease != lease:
-            raise StaleLease.superseded(cp.run_id, lease, cp.lease, cp.worker)
+            raise StaleLease.superseded(cp.run_id, lease, cp.lease, cp.worker, cp.max_lease)
         return
     if actor.kind in perms and actor.kind != T.OWNER:
         return
@@ -169,18 +170,32 @@ def _claim(cp: Checkpoint, c: C.Claim, ctx: Context) -> list[ev.Event]:
     worker = _name("worker", c.worker)
     if ctx.actor.name != worker:
         raise NotAuthorized(f"worker {ctx.actor.name} cannot claim run {cp.run_id} on behalf of {worker}")
+    if cp.lease is not None and cp.worker == worker:
+        raise LeaseHeld(
+            f"run {cp.run_id} is already held by worker {worker} under lease {cp.lease}. If "
+            "that is this worker, keep using the token its claim printed, or release with it "
+            "before claiming again; if the token is lost, the owner or watchdog must revoke "
+            f"lease {cp.lease} ('handoff revoke {cp.run_id}') before a new claim",
+            lease=cp.lease, same_worker=True,
+        )
     if cp.lease is not None:
         raise LeaseHeld(
             f"run {cp.run_id} is held by {cp.worker} under lease {cp.lease}; wait for it to "
             "release, or have the owner or watchdog revoke it ('handoff revoke')",
             lease=cp.lease,
         )
+    if not isinstance(c.token_digest, str) or not _HEX_DIGEST.fullmatch(c.token_digest):
+        raise InvalidInput(
+            "a claim must carry token_digest, the hex sha256 of a fresh secret "
+            "(ledger.store.new_lease_secret); Ledger.claim draws one for you",
+            field="token_digest",
+        )
     if ctx.owner_load is not None and ctx.owner_load >= cp.policy.owner_cap:
         raise CapacityExceeded(
             f"owner {cp.owner} already has {ctx.owner_load} active runs, its cap of "
             f"{cp.policy.owner_cap}; wait for one to finish or close one",
         )
-    return [ev.LeaseGranted(worker=worker, lease=cp.max_lease + 1)]
+    return [ev.LeaseGranted(worker=worker, lease=cp.max_lease + 1, token_digest=c.token_digest)]
 
 
 def _heartbeat(cp: Checkpoint, c: C.Heartbeat, ctx: Context) -> list[ev.Event]:

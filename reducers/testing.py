@@ -19,7 +19,9 @@ their own workflows and route every command through ``issue`` (see docs/testing.
 
 from __future__ import annotations
 
+import base64
 import copy
+import hashlib
 import itertools
 import os
 import re
@@ -37,7 +39,7 @@ from hypothesis.stateful import (
 
 from ledger import errors as E
 from ledger import events as ev
-from ledger.store import GENESIS_HASH, Actor, Recorded, chain_hash
+from ledger.store import GENESIS_HASH, Actor, Recorded, chain_hash, lease_digest
 
 from . import commands as C
 from . import transitions as T
@@ -62,6 +64,13 @@ _TEXT = st.sampled_from(["", "ok", "see log", "retrying after 429", "naïve — 
 _WORD = st.sampled_from(["ok", "tests", "lint", "manual", "send", "publish"])
 _KEYS = st.sampled_from(["k1", "k2", "k3"])
 _LEASES = st.integers(min_value=1, max_value=4)
+#: A well-formed claim digest: pure decide tests need one for a claim to be grantable.
+CLAIM_DIGEST = lease_digest("machine-secret-0000000000")
+
+
+def test_secret(n: int) -> str:
+    """The n-th lease secret the machine uses: deterministic, so a failing example replays."""
+    return base64.urlsafe_b64encode(hashlib.sha256(f"lease-secret-{n}".encode()).digest()).decode().rstrip("=")
 _PROGRESS = st.sampled_from(sorted(T.ALL_PROGRESS_KINDS | T.NOT_PROGRESS) + ["bogus_kind"])
 
 
@@ -93,7 +102,7 @@ def commands(
     return st.one_of(
         st.builds(C.Open, goal=st.just("write the report"), target=st.sampled_from(["chat:#ops", "mail:a@b"]),
                   owner=owner, require_review=st.booleans()),
-        st.builds(C.Claim, worker=st.sampled_from(WORKERS)),
+        st.builds(C.Claim, worker=st.sampled_from(WORKERS), token_digest=st.just(CLAIM_DIGEST)),
         st.builds(C.Heartbeat, lease=leases),
         st.builds(C.Transition, lease=leases, to=st.sampled_from(T.STATES)),
         st.builds(C.Progress, lease=leases, kind=_PROGRESS, detail=_TEXT),
@@ -303,9 +312,13 @@ class Model:
 
     # --- public --------------------------------------------------------------------
 
-    def predict(self, run_id: str, actor: Actor, cmd: C.Command, key: str | None = None) -> Expect:
+    def predict(self, run_id: str, actor: Actor, cmd: C.Command, key: str | None = None,
+                token_ok: bool | None = None) -> Expect:
+        """``token_ok``: None when no lease token goes with the command, else whether it is
+        the real token of the run's current lease (a forged or stale one is refused before
+        anything else is decided)."""
         try:
-            return self._predict(run_id, actor, cmd, key)
+            return self._predict(run_id, actor, cmd, key, token_ok)
         except _No as no:
             return Expect(error=no.error, why=no.why)
 
@@ -327,13 +340,18 @@ class Model:
 
     # --- the rules, restated ---------------------------------------------------------
 
-    def _predict(self, run_id: str, actor: Actor, cmd: C.Command, key: str | None) -> Expect:
+    def _predict(self, run_id: str, actor: Actor, cmd: C.Command, key: str | None,
+                 token_ok: bool | None = None) -> Expect:
         name = C.name_of(cmd)
         run = self.runs.get(run_id)
+        if key is not None and key.startswith("watch:") and actor.kind != T.WATCHDOG:
+            _refuse(E.ReservedKey, "watch: keys are the watchdog's")
         if key is not None and run is not None and key in run.idem:
-            if run.idem[key] == (str(actor), C.encode(cmd)):
+            if run.idem[key] == (str(actor), C.request_bytes(cmd)):
                 return Expect(duplicate=True, after=run)
             _refuse(E.IdempotencyConflict, f"key {key} was used for another request")
+        if token_ok is False:
+            _refuse(E.StaleLease, "the token does not prove the run's current lease")
         if name in ("open", "fork"):
             if run is not None:
                 _refuse(E.RunExists, f"{run_id} exists")
@@ -351,7 +369,7 @@ class Model:
             return Expect(unchanged=True, after=run)
         new.last_seq += len(tags)
         if key is not None:
-            new.idem[key] = (str(actor), C.encode(cmd))
+            new.idem[key] = (str(actor), C.request_bytes(cmd))
         return Expect(tags=tags, after=new)
 
     @staticmethod
@@ -696,6 +714,11 @@ class LedgerMachine(RuleBasedStateMachine):
         self.refusals: dict[str, int] = {}
         self._opened = 0
         self._crowded = False
+        #: (run, lease) -> the secret of the token its claim got; the ledger keeps a digest only.
+        self.secrets: dict[tuple[str, int], str] = {}
+        self._drawn = 0
+        #: Set by ``worker_for(..., "forged")``: the next worker write shows a wrong secret.
+        self._forge = False
 
     # --- hooks ---------------------------------------------------------------------
 
@@ -723,21 +746,47 @@ class LedgerMachine(RuleBasedStateMachine):
     def log(self) -> list[Recorded]:
         return list(self.ledger.store.read_all())
 
+    def token_for(self, run_id: str, actor: Actor, cmd: C.Command) -> tuple[str | None, bool | None]:
+        """The lease token a worker shows with ``cmd``, and whether it proves the current
+        lease: the real one its claim got, a forged one (after ``worker_for(..., "forged")``),
+        or, for a lease the machine never saw granted, one with a made-up secret."""
+        lease = getattr(cmd, "lease", None)
+        forge, self._forge = self._forge, False
+        if actor.kind != T.WORKER or lease is None:
+            return None, None
+        real = self.secrets.get((run_id, lease))
+        if forge or real is None:
+            # A replaced worker's own old secret is as good a forgery as a made-up one.
+            olds = [v for (r, n), v in self.secrets.items() if r == run_id and n != lease]
+            secret = olds[-1] if forge and olds else test_secret(-1 - lease)
+            return f"{lease}.{secret}", False
+        m = self.model.runs.get(run_id)
+        return f"{lease}.{real}", m is not None and m.lease == lease
+
     def issue(
         self, run_id: str, actor: Actor, cmd: C.Command, *, key: str | None = None,
-        via: Callable[[], Any] | None = None,
+        via: Callable[[], Any] | None = None, token: Any = None,
     ) -> Any:
         """Run one command on the model and the ledger and require them to agree.
 
         ``via`` calls a Ledger verb instead of ``Ledger.execute`` (for example
         ``artifact``, which measures the file itself); ``cmd`` must be what it sends.
+        ``token`` is ``token_for``'s answer when the caller needed the token first (for
+        ``via``); otherwise a worker's command gets its token here. A claim without a
+        digest gets a fresh secret's, and the machine keeps the secret if it is granted.
         Returns the ledger's Outcome, or the LedgerError it raised.
         """
-        expect = self.model.predict(run_id, actor, cmd, key)
+        secret = None
+        if isinstance(cmd, C.Claim) and not cmd.token_digest:
+            self._drawn += 1
+            secret = test_secret(self._drawn)
+            cmd = C.Claim(worker=cmd.worker, token_digest=lease_digest(secret))
+        shown, token_ok = token if token is not None else self.token_for(run_id, actor, cmd)
+        expect = self.model.predict(run_id, actor, cmd, key, token_ok)
         before = self.log()
         was_terminal = run_id in self.model.runs and self.model.runs[run_id].terminal
         try:
-            out = via() if via is not None else self.ledger.execute(run_id, cmd, actor=actor, key=key)
+            out = via() if via is not None else self.ledger.execute(run_id, cmd, actor=actor, key=key, token=shown)
         except E.LedgerError as exc:
             assert self.log() == before, f"refused {C.name_of(cmd)} ({exc.type}) changed the log"
             assert expect.error is not None, (
@@ -768,15 +817,21 @@ class LedgerMachine(RuleBasedStateMachine):
         if was_terminal:
             assert set(got) <= {"watchdog_observed"}, f"terminal run {run_id} accepted {got}"
         self.model.commit(run_id, expect)
+        if secret is not None and got == ["lease_granted"]:
+            self.secrets[(run_id, self.model.runs[run_id].lease)] = secret  # type: ignore[index]
         self.accepted[C.name_of(cmd)] = self.accepted.get(C.name_of(cmd), 0) + 1
         return out
 
     # --- choosing actors and leases relative to the model ------------------------------
 
     def worker_for(self, run_id: str, lease_pick: str) -> tuple[Actor, int | None]:
-        """A worker actor and the lease it shows: the current one, an old one, or none."""
+        """A worker actor and the lease it shows: the current one, an old one, or none;
+        ``forged`` is the current number with a wrong secret (see ``token_for``)."""
         m = self.model.runs[run_id]
         name = m.worker or WORKERS[0]
+        if lease_pick == "forged":
+            self._forge = True
+            lease_pick = "current"
         if lease_pick == "current":
             return Actor("worker", name), m.lease if m.lease is not None else max(m.max_lease, 1)
         if lease_pick == "stale":
@@ -850,7 +905,7 @@ class LedgerMachine(RuleBasedStateMachine):
         actor = Actor("worker", worker if honest else "w-other")
         self.issue(run, actor, C.Claim(worker=worker))
 
-    @rule(run=runs, lease_pick=st.sampled_from(["current", "current", "stale", "none"]))
+    @rule(run=runs, lease_pick=st.sampled_from(["current", "current", "stale", "forged", "none"]))
     def heartbeat(self, run: str, lease_pick: str) -> None:
         actor, lease = self.worker_for(run, lease_pick)
         self.issue(run, actor, C.Heartbeat(lease=lease))  # type: ignore[arg-type]
@@ -860,7 +915,7 @@ class LedgerMachine(RuleBasedStateMachine):
         actor, lease = self.worker_for(run, lease_pick)
         self.issue(run, actor, C.Transition(lease=lease, to=to))  # type: ignore[arg-type]
 
-    @rule(run=runs, kind=_PROGRESS, lease_pick=st.sampled_from(["current", "current", "stale"]))
+    @rule(run=runs, kind=_PROGRESS, lease_pick=st.sampled_from(["current", "current", "stale", "forged"]))
     def progress(self, run: str, kind: str, lease_pick: str) -> None:
         actor, lease = self.worker_for(run, lease_pick)
         self.issue(run, actor, C.Progress(lease=lease, kind=kind))  # type: ignore[arg-type]
@@ -886,7 +941,9 @@ class LedgerMachine(RuleBasedStateMachine):
         actor, lease = self.worker_for(run, lease_pick)
         real, size, sha, exists = measure(path)
         cmd = C.RecordArtifact(lease=lease, path=real, kind=which, bytes=size, sha256=sha, exists=exists)  # type: ignore[arg-type]
-        return self.issue(run, actor, cmd, via=lambda: self.ledger.artifact(run, lease, path, kind=which, worker=actor.name))
+        shown = self.token_for(run, actor, cmd)
+        return self.issue(run, actor, cmd, token=shown,
+                          via=lambda: self.ledger.artifact(run, shown[0], path, kind=which, worker=actor.name))
 
     @rule(run=runs, which=st.sampled_from(["recorded", "recorded", "never"]),
           whom=st.sampled_from(["worker", "worker", "owner", "operator", "stranger", "watchdog"]),
@@ -961,7 +1018,7 @@ class LedgerMachine(RuleBasedStateMachine):
         m = self.model.runs[run]
         self.issue(run, Actor("owner", m.owner), C.FailDelivery(key=key, error="target returned 503"))
 
-    @rule(run=runs, lease_pick=st.sampled_from(["current", "stale"]))
+    @rule(run=runs, lease_pick=st.sampled_from(["current", "stale", "forged"]))
     def release(self, run: str, lease_pick: str) -> None:
         actor, lease = self.worker_for(run, lease_pick)
         self.issue(run, actor, C.Release(lease=lease, reason="done for now"))  # type: ignore[arg-type]

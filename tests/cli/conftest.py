@@ -67,8 +67,8 @@ def run_exe(*args: str, db: str, timeout: float = 60, **kw: Any) -> subprocess.C
 
 
 def working_run(lg: Ledger, run_id: str = "r1", *, owner: str = "alice", state: str = "executing",
-                **policy: Any) -> int:
-    """Open, claim and move a run to ``state``; return the lease."""
+                **policy: Any) -> str:
+    """Open, claim and move a run to ``state``; return the lease token."""
     lg.open(run_id=run_id, goal="Write the report", target="chat:#ops", owner=owner, **policy)
     lease = lg.claim(run_id, "w1")
     path = ["planning", "executing", "verifying"]

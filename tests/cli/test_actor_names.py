@@ -41,8 +41,12 @@ def _last_actor(db: str, run: str) -> str:
 def db(tmp_path) -> str:
     path = str(tmp_path / "l.db")
     with Ledger(path) as lg:
-        working_run(lg, "r1")
+        TOKENS[path] = working_run(lg, "r1")
     return path
+
+
+#: The lease token of each test ledger's run r1, as its claim returned it.
+TOKENS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -83,7 +87,7 @@ def test_the_api_picks_the_same_names(db, monkeypatch):
         lg.unblock("r1", "token given")
         child = lg.fork("r1", 2)
         assert list(lg.log(child))[0].actor == f"operator:{ME}"
-        lg.heartbeat("r1", 1)  # no worker= and no HANDOFF_WORKER
+        lg.heartbeat("r1", TOKENS[db])  # no worker= and no HANDOFF_WORKER
         assert list(lg.log("r1"))[-1].actor == f"worker:{ME}"
         with pytest.raises(InvalidInput) as info:
             lg.fork("r1", 2, by="  ")
@@ -103,7 +107,7 @@ def test_a_uid_without_a_name_is_logged_by_number(monkeypatch):
 
 
 def test_a_cli_worker_without_handoff_worker_is_logged_as_the_holder(db):
-    proc = subprocess.run([*executable(), "--db", db, "heartbeat", "r1", "--lease", "1"],
+    proc = subprocess.run([*executable(), "--db", db, "heartbeat", "r1", "--lease", TOKENS[db]],
                           capture_output=True, text=True, env=_env())
     assert proc.returncode == 0, proc.stderr
     assert _last_actor(db, "r1") == "worker:w1"

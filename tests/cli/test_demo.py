@@ -20,7 +20,7 @@ def test_demo_plays_the_story_and_leaves_the_ledger(tmp_path):
     for text in ("The contracts are written before any worker starts",
                  "demo-report unavailable -> revoke_lease",
                  "worker-b holds lease 2",
-                 "refused, and nothing was written: StaleLease: lease 1 is no longer valid",
+                 "refused, and nothing was written: StaleLease: lease 1 of run demo-report has ended",
                  "demo-stuck stalled -> mark_stalled",
                  "matches the file on disk",
                  "do not send again",

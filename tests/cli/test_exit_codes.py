@@ -9,6 +9,9 @@ import pytest
 
 from .conftest import working_run
 
+#: Stands for the token working_run's claim got (parameters are fixed before it exists).
+TOKEN = "<token>"
+
 
 def _err(result):
     return json.loads(result.stderr)["error"]
@@ -19,14 +22,16 @@ def test_0_ok(h):
 
 
 @pytest.mark.parametrize("setup, args, kind", [
-    ("lease2", ["progress", "r1", "--lease", "1", "--kind", "tool_outcome"], "StaleLease"),
-    ("working", ["transition", "r1", "--lease", "1", "--to", "queued"], "IllegalTransition"),
+    ("lease2", ["progress", "r1", "--lease", TOKEN, "--kind", "tool_outcome"], "StaleLease"),
+    ("working", ["transition", "r1", "--lease", TOKEN, "--to", "queued"], "IllegalTransition"),
     ("working", ["claim", "r1", "--worker", "w2"], "LeaseHeld"),
     ("delivered", ["deliver", "r1", "--by", "alice", "--key", "other"], "DeliveryRefused"),
-    ("closed", ["progress", "r1", "--lease", "1", "--kind", "note"], "TerminalRun"),
+    # Closing released the lease: its token is refused before the run's end is even looked at.
+    ("closed", ["progress", "r1", "--lease", TOKEN, "--kind", "note"], "StaleLease"),
+    ("closed", ["evidence", "r1", "--kind", "tests", "--outcome", "pass", "--by", "op"], "TerminalRun"),
     ("working", ["review", "r1", "--by", "mallory", "--approve"], "NotAuthorized"),
     ("working", ["status", "nope"], "UnknownRun"),
-    ("working", ["submit", "r1", "--lease", "1"], "IllegalTransition"),
+    ("working", ["submit", "r1", "--lease", TOKEN], "IllegalTransition"),
     ("working", ["open", "--run-id", "r1", "--goal", "g", "--target", "t", "--owner", "o"], "RunExists"),
 ])
 def test_1_refused_by_the_rules(h, tmp_path, setup, args, kind):
@@ -46,6 +51,7 @@ def test_1_refused_by_the_rules(h, tmp_path, setup, args, kind):
             lg.delivered("r1", "k1", "ok")
         elif setup == "closed":
             lg.close_run("r1", "alice", "cancelled")
+    args = [str(lease) if a == TOKEN else a for a in args]
     before = h.json("verify")["events"] if setup != "none" else 0
     text = h(*args, code=1)
     assert text.stdout == ""
@@ -57,17 +63,19 @@ def test_1_refused_by_the_rules(h, tmp_path, setup, args, kind):
 @pytest.mark.parametrize("args, kind", [
     (["open", "--goal", "g", "--target", "t"], "UsageError"),
     (["progress", "r1", "--lease", "zero", "--kind", "x"], "BadParameter"),
+    (["progress", "r1", "--lease", "1", "--kind", "note"], "BadParameter"),  # a number is not a token
     (["status", "--now", "yesterday"], "BadParameter"),
     (["frobnicate"], ("UsageError", "NoSuchCommand")),
     (["replay", "r1"], "UsageError"),
     (["review", "r1", "--by", "alice"], "UsageError"),
-    (["progress", "r1", "--lease", "1", "--kind", "made_up_kind"], "InvalidInput"),
+    (["progress", "r1", "--lease", TOKEN, "--kind", "made_up_kind"], "InvalidInput"),
     (["open", "--goal", "", "--target", "t", "--owner", "o"], "InvalidInput"),
     (["status", "bad run id!"], "InvalidInput"),
 ])
 def test_2_usage(h, args, kind):
     with h.ledger() as lg:
-        working_run(lg, "r1")
+        lease = working_run(lg, "r1")
+    args = [str(lease) if a == TOKEN else a for a in args]
     result = h(*args, code=2)
     assert "Error" in result.stderr
     error = _err(h(*args, "--json", code=2))

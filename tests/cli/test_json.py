@@ -56,7 +56,8 @@ def test_write_documents(h):
     opened = h.json("open", "--goal", "g", "--target", "t", "--owner", "o", "--run-id", "r2")
     assert opened["run_id"] == "r2" and opened["state"] == "queued"
     claimed = h.json("claim", "r2", "--worker", "w9")
-    assert set(claimed) == WRITE_KEYS and claimed["lease"] == 1 and claimed["worker"] == "w9"
+    assert set(claimed) == WRITE_KEYS | {"token"} and claimed["lease"] == 1 and claimed["worker"] == "w9"
+    assert claimed["token"].startswith("1.") and len(claimed["token"]) > 30
 
 
 def test_watch_and_verify_documents(h):
@@ -74,8 +75,8 @@ def test_watch_and_verify_documents(h):
 
 def test_errors_are_one_json_document_on_stderr(h):
     _setup(h)
-    result = h("progress", "r1", "--lease", "9", "--kind", "note", "--json", code=1)
+    result = h("progress", "r1", "--lease", "9." + "x" * 43, "--kind", "note", "--json", code=1)
     assert result.stdout == ""
     assert json.loads(result.stderr) == {"error": {"type": "StaleLease", "message": json.loads(result.stderr)[
         "error"]["message"]}}
-    assert "lease 9 is no longer valid" in json.loads(result.stderr)["error"]["message"]
+    assert "lease 9 was never issued" in json.loads(result.stderr)["error"]["message"]

@@ -66,12 +66,13 @@ def test_a_streamed_table_aligns_each_window_and_counts_rows():
 # --- paging is complete --------------------------------------------------------------------
 
 
-def _open(lg: Ledger, run_id: str, *, claim: bool = False, close: bool = False) -> None:
+def _open(lg: Ledger, run_id: str, *, claim: bool = False, close: bool = False) -> str | None:
+    """Open a run (claimed and closed on request); the lease token when claimed."""
     lg.open(run_id=run_id, goal="g", target="chat:#ops", owner="alice", owner_cap=1000)
-    if claim:
-        lg.claim(run_id, "w1")
+    token = lg.claim(run_id, "w1") if claim else None
     if close:
         lg.close_run(run_id, "alice", "cancelled", "done with it")
+    return token
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -166,8 +167,7 @@ def test_the_cli_pages_status_and_stalls_with_next_and_more(tmp_path):
 def test_log_pages_by_seq(tmp_path):
     h = Handoff(str(tmp_path / "l.db"))
     with h.ledger() as lg:
-        _open(lg, "r1", claim=True)
-        lease = lg.checkpoint("r1").lease
+        lease = _open(lg, "r1", claim=True)
         for i in range(5):
             lg.heartbeat("r1", lease, worker="w1")
     doc = h.json("log", "r1", "--limit", "3")

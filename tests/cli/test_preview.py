@@ -20,7 +20,7 @@ def lg(tmp_path):
 
 def test_a_preview_decides_as_execute_would_and_writes_nothing(lg):
     before = snapshot(lg.store)
-    seen = lg.preview("r1", C.Claim(worker="w1"), actor=Actor("worker", "w1"))
+    seen = lg.preview("r1", C.Claim(worker="w1", token_digest="0" * 64), actor=Actor("worker", "w1"))
     assert seen.outcome == "would_commit"
     assert [type(e).__name__ for e in seen.events] == ["LeaseGranted"]
     assert_unchanged(lg.store, before)
@@ -39,7 +39,8 @@ def test_a_preview_of_a_replayed_key_is_a_duplicate_with_the_earlier_result(lg):
 
 def test_a_guard_that_says_no_previews_as_unchanged(lg):
     before = snapshot(lg.store)
-    seen = lg.preview("r1", C.Claim(worker="w1"), actor=Actor("worker", "w1"), guard=lambda cp: False)
+    seen = lg.preview("r1", C.Claim(worker="w1", token_digest="0" * 64), actor=Actor("worker", "w1"),
+                      guard=lambda cp: False)
     assert seen.outcome == "unchanged" and seen.events == ()
     assert_unchanged(lg.store, before)
 
@@ -47,7 +48,14 @@ def test_a_guard_that_says_no_previews_as_unchanged(lg):
 def test_a_preview_raises_the_refusal_a_write_would_get_and_writes_nothing(lg):
     before = snapshot(lg.store)
     with pytest.raises(E.UnknownRun):
-        lg.preview("nope", C.Claim(worker="w1"), actor=Actor("worker", "w1"))
+        lg.preview("nope", C.Claim(worker="w1", token_digest="0" * 64), actor=Actor("worker", "w1"))
     with pytest.raises(E.NotAuthorized):
         lg.preview("r1", C.Close(disposition="cancelled", reason="x"), actor=Actor("worker", "w1"))
+    token = lg.claim("r1", "w1")
+    before = snapshot(lg.store)
+    with pytest.raises(E.StaleLease):  # the token is checked as for a real write
+        lg.preview("r1", C.Heartbeat(lease=token.lease), actor=Actor("worker", "w1"),
+                   token=f"{token.lease}.{'A' * 43}")
+    assert lg.preview("r1", C.Heartbeat(lease=token.lease), actor=Actor("worker", "w1"),
+                      token=token).outcome == "would_commit"
     assert_unchanged(lg.store, before)

@@ -37,4 +37,4 @@ def test_the_python_example_runs(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[-1] == "delivered"
-    assert lines[0].startswith("TerminalRun - ")
+    assert lines[0].startswith("StaleLease - lease 1 of run ")  # delivery released the lease

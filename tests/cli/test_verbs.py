@@ -21,7 +21,7 @@ def test_the_whole_lifecycle_through_the_verbs(h, tmp_path):
             "--heartbeat-timeout", "30").stdout.strip()
     assert run.startswith("run-")
     lease = h("claim", run, "--worker", "w1").stdout.strip()
-    assert lease == "1"
+    assert lease.startswith("1.") and len(lease) > 30  # the fencing number, then the secret
     assert "heartbeat recorded" in h("heartbeat", run, "--lease", lease).stdout
     assert "moved to planning" in h("transition", run, "--lease", lease, "--to", "planning").stdout
     out = h("progress", run, "--lease", lease, "--kind", "plan_committed", "--detail", "3 parts", "--key", "p1")
@@ -63,7 +63,7 @@ def test_release_revoke_close_fork_transfer(h):
     with h.ledger() as lg:
         lease = working_run(lg, "r1")
     assert "lease 1 released" in h("release", "r1", "--lease", lease, "--reason", "bye").stdout
-    assert h("claim", "r1", "--worker", "w2").stdout.strip() == "2"
+    assert h("claim", "r1", "--worker", "w2").stdout.strip().startswith("2.")
     assert "lease 2 revoked" in h("revoke", "r1", "--reason", "drain", "--by", "ops").stdout
     child = h("fork", "r1", "--at", "3", "--run-id", "r1-fork").stdout.strip()
     assert child == "r1-fork"
@@ -94,7 +94,7 @@ def test_worker_verbs_read_run_and_lease_from_the_environment(h):
     out = h("progress", "--kind", "tool_outcome", "--detail", "from env", env=env)
     assert "progress_seq" in out.stdout
     rows = h.json("log", "r1", "--type", "progress_recorded")["events"]
-    assert rows[-1]["actor"] == "worker:w1" and rows[-1]["lease"] == lease
+    assert rows[-1]["actor"] == "worker:w1" and rows[-1]["lease"] == lease.lease
 
 
 def test_status_lists_live_runs_with_filters(h):

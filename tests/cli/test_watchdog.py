@@ -167,8 +167,8 @@ def test_nothing_is_done_when_the_run_moved_on_since_it_was_classified(lg, clock
     assert health.classification == "unavailable"
     lg.heartbeat("r1", lease, worker="w1")  # the worker was alive after all
     (action, cmd, key), = _plan(seen, health, clock.now)
-    assert _act(lg, "wd", seen, action, cmd, key) == ("skipped", None)
-    assert lg.checkpoint("r1").lease == lease
+    assert _act(lg, "wd", seen, action, cmd, key) == ("skipped", None, None)
+    assert lg.checkpoint("r1").lease == lease.lease
 
 
 def test_replay_does_not_claim_a_watcher_that_started_later(lg, clock):

@@ -51,7 +51,7 @@ def looper(db: str, run: str, lease: str, worker: str, stopfile: str, out: str) 
 
     This is the busy-but-stuck agent: alive to every health check, never progressing.
     """
-    lease_i = int(lease)
+    lease_i = lease
     beats = retries = 0
     stopped_by = "stopfile"
     with Ledger(db, busy_timeout_s=10) as lg:
@@ -85,7 +85,7 @@ def effect_worker(db: str, run: str, lease: str, worker: str, marker: str, gofil
     that never learnt it was replaced: confirms the effect and makes ``late`` more
     writes of every kind under its old lease, counting what the ledger accepted.
     """
-    lease_i, n_late = int(lease), int(late)
+    lease_i, n_late = lease, int(late)
     lg = Ledger(db, busy_timeout_s=10)
     resumed = threading.Event()
     tally: dict[str, Any] = {"accepted": 0, "refused": {}, "accepted_what": [], "beats_before": 0,
@@ -176,7 +176,7 @@ def duplicator(db: str, run: str, lease: str, worker: str, gofile: str, out: str
         while not os.path.exists(gofile):
             time.sleep(0.001)
         for _ in range(int(times)):
-            o = lg.progress(run, int(lease), "tool_outcome", "uploaded report.pdf", key="upload-report",
+            o = lg.progress(run, lease, "tool_outcome", "uploaded report.pdf", key="upload-report",
                             worker=worker)
             outcomes[o.result.outcome] = outcomes.get(o.result.outcome, 0) + 1
     _touch(out, json.dumps(outcomes))
@@ -196,7 +196,7 @@ def progress_until_error(db: str, run: str, lease: str, worker: str, ack: str, o
     FILE before each step (so the test can change the world between steps).
     Stops at the first LedgerError, records it, and exits with its exit code.
     """
-    lease_i, pad_n = int(lease), int(pad)
+    lease_i, pad_n = lease, int(pad)
     try:
         lg = Ledger(db, busy_timeout_s=float(busy), readonly=(mode == "readonly"), create=False)
     except LedgerError as exc:
@@ -274,7 +274,7 @@ def crash_writer(db: str, wid: str, run: str, lease: str, shared: str, n: str, a
     ``gate`` (a file), a StoreUnavailable makes it wait for the gate and retry the same
     key instead of dying (disk full until space returns).
     """
-    wid_i, lease_i, n_i = int(wid), int(lease), int(n)
+    wid_i, lease_i, n_i = int(wid), lease, int(n)
     acks = []
     if os.path.exists(ack):
         with open(ack, encoding="utf-8") as f:
@@ -325,7 +325,7 @@ def fiu_writer(db: str, run: str, lease: str, n: str, ready: str, go: str, done:
         try:
             if lg is None:
                 lg = Ledger(db, busy_timeout_s=5)
-            lg.progress(run, int(lease), "tool_outcome", f"0:{k}", key=f"w0-k{k}", worker="w0")
+            lg.progress(run, lease, "tool_outcome", f"0:{k}", key=f"w0-k{k}", worker="w0")
             acked.append(k)
         except LedgerError as exc:
             errors[exc.type] = errors.get(exc.type, 0) + 1
@@ -348,7 +348,7 @@ def fiu_writer(db: str, run: str, lease: str, n: str, ready: str, go: str, done:
     try:
         if lg is None:
             lg = Ledger(db, busy_timeout_s=5)
-        lg.progress(run, int(lease), "tool_outcome", f"0:{n}", key=f"w0-k{n}", worker="w0")
+        lg.progress(run, lease, "tool_outcome", f"0:{n}", key=f"w0-k{n}", worker="w0")
         acked.append(int(n))
     except Exception as exc:
         after = f"{type(exc).__name__}: {exc}"

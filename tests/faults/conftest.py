@@ -159,7 +159,7 @@ def log_digest(db: str) -> list[tuple[Any, ...]]:
         conn.close()
 
 
-def run_evidence(lg: Any, run_id: str, *, old_lease: int | None = None) -> dict[str, Any]:
+def run_evidence(lg: Any, run_id: str, *, old_lease: Any = None) -> dict[str, Any]:
     """The seed's evidence for one run: last heartbeat, last progress seq, lease, state
     transitions, recovery decisions and final disposition, read back from the log."""
     from ledger import events as ev
@@ -186,7 +186,7 @@ def run_evidence(lg: Any, run_id: str, *, old_lease: int | None = None) -> dict[
         "last_progress_seq": cp.progress_seq,
         "last_progress_kind": w.last_progress.kind if w.last_progress else None,
         "lease_token": cp.lease,
-        "old_lease": old_lease,
+        "old_lease": None if old_lease is None else int(str(old_lease).partition(".")[0]),  # never the token
         "lease_history": leases,
         "state_transitions": transitions,
         "recovery_decisions": decisions,

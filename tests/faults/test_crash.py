@@ -289,16 +289,16 @@ FSYNC_WRITER = r"""
 import os, sys, time
 from handoff.api import Ledger
 from ledger.errors import LedgerError
-db, ready, go, failed = sys.argv[1:5]
+db, ready, go, failed, lease = sys.argv[1:6]
 lg = Ledger(db)
 # A commit before the fault: the WAL then has a synced header, and the next commit's
 # frames are written before their fsync fails (as on any busy ledger).
-lg.heartbeat("r", 1, worker="w")
+lg.heartbeat("r", lease, worker="w")
 os.close(os.open(ready, os.O_CREAT | os.O_WRONLY))
 while not os.path.exists(go):
     time.sleep(0.005)
 try:
-    lg.progress("r", 1, "tool_outcome", "the refused step", worker="w")
+    lg.progress("r", lease, "tool_outcome", "the refused step", worker="w")
     msg = "COMMITTED"
 except LedgerError as exc:
     msg = exc.type + ": " + exc.message
@@ -322,7 +322,7 @@ def test_failed_fsync_at_commit_then_crash_is_not_reported_as_nothing_written(tm
         lg.transition("r", lease, "executing", worker="w")
     ready, go, failed = (str(tmp_path / x) for x in ("ready", "go", "failed"))
     ctrl = str(tmp_path / "fiu-ctrl")
-    p = subprocess.Popen([FIU, "-x", "-f", ctrl, sys.executable, "-c", FSYNC_WRITER, db, ready, go, failed],
+    p = subprocess.Popen([FIU, "-x", "-f", ctrl, sys.executable, "-c", FSYNC_WRITER, db, ready, go, failed, lease],
                          cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     procs.append(p)
     wait_until(lambda: os.path.exists(ready) or p.poll() is not None, what="the writer")
@@ -348,17 +348,17 @@ SYNC_PROBE = r"""
 import json, os, sys, time
 from handoff.api import Ledger
 from ledger.errors import LedgerError
-db, sync, ready, go, out = sys.argv[1:6]
+db, sync, ready, go, out, lease = sys.argv[1:7]
 lg = Ledger(db, synchronous=sync)
 # One commit first: the first frame of a fresh WAL syncs its header under either setting.
-lg.progress("r", 1, "tool_outcome", "warm-up", worker="w")
+lg.progress("r", lease, "tool_outcome", "warm-up", worker="w")
 os.close(os.open(ready, os.O_CREAT | os.O_WRONLY))
 while not os.path.exists(go):
     time.sleep(0.005)
 ok = refused = 0
 for k in range(20):
     try:
-        lg.progress("r", 1, "tool_outcome", f"{sync} {k}", worker="w")
+        lg.progress("r", lease, "tool_outcome", f"{sync} {k}", worker="w")
         ok += 1
     except LedgerError:
         refused += 1
@@ -385,7 +385,7 @@ def test_which_setting_syncs_at_commit(tmp_path, procs, evidence, synchronous):
         lg.transition("r", lease, "executing", worker="w")
     ready, go, out = (str(tmp_path / x) for x in ("ready", "go", "out"))
     ctrl = str(tmp_path / "fiu-ctrl")
-    p = subprocess.Popen([FIU, "-x", "-f", ctrl, sys.executable, "-c", SYNC_PROBE, db, synchronous, ready, go, out],
+    p = subprocess.Popen([FIU, "-x", "-f", ctrl, sys.executable, "-c", SYNC_PROBE, db, synchronous, ready, go, out, lease],
                          cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     procs.append(p)
     wait_until(lambda: os.path.exists(ready) or p.poll() is not None, what="the writer")

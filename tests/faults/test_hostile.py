@@ -29,10 +29,14 @@ from handoff.api import Ledger
 from ledger import events as ev
 from ledger import portable
 from ledger.errors import InvalidInput, LedgerError
-from ledger.store import Actor
+from ledger.store import Actor, lease_digest
+from reducers import commands as C
 
 from .conftest import handoff, scale
 
+#: The template's lease 1 is claimed with this secret; TOKEN is what its claim would print.
+SECRET = "hostile-template-lease-secret-0001"
+TOKEN = f"1.{SECRET}"
 CLEAN_ENV = {"HANDOFF_DB": None, "HANDOFF_RUN": None, "HANDOFF_LEASE": None, "HANDOFF_WORKER": None,
              "HANDOFF_ACTOR": None}
 
@@ -43,11 +47,12 @@ def template(tmp_path_factory) -> dict[str, str]:
     db = str(d / "template.db")
     with Ledger(db) as lg:
         lg.open(run_id="r1", goal="the goal", target="chat:#ops", owner="alice")
-        lease = lg.claim("r1", "w1")
+        # A claim with a known secret, so that the cases below can name the token.
+        lg.execute("r1", C.Claim(worker="w1", token_digest=lease_digest(SECRET)), actor=Actor("worker", "w1"))
+        lease = TOKEN
         lg.transition("r1", lease, "planning", worker="w1")
         lg.transition("r1", lease, "executing", worker="w1")
         lg.progress("r1", lease, "tool_outcome", "one step", key="s1", worker="w1")
-    assert lease == 1
     line = d / "export.jsonl"
     with Ledger(db, readonly=True) as lg:
         line.write_bytes(b"\n".join(lg.export(["r1"])) + b"\n")
@@ -155,7 +160,7 @@ class Case:
     api_code: int | None = None  # when the API answers with another code than the CLI
 
 
-P = ["progress", "r1", "--lease", "1", "--kind", "tool_outcome"]
+P = ["progress", "r1", "--lease", TOKEN, "--kind", "tool_outcome"]
 OPEN = ["open", "--target", "chat:#ops", "--owner", "alice"]
 NESTED = "[" * 900 + "]" * 900
 
@@ -196,7 +201,7 @@ CASES = [
          lambda lg, w: lg.open_contract(b"\xc3\x28"), "contract", stdin=b"\xc3\x28"),
     # 3 NUL and control characters
     Case("NUL and control characters", "NUL in detail", [*P, "--detail", "a\x00b"], 2, "detail",
-         lambda lg, w: lg.progress("r1", 1, "tool_outcome", "a\x00b"), "detail"),
+         lambda lg, w: lg.progress("r1", TOKEN, "tool_outcome", "a\x00b"), "detail"),
     Case("NUL and control characters", "terminal escape in goal", [*OPEN, "--goal", "\x1b[2Jgone"], 2, "goal",
          lambda lg, w: lg.open(goal="\x1b[2Jgone", target="t", owner="o"), "goal"),
     Case("NUL and control characters", "newline in a one-line target", ["open", "--goal", "g", "--target", "a\nb",
@@ -205,7 +210,7 @@ CASES = [
     Case("NUL and control characters", "bell in a worker name", ["claim", "r1", "--worker", "w\x07"], 2, "name",
          lambda lg, w: lg.claim("r1", "w\x07"), "actor.name"),
     Case("NUL and control characters", "NUL in an idempotency key", [*P, "--key", "k\x00"], 2, "idempotency key",
-         lambda lg, w: lg.progress("r1", 1, "tool_outcome", key="k\x00"), "idempotency_key"),
+         lambda lg, w: lg.progress("r1", TOKEN, "tool_outcome", key="k\x00"), "idempotency_key"),
     Case("NUL and control characters", "NUL in a contract", lambda w: contract(w, good_contract(goal="a\u0000b")),
          2, "goal", lambda lg, w: lg.open_contract(good_contract(goal="a\u0000b")), "goal"),
     # 4 NaN and infinities
@@ -243,10 +248,10 @@ CASES = [
          lambda w: ["import", write(w, "x.jsonl", export_line(w, payload=json.loads(NESTED[:400] + NESTED[-400:])))],
          2, "line 1", lambda lg, w: lg.import_lines([export_line(w, payload=[[[[[]]]]])]), "line 1"),
     Case("deeply nested detail", "a nested structure as detail (API)", None, 2, "",
-         lambda lg, w: lg.progress("r1", 1, "tool_outcome", [[[[["deep"]]]]]), "detail"),
+         lambda lg, w: lg.progress("r1", TOKEN, "tool_outcome", [[[[["deep"]]]]]), "detail"),
     # 7 oversized payloads
     Case("oversized payloads", "detail of 20,000 characters", [*P, "--detail", "x" * 20_000], 2, "detail",
-         lambda lg, w: lg.progress("r1", 1, "tool_outcome", "x" * 20_000), "detail"),
+         lambda lg, w: lg.progress("r1", TOKEN, "tool_outcome", "x" * 20_000), "detail"),
     Case("oversized payloads", "goal of 100,000 characters", [*OPEN, "--goal", "g" * 100_000], 2, "goal",
          lambda lg, w: lg.open(goal="g" * 100_000, target="t", owner="o"), "goal"),
     Case("oversized payloads", "10 MB contract", lambda w: contract(w, good_contract(goal="x" * 10_000_000)), 2,
@@ -256,13 +261,13 @@ CASES = [
                                        actor=Actor("operator", "x")), "events[0]"),
     # 8 empty run ids
     Case("empty run ids", "status of ''", ["status", ""], 2, "run_id", lambda lg, w: lg.checkpoint(""), "run_id"),
-    Case("empty run ids", "progress on ''", ["progress", "", "--lease", "1", "--kind", "note"], 2, "run_id",
-         lambda lg, w: lg.progress("", 1, "note"), "run_id"),
+    Case("empty run ids", "progress on ''", ["progress", "", "--lease", TOKEN, "--kind", "note"], 2, "run_id",
+         lambda lg, w: lg.progress("", TOKEN, "note"), "run_id"),
     Case("empty run ids", "contract run_id ''", lambda w: contract(w, good_contract(run_id="")), 2, "run_id",
          lambda lg, w: lg.open_contract(good_contract(run_id="")), "run_id"),
     # 9 overlong run ids
     Case("overlong run ids", "129-character run id", ["status", "r" * 129], 2, "run_id",
-         lambda lg, w: lg.heartbeat("r" * 129, 1), "run_id"),
+         lambda lg, w: lg.heartbeat("r" * 129, TOKEN), "run_id"),
     Case("overlong run ids", "open with a 4,000-character run id", [*OPEN, "--goal", "g", "--run-id", "r" * 4000], 2,
          "run_id", lambda lg, w: lg.open(goal="g", target="t", owner="o", run_id="r" * 4000), "run_id"),
     # 10 run ids that look like SQL
@@ -278,13 +283,13 @@ CASES = [
     Case("run ids that look like paths", "fork into a path", ["fork", "r1", "--at", "2", "--run-id", "a/b"], 2,
          "run_id", lambda lg, w: lg.fork("r1", 2, new_run_id="a/b"), "run_id"),
     # 12 unknown states
-    Case("unknown states", "transition to 'flying'", ["transition", "r1", "--lease", "1", "--to", "flying"], 2,
-         "to must be one of", lambda lg, w: lg.transition("r1", 1, "flying"), "to"),
+    Case("unknown states", "transition to 'flying'", ["transition", "r1", "--lease", TOKEN, "--to", "flying"], 2,
+         "to must be one of", lambda lg, w: lg.transition("r1", TOKEN, "flying"), "to"),
     Case("unknown states", "close as 'exploded'", ["close", "r1", "--by", "alice", "--as", "exploded"], 2, "--as",
          lambda lg, w: lg.close_run("r1", "alice", "exploded"), "disposition"),
     # 13 unknown kinds
     Case("unknown kinds", "progress kind 'flying'", [*P[:4], "--kind", "flying"], 2, "kind",
-         lambda lg, w: lg.progress("r1", 1, "flying"), "kind"),
+         lambda lg, w: lg.progress("r1", TOKEN, "flying"), "kind"),
     Case("unknown kinds", "evidence outcome 'maybe'", ["evidence", "r1", "--kind", "tests", "--outcome", "maybe"], 2,
          "--outcome", lambda lg, w: lg.evidence("r1", "tests", "maybe", actor=Actor("operator", "x")), "outcome"),
     Case("unknown kinds", "actor kind 'god'", None, 2, "",
@@ -333,25 +338,25 @@ CASES = [
          "--as-of"),
     # 19 artifact paths
     Case("artifact paths", "'..' out of the root",
-         lambda w: ["artifact", "r1", "--lease", "1", "--root", w["root"], os.path.join(w["root"], "..", "secret.txt")],
+         lambda w: ["artifact", "r1", "--lease", TOKEN, "--root", w["root"], os.path.join(w["root"], "..", "secret.txt")],
          2, "outside the declared root",
-         lambda lg, w: lg.artifact("r1", 1, os.path.join(w["root"], "..", "secret.txt"), root=w["root"]), "path"),
+         lambda lg, w: lg.artifact("r1", TOKEN, os.path.join(w["root"], "..", "secret.txt"), root=w["root"]), "path"),
     Case("artifact paths", "absolute path outside the root",
-         lambda w: ["artifact", "r1", "--lease", "1", "--root", w["root"], "/etc/passwd"], 2, "outside the declared root",
-         lambda lg, w: lg.artifact("r1", 1, "/etc/passwd", root=w["root"]), "path"),
+         lambda w: ["artifact", "r1", "--lease", TOKEN, "--root", w["root"], "/etc/passwd"], 2, "outside the declared root",
+         lambda lg, w: lg.artifact("r1", TOKEN, "/etc/passwd", root=w["root"]), "path"),
     Case("artifact paths", "symlink out of the root",
-         lambda w: ["artifact", "r1", "--lease", "1", "--root", w["root"], os.path.join(w["root"], "escape")], 2,
+         lambda w: ["artifact", "r1", "--lease", TOKEN, "--root", w["root"], os.path.join(w["root"], "escape")], 2,
          "outside the declared root",
-         lambda lg, w: lg.artifact("r1", 1, os.path.join(w["root"], "escape"), root=w["root"]), "path"),
-    Case("artifact paths", "a directory", lambda w: ["artifact", "r1", "--lease", "1", os.path.join(w["root"], "sub")],
-         2, "directory", lambda lg, w: lg.artifact("r1", 1, os.path.join(w["root"], "sub")), "path"),
+         lambda lg, w: lg.artifact("r1", TOKEN, os.path.join(w["root"], "escape"), root=w["root"]), "path"),
+    Case("artifact paths", "a directory", lambda w: ["artifact", "r1", "--lease", TOKEN, os.path.join(w["root"], "sub")],
+         2, "directory", lambda lg, w: lg.artifact("r1", TOKEN, os.path.join(w["root"], "sub")), "path"),
     Case("artifact paths", "a FIFO (must not hang)",
-         lambda w: ["artifact", "r1", "--lease", "1", os.path.join(w["root"], "fifo")], 2, "not a regular file",
-         lambda lg, w: lg.artifact("r1", 1, os.path.join(w["root"], "fifo")), "path"),
-    Case("artifact paths", "a device", ["artifact", "r1", "--lease", "1", "/dev/zero"], 2, "not a regular file",
-         lambda lg, w: lg.artifact("r1", 1, "/dev/zero"), "path"),
-    Case("artifact paths", "NUL in the path", ["artifact", "r1", "--lease", "1", "a\x00b"], 2, "path",
-         lambda lg, w: lg.artifact("r1", 1, "a\x00b"), "path"),
+         lambda w: ["artifact", "r1", "--lease", TOKEN, os.path.join(w["root"], "fifo")], 2, "not a regular file",
+         lambda lg, w: lg.artifact("r1", TOKEN, os.path.join(w["root"], "fifo")), "path"),
+    Case("artifact paths", "a device", ["artifact", "r1", "--lease", TOKEN, "/dev/zero"], 2, "not a regular file",
+         lambda lg, w: lg.artifact("r1", TOKEN, "/dev/zero"), "path"),
+    Case("artifact paths", "NUL in the path", ["artifact", "r1", "--lease", TOKEN, "a\x00b"], 2, "path",
+         lambda lg, w: lg.artifact("r1", TOKEN, "a\x00b"), "path"),
     # 20-23 hostile ledger files
     Case("a non-ledger SQLite file", "status", ["status"], 3, "not a handoff ledger",
          lambda lg, w: None, db=non_ledger),
@@ -441,11 +446,13 @@ def test_real_processes_get_the_same_exit_codes(world):
     before = snapshot(db)
     nan = handoff(*OPEN, "--goal", "g", "--heartbeat-timeout", "nan", db=db)
     sql = handoff("status", "r1' OR '1'='1", db=db)
-    stale = handoff(*P, "--lease", "7", "--detail", "x", db=db)
+    stale = handoff(*P, "--lease", f"7.{SECRET}", "--detail", "x", db=db)
+    bare = handoff(*P, "--lease", "1", "--detail", "x", db=db)
     other = handoff("status", db=non_ledger(world))
-    assert (nan.returncode, sql.returncode, stale.returncode, other.returncode) == (2, 2, 1, 3)
-    assert "heartbeat_timeout" in nan.stderr and "run_id" in sql.stderr and "no longer valid" in stale.stderr
-    assert "Traceback" not in nan.stderr + sql.stderr + stale.stderr + other.stderr
+    assert (nan.returncode, sql.returncode, stale.returncode, bare.returncode, other.returncode) == (2, 2, 1, 2, 3)
+    assert "heartbeat_timeout" in nan.stderr and "run_id" in sql.stderr and "never issued" in stale.stderr
+    assert "bare lease number" in bare.stderr
+    assert "Traceback" not in nan.stderr + sql.stderr + stale.stderr + bare.stderr + other.stderr
     assert snapshot(db) == before
 
 
@@ -453,12 +460,12 @@ def test_missing_artifact_is_recorded_as_missing_and_blocks_submit(world, eviden
     """A missing file is not an input error: it is recorded as MISSING (what the worker
     claimed, measured), and submit then refuses (exit 1) instead of trusting it."""
     gone = os.path.join(world["tmp"], "never-written.md")
-    res = invoke(["--db", world["db"], "artifact", "r1", "--lease", "1", gone, "--json"])
+    res = invoke(["--db", world["db"], "artifact", "r1", "--lease", TOKEN, gone, "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["artifact"]["exists"] is False
     with Ledger(world["db"]) as lg:
-        lg.transition("r1", 1, "verifying", worker="w1")
+        lg.transition("r1", TOKEN, "verifying", worker="w1")
     before = snapshot(world["db"])
-    sub = invoke(["--db", world["db"], "submit", "r1", "--lease", "1"])
+    sub = invoke(["--db", world["db"], "submit", "r1", "--lease", TOKEN])
     assert sub.exit_code == 1 and "missing" in sub.stderr, sub.stderr
     assert snapshot(world["db"]) == before
     evidence.add("hostile.cli", category="artifact paths", case="missing file, then submit", exit=sub.exit_code,
@@ -518,7 +525,7 @@ def test_invalid_utf8_in_argv_is_refused_with_exit_2(world):
     assert r.returncode == 2 and "detail" in r.stderr and "Traceback" not in r.stderr, r.stderr
     with Ledger(world["db"]) as lg:
         with pytest.raises(InvalidInput):
-            lg.progress("r1", 1, "tool_outcome", "bad \udcff utf-8")
+            lg.progress("r1", TOKEN, "tool_outcome", "bad \udcff utf-8")
     assert snapshot(world["db"]) == before
 
 
@@ -649,7 +656,7 @@ VERBS = sorted(set(cli.main.commands) - {"run", "demo"})
 GOOD = ["r1", "1", "w1", "alice", "executing", "verifying", "tool_outcome", "note", "pass", "done", "k1",
         "2026-05-01T12:00:00Z"]
 #: A sensible value per option, so that most invocations get past click to the ledger.
-SENSIBLE = {"--lease": "1", "--to": "verifying", "--kind": "tool_outcome", "--outcome": "pass", "--as": "no-op",
+SENSIBLE = {"--lease": TOKEN, "--to": "verifying", "--kind": "tool_outcome", "--outcome": "pass", "--as": "no-op",
             "--action": "deliver", "--at": "2", "--after": "1", "--now": "2026-05-01T12:00:00Z",
             "--as-of": "2999-01-01T00:00:00Z", "--worker": "w1", "--by": "alice", "--key": "k1", "--owner": "alice",
             "--goal": "g", "--target": "chat:#ops", "--run-id": "r2", "--heartbeat-timeout": "30",

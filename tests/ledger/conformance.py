@@ -34,6 +34,7 @@ from ledger.errors import (
     IllegalTransition,
     InvalidInput,
     PayloadTooLarge,
+    ReservedKey,
     SeqConflict,
     StaleLease,
     UnknownEventType,
@@ -47,10 +48,20 @@ from ledger.store import (
     Decision,
     EventStore,
     Head,
+    LeaseToken,
     Recorded,
     Transaction,
     chain_hash,
+    lease_digest,
 )
+
+def token_secret(run: str, number: int) -> str:
+    """A fixed, well-formed lease secret per (run, number), so tests can forge and replay."""
+    import base64
+    import hashlib
+
+    return base64.urlsafe_b64encode(hashlib.sha256(f"{run}/{number}".encode()).digest()).decode().rstrip("=")
+
 
 W1 = Actor("worker", "w1")
 W2 = Actor("worker", "w2")
@@ -359,10 +370,10 @@ class StoreConformance:
         ["payload", "longer-batch", "shorter-batch", "actor", "lease"],
     )
     def test_same_key_different_request_conflicts(self, store, change):
-        store.append("idem", [ev.LeaseGranted(worker="w1", lease=1)], actor=OWNER)
+        one = self.grant(store, "idem", 1)
         batch = [step(1), step(2)]
-        store.append("idem", batch, actor=W1, idempotency_key="k1", lease=1)
-        kw: dict[str, Any] = dict(actor=W1, idempotency_key="k1", lease=1)
+        store.append("idem", batch, actor=W1, idempotency_key="k1", lease=one)
+        kw: dict[str, Any] = dict(actor=W1, idempotency_key="k1", lease=one)
         if change == "payload":
             batch = [step(1), step(2, detail="changed")]
         elif change == "longer-batch":
@@ -377,6 +388,15 @@ class StoreConformance:
             store.append("idem", batch, **kw)
         assert info.value.details["seq"] == 2
 
+    @pytest.mark.parametrize("actor", [W1, OWNER, Actor("operator", "op")])
+    def test_watch_keys_are_the_watchdogs_alone(self, store, actor):
+        with refused(store, ReservedKey, match="belong to the watchdog"):
+            store.append("idem", [hb()], actor=actor, idempotency_key="watch:idem:revoke_lease:0:1")
+        with refused(store, ReservedKey, match="belong to the watchdog"):
+            store.execute("idem", Count(), up_to(1), actor=actor, idempotency_key="watch:idem:pause:0:1")
+        assert store.append("idem", [hb()], actor=WATCHDOG,
+                            idempotency_key="watch:idem:revoke_lease:0:1").outcome == "committed"
+
     def test_keys_are_scoped_to_their_run(self, store):
         a = store.append("idem-a", [hb()], actor=W1, idempotency_key="k")
         b = store.append("idem-b", [step(1)], actor=W1, idempotency_key="k")
@@ -390,54 +410,89 @@ class StoreConformance:
 
     # --- fencing -------------------------------------------------------------------------
 
-    def grant(self, store, run, token, worker="w1"):
-        return store.append(run, [ev.LeaseGranted(worker=worker, lease=token)], actor=OWNER)
+    def grant(self, store, run, number, worker="w1"):
+        """Grant lease ``number`` as a claim would (with its token's digest); return the token."""
+        secret = token_secret(run, number)
+        store.append(run, [ev.LeaseGranted(worker=worker, lease=number, token_digest=lease_digest(secret))],
+                     actor=OWNER)
+        return LeaseToken(f"{number}.{secret}")
 
     def test_lease_granted_sets_the_current_lease(self, store):
-        self.grant(store, "fence", 1)
+        one = self.grant(store, "fence", 1)
         head = store.head("fence")
         assert (head.lease, head.lease_holder) == (1, "w1")
-        store.append("fence", [hb()], actor=W1, lease=1)
+        store.append("fence", [hb()], actor=W1, lease=one)
         assert list(store.read_run("fence"))[-1].lease == 1
 
-    def test_superseded_lease_is_stale_and_names_the_current_one(self, store):
-        self.grant(store, "fence", 1)
-        self.grant(store, "fence", 2, worker="w2")
-        with refused(store, StaleLease, match="current lease is 2, held by w2") as info:
-            store.append("fence", [step(1)], actor=W1, lease=1)
-        assert info.value.details["current_lease"] == 2
+    def test_superseded_lease_is_stale_and_reveals_nothing_to_retry_with(self, store):
+        one = self.grant(store, "fence", 1)
+        two = self.grant(store, "fence", 2, worker="w2")
+        with refused(store, StaleLease, match="lease 1 of run fence has ended") as info:
+            store.append("fence", [step(1)], actor=W1, lease=one)
+        assert info.value.details["why"] == "ended"
         assert info.value.details["lease"] == 1
-        store.append("fence", [step(1)], actor=W2, lease=2)
+        assert "current_lease" not in info.value.details
+        assert "w2" not in info.value.message and two.secret not in info.value.message
+        store.append("fence", [step(1)], actor=W2, lease=two)
 
     @pytest.mark.parametrize("end", ["revoked", "released"])
     def test_ended_lease_is_stale(self, store, end):
-        self.grant(store, "fence", 7)
+        seven = self.grant(store, "fence", 7)
         if end == "revoked":
             store.append("fence", [ev.LeaseRevoked(lease=7, reason="stalled")], actor=WATCHDOG)
         else:
-            store.append("fence", [ev.LeaseReleased(lease=7)], actor=W1, lease=7)
+            store.append("fence", [ev.LeaseReleased(lease=7)], actor=W1, lease=seven)
         head = store.head("fence")
         assert (head.lease, head.lease_holder) == (None, None)
-        with refused(store, StaleLease, match="no lease is held") as info:
-            store.append("fence", [hb()], actor=W1, lease=7)
-        assert info.value.details["current_lease"] is None
+        with refused(store, StaleLease, match="has ended") as info:
+            store.append("fence", [hb()], actor=W1, lease=seven)
+        assert info.value.details["why"] == "ended"
 
-    def test_future_lease_is_stale(self, store):
+    def test_future_lease_was_never_issued(self, store):
         self.grant(store, "fence", 1)
-        with refused(store, StaleLease, match="current lease is 1"):
-            store.append("fence", [hb()], actor=W1, lease=2)
+        with refused(store, StaleLease, match="never issued") as info:
+            store.append("fence", [hb()], actor=W1, lease=LeaseToken(f"2.{token_secret('fence', 2)}"))
+        assert info.value.details["why"] == "never_issued"
+        assert "replaced" not in info.value.message
 
-    def test_lease_on_missing_run_is_stale(self, store):
-        with refused(store, StaleLease, match="no lease is held"):
-            store.append("ghost", [hb()], actor=W1, lease=1)
+    def test_lease_on_missing_run_was_never_issued(self, store):
+        with refused(store, StaleLease, match="never issued"):
+            store.append("ghost", [hb()], actor=W1, lease=LeaseToken(f"1.{token_secret('ghost', 1)}"))
+
+    def test_current_number_with_a_wrong_secret_is_refused(self, store):
+        one = self.grant(store, "fence", 1)
+        for forged in (f"1.{token_secret('other', 1)}", f"1.{'A' * 43}", f"1.{lease_digest(one.secret)}"):
+            with refused(store, StaleLease, match="not that lease's token") as info:
+                store.append("fence", [hb()], actor=W1, lease=forged)
+            assert info.value.details["why"] == "wrong_token"
+            assert one.secret not in info.value.message
+
+    def test_a_lease_granted_without_a_digest_takes_no_writes(self, store):
+        # A lease from before tokens (schema 2): nothing can prove it, so it must be revoked.
+        store.append("fence", [ev.LeaseGranted(worker="w1", lease=1)], actor=OWNER)
+        with refused(store, StaleLease, match="revoke") as info:
+            store.append("fence", [hb()], actor=W1, lease=LeaseToken(f"1.{token_secret('fence', 1)}"))
+        assert info.value.details["why"] == "no_token"
+        store.append("fence", [ev.LeaseRevoked(lease=1, reason="upgrade")], actor=WATCHDOG)
+        two = self.grant(store, "fence", 2)
+        store.append("fence", [hb()], actor=W1, lease=two)
+
+    def test_a_new_grant_replaces_the_digest(self, store):
+        one = self.grant(store, "fence", 1)
+        store.append("fence", [ev.LeaseRevoked(lease=1, reason="r")], actor=WATCHDOG)
+        two = self.grant(store, "fence", 2, worker="w2")
+        # The old secret under the new number is a forgery, not a proof.
+        with refused(store, StaleLease, match="not that lease's token"):
+            store.append("fence", [hb()], actor=W1, lease=f"2.{one.secret}")
+        store.append("fence", [hb()], actor=W2, lease=two)
 
     def test_lease_tokens_only_grow(self, store):
         self.grant(store, "fence", 3)
-        for token in (3, 2, 1):
+        for number in (3, 2, 1):
             with refused(store, StaleLease, match="only grow") as info:
-                self.grant(store, "fence", token, worker="w2")
-            assert info.value.details["lease"] == token
-        # The high-water mark survives a revoke: a token can never be reissued.
+                self.grant(store, "fence", number, worker="w2")
+            assert info.value.details["lease"] == number
+        # The high-water mark survives a revoke: a number can never be reissued.
         store.append("fence", [ev.LeaseRevoked(lease=3, reason="r")], actor=WATCHDOG)
         with refused(store, StaleLease, match="only grow"):
             self.grant(store, "fence", 3, worker="w2")
@@ -446,11 +501,12 @@ class StoreConformance:
 
     def test_ending_an_old_token_keeps_the_current_lease(self, store):
         self.grant(store, "fence", 1)
-        self.grant(store, "fence", 2, worker="w2")
+        two = self.grant(store, "fence", 2, worker="w2")
         store.append("fence", [ev.LeaseRevoked(lease=1, reason="late")], actor=WATCHDOG)
         store.append("fence", [ev.LeaseReleased(lease=1)], actor=W1)
         head = store.head("fence")
         assert (head.lease, head.lease_holder) == (2, "w2")
+        store.append("fence", [hb()], actor=W2, lease=two)
 
     def test_write_without_a_lease_is_not_fenced(self, store):
         # The contract fences only writes that carry a lease ("when given"); whether
@@ -460,10 +516,12 @@ class StoreConformance:
 
     def test_lease_is_checked_against_the_head_before_the_batch(self, store):
         # A batch cannot grant itself a lease and use it: the fence is the pre-batch head.
+        secret = token_secret("fence", 1)
+        grant = ev.LeaseGranted(worker="w1", lease=1, token_digest=lease_digest(secret))
         with refused(store, StaleLease):
-            store.append("fence", [ev.LeaseGranted(worker="w1", lease=1), hb()], actor=W1, lease=1)
+            store.append("fence", [grant, hb()], actor=W1, lease=f"1.{secret}")
 
-    @pytest.mark.parametrize("bad", [0, -3, "1", True])
+    @pytest.mark.parametrize("bad", [0, -3, 1, "1", True, "1.short", "1." + "x" * 200, " 1." + "A" * 43])
     def test_malformed_lease_is_invalid_input(self, store, bad):
         self.grant(store, "fence", 1)
         with refused(store, InvalidInput, match="lease"):
@@ -490,8 +548,8 @@ class StoreConformance:
 
     def test_verify_is_empty_on_a_good_log(self, store):
         self.fill(store, "a", 5)
-        self.grant(store, "a", 1)
-        store.append("a", [hb()], actor=W1, lease=1, idempotency_key="x")
+        one = self.grant(store, "a", 1)
+        store.append("a", [hb()], actor=W1, lease=one, idempotency_key="x")
         self.fill(store, "b", 1)
         store.append("c", [ev.RunForked(parent="a", parent_seq=3), hb()], actor=OWNER)
         assert store.verify() == []
@@ -686,11 +744,29 @@ class StoreConformance:
             store.execute("cmd", Count(), decide, actor=W1)
 
     def test_execute_fences_the_decision_lease(self, store):
-        self.grant(store, "cmd", 2)
-        with refused(store, StaleLease, match="current lease is 2"):
-            store.execute("cmd", Count(), up_to(5, lease=1), actor=W1)
-        result, _ = store.execute("cmd", Count(), up_to(5, lease=2), actor=W1)
+        self.grant(store, "cmd", 1)
+        two = self.grant(store, "cmd", 2)
+        # A number without its token, an ended lease's token, a token for another number.
+        with refused(store, StaleLease, match="must carry"):
+            store.execute("cmd", Count(), up_to(5, lease=2), actor=W1)
+        with refused(store, StaleLease, match="has ended"):
+            store.execute("cmd", Count(), up_to(5, lease=1), actor=W1, lease=f"1.{token_secret('cmd', 1)}")
+        with refused(store, StaleLease, match="must carry"):
+            store.execute("cmd", Count(), up_to(5, lease=1), actor=W1, lease=two)
+        result, _ = store.execute("cmd", Count(), up_to(5, lease=2), actor=W1, lease=two)
         assert list(store.read_run("cmd"))[-1].lease == 2
+
+    def test_execute_checks_the_token_before_deciding(self, store):
+        self.grant(store, "cmd", 1)
+        asked = []
+
+        def decide(state, head):
+            asked.append(state)
+            raise IllegalTransition("decide must not be reached")
+
+        with refused(store, StaleLease, match="not that lease's token"):
+            store.execute("cmd", Count(), decide, actor=W1, lease=f"1.{token_secret('x', 1)}")
+        assert asked == []
 
     @pytest.mark.parametrize("what", ["oversized", "unknown", "bad-field"])
     def test_execute_validates_decided_events(self, store, what):
@@ -900,8 +976,8 @@ class StoreConformance:
     def history_of_three(self, store: EventStore) -> None:
         """Three runs: one under a lease with a keyed append, a plain one, and a fork."""
         self.fill(store, "a", 3)
-        self.grant(store, "a", 1)
-        store.append("a", [hb(), hb()], actor=W1, lease=1, idempotency_key="k-a")
+        token = self.grant(store, "a", 1)
+        store.append("a", [hb(), hb()], actor=W1, lease=token, idempotency_key="k-a")
         self.fill(store, "b", 2, actor=OWNER)
         store.append("c", [ev.RunForked(parent="a", parent_seq=2), hb()], actor=OWNER)
 
@@ -928,7 +1004,7 @@ class StoreConformance:
             assert copy.import_records(items) == {"imported": 0, "skipped": 10, "runs": 3}
             assert_unchanged(copy, before)
             # The imported key still answers its request as a duplicate.
-            again = copy.append("a", [hb(), hb()], actor=W1, lease=1, idempotency_key="k-a")
+            again = copy.append("a", [hb(), hb()], actor=W1, lease=f"1.{token_secret('a', 1)}", idempotency_key="k-a")
             assert again.outcome == "duplicate" and again.first_seq == 5
         finally:
             copy.close()

@@ -212,3 +212,22 @@ def test_every_history_written_by_live_commands_imports_unchanged(tmp_path_facto
         assert dst.import_lines(lines)["imported"] == len(lines)
         assert {h.run_id: (h.last_seq, h.last_hash, h.lease) for h in dst.store.list_runs()} == heads
         assert dst.verify() == [] and dst.check() == []
+
+
+def test_an_imported_live_lease_answers_to_its_own_token_and_no_other(tmp_path):
+    """The grant's digest travels with the export: the holder's token works in the copy,
+    the number alone or a made-up token does not, and neither writes anything."""
+    with Ledger(str(tmp_path / "src.db")) as src:
+        src.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
+        token = src.claim("r1", "w1")
+        src.transition("r1", token, "planning")
+        lines = list(src.export())
+    with Ledger(str(tmp_path / "dst.db")) as dst:
+        dst.import_lines(lines)
+        before = snapshot(dst)
+        for forged in (f"{token.lease}", f"{token.lease}.{'A' * 43}"):
+            with pytest.raises((E.StaleLease, E.InvalidInput)):
+                dst.progress("r1", forged, "note", "not the holder")
+        assert snapshot(dst) == before
+        assert dst.progress("r1", token, "note", "the holder goes on").result.outcome == "committed"
+        assert dst.verify() == [] and dst.check() == []

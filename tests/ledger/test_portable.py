@@ -13,6 +13,7 @@ def source(tmp_path):
     lease = lg.claim("r1", "w1")
     lg.transition("r1", lease, "planning", key="t1")
     lg.progress("r1", lease, "plan_committed", "v1")
+    lg.token = lease  # for tests that write under the lease after the trip
     lg.fork("r1", 3, new_run_id="r1.child")
     lg.open(goal="Other", target="chat:#x", owner="bob", run_id="r2")
     yield lg
@@ -49,8 +50,10 @@ def test_a_child_exports_its_parents_history(source):
 def test_idempotency_keys_survive_the_trip(source, tmp_path):
     with Ledger(str(tmp_path / "dst.db")) as dst:
         dst.import_lines(list(source.export(["r1"])))
-        again = dst.transition("r1", 1, "planning", key="t1")
+        again = dst.transition("r1", source.token, "planning", key="t1")
         assert again.duplicate
+        # The lease's digest came along: its token still proves it in the new ledger.
+        assert not dst.heartbeat("r1", source.token).duplicate
 
 
 @pytest.mark.parametrize(

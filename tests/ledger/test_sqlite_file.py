@@ -26,8 +26,9 @@ from ledger.errors import (
     StoreUnavailable,
 )
 from ledger.sqlite import APPEND_ONLY_TRIGGERS, WAL_CHECKPOINT_BYTES, SqliteStore
-from ledger.store import AppendResult, Decision
+from ledger.store import AppendResult, Decision, lease_digest
 from tests.ledger.conformance import (
+    token_secret,
     OWNER,
     W1,
     W2,
@@ -118,22 +119,25 @@ def test_new_ledger_file_is_private(tmp_path):
 
 def test_reopen_keeps_log_heads_leases_and_keys(db_path):
     s = SqliteStore(db_path)
-    s.append("r", [ev.LeaseGranted(worker="w1", lease=3)], actor=OWNER)
-    first = s.append("r", [step(1), step(2)], actor=W1, lease=3, idempotency_key="k")
+    secret = token_secret("r", 3)
+    s.append("r", [ev.LeaseGranted(worker="w1", lease=3, token_digest=lease_digest(secret))], actor=OWNER)
+    three = f"3.{secret}"
+    first = s.append("r", [step(1), step(2)], actor=W1, lease=three, idempotency_key="k")
     before = snapshot(s)
     s.close()
     s = SqliteStore(db_path)
     assert_unchanged(s, before)
-    assert s.append("r", [step(1), step(2)], actor=W1, lease=3, idempotency_key="k") == AppendResult(
+    assert s.append("r", [step(1), step(2)], actor=W1, lease=three, idempotency_key="k") == AppendResult(
         "r", "duplicate", first.first_seq, first.last_seq, first.positions
     )
+    s.append("r", [hb()], actor=W1, lease=three)  # the digest survived the reopen
     with refused(s, StaleLease, match="only grow"):
         s.append("r", [ev.LeaseGranted(worker="w2", lease=3)], actor=OWNER)
     s.append("r", [ev.LeaseRevoked(lease=3, reason="r")], actor=WATCHDOG)
     s.close()
     s = SqliteStore(db_path)
-    with refused(s, StaleLease, match="no lease is held"):
-        s.append("r", [hb()], actor=W1, lease=3)
+    with refused(s, StaleLease, match="has ended"):
+        s.append("r", [hb()], actor=W1, lease=three)
     assert s.verify() == [] and s.integrity_check() == "ok"
     s.close()
 
@@ -141,15 +145,18 @@ def test_reopen_keeps_log_heads_leases_and_keys(db_path):
 def test_two_handles_on_one_file_see_and_fence_each_other(db_path):
     s1, s2 = SqliteStore(db_path), SqliteStore(db_path)
     try:
-        s1.append("r", [ev.LeaseGranted(worker="w1", lease=1)], actor=OWNER)
-        s2.append("r", [ev.LeaseGranted(worker="w2", lease=2)], actor=OWNER)
-        with refused(s1, StaleLease, match="current lease is 2, held by w2"):
-            s1.append("r", [hb()], actor=W1, lease=1)
+        one, two = (f"{n}.{token_secret('r', n)}" for n in (1, 2))
+        s1.append("r", [ev.LeaseGranted(worker="w1", lease=1, token_digest=lease_digest(token_secret("r", 1)))],
+                  actor=OWNER)
+        s2.append("r", [ev.LeaseGranted(worker="w2", lease=2, token_digest=lease_digest(token_secret("r", 2)))],
+                  actor=OWNER)
+        with refused(s1, StaleLease, match="has ended"):
+            s1.append("r", [hb()], actor=W1, lease=one)
         with refused(s1, SeqConflict, match="at seq 2"):
             s1.append("r", [hb()], actor=W1, expected_seq=1)
         agg = Count()
         assert s1.execute("r", agg, up_to(3), actor=W1)[1] == 3
-        s2.append("r", [hb(), hb()], actor=W2, lease=2)
+        s2.append("r", [hb(), hb()], actor=W2, lease=two)
         # s1's cached fold must be brought forward past s2's writes.
         result, state = s1.execute("r", agg, up_to(10), actor=W1)
         assert (state, result.last_seq) == (6, 6)

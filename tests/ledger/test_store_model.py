@@ -19,8 +19,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from ledger import events as ev
 from ledger.errors import IdempotencyConflict, InvalidInput, SeqConflict, StaleLease
 from ledger.sqlite import SqliteStore
-from ledger.store import Actor, AppendResult
-from tests.ledger.conformance import OWNER, WATCHDOG, Count, refused, up_to
+from ledger.store import Actor, AppendResult, lease_digest
+from tests.ledger.conformance import OWNER, WATCHDOG, Count, refused, token_secret, up_to
+
+
+def tok(run: str, number: int) -> str:
+    """The token of lease ``number`` of ``run`` as this machine grants it."""
+    return f"{number}.{token_secret(run, number)}"
 
 RUNS = ("r1", "r2", "r3")
 WORKERS = ("w1", "w2", "w3")
@@ -112,14 +117,15 @@ class LedgerModel(RuleBasedStateMachine):
             kw["idempotency_key"] = f"k{self.next_key}"
         current = self.lease[run]
         if with_lease and current:
-            kw["lease"] = current[0]
+            kw["lease"] = tok(run, current[0])
             worker = current[1]
         self.append(run, events, Actor("worker", worker), **kw)
 
     @rule(run=runs, worker=workers, bump=st.integers(1, 3))
     def grant_lease(self, run, worker, bump):
         token = self.max_lease[run] + bump
-        self.append(run, [ev.LeaseGranted(worker=worker, lease=token)], OWNER)
+        digest = lease_digest(token_secret(run, token))
+        self.append(run, [ev.LeaseGranted(worker=worker, lease=token, token_digest=digest)], OWNER)
 
     @precondition(lambda self: any(self.lease.values()))
     @rule(data=st.data(), how=st.sampled_from(["revoke", "release"]))
@@ -129,7 +135,7 @@ class LedgerModel(RuleBasedStateMachine):
         if how == "revoke":
             self.append(run, [ev.LeaseRevoked(lease=token, reason="stalled")], WATCHDOG)
         else:
-            self.append(run, [ev.LeaseReleased(lease=token)], Actor("worker", holder), lease=token)
+            self.append(run, [ev.LeaseReleased(lease=token)], Actor("worker", holder), lease=tok(run, token))
 
     @rule(run=runs, worker=workers)
     def execute_command(self, run, worker):
@@ -188,14 +194,20 @@ class LedgerModel(RuleBasedStateMachine):
         with refused(self.store, StaleLease, match="only grow"):
             self.store.append(run, [ev.LeaseGranted(worker=worker, lease=token)], actor=OWNER)
 
-    @rule(run=runs, events=batches, token=st.integers(1, 8))
-    def write_under_stale_lease(self, run, events, token):
+    @rule(run=runs, events=batches, token=st.integers(1, 8), forged=st.booleans())
+    def write_under_stale_lease(self, run, events, token, forged):
         current = self.lease[run]
+        if forged and current:
+            # The current number with another lease's secret: a forgery, refused the same way.
+            with refused(self.store, StaleLease, match="not that lease's token"):
+                self.store.append(run, events, actor=Actor("worker", "w1"),
+                                  lease=f"{current[0]}.{token_secret(run, current[0] + 100)}")
+            return
         if current and current[0] == token:
             token += 1
-        shown = f"current lease is {current[0]}, held by {current[1]}" if current else "no lease is held"
+        shown = "never issued" if token > self.max_lease[run] else "has ended"
         with refused(self.store, StaleLease, match=shown):
-            self.store.append(run, events, actor=Actor("worker", "w1"), lease=token)
+            self.store.append(run, events, actor=Actor("worker", "w1"), lease=tok(run, token))
 
     # --- invariants ------------------------------------------------------------------------
 

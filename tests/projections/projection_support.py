@@ -15,6 +15,7 @@ from typing import Any
 
 from handoff import Actor, Ledger
 from ledger import events as ev
+from ledger.store import lease_digest
 from projections import engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -102,12 +103,17 @@ def integrity(path: str) -> str:
         conn.close()
 
 
+#: The token of lease 1 in every run ``build_log`` writes (one secret for all: these are fixtures).
+BULK_SECRET = "bulk-lease-secret-for-projection-tests"
+BULK_TOKEN = f"1.{BULK_SECRET}"
+
+
 def run_events(i: int, n: int) -> list[ev.Event]:
     """A plausible history of ``n`` (>= 8) events for run number ``i``, ending four ways."""
     policy = ev.Policy(heartbeat_timeout_s=60.0 + i % 7, progress_timeout_s=300.0, owner_cap=100_000)
     out: list[ev.Event] = [
         ev.HandoffOpened(goal=f"goal {i}", target=f"chat:#t{i % 3}", owner=f"owner{i % 5}", policy=policy),
-        ev.LeaseGranted(worker=f"w{i % 4}", lease=1),
+        ev.LeaseGranted(worker=f"w{i % 4}", lease=1, token_digest=lease_digest(BULK_SECRET)),
         ev.StateChanged(from_state="queued", to_state="planning"),
         ev.ProgressRecorded(kind="plan_committed"),
         ev.StateChanged(from_state="planning", to_state="executing"),

@@ -14,6 +14,7 @@ import pytest
 
 from handoff import Ledger
 from ledger.errors import InvalidInput
+from ledger.store import Actor
 from ledger.views import NOT_NULL, ORDINAL, Index, TableSpec, columns
 from projections import engine, queries
 
@@ -81,8 +82,8 @@ def test_check_finds_a_damaged_row_and_the_next_command_repairs_it(backend_store
         txn.views.sync_one(backend_store.views.table(p.spec), {**row, "owner": "mallory"})
     assert [(d["run_id"], d["column"], d["kept"], d["folded"]) for d in lg.check()] == [
         ("w", "owner", "mallory", "alice")]
-    lease = lg.checkpoint("w").lease
-    lg.heartbeat("w", lease)  # inline upkeep compares with the table, so it rewrites the row
+    # Any write of the run will do: inline upkeep compares with the table, so it rewrites the row.
+    lg.evidence("w", "review", "pass", "seen by an operator", actor=Actor("operator", "ops"))
     assert lg.check() == []
 
 

@@ -16,7 +16,7 @@ from ledger.views import Index, TableSpec, columns
 from projections import engine
 from reducers.checkpoint import AGGREGATE, Checkpoint
 
-from projection_support import Clock, build_log, dump, integrity, schema_objects
+from projection_support import BULK_TOKEN, Clock, build_log, dump, integrity, schema_objects
 
 RUNS, PER_RUN = 500, 20
 
@@ -102,7 +102,7 @@ def test_lagging_projections_catch_up_from_their_position(ledger_copy, catch_ups
                 lg.open(goal="late", target="chat:#late", owner="late-owner", run_id=f"late-{i}")
             for i in range(0, 40, 4):  # and touch some old runs
                 rid = f"bulk-{i:05d}"
-                lg.release(rid, 1)
+                lg.release(rid, BULK_TOKEN)
             assert lg.check("checkpoints") == []
             diffs = lg.check()
             assert diffs and {d["projection"] for d in diffs} <= {"stall_watch", "deliveries", "owner_load"}

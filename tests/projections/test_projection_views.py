@@ -106,7 +106,7 @@ def test_checkpoints_row_follows_every_command(lg, clock, result_file):
     clock.seconds(1)
     lease = lg.claim(run, "w1")
     r = assert_checkpoint_row(lg, run)
-    assert (r["lease"], r["worker"], r["state"]) == (lease, "w1", "queued")
+    assert (r["lease"], r["worker"], r["state"]) == (lease.lease, "w1", "queued")
 
     clock.seconds(1)
     lg.transition(run, lease, "planning")
@@ -131,8 +131,8 @@ def test_checkpoints_row_follows_every_command(lg, clock, result_file):
     assert (r["lease"], r["worker"], r["state"]) == (None, None, "executing")
 
     lease2 = lg.claim(run, "w2")
-    assert lease2 == lease + 1
-    assert assert_checkpoint_row(lg, run)["lease"] == lease2
+    assert lease2.lease == lease.lease + 1
+    assert assert_checkpoint_row(lg, run)["lease"] == lease2.lease
 
     lg.close_run(run, "alice", "cancelled", "not needed")
     r = assert_checkpoint_row(lg, run)
@@ -147,7 +147,9 @@ def test_refused_command_leaves_the_views_alone(lg):
     with pytest.raises(LedgerError):
         lg.transition(run, lease, "succeeded")  # not a legal move
     with pytest.raises(LedgerError):
-        lg.heartbeat(run, lease + 7)  # stale lease
+        lg.heartbeat(run, f"{lease.lease + 7}.{lease.secret}")  # a lease never issued
+    with pytest.raises(LedgerError):
+        lg.heartbeat(run, lease.lease)  # a bare number
     assert dump(lg.store.path) == before
 
 
@@ -186,7 +188,7 @@ def test_stall_watch_deadlines(lg, clock):
     t1 = clock.seconds(5)
     lease = lg.claim(run, "w1")
     r = stall_row(lg, run)
-    assert (r["lease"], r["lease_since_us"], r["last_heartbeat_us"]) == (lease, t1, t1)
+    assert (r["lease"], r["lease_since_us"], r["last_heartbeat_us"]) == (lease.lease, t1, t1)
     # Attention starts strictly after the heartbeat timeout: at +60 s + 1 µs.
     assert r["next_deadline_us"] == t1 + 60 * S + 1
     nd = r["next_deadline_us"]

@@ -21,9 +21,10 @@ WATCHDOG = Actor("watchdog", "dog")
 @dataclass
 class Run:
     id: str
-    lease: int | None
+    lease: str | None  # the token claim returned; None once the lease has ended
     worker: str
     result: str | None = None
+    token: str | None = None  # the token claim returned, kept after the lease ends
 
     @property
     def actor(self) -> Actor:
@@ -72,7 +73,7 @@ def bring(
     run = Run(run_id, None, worker, result)
     if state == T.QUEUED:
         return run
-    run.lease = lg.claim(run_id, worker)
+    run.lease = run.token = lg.claim(run_id, worker)
     path = {
         T.PLANNING: [T.PLANNING],
         T.EXECUTING: [T.PLANNING, T.EXECUTING],

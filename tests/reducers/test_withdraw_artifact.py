@@ -56,7 +56,7 @@ def test_a_mistyped_artifact_blocked_submit_until_withdrawn(lg, tmp_path):
     assert ("artifact_recorded", typo) in types and ("artifact_withdrawn", typo) in types
     withdrawn = [r for r in lg.log(run.id) if r.type == "artifact_withdrawn"][0]
     assert withdrawn.event == ev.ArtifactWithdrawn(path=typo, reason="typo in the file name")
-    assert withdrawn.actor == "worker:w1" and withdrawn.lease == run.lease
+    assert withdrawn.actor == "worker:w1" and withdrawn.lease == run.lease.lease  # the number, never the token
 
 
 def test_owner_and_operator_may_withdraw_a_stranger_may_not(lg, tmp_path):
