@@ -850,7 +850,14 @@ class SqliteStore(EventStore):
         return Head(*row[:7]), row[7]
 
     def _lease_digest_locked(self, run_id: str) -> str | None:
-        row = self._conn.execute("SELECT lease_digest FROM heads WHERE run_id=?", (run_id,)).fetchone()
+        try:
+            row = self._conn.execute("SELECT lease_digest FROM heads WHERE run_id=?", (run_id,)).fetchone()
+        except sqlite3.OperationalError:
+            # A file from before lease tokens, opened read-only (a writable open adds the
+            # column): no lease of it has a digest.
+            if any(r[1] == "lease_digest" for r in self._conn.execute("PRAGMA table_info(heads)")):
+                raise
+            return None
         return None if row is None else row[0]
 
     def _check_token(self, run_id: str, head: Head | None, max_lease: int, token: LeaseToken) -> None:
@@ -1527,6 +1534,7 @@ class SqliteStore(EventStore):
         seen: dict[str, tuple[int, bytes]] = {}
         spans: dict[str, tuple[int, int]] = {}  # each run's first and last position in the log
         fences: dict[str, tuple[int | None, str | None, int]] = {}
+        digests: dict[str, str | None] = {}  # the digest a write's token must match, per the log
         total = self.last_position()
         expected_pos = None
         source: Iterator[Recorded] = (
@@ -1579,8 +1587,10 @@ class SqliteStore(EventStore):
                 e = ev.decode(rec.payload)
                 if isinstance(e, ev.LeaseGranted):
                     lease, holder, top = e.lease, e.worker, max(top, e.lease)
+                    digests[rec.run_id] = e.token_digest or None
                 elif e.lease == lease:  # released or revoked: the current lease ends
                     lease, holder = None, None
+                    digests[rec.run_id] = None
                 fences[rec.run_id] = (lease, holder, top)
         # The ledger-wide checks run for one run too: a hole or a break anywhere in the
         # global chain makes every run's place in the order doubtful.
@@ -1617,6 +1627,15 @@ class SqliteStore(EventStore):
                             f"the heads table fences with lease {row[0]} (holder {row[1]}, highest "
                             f"{row[2]}) but the log's lease events say {want[0]} (holder {want[1]}, "
                             f"highest {want[2]}): writes would be checked against a forged lease")
+                )
+                continue
+            kept = self._lease_digest_locked(rid)
+            if kept != digests.get(rid):
+                problems.append(
+                    Problem("fence_mismatch", rid, last_seq, None,
+                            f"the heads table holds another lease token digest than the grant of lease "
+                            f"{want[0]} in the log: a token nobody was given would be accepted as the "
+                            "holder's (the heads row was edited behind the store)")
                 )
         for rid, h in heads.items():
             if rid not in seen and rid not in broken:

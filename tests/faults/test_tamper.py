@@ -332,6 +332,21 @@ def test_heads_lease_edited_is_detected(base):
     assert problems and problems[0].run_id == "beta"
 
 
+def test_heads_token_digest_swapped_for_an_attackers_is_detected(base):
+    """Mallory puts the digest of a secret she drew into beta's heads row: her token is now
+    accepted for beta's live lease (the file is hers to write), and verify names the row."""
+    from ledger.store import lease_digest
+
+    secret = "M" * 43
+    path = attack(base, "heads-digest",
+                  f"UPDATE heads SET lease_digest='{lease_digest(secret)}' WHERE run_id='beta'")
+    with Ledger(path) as lg:
+        lease = lg.checkpoint("beta").lease
+        assert lg.progress("beta", f"{lease}.{secret}", "tool_outcome", "forged", worker="mallory")
+        problems = [p for p in lg.verify() if p.kind == "fence_mismatch"]
+    assert [p.run_id for p in problems] == ["beta"] and "token digest" in problems[0].message
+
+
 def test_events_of_two_runs_swapped_in_global_order_is_detected(base):
     pa, pb = base["pos"][("alpha", 7)], base["pos"][("beta", 7)]
     assert pb == pa + 1
