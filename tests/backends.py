@@ -40,8 +40,10 @@ class Backend:
     #: suite runs ``handoff --db <address>`` as real subprocesses only where it can.)
     shared: bool
 
-    def open(self, address: str) -> EventStore:
-        return open_store(address)
+    def open(self, address: str, **options: object) -> EventStore:
+        """A store on ``address``; ``options`` are ``open_store``'s (``clock=`` for the
+        store's own clock, so two backends can record the very same history)."""
+        return open_store(address, **options)
 
 
 _n = itertools.count()
@@ -59,3 +61,34 @@ BACKENDS: dict[str, Backend] = {
     "sqlite-file": Backend("sqlite-file", _sqlite_file, shared=True),
     "sqlite-memory": Backend("sqlite-memory", _sqlite_memory, shared=False),
 }
+
+
+class OnBackend:
+    """One backend of tests/backends.py, bound to a test's temporary directory.
+
+    ``new_store()`` opens a fresh, empty store; ``address()`` names a fresh ledger for
+    ``Ledger(...)`` or ``handoff --db``, and ``open(address)`` gives another handle on it
+    (``shared`` says whether a second handle or process sees the same ledger there).
+    Every store opened through it is closed after the test.
+    """
+
+    def __init__(self, backend: Backend, tmp_path: Path) -> None:
+        self.backend, self.tmp_path = backend, tmp_path
+        self.name, self.shared = backend.name, backend.shared
+        self._opened: list[EventStore] = []
+
+    def address(self) -> str:
+        return self.backend.address(self.tmp_path)
+
+    def new_store(self) -> EventStore:
+        return self.open(self.address())
+
+    def open(self, address: str, **options: object) -> EventStore:
+        """Another handle on the ledger at ``address`` (closed after the test)."""
+        store = self.backend.open(address, **options)
+        self._opened.append(store)
+        return store
+
+    def close(self) -> None:
+        for store in self._opened:
+            store.close()

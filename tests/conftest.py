@@ -41,41 +41,10 @@ def store(db_path):
     s.close()
 
 
-class OnBackend:
-    """One backend of tests/backends.py, bound to a test's temporary directory.
-
-    ``new_store()`` opens a fresh, empty store; ``address()`` names a fresh ledger for
-    ``Ledger(...)`` or ``handoff --db``, and ``open(address)`` gives another handle on it
-    (``shared`` says whether a second handle or process sees the same ledger there).
-    Every store opened through it is closed after the test.
-    """
-
-    def __init__(self, backend, tmp_path) -> None:
-        self.backend, self.tmp_path = backend, tmp_path
-        self.name, self.shared = backend.name, backend.shared
-        self._opened: list = []
-
-    def address(self) -> str:
-        return self.backend.address(self.tmp_path)
-
-    def new_store(self):
-        return self.open(self.address())
-
-    def open(self, address: str):
-        """Another handle on the ledger at ``address`` (closed after the test)."""
-        store = self.backend.open(address)
-        self._opened.append(store)
-        return store
-
-    def close(self) -> None:
-        for store in self._opened:
-            store.close()
-
-
 @pytest.fixture(params=sorted(__import__("tests.backends", fromlist=["BACKENDS"]).BACKENDS))
 def backend(request, tmp_path):
     """Each backend in tests/backends.py in turn: the one fixture a new backend fills in."""
-    from tests.backends import BACKENDS
+    from tests.backends import BACKENDS, OnBackend
 
     on = OnBackend(BACKENDS[request.param], tmp_path)
     yield on
