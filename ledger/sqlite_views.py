@@ -164,8 +164,11 @@ class SqliteViewStore(ViewStore):
             conn.execute(f"INSERT OR REPLACE INTO {VERSIONS} VALUES (?, ?)", (name, views[name][1]))
 
     def positions(self) -> dict[str, int]:
-        with self._store._lock:
-            return dict(self._conn.execute(f"SELECT name, position FROM {TRACKING}"))
+        # A ledger no projection was ever prepared in has no tracking table: no positions,
+        # not a driver error (the interface promises typed errors only).
+        if not self._run("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (TRACKING,)):
+            return {}
+        return dict(self._run(f"SELECT name, position FROM {TRACKING}", ()))
 
     def table(self, spec: TableSpec) -> Table:
         t = self._tables.get(spec.name)

@@ -42,10 +42,16 @@ def store(db_path):
 
 
 @pytest.fixture(params=sorted(__import__("tests.backends", fromlist=["BACKENDS"]).BACKENDS))
-def backend_store(request, tmp_path):
-    """A fresh, empty store of each backend in tests/backends.py, closed afterwards."""
-    from tests.backends import BACKENDS
+def backend(request, tmp_path):
+    """Each backend in tests/backends.py in turn: the one fixture a new backend fills in."""
+    from tests.backends import BACKENDS, OnBackend
 
-    s = BACKENDS[request.param](tmp_path)
-    yield s
-    s.close()
+    on = OnBackend(BACKENDS[request.param], tmp_path)
+    yield on
+    on.close()
+
+
+@pytest.fixture
+def backend_store(backend):
+    """A fresh, empty store of each backend in tests/backends.py, closed afterwards."""
+    return backend.new_store()

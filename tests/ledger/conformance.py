@@ -1,20 +1,21 @@
 """The EventStore contract in code, written once against ledger/store.py.
 
-A backend proves it honours the contract by subclassing ``StoreConformance`` in a
-``test_*.py`` module and implementing ``make_store()`` to return a fresh, empty store
-(``self.tmp_path`` is a per-test temporary directory it may use)::
-
-    class TestMyStore(StoreConformance):
-        def make_store(self):
-            return MyStore(self.tmp_path / "ledger.db")
+It runs on every backend in tests/backends.py through the ``backend`` fixture
+(tests/conftest.py): tests/ledger/test_store_conformance.py collects it, and a new backend
+adds its entry there, not a subclass. ``make_store()`` returns a fresh, empty store of the
+backend under test (tests that need two ledgers, such as export then import, call it
+again); ``self.tmp_path`` is a per-test temporary directory.
 
 Every refusal test also proves the refusal wrote nothing, with ``refused()``: it
 snapshots every event and every head before the call and compares them after.
 
 The suite covers the whole interface: appends and commands, reads, fencing, idempotency,
-forks, counts, export and import, ``verify``, ``diagnostics``, and the transactions and
-inline hook the projections use. The projections' own backend-neutral suite is
-tests/projections/test_projection_backends.py (one fixture: tests/backends.py).
+forks, counts, export and import, ``verify``, ``diagnostics``, the ledger-wide chain and
+copies, and the transactions and inline hook the projections use. A test in
+test_store_conformance.py fails if a public name of ``EventStore`` or ``Transaction`` is
+used by no test here. The projections' own backend-neutral suite is
+tests/projections/test_projection_backends.py; the Ledger and CLI level's is
+tests/test_ledger_conformance.py.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from ledger.store import (
     chain_hash,
     lease_digest,
 )
+from ledger.views import TableSpec, columns
 
 def token_secret(run: str, number: int) -> str:
     """A fixed, well-formed lease secret per (run, number), so tests can forge and replay."""
@@ -183,16 +185,18 @@ def positions(records: list[Recorded]) -> list[int]:
 
 
 class StoreConformance:
-    """Subclass in a test module and implement ``make_store``."""
+    """The suite; collected once, by tests/ledger/test_store_conformance.py, per backend."""
 
     tmp_path: Any
+    backend: Any
 
-    def make_store(self) -> EventStore:  # pragma: no cover - the hook
-        raise NotImplementedError
+    def make_store(self) -> EventStore:
+        """A fresh, empty store of the backend under test (closed after the test)."""
+        return self.backend.new_store()
 
     @pytest.fixture(autouse=True)
-    def _conformance_tmp(self, tmp_path):
-        self.tmp_path = tmp_path
+    def _conformance_backend(self, backend, tmp_path):
+        self.backend, self.tmp_path = backend, tmp_path
 
     @pytest.fixture
     def store(self):
@@ -1120,3 +1124,64 @@ class StoreConformance:
             store.append("a", [hb()], actor=W1)
         with refused(store, RuntimeError, match="on purpose"):
             store.execute("a", Count(), up_to(5), actor=W1)
+
+    # --- the ledger-wide chain, copies and what a store says about itself -----------------
+
+    def test_ledger_head_and_global_hash_at_follow_the_ledger_wide_chain(self, store):
+        assert store.ledger_head() == (0, GENESIS_HASH)
+        assert store.global_hash_at(1) is None
+        self.history_of_three(store)
+        last, top = store.ledger_head()
+        assert last == store.last_position() == 10
+        assert store.global_hash_at(10) == top
+        chain = [store.global_hash_at(p) for p in range(1, 11)]
+        assert all(isinstance(h, bytes) and len(h) == 32 for h in chain)
+        assert len(set(chain)) == 10  # each position binds its own hash
+        assert store.global_hash_at(11) is None
+        with refused(store, InvalidInput, match="position"):
+            store.global_hash_at(-1)
+        store.append("a", [hb()], actor=W1, lease=f"1.{token_secret('a', 1)}")
+        assert store.global_hash_at(10) == top  # an append never rewrites what was there
+        assert store.ledger_head()[0] == 11 and store.ledger_head()[1] != top
+
+    def test_the_store_refuses_updates_and_deletes_by_itself(self, store):
+        assert store.append_only_problems() == []
+        self.fill(store, "a", 2)
+        assert store.append_only_problems() == []
+
+    def test_backup_is_one_consistent_copy_that_names_its_head(self, store):
+        self.history_of_three(store)
+        target = self.tmp_path / "backup-copy"
+        assert not target.exists()
+        position, top, runs = store.backup_to(str(target))
+        assert (position, top, runs) == (*store.ledger_head(), 3)
+        assert target.exists()
+        assert store.verify() == []  # the original goes on as it was
+        store.append("b", [hb()], actor=OWNER)
+        assert store.ledger_head()[0] == 11
+
+    def test_what_a_store_says_about_itself(self, store):
+        assert store.readonly is False
+        assert isinstance(store.path, str) and store.path
+        assert store.views is store.views  # one view store per store
+        assert store.views.positions() == {}  # no projection attached to a bare store
+        store.close()
+        store.close()  # closing twice is harmless
+
+    def test_view_writes_commit_and_roll_back_with_their_transaction(self, store):
+        spec = TableSpec("conformance_view", columns(run_id="text!", n="int!"), pk=("run_id",))
+        handle = store.views.table(spec)
+        with store.write_transaction("preparing a test view") as txn:
+            store.views.prepare({"conformance": (spec, 1)})
+            txn.views.sync_one(handle, {"run_id": "a", "n": 1})
+        assert store.views.positions() == {"conformance": 0}
+        with pytest.raises(RuntimeError, match="on purpose"):
+            with store.write_transaction("writing a test view") as txn:
+                txn.views.sync_one(handle, {"run_id": "a", "n": 2})
+                txn.views.set_positions({"conformance": 7})
+                raise RuntimeError("on purpose")
+        assert store.views.get("conformance_view", ("a",), ("n",)) == (1,)
+        assert store.views.positions() == {"conformance": 0}
+        with store.write_transaction("writing a test view") as txn:
+            txn.views.sync_one(handle, {"run_id": "a", "n": 2})
+        assert store.views.get("conformance_view", ("a",), ("n",)) == (2,)

@@ -1,4 +1,5 @@
-"""SqliteStore on a real file: the conformance suite, then what only a file can do.
+"""SqliteStore on a real file: what only a file can do (the conformance suite runs on it
+through tests/backends.py and tests/ledger/test_store_conformance.py).
 
 Raw ``sqlite3`` connections stand in for other processes and for tamperers; nothing
 is mocked.
@@ -7,7 +8,6 @@ is mocked.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
 import sqlite3
 import stat
@@ -34,7 +34,6 @@ from tests.ledger.conformance import (
     W2,
     WATCHDOG,
     Count,
-    StoreConformance,
     assert_unchanged,
     hb,
     refused,
@@ -42,13 +41,6 @@ from tests.ledger.conformance import (
     step,
     up_to,
 )
-
-_n = itertools.count()
-
-
-class TestSqliteFileConformance(StoreConformance):
-    def make_store(self) -> SqliteStore:
-        return SqliteStore(self.tmp_path / f"ledger-{next(_n)}.db")
 
 
 # --- helpers ---------------------------------------------------------------------------

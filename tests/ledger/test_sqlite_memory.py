@@ -1,14 +1,10 @@
-"""SqliteStore.memory() against the EventStore conformance suite, plus what only memory does."""
+"""What only SqliteStore.memory() does (the conformance suite runs on it through
+tests/backends.py and tests/ledger/test_store_conformance.py)."""
 
 from __future__ import annotations
 
 from ledger.sqlite import SqliteStore
-from tests.ledger.conformance import W1, StoreConformance, hb
-
-
-class TestSqliteMemoryConformance(StoreConformance):
-    def make_store(self) -> SqliteStore:
-        return SqliteStore.memory()
+from tests.ledger.conformance import W1, hb
 
 
 def test_memory_stores_are_independent():

@@ -2,8 +2,10 @@
 
 Nothing here names SQL or a private attribute: rebuild equals incremental upkeep, check
 finds and inline upkeep repairs a damaged row, catch-up brings views level with a log
-written without them, and the view store's read vocabulary answers as documented
-(ledger/views.py). A new backend passes this file by adding its entry to tests/backends.py.
+written without them (and with a second handle writing behind the projector, where the
+backend can open one ledger twice), and the view store's read vocabulary answers as
+documented (ledger/views.py). A new backend runs this file by adding its entry to
+tests/backends.py.
 """
 
 from __future__ import annotations
@@ -222,3 +224,26 @@ def test_names_are_checked(vocab):
     with pytest.raises(InvalidInput):
         vocab.select("vocab_test", ("k FROM vocab_test --",))
     assert vocab.count("vocab_test") == 20
+
+
+def test_catch_up_refolds_what_a_second_handle_wrote_behind_the_projector(backend, clock):
+    """Two handles on one ledger (two processes, in practice): a bare store appends to an
+    existing run and starts a new one; the Ledger's next catch-up folds exactly those."""
+    if not backend.shared:
+        pytest.skip(f"{backend.name}: a second handle cannot open the same ledger")
+    address = backend.address()
+    lg = Ledger(store=backend.open(address), clock=clock)
+    bare = backend.open(address)  # no projector attached: writes the log only
+    for i in range(4):
+        lg.store.append(f"r{i}", run_events(i, 9), actor=BUILDER)
+    assert lg.check() == []
+    level = views_dump(lg.store)
+    bare.append("r1", run_events(1, 12)[9:], actor=BUILDER)
+    bare.append("late", run_events(7, 10), actor=BUILDER)
+    assert views_dump(lg.store) == level  # nothing folded them yet
+    assert lg.projector.catch_up() == 2  # r1 and late, not the runs already level
+    assert set(lg.projector.positions().values()) == {lg.store.last_position()}
+    assert lg.check() == []
+    caught = views_dump(lg.store)
+    lg.rebuild()
+    assert views_dump(lg.store) == caught
