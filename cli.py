@@ -163,19 +163,6 @@ class Seconds(click.FloatRange):
         return rv
 
 
-def _iso(us: int | None, *, ms: bool = False) -> str | None:
-    if us is None:
-        return None
-    from datetime import datetime, timedelta, timezone
-
-    try:  # exact: us / 1e6 as a float can round 9999-12-31T23:59:59.999999 up into year 10000
-        dt = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=us)
-    except OverflowError:  # only a ledger written with a broken clock holds such a time
-        return f"{us}us-since-1970"
-    text = dt.isoformat(timespec="milliseconds" if ms else "microseconds")
-    return text.replace("+00:00", "Z")
-
-
 @click.group(cls=HandoffGroup, name="handoff", context_settings={"help_option_names": ["-h", "--help"],
                                                                  "max_content_width": WIDTH})
 @click.option("--db", default="handoff.db", envvar="HANDOFF_DB", show_default=True, show_envvar=True,
@@ -278,17 +265,11 @@ def _emit(doc: dict[str, Any], as_json: bool, text: str | None) -> None:
         click.echo(text)
 
 
-def _write_doc(out: Any) -> dict[str, Any]:
-    r, cp = out.result, out.checkpoint
-    return {
-        "run_id": r.run_id, "outcome": r.outcome, "first_seq": r.first_seq, "last_seq": r.last_seq,
-        "state": cp.state, "worker": cp.worker, "lease": cp.lease, "progress_seq": cp.progress_seq,
-    }
-
-
 def _report(out: Any, as_json: bool, did: str, **extra: Any) -> None:
     """Print what a write did: one line, or the write document."""
-    doc = {**_write_doc(out), **extra}
+    from handoff import render as R
+
+    doc = {**R.write_doc(out), **extra}
     r, cp = out.result, out.checkpoint
     if r.outcome == "duplicate":
         text = f"{r.run_id}: already recorded; nothing new written (state {cp.state})"
@@ -339,23 +320,6 @@ def _worker_actor(lg: Any, run: str, lease: str | None) -> Any:
     return Actor("worker", _wname(lg, run, lease))
 
 
-def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [[("-" if c is None else str(c)).replace("\n", " ") for c in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in cells:
-        for i, c in enumerate(row):
-            widths[i] = max(widths[i], len(c))
-    lines = []
-    for row in [headers, *cells]:
-        lines.append("  ".join(c.ljust(widths[i]) if i < len(row) - 1 else c for i, c in enumerate(row)).rstrip())
-    return "\n".join(lines)
-
-
-def _one_line(text: str, limit: int = 72) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 # --- output that streams: memory flat however long the listing ------------------------
 
 TABLE_WINDOW = 256  # a streamed table sizes its columns from this many rows at a time
@@ -369,17 +333,16 @@ def _stream_table(headers: list[str], rows: Any, *, window: int = TABLE_WINDOW) 
     """
     import itertools
 
+    from handoff.render import cells, table_lines
+
     widths = [len(h) for h in headers]
     it = iter(rows)
     printed = 0
-    while chunk := [[("-" if c is None else str(c)).replace("\n", " ") for c in row]
-                    for row in itertools.islice(it, window)]:
+    while chunk := [cells(row) for row in itertools.islice(it, window)]:
         for row in chunk:
             for i, c in enumerate(row):
                 widths[i] = max(widths[i], len(c))
-        lines = [headers, *chunk] if not printed else chunk
-        click.echo("\n".join("  ".join(c.ljust(widths[i]) if i < len(row) - 1 else c for i, c in enumerate(row)).rstrip()
-                             for row in lines))
+        click.echo("\n".join(table_lines([headers, *chunk] if not printed else chunk, widths)))
         printed += len(chunk)
     return printed
 
@@ -570,9 +533,11 @@ def claim(run: str, worker: str, key: str | None, as_json: bool) -> None:
     Example:
         LEASE=$(handoff claim $RUN --worker worker-1)
     """
+    from handoff import render as R
+
     with _ledger() as lg:
         got = lg.claim_outcome(run, worker, key=key)
-    doc = {**_write_doc(got.outcome), "token": str(got.token)}
+    doc = {**R.write_doc(got.outcome), "token": str(got.token)}
     _emit(doc, as_json, str(got.token))
 
 
@@ -892,14 +857,6 @@ def transfer(run: str, by: str, action: str, to: str, key: str | None, as_json: 
 # --- delivery -------------------------------------------------------------------------
 
 
-def _delivery_extra(cp: Any) -> dict[str, Any]:
-    d = cp.delivery
-    status = "confirmed" if d.confirmed_key else ("attempted" if d.pending else
-                                                  ("failed" if d.attempts else "not_attempted"))
-    return {"target": cp.target, "delivery": {"status": status, "key": d.confirmed_key or (
-        d.attempts[-1].key if d.attempts else None), "receipt": d.receipt, "attempts": len(d.attempts)}}
-
-
 @main.command()
 @run_argument
 @click.option("--by", required=True, help="The owner, or someone it transferred 'deliver' to.")
@@ -919,15 +876,17 @@ def deliver(run: str, by: str, key: str, as_json: bool) -> None:
         # ... post the result to the target, then:
         handoff delivered $RUN --key report-v1 --receipt "msg 1712"
     """
+    from handoff import render as R
+
     with _ledger() as lg:
         out = lg.deliver(run, by, key)
-    cp, extra = out.checkpoint, _delivery_extra(out.checkpoint)
+    cp, extra = out.checkpoint, R.delivery_doc(out.checkpoint)
     if out.duplicate:
         extra["send"] = False
         st = extra["delivery"]["status"]
         text = (f"{run}: delivery {key} is already {st}; do not send again" if st == "confirmed" else
                 f"{run}: delivery {key} was already recorded ({st}); do not send again until it is confirmed or failed")
-        _emit({**_write_doc(out), **extra}, as_json, text)
+        _emit({**R.write_doc(out), **extra}, as_json, text)
         return
     extra["send"] = True
     _report(out, as_json, f"delivery {key} to {cp.target} recorded: send now, then 'handoff delivered'", **extra)
@@ -946,9 +905,11 @@ def delivered(run: str, key: str, receipt: str, by: str | None, as_json: bool) -
     Example:
         handoff delivered $RUN --key report-v1 --receipt "https://chat.example/ops/p1712"
     """
+    from handoff import render as R
+
     with _ledger() as lg:
         out = lg.delivered(run, key, receipt, by=by)
-    _report(out, as_json, f"delivery {key} confirmed", **_delivery_extra(out.checkpoint))
+    _report(out, as_json, f"delivery {key} confirmed", **R.delivery_doc(out.checkpoint))
 
 
 @main.command("delivery-failed")
@@ -964,9 +925,11 @@ def delivery_failed(run: str, key: str, error: str, by: str | None, as_json: boo
     Example:
         handoff delivery-failed $RUN --key report-v1 --error "channel archived"
     """
+    from handoff import render as R
+
     with _ledger() as lg:
         out = lg.delivery_failed(run, key, error, by=by)
-    _report(out, as_json, f"delivery {key} marked failed", **_delivery_extra(out.checkpoint))
+    _report(out, as_json, f"delivery {key} marked failed", **R.delivery_doc(out.checkpoint))
 
 
 # --- ending and forking ---------------------------------------------------------------
@@ -1067,66 +1030,6 @@ def fork(run: str, at_seq: int, run_id: str | None, by: str | None, key: str | N
 # --- reading ----------------------------------------------------------------------------
 
 
-def format_packet(p: dict[str, Any]) -> str:
-    """A checkpoint packet as short aligned lines (the JSON form is the packet itself)."""
-    def iso(v: str | None) -> str:
-        return v or "-"
-
-    lp = p.get("last_progress")
-    h = p["health"]
-    mon = p["monitored"]
-    d = p["delivery"]
-    rows = [
-        ("run", p["run_id"] + (f"  (fork of {p['fork_parent']} at seq {p['fork_seq']})" if p.get("fork_parent") else "")),
-        ("state", p["state"] + ("  (terminal)" if p["terminal"] else "")),
-        ("goal", _one_line(p["goal"], 100)),
-        ("origin", p["origin"] or "-"),
-        ("target", p["target"]),
-        ("owner", p["owner"] + ("  (review required)" if p.get("require_review") else "")),
-        ("worker", f"{p['worker']} (lease {p['lease']})" if p["lease"] is not None else "none (no lease held)"),
-        ("progress", f"seq {p['progress_seq']}" + (f", last {lp['kind']} at {lp['at']}" if lp else ", none yet")),
-        ("heartbeat", iso(p["last_heartbeat_at"])),
-        ("health", f"{h['classification']}: {h['reason']}" + (f" (action: {h['action']})" if h["action"] != "none" else "")),
-        ("monitored", ("yes, by " + ", ".join(mon["watchers"])) if mon["covered"] else
-         "no live watcher covers it" + (f" (last observed by {mon['last_observed_by']} at {mon['last_observed_at']})"
-                                        if mon.get("last_observed_by") else "")),
-        ("delivery", f"{d['status']}: {d['detail']}"),
-    ]
-    if p.get("result_path"):
-        rows.insert(5, ("result", p["result_path"]))
-    if p.get("review"):
-        r = p["review"]
-        rows.append(("review", f"{'approved' if r['approved'] else 'rejected'} by {r['by']}" + (f": {r['notes']}" if r["notes"] else "")))
-    if p.get("result"):
-        rows.append(("submitted", _one_line(p["result"]["summary"] or "(no summary)", 100) + f" (seq {p['result']['seq']})"))
-    rows.append(("last seq", f"{p['last_seq']}, updated {iso(p.get('updated_at'))}"))
-    width = max(len(k) for k, _ in rows)
-    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
-    for title, items, fmt in (
-        ("blockers", p["blockers"], lambda b: [f"#{b['id']}", b["reason"], "next: " + b["next_action"], f"seq {b['seq']}"]),
-        ("artifacts", p["artifacts"], lambda a: [a["kind"], a["path"], f"{a['bytes']} B" if a["exists"] else "MISSING",
-                                                  f"sha256 {a['sha256'][:12]}" if a["sha256"] else "", f"seq {a['seq']}"]),
-        ("evidence", p["evidence"], lambda e: [e["kind"], e["outcome"], _one_line(e["detail"], 60) or "-", f"seq {e['seq']}"]),
-        ("pending effects", p["pending_effects"], lambda e: [e["key"], _one_line(e["what"], 60), f"lease {e['lease']}", f"seq {e['seq']}"]),
-    ):
-        if items:
-            lines.append(f"{title}:")
-            body = _table([""] * len(fmt(items[0])), [fmt(i) for i in items]).split("\n")[1:]
-            lines.extend("  " + b for b in body)
-        else:
-            lines.append(f"{title.ljust(width)}  none")
-    return "\n".join(lines)
-
-
-def _run_row(cp: Any, health: Any) -> dict[str, Any]:
-    return {
-        "run_id": cp.run_id, "state": cp.state, "owner": cp.owner, "target": cp.target,
-        "worker": cp.worker, "lease": cp.lease, "progress_seq": cp.progress_seq,
-        "health": health.classification, "action": health.action,
-        "updated_at": _iso(cp.last_event_us), "goal": cp.goal,
-    }
-
-
 @main.command()
 @click.argument("run", metavar="[RUN]", required=False)
 @click.option("--state", "states", multiple=True, help="Only runs in this state (repeatable).")
@@ -1153,12 +1056,14 @@ def status(run: str | None, states: tuple[str, ...], owner: str | None, include_
         handoff status --state executing --owner alice --json
         handoff status --all --limit 50 --after run-20260501-120000-a1b2c3
     """
+    from handoff import render as R
+
     from reducers import stall
 
     with _ledger() as lg:
         if run is not None:
             p = lg.status(run, now=now)
-            _emit(p, as_json, None if as_json else format_packet(p))
+            _emit(p, as_json, None if as_json else R.format_packet(p))
             return
         when = now if now is not None else lg.clock()
         filters = {"after": after, "include_terminal": include_terminal, "states": states, "owner": owner}
@@ -1167,105 +1072,17 @@ def status(run: str | None, states: tuple[str, ...], owner: str | None, include_
             items, nxt, more = page.items, page.next, page.more
         else:
             items, nxt, more = lg.iter_runs(**filters), None, 0
-        rows = (_run_row(cp, stall.classify(cp, now_us=when)) for cp in items)
+        rows = (R.run_row(cp, stall.classify(cp, now_us=when)) for cp in items)
         if as_json:
-            _stream_json({"now": _iso(when)}, "runs", rows, lambda: {"next": nxt, "more": more})
+            _stream_json({"now": R.iso(when)}, "runs", rows, lambda: {"next": nxt, "more": more})
             return
         n = _stream_table(["RUN", "STATE", "OWNER", "WORKER", "LEASE", "PROGRESS", "HEALTH", "UPDATED"],
                           ([r["run_id"], r["state"], r["owner"], r["worker"], r["lease"], r["progress_seq"],
-                            r["health"], _iso_ms(r["updated_at"])] for r in rows))
+                            r["health"], R.iso_ms(r["updated_at"])] for r in rows))
     if not n:
         click.echo("no runs" + ("" if include_terminal else " that are not terminal")
                    + (f" after {after}" if after else "") + " match")
     _more_line(more, nxt)
-
-
-def _iso_ms(text: str | None) -> str | None:
-    """'2026-05-01T12:00:03.123456Z' -> '2026-05-01T12:00:03.123Z' for tables."""
-    if not text or "." not in text:
-        return text
-    head, frac = text.rstrip("Z").split(".", 1)
-    return f"{head}.{frac[:3]}Z"
-
-
-def summarize(event: Any) -> str:
-    """One line on what an event says, for timelines."""
-    from ledger import events as ev
-
-    e = event
-    match e:
-        case ev.HandoffOpened():
-            return f"contract: {e.goal!r} for {e.owner} -> {e.target}" + (" (review required)" if e.require_review else "")
-        case ev.LeaseGranted():
-            return f"{e.worker} holds lease {e.lease}"
-        case ev.LeaseReleased():
-            return f"lease {e.lease} released" + (f": {e.reason}" if e.reason else "")
-        case ev.LeaseRevoked():
-            return f"lease {e.lease} revoked: {e.reason}"
-        case ev.AuthorityTransferred():
-            return f"{e.to} may {e.action}"
-        case ev.HeartbeatRecorded():
-            return "alive"
-        case ev.StateChanged():
-            return f"{e.from_state} -> {e.to_state}" + (f" ({e.reason})" if e.reason else "")
-        case ev.ProgressRecorded():
-            return f"{e.kind}" + (f": {e.detail}" if e.detail else "") + ("" if e.advances else " [not progress]")
-        case ev.ArtifactRecorded():
-            return (f"{e.kind} {e.path} ({e.bytes} B, sha256 {e.sha256[:12]})" if e.exists
-                    else f"{e.kind} {e.path} (missing)")
-        case ev.EvidenceRecorded():
-            return f"{e.kind}: {e.outcome}" + (f" ({e.detail})" if e.detail else "")
-        case ev.BlockerRaised():
-            return f"#{e.blocker_id} {e.reason}; next: {e.next_action}"
-        case ev.BlockerCleared():
-            return f"#{e.blocker_id} cleared: {e.resolution}"
-        case ev.SideEffectStarted():
-            return f"{e.key}: {e.what}"
-        case ev.SideEffectConfirmed():
-            return f"{e.key}: {e.outcome}"
-        case ev.ReconciliationRecorded():
-            return f"{e.key}: {e.outcome}" + (f" ({e.note})" if e.note else "")
-        case ev.ResultSubmitted():
-            return (e.summary or "result") + f" ({len(e.artifacts)} artifact{'s' if len(e.artifacts) != 1 else ''})"
-        case ev.ReviewDecided():
-            return f"{'approved' if e.approved else 'rejected'} by {e.by}" + (f": {e.notes}" if e.notes else "")
-        case ev.DeliveryAttempted():
-            return f"{e.key} to {e.target} by {e.by}"
-        case ev.DeliveryConfirmed():
-            return f"{e.key} receipt {e.receipt}"
-        case ev.DeliveryFailed():
-            return f"{e.key}: {e.error}"
-        case ev.RunClosed():
-            return f"{e.disposition} by {e.by}" + (f": {e.reason}" if e.reason else "")
-        case ev.WatchdogObserved():
-            return f"{e.classification} at progress_seq {e.progress_seq}"
-        case ev.RecoveryDecided():
-            return f"{e.action} ({e.classification}): {e.reason}"
-        case ev.RunForked():
-            return f"continues {e.parent} as of seq {e.parent_seq}"
-    return ev.tag_of(e)
-
-
-def log_row(rec: Any) -> dict[str, Any]:
-    """One event as a row of 'handoff log' (its --json shape, docs/cli.md)."""
-    import msgspec
-
-    event = rec.event
-    return {
-        "seq": rec.seq, "position": rec.position, "at": _iso(rec.recorded_us), "actor": rec.actor,
-        "lease": rec.lease, "type": rec.type, "key": rec.idempotency_key, "summary": summarize(event),
-        "data": msgspec.to_builtins(event),
-    }
-
-
-def log_rows(records: Any) -> list[dict[str, Any]]:
-    return [log_row(rec) for rec in records]
-
-
-def format_log(rows: list[dict[str, Any]], *, width: int = 72) -> str:
-    return _table(["SEQ", "TIME", "ACTOR", "LEASE", "TYPE", "SUMMARY"],
-                  [[r["seq"], _iso_ms(r["at"]), r["actor"], r["lease"], r["type"], _one_line(r["summary"], width)]
-                   for r in rows])
 
 
 @main.command()
@@ -1291,6 +1108,8 @@ def log(run: str, after_seq: int, types: tuple[str, ...], no_heartbeats: bool, l
         handoff log $RUN --type lease_granted --type lease_revoked --json
         handoff log $RUN --limit 500 --after 1000 --jsonl
     """
+    from handoff import render as R
+
     if as_json and as_jsonl:
         raise click.UsageError("give --json or --jsonl, not both")
     with _ledger() as lg:
@@ -1305,16 +1124,14 @@ def log(run: str, after_seq: int, types: tuple[str, ...], no_heartbeats: bool, l
                     nxt.append(last[-1])
                     return
                 last[:] = [rec.seq]
-                yield log_row(rec)
+                yield R.log_row(rec)
 
         if as_jsonl:
             _stream_jsonl(rows())
         elif as_json:
             _stream_json({"run_id": run}, "events", rows(), lambda: {"next": nxt[0] if nxt else None})
         else:
-            n = _stream_table(["SEQ", "TIME", "ACTOR", "LEASE", "TYPE", "SUMMARY"],
-                              ([r["seq"], _iso_ms(r["at"]), r["actor"], r["lease"], r["type"],
-                                _one_line(r["summary"], 72)] for r in rows()))
+            n = _stream_table(R.LOG_HEADERS, (R.log_cells(r) for r in rows()))
             if not n:
                 click.echo(f"{run}: no events match")
             if nxt:
@@ -1337,6 +1154,8 @@ def replay(run: str, at_seq: int | None, as_of: int | None, as_json: bool) -> No
         handoff replay $RUN --at 7
         handoff replay $RUN --as-of 2026-05-01T12:00:00Z --json
     """
+    from handoff import render as R
+
     if (at_seq is None) == (as_of is None):
         raise click.UsageError("give exactly one of --at SEQ or --as-of TIME")
     with _ledger() as lg:
@@ -1344,20 +1163,8 @@ def replay(run: str, at_seq: int | None, as_of: int | None, as_json: bool) -> No
     if as_json:
         _emit(p, True, None)
     else:
-        when = f"seq {at_seq}" if at_seq is not None else f"{_iso(as_of)} (seq {p['last_seq']})"
-        click.echo(f"{run} as it stood at {when}:\n" + format_packet(p))
-
-
-def _stall_row(cp: Any, h: Any) -> dict[str, Any]:
-    w = cp.watch
-    return {
-        "run_id": cp.run_id, "state": cp.state, "classification": h.classification, "action": h.action,
-        "reason": h.reason, "worker": cp.worker, "lease": cp.lease,
-        "last_heartbeat_at": _iso(w.last_heartbeat_us), "progress_seq": w.progress_seq,
-        "last_progress": None if w.last_progress is None else {
-            "seq": w.last_progress.seq, "kind": w.last_progress.kind, "at": _iso(w.last_progress.at_us)},
-        "retries": w.repeats, "retry_budget": cp.policy.retry_budget,
-    }
+        when = f"seq {at_seq}" if at_seq is not None else f"{R.iso(as_of)} (seq {p['last_seq']})"
+        click.echo(f"{run} as it stood at {when}:\n" + R.format_packet(p))
 
 
 @main.command()
@@ -1380,6 +1187,8 @@ def stalls(now: int | None, limit: int, after: str | None, as_json: bool) -> Non
         handoff stalls
         handoff stalls --now 2026-05-01T12:00:00Z --json
     """
+    from handoff import render as R
+
     with _ledger() as lg:
         when = now if now is not None else lg.clock()
         if limit:
@@ -1387,18 +1196,18 @@ def stalls(now: int | None, limit: int, after: str | None, as_json: bool) -> Non
             found, nxt, more = page.items, page.next, page.more
         else:
             found, nxt, more = lg.iter_stalls(now=when, after=after), None, 0
-        rows = (_stall_row(cp, h) for cp, h in found)
+        rows = (R.stall_row(cp, h) for cp, h in found)
         if as_json:
-            _stream_json({"now": _iso(when)}, "stalls", rows, lambda: {"next": nxt, "more": more})
+            _stream_json({"now": R.iso(when)}, "stalls", rows, lambda: {"next": nxt, "more": more})
             return
         n = _stream_table(
             ["RUN", "STATE", "HEALTH", "ACTION", "LEASE", "LAST BEAT", "PROGRESS", "RETRIES", "WHY"],
-            ([r["run_id"], r["state"], r["classification"], r["action"], r["lease"], _iso_ms(r["last_heartbeat_at"]),
+            ([r["run_id"], r["state"], r["classification"], r["action"], r["lease"], R.iso_ms(r["last_heartbeat_at"]),
               f"{r['progress_seq']}" + (f" {r['last_progress']['kind']}" if r["last_progress"] else ""),
-              f"{r['retries']}/{r['retry_budget']}", _one_line(r["reason"], 60)] for r in rows))
+              f"{r['retries']}/{r['retry_budget']}", R.one_line(r["reason"], 60)] for r in rows))
     if not n:
-        click.echo(f"no run needs attention at {_iso(when, ms=True)}" + (f" after {after}" if after else ""))
-    _more_line(more, nxt, "" if now is not None else f" --now {_iso(when)}")
+        click.echo(f"no run needs attention at {R.iso(when, ms=True)}" + (f" after {after}" if after else ""))
+    _more_line(more, nxt, "" if now is not None else f" --now {R.iso(when)}")
 
 
 # --- the watchdog -------------------------------------------------------------------------
@@ -1407,11 +1216,6 @@ def stalls(now: int | None, limit: int, after: str | None, as_json: bool) -> Non
 #: How a dry run's outcomes read in text.
 _DRY_OUTCOME = {"would_commit": "would record this", "duplicate": "already recorded", "skipped": "would do nothing",
                 "failed": "would be refused: nothing would be recorded"}
-
-
-def _action_doc(a: Any) -> dict[str, Any]:
-    return {"run_id": a.run_id, "classification": a.classification, "action": a.action, "outcome": a.outcome,
-            "key": a.key, "progress_seq": a.progress_seq, "lease": a.lease, "reason": a.reason, "seq": a.seq}
 
 
 @main.command()
@@ -1450,6 +1254,8 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, dry_ru
         handoff watch --once --json
         handoff watch --once --dry-run --now 2026-05-01T12:00:00Z
     """
+    from handoff import render as R
+
     import signal
     import socket
 
@@ -1487,22 +1293,22 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, dry_ru
         if not as_json and dry_run:
             click.echo(f"dry run: {a.line()} [{_DRY_OUTCOME.get(a.outcome, a.outcome)}]")
         elif not as_json and a.outcome in ("committed", "failed"):
-            click.echo(f"{_iso(now_holder['now'], ms=True)} {a.line()}")
+            click.echo(f"{R.iso(now_holder['now'], ms=True)} {a.line()}")
             sys.stdout.flush()
 
     def on_pass(when: int, actions: list[Any]) -> None:
         if as_json:
             import json
 
-            doc = {"watcher": name, "at": _iso(when), "interval_s": interval,
-                   "actions": [_action_doc(a) for a in actions]}
+            doc = {"watcher": name, "at": R.iso(when), "interval_s": interval,
+                   "actions": [R.action_doc(a) for a in actions]}
             if dry_run:
                 doc["dry_run"] = True
             click.echo(json.dumps(doc, ensure_ascii=False))
             sys.stdout.flush()
         elif dry_run:
             would = sum(a.outcome == "would_commit" for a in actions)
-            click.echo(f"dry run at {_iso(when)}: nothing recorded; a pass would record {would} "
+            click.echo(f"dry run at {R.iso(when)}: nothing recorded; a pass would record {would} "
                        f"action{'' if would == 1 else 's'}")
 
     now_holder: dict[str, int] = {}
@@ -1577,6 +1383,8 @@ def verify(run: str | None, expect_head: tuple[str, ...], as_json: bool) -> None
         handoff verify $RUN --json
         handoff verify --expect-head "$(cat /elsewhere/handoff.head)"
     """
+    from handoff import render as R
+
     from handoff.api import VERIFY_RUN_SKIPS
 
     bar = _Bar("verifying", not as_json)
@@ -1611,10 +1419,10 @@ def verify(run: str | None, expect_head: tuple[str, ...], as_json: bool) -> None
                 click.echo("not checked: " + "; ".join(skipped))
         else:
             if probs:
-                click.echo(_table(["PROBLEM", "RUN", "SEQ", "POSITION", "DETAIL"],
+                click.echo(R.table(["PROBLEM", "RUN", "SEQ", "POSITION", "DETAIL"],
                                   [[p["kind"], p["run_id"], p["seq"], p["position"], p["message"]] for p in probs]))
             if diffs:
-                click.echo(_table(["PROJECTION", "RUN", "COLUMN", "KEPT", "FOLDED"],
+                click.echo(R.table(["PROJECTION", "RUN", "COLUMN", "KEPT", "FOLDED"],
                                   [[d["projection"], d["run_id"], d["column"], d["kept"], d["folded"]] for d in diffs]))
             click.echo(f"{len(probs)} problem(s) in the log, {len(diffs)} projection difference(s)", err=True)
             if skipped:
@@ -1657,6 +1465,8 @@ def check(name: str | None, as_json: bool) -> None:
         handoff check
         handoff check --projection checkpoints --json
     """
+    from handoff import render as R
+
     bar = _Bar("checking", not as_json)
     with _ledger() as lg:
         try:
@@ -1666,7 +1476,7 @@ def check(name: str | None, as_json: bool) -> None:
     if as_json:
         _emit({"ok": not diffs, "differences": diffs}, True, None)
     elif diffs:
-        click.echo(_table(["PROJECTION", "RUN", "COLUMN", "KEPT", "FOLDED"],
+        click.echo(R.table(["PROJECTION", "RUN", "COLUMN", "KEPT", "FOLDED"],
                           [[d["projection"], d["run_id"], d["column"], d["kept"], d["folded"]] for d in diffs]))
     else:
         click.echo("ok: the projections match a fresh fold of the log")
@@ -1686,6 +1496,8 @@ def rebuild(name: str | None, as_json: bool) -> None:
         handoff rebuild
         handoff rebuild --projection stall_watch
     """
+    from handoff import render as R
+
     bar = _Bar("rebuilding", not as_json)
     with _ledger() as lg:
         try:
@@ -1695,7 +1507,7 @@ def rebuild(name: str | None, as_json: bool) -> None:
     if as_json:
         _emit({"rebuilt": counts}, True, None)
     else:
-        click.echo(_table(["PROJECTION", "ROWS"], [[k, v] for k, v in counts.items()]))
+        click.echo(R.table(["PROJECTION", "ROWS"], [[k, v] for k, v in counts.items()]))
 
 
 @main.command()
@@ -1993,7 +1805,9 @@ then. `artifact` adds
 `"artifact": {path, kind, bytes, sha256, exists}`; `artifact-withdraw` adds `"path"` (as
 recorded); `deliver`, `delivered` and
 `delivery-failed` add `"target"` and `"delivery": {status, key, receipt, attempts}`, and
-`deliver` adds `"send": true|false` (send the result only when true).
+`deliver` adds `"send": true|false` (send the result only when true). There `status` is
+what the log alone says (`not_ready`, `ready`, `attempted`, `failed` or `confirmed`, the
+same rule as the packet's); only the packet, judged at a time, can also say `ambiguous`.
 
 **open**: `{"run_id", "state", "last_seq", "owner", "target", "result_path"}`.
 **fork**: `{"run_id", "parent", "parent_seq", "state"}`. **init**: `{"db", "created", "runs"}`.
