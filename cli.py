@@ -281,45 +281,6 @@ def _report(out: Any, as_json: bool, did: str, **extra: Any) -> None:
     _emit(doc, as_json, text)
 
 
-def _actor(name: str | None) -> Any:
-    from ledger.store import Actor
-
-    from handoff.api import operator_name
-
-    return Actor("operator", operator_name(name))
-
-
-def _wname(lg: Any, run: str, lease: str | None) -> str:
-    """The writing worker's name: $HANDOFF_WORKER, else the holder of that lease (for the log).
-
-    Only a name for the envelope: the write itself is proven by the token, not by this."""
-    name = os.environ.get("HANDOFF_WORKER")
-    if name:
-        return name
-    number = str(lease or "").partition(".")[0]
-    try:
-        head = lg.store.head(run)
-    except Exception:
-        head = None
-    if head is not None and head.lease_holder and number.isdigit() and head.lease == int(number):
-        return head.lease_holder
-    if head is not None and number.isdigit():
-        # An ended lease (a keyed retry of a release, say): the name its grant recorded,
-        # so the retry is the same request as the first attempt.
-        for rec in lg.store.read_run(run):
-            if rec.type == "lease_granted" and rec.event.lease == int(number):
-                return rec.event.worker
-    from handoff.api import login_name
-
-    return login_name()  # never "worker", which would log the kind twice (worker:worker)
-
-
-def _worker_actor(lg: Any, run: str, lease: str | None) -> Any:
-    from ledger.store import Actor
-
-    return Actor("worker", _wname(lg, run, lease))
-
-
 # --- output that streams: memory flat however long the listing ------------------------
 
 TABLE_WINDOW = 256  # a streamed table sizes its columns from this many rows at a time
@@ -416,13 +377,12 @@ def init(as_json: bool) -> None:
     Example:
         handoff --db work.db init
     """
-    path = _state().db
-    existed = os.path.exists(path) and os.path.getsize(path) > 0
-    with _ledger(create=True) as lg:
-        runs = lg.store.count_runs()
-    doc = {"db": os.path.abspath(path), "created": not existed, "runs": runs}
-    text = (f"ledger {path} already exists ({runs} streams); nothing changed" if existed
-            else f"created ledger {path}")
+    from handoff.api import init_ledger
+
+    st = _state()
+    doc = init_ledger(st.db, busy_timeout_s=st.busy_timeout)
+    text = (f"created ledger {st.db}" if doc["created"] else
+            f"ledger {st.db} already exists ({doc['runs']} streams); nothing changed")
     _emit(doc, as_json, text)
 
 
@@ -556,7 +516,7 @@ def heartbeat(run: str, lease: str, as_json: bool) -> None:
         handoff heartbeat $RUN --lease $LEASE
     """
     with _ledger() as lg:
-        out = lg.heartbeat(run, lease, worker=_wname(lg, run, lease))
+        out = lg.heartbeat(run, lease)
     _report(out, as_json, "heartbeat recorded")
 
 
@@ -576,7 +536,7 @@ def transition(run: str, lease: str, to: str, reason: str, key: str | None, as_j
         handoff transition $RUN --lease $LEASE --to executing
     """
     with _ledger() as lg:
-        out = lg.transition(run, lease, to, reason=reason, key=key, worker=_wname(lg, run, lease))
+        out = lg.transition(run, lease, to, reason=reason, key=key)
     _report(out, as_json, f"moved to {out.checkpoint.state}")
 
 
@@ -599,7 +559,7 @@ def progress(run: str, lease: str, kind: str, detail: str, key: str | None, as_j
         handoff progress $RUN --lease $LEASE --kind tool_outcome --detail "tests pass" --key step-7
     """
     with _ledger() as lg:
-        out = lg.progress(run, lease, kind, detail, key=key, worker=_wname(lg, run, lease))
+        out = lg.progress(run, lease, kind, detail, key=key)
     _report(out, as_json, f"{kind} recorded, progress_seq {out.checkpoint.progress_seq}")
 
 
@@ -634,7 +594,7 @@ def artifact(run: str, path: str | None, lease: str, kind: str, root: str | None
         if not run:
             raise click.UsageError("give RUN and PATH (RUN may be left out only when HANDOFF_RUN is set)")
     with _ledger() as lg:
-        out = lg.artifact(run, lease, path, kind=kind, root=root, key=key, worker=_wname(lg, run, lease),
+        out = lg.artifact(run, lease, path, kind=kind, root=root, key=key,
                           max_bytes=max_bytes)
     art = out.checkpoint.artifacts[-1] if out.checkpoint.artifacts else None
     extra = {} if art is None else {"artifact": {"path": art.path, "kind": art.kind, "bytes": art.bytes,
@@ -668,14 +628,11 @@ def artifact_withdraw(run: str, path: str, reason: str, lease: str | None, by: s
         handoff artifact-withdraw $RUN --lease $LEASE ./reprot.md --reason "typo: report.md"
     """
     with _ledger() as lg:
-        actor = _worker_actor(lg, run, lease) if lease is not None else _actor(by)
-        out = lg.withdraw_artifact(run, path, reason, lease=lease, actor=actor, key=key)
-        r = out.result
-        # The path as recorded (resolved), read from the event itself (or the original, for a replayed key).
-        rec = next(iter(lg.store.read_run(run, after_seq=r.first_seq - 1, until_seq=r.first_seq)), None) \
-            if r.positions else None
-    if rec is not None and rec.type == "artifact_withdrawn":
-        path = rec.event.path  # type: ignore[attr-defined]
+        out = lg.withdraw_artifact(run, path, reason, lease=lease, by=by, key=key)
+        written = lg.written(out)
+    # The path as recorded (resolved), read from the event itself (or the original, for a replayed key).
+    if written and written[0].type == "artifact_withdrawn":
+        path = written[0].event.path  # type: ignore[attr-defined]
     _report(out, as_json, f"artifact {path} withdrawn; it no longer counts for submit", path=path)
 
 
@@ -697,8 +654,7 @@ def evidence(run: str, lease: str | None, kind: str, outcome: str, detail: str, 
         handoff evidence $RUN --lease $LEASE --kind tests --outcome pass --detail "42 passed"
     """
     with _ledger() as lg:
-        actor = _worker_actor(lg, run, lease) if lease is not None else _actor(by)
-        out = lg.evidence(run, kind, outcome, detail, lease=lease, actor=actor, key=key)
+        out = lg.evidence(run, kind, outcome, detail, lease=lease, by=by, key=key)
     _report(out, as_json, f"evidence {kind}: {outcome}")
 
 
@@ -721,8 +677,7 @@ def block(run: str, reason: str, next_action: str, lease: str | None, by: str | 
         handoff block $RUN --reason "needs prod credentials" --next-action "alice grants read access"
     """
     with _ledger() as lg:
-        actor = _worker_actor(lg, run, lease) if lease is not None else _actor(by)
-        out = lg.block(run, reason, next_action, lease=lease, actor=actor, key=key)
+        out = lg.block(run, reason, next_action, lease=lease, by=by, key=key)
     _report(out, as_json, f"blocker #{out.checkpoint.blockers_raised} raised")
 
 
@@ -743,8 +698,7 @@ def unblock(run: str, resolution: str, blocker_id: int | None, lease: str | None
         handoff unblock $RUN --resolution "read access granted"
     """
     with _ledger() as lg:
-        actor = _worker_actor(lg, run, lease) if lease is not None else _actor(by)
-        out = lg.unblock(run, resolution, blocker_id=blocker_id, lease=lease, actor=actor, key=key)
+        out = lg.unblock(run, resolution, blocker_id=blocker_id, lease=lease, by=by, key=key)
     _report(out, as_json, "unblocked" if out.checkpoint.state != "blocked" else "blocker cleared")
 
 
@@ -765,7 +719,7 @@ def effect_start(run: str, lease: str, key: str, what: str, as_json: bool) -> No
         handoff effect-start $RUN --lease $LEASE --key deploy-v42 --what "deploy v42 to staging"
     """
     with _ledger() as lg:
-        out = lg.effect_start(run, lease, key, what, worker=_wname(lg, run, lease))
+        out = lg.effect_start(run, lease, key, what)
     _report(out, as_json, f"side effect {key} started")
 
 
@@ -787,8 +741,7 @@ def effect_confirm(run: str, key: str, outcome: str, note: str, lease: str | Non
         handoff effect-confirm $RUN --key deploy-v42 --outcome done --note "v42 is live on staging"
     """
     with _ledger() as lg:
-        actor = _worker_actor(lg, run, lease) if lease is not None else _actor(by)
-        out = lg.effect_confirm(run, key, outcome, note=note, lease=lease, actor=actor)
+        out = lg.effect_confirm(run, key, outcome, note=note, lease=lease, by=by)
     _report(out, as_json, f"side effect {key}: {outcome}")
 
 
@@ -807,7 +760,7 @@ def submit(run: str, lease: str, summary: str, key: str | None, as_json: bool) -
         handoff submit $RUN --lease $LEASE --summary "report drafted and checked"
     """
     with _ledger() as lg:
-        out = lg.submit(run, lease, summary, key=key, worker=_wname(lg, run, lease))
+        out = lg.submit(run, lease, summary, key=key)
     _report(out, as_json, f"result submitted; now {out.checkpoint.state}")
 
 
@@ -952,7 +905,7 @@ def release(run: str, lease: str, reason: str, key: str | None, as_json: bool) -
         handoff release $RUN --lease $LEASE --reason "handing over to the night shift"
     """
     with _ledger() as lg:
-        out = lg.release(run, lease, reason, worker=_wname(lg, run, lease), key=key)
+        out = lg.release(run, lease, reason, key=key)
     _report(out, as_json, f"lease {str(lease).partition('.')[0]} released")
 
 
@@ -973,7 +926,7 @@ def revoke(run: str, reason: str, lease: int | None, by: str | None, key: str | 
     """
     with _ledger() as lg:
         before = lg.checkpoint(run).lease
-        out = lg.revoke(run, reason, lease=lease, actor=_actor(by), key=key)
+        out = lg.revoke(run, reason, lease=lease, by=by, key=key)
     _report(out, as_json, f"lease {before} revoked")
 
 
@@ -1257,7 +1210,6 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, dry_ru
     from handoff import render as R
 
     import signal
-    import socket
 
     from handoff import watchdog
 
@@ -1277,12 +1229,7 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, dry_ru
     from handoff.api import check_seconds
 
     check_seconds(interval, "interval", low=0.05, high=86_400)  # nan slips past FloatRange
-    if name is None:
-        import re
-
-        # Beats live in the stream watcher:<name>, so the name keeps to the run-id alphabet.
-        host = re.sub(r"[^A-Za-z0-9._:-]", "-", socket.gethostname().split(".")[0])[:100].strip("-")
-        name = f"watchdog-{host or 'localhost'}"
+    name = name if name is not None else watchdog.default_name()
     stop = {"flag": False}
 
     def _stop(signum: int, frame: Any) -> None:
@@ -1385,28 +1332,14 @@ def verify(run: str | None, expect_head: tuple[str, ...], as_json: bool) -> None
     """
     from handoff import render as R
 
-    from handoff.api import VERIFY_RUN_SKIPS
-
     bar = _Bar("verifying", not as_json)
     with _ledger() as lg:
         try:
-            problems = lg.verify(run, progress=bar, expect_head=expect_head)
+            doc = lg.verify_report(run, progress=bar, expect_head=expect_head)
         finally:
             bar.close()
-        diffs = lg.check() if run is None and hasattr(lg, "check") else []
-        head = lg.store.head(run) if run is not None else None
-        if run is None:
-            events = lg.store.last_position()
-        else:  # a run whose head row is damaged still has its events counted
-            events = head.last_seq if head is not None else sum(1 for _ in lg.store.read_run(run))
-        runs = lg.store.count_runs() if run is None else 1
-    import msgspec
-
-    probs = [msgspec.to_builtins(p) for p in problems]
-    ok = not probs and not diffs
-    skipped = list(VERIFY_RUN_SKIPS) if run is not None else []
-    doc = {"ok": ok, "run_id": run, "events": events, "streams": runs, "problems": probs, "projections": diffs,
-           "anchors": len(expect_head), "skipped": skipped}
+    ok, probs, diffs, skipped = doc["ok"], doc["problems"], doc["projections"], doc["skipped"]
+    events, runs = doc["events"], doc["streams"]
     if as_json:
         _emit(doc, True, None)
     else:
