@@ -389,6 +389,10 @@ def init(as_json: bool) -> None:
 def open_options(required: bool) -> Any:
     """The contract's options, shared by 'open' and 'run'."""
 
+    from ledger.events import Policy  # the defaults' one home
+
+    default = Policy()
+
     def deco(f: Any) -> Any:
         opts = [
             click.option("--goal", required=required, help="What the run must achieve."),
@@ -401,15 +405,15 @@ def open_options(required: bool) -> Any:
             click.option("--result", "result_path", default=None, type=click.Path(dir_okay=False),
                          help="The result file the run must produce (submit checks it was recorded)."),
             click.option("--stop-rule", "stop_rules", multiple=True, help="A rule for when to stop (repeatable)."),
-            click.option("--heartbeat-timeout", type=float, default=60.0, show_default=True,
+            click.option("--heartbeat-timeout", type=float, default=default.heartbeat_timeout_s, show_default=True,
                          help="Seconds without a heartbeat before the worker is unavailable."),
-            click.option("--progress-timeout", type=float, default=300.0, show_default=True,
+            click.option("--progress-timeout", type=float, default=default.progress_timeout_s, show_default=True,
                          help="Seconds without progress (heartbeats alone) before the run is stalled."),
-            click.option("--retry-budget", type=int, default=3, show_default=True,
+            click.option("--retry-budget", type=int, default=default.retry_budget, show_default=True,
                          help="Stalled windows the watchdog tolerates before it pauses the run."),
-            click.option("--delivery-timeout", type=float, default=600.0, show_default=True,
+            click.option("--delivery-timeout", type=float, default=default.delivery_timeout_s, show_default=True,
                          help="Seconds a delivery attempt may go without an outcome before it is ambiguous."),
-            click.option("--owner-cap", type=int, default=10, show_default=True,
+            click.option("--owner-cap", type=int, default=default.owner_cap, show_default=True,
                          help="Most runs of this owner that may hold a lease at once."),
             click.option("--require-review", is_flag=True, help="The owner must approve the result before delivery."),
         ]

@@ -46,6 +46,10 @@ from reducers.checkpoint import AGGREGATE, Checkpoint, packet
 from reducers.decide import Context, decide
 from projections import Projector, queries
 
+#: The policy defaults; their one home is ``ledger.events.Policy`` (a contract that omits a
+#: field is stored, and decoded, with these).
+POLICY = ev.Policy()
+
 WATCHER_PREFIX = "watcher:"
 #: A watcher beats at most this often (seconds); coverage allows three missed beats.
 WATCHER_BEAT_PERIOD_S = 10.0
@@ -538,8 +542,9 @@ class Ledger:
     def open(
         self, *, goal: str, target: str, owner: str, origin: str = "", run_id: str | None = None,
         result_path: str | None = None, stop_rules: tuple[str, ...] = (), require_review: bool = False,
-        heartbeat_timeout_s: float = 60.0, progress_timeout_s: float = 300.0, retry_budget: int = 3,
-        delivery_timeout_s: float = 600.0, owner_cap: int = 10, key: str | None = None,
+        heartbeat_timeout_s: float = POLICY.heartbeat_timeout_s, progress_timeout_s: float = POLICY.progress_timeout_s,
+        retry_budget: int = POLICY.retry_budget, delivery_timeout_s: float = POLICY.delivery_timeout_s,
+        owner_cap: int = POLICY.owner_cap, key: str | None = None,
         actor: Actor | None = None,
     ) -> str:
         if run_id is None and key is not None:

@@ -7,6 +7,7 @@ Each test pins a finding of issue 11: it fails if the second copy, or the import
 from __future__ import annotations
 
 import ast
+import re
 import os
 import subprocess
 import sys
@@ -158,3 +159,37 @@ def test_delivery_status_values_are_the_documented_ones():
     listed = ", ".join(f"`{s}`" for s in delivery.STAGES)
     assert f"`delivery.status` is one of {listed}" in doc.replace("\n", " ")
     assert os.path.exists(ROOT / "reducers" / "delivery.py")
+
+
+# --- policy defaults: ledger.events.Policy ---------------------------------------------------
+
+_POLICY_NAME = re.compile(r"(heartbeat|progress|delivery)[-_]timeout|retry[-_]budget|owner[-_]cap")
+_LITERAL_DEFAULT = re.compile(r"(default=|Field\(|[:\w]\s=\s)(60\.0|300\.0|600\.0|3|10)\b")
+
+
+def test_policy_defaults_are_written_once():
+    """Before: the contract model, Ledger.open's signature and the CLI's options each wrote
+    60.0 / 300.0 / 3 / 600.0 / 10 again beside ledger.events.Policy."""
+    offenders = []
+    for path in [*library_sources(), ROOT / "cli.py"]:
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in ("ledger/events.py", "reducers/testing.py"):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if _POLICY_NAME.search(line) and _LITERAL_DEFAULT.search(line):
+                offenders.append(f"{rel}:{n}: {line.strip()}")
+    assert offenders == []
+
+
+def test_every_entry_point_opens_with_the_stored_defaults():
+    import inspect
+
+    import cli
+    from handoff import Ledger, contract
+
+    stored = msgspec.structs.asdict(ev.Policy())
+    assert contract.Policy().model_dump() == stored
+    sig = inspect.signature(Ledger.open)
+    assert {k: sig.parameters[k].default for k in stored} == stored
+    options = {p.name: p.default for p in cli.main.commands["open"].params}
+    assert {k: options[k.removesuffix("_s")] for k in stored} == stored
