@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_STORE, EXIT_PROBLEMS = 0, 1, 2, 3, 4
+EXIT_OK = 0  # every other code is an error class's exit_code (ledger.errors), never a literal here
 WIDTH = 88  # help and docs are rendered at this width so docs/cli.md is reproducible
 
 
@@ -113,7 +113,9 @@ def _ledger_exit(exc: BaseException) -> int | None:
     from ledger.backends import is_driver_error
 
     if is_driver_error(exc):
-        return EXIT_STORE
+        from ledger.errors import StoreError
+
+        return StoreError.exit_code
     return None
 
 
@@ -279,6 +281,13 @@ def _report(out: Any, as_json: bool, did: str, **extra: Any) -> None:
         seqs = f"seq {r.first_seq}" if r.first_seq == r.last_seq else f"seq {r.first_seq}-{r.last_seq}"
         text = f"{r.run_id}: {did} ({seqs}; state {cp.state})"
     _emit(doc, as_json, text)
+
+
+def _exit_damage_found() -> None:
+    """End a check that found damage with DamageFound's exit code (verify, check, doctor)."""
+    from ledger.errors import DamageFound
+
+    click.get_current_context().exit(DamageFound.exit_code)
 
 
 # --- output that streams: memory flat however long the listing ------------------------
@@ -1365,7 +1374,7 @@ def verify(run: str | None, expect_head: tuple[str, ...], as_json: bool) -> None
             if skipped:
                 click.echo("not checked: " + "; ".join(skipped), err=True)
     if not ok:
-        click.get_current_context().exit(EXIT_PROBLEMS)
+        _exit_damage_found()
 
 
 @main.command()
@@ -1418,7 +1427,7 @@ def check(name: str | None, as_json: bool) -> None:
     else:
         click.echo("ok: the projections match a fresh fold of the log")
     if diffs:
-        click.get_current_context().exit(EXIT_PROBLEMS)
+        _exit_damage_found()
 
 
 @main.command()
@@ -1565,7 +1574,7 @@ def doctor(as_json: bool) -> None:
     if as_json:
         _emit(facts, True, None)
         if problems:
-            click.get_current_context().exit(EXIT_PROBLEMS)
+            _exit_damage_found()
         return
     bug = facts.get("wal_reset_bug", {})
     rows = [
@@ -1582,7 +1591,7 @@ def doctor(as_json: bool) -> None:
     width = max(len(k) for k, _ in rows)
     click.echo("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
     if problems:
-        click.get_current_context().exit(EXIT_PROBLEMS)
+        _exit_damage_found()
 
 
 # --- the worker wrapper and the demo ----------------------------------------------------------
@@ -1694,13 +1703,7 @@ Generated from `--help` by `python -m cli --write-docs`; do not edit by hand
 
 ## Exit codes
 
-| code | meaning |
-|---|---|
-| 0 | ok (a retried write that changed nothing is ok too: its outcome is `duplicate` or `unchanged`) |
-| 1 | refused by the ledger's rules: conflict, stale lease, lease held, illegal transition, double delivery, terminal run, not authorized, unknown run; `run`: the lease was lost |
-| 2 | usage: a missing or malformed option or argument, or malformed input the ledger rejected |
-| 3 | store problem: not a ledger, locked past the busy timeout, read-only, disk full, corrupt |
-| 4 | `verify`, `check` or `doctor` found damage; `head --write` found its file's digest no longer in the ledger |
+@EXIT_CODES@
 
 Errors go to stderr as one sentence that names what was wrong and what to do
 (`Error: lease 1 of run r1 has ended (revoked, released, or replaced by a later claim); ...`).
@@ -1843,9 +1846,37 @@ own output.
 """
 
 
+#: What each exit code means at the shell, keyed by the error class that carries the code;
+#: the codes themselves, and the error types under each, are read from ledger.errors.
+EXIT_MEANINGS = {
+    "Refused": "refused by the ledger's rules: conflict, stale lease, lease held, illegal transition, double "
+               "delivery, terminal run, not authorized, unknown run; `run`: the lease was lost",
+    "InvalidInput": "usage: a missing or malformed option or argument (click's `UsageError`, `BadParameter`, ...), "
+                    "or malformed input the ledger rejected",
+    "StoreError": "store problem: not a ledger, locked past the busy timeout, read-only, disk full, corrupt",
+    "DamageFound": "`verify`, `check` or `doctor` found damage; `head --write` found its file's digest no longer "
+                   "in the ledger",
+}
+
+
+def exit_code_table() -> str:
+    """docs/cli.md's exit-code table, generated from ledger.errors: every error type is
+    listed under its own exit_code."""
+    from ledger.errors import by_exit_code
+
+    lines = ["| code | meaning | error types |", "|---|---|---|",
+             f"| {EXIT_OK} | ok (a retried write that changed nothing is ok too: its outcome is `duplicate` or "
+             "`unchanged`) | |"]
+    for code, types in by_exit_code().items():
+        meaning = next(EXIT_MEANINGS[t.__name__] for t in types if t.__name__ in EXIT_MEANINGS)
+        names = ", ".join(f"`{t.__name__}`" for t in types if t.__name__ != "LedgerError")
+        lines.append(f"| {code} | {meaning} | {names} |")
+    return "\n".join(lines)
+
+
 def render_docs() -> str:
     """docs/cli.md: the intro above, then every command's --help, in definition order."""
-    parts = [DOCS_INTRO]
+    parts = [DOCS_INTRO.replace("@EXIT_CODES@", exit_code_table())]
     root = click.Context(main, info_name="handoff", terminal_width=WIDTH, max_content_width=WIDTH,
                          help_option_names=["-h", "--help"])
     parts.append("\n### handoff\n\n```\n" + main.get_help(root).rstrip() + "\n```\n")

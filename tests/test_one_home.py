@@ -193,3 +193,34 @@ def test_every_entry_point_opens_with_the_stored_defaults():
     assert {k: sig.parameters[k].default for k in stored} == stored
     options = {p.name: p.default for p in cli.main.commands["open"].params}
     assert {k: options[k.removesuffix("_s")] for k in stored} == stored
+
+
+# --- exit codes: the error classes ------------------------------------------------------------
+
+
+def _documented_exit_codes() -> dict[str, int]:
+    text = (ROOT / "docs" / "cli.md").read_text()
+    table = text[text.index("## Exit codes"):].split("\n\n", 2)[1]
+    out = {}
+    for row in table.splitlines()[2:]:
+        code, _meaning, types = (c.strip() for c in row.strip("|").split(" | "))
+        for name in re.findall(r"`(\w+)`", types):
+            out[name] = int(code)
+    return out
+
+
+def test_every_error_type_is_documented_with_its_exit_code():
+    """docs/cli.md's table lists each LedgerError subclass under its own exit_code. Before,
+    the table, cli.py's constants and the classes were three separate copies."""
+    from ledger import errors
+
+    documented = _documented_exit_codes()
+    types = [t for t in vars(errors).values()
+             if isinstance(t, type) and issubclass(t, errors.LedgerError) and t is not errors.LedgerError]
+    assert types
+    assert {t.__name__: int(t.exit_code) for t in types} == documented
+
+
+def test_cli_writes_no_exit_code_of_its_own():
+    text = (ROOT / "cli.py").read_text()
+    assert not re.search(r"\bexit\((?:[1-4])\)|EXIT_(?:REFUSED|USAGE|STORE|PROBLEMS)\b", text)
