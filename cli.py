@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from reducers.transitions import CLOSE_DISPOSITIONS, DELIVERED  # data only: imports nothing
+
 EXIT_OK = 0  # every other code is an error class's exit_code (ledger.errors), never a literal here
 WIDTH = 88  # help and docs are rendered at this width so docs/cli.md is reproducible
 
@@ -947,7 +949,8 @@ def revoke(run: str, reason: str, lease: int | None, by: str | None, key: str | 
 @run_argument
 @click.option("--by", required=True, help="The owner (or, with --operator, an operator).")
 @click.option("--as", "disposition", required=True,
-              type=click.Choice(["no-op", "cancelled", "failed", "no_op"]), help="How the run ends.")
+              type=click.Choice([*(d.replace("_", "-") for d in CLOSE_DISPOSITIONS),
+                                 *(d for d in CLOSE_DISPOSITIONS if "_" in d)]), help="How the run ends.")
 @click.option("--reason", default="", help="Why.")
 @click.option("--operator", is_flag=True, help="Close as an operator rather than as the owner.")
 @key_option
@@ -1000,7 +1003,9 @@ def fork(run: str, at_seq: int, run_id: str | None, by: str | None, key: str | N
 @click.argument("run", metavar="[RUN]", required=False)
 @click.option("--state", "states", multiple=True, help="Only runs in this state (repeatable).")
 @click.option("--owner", default=None, help="Only this owner's runs.")
-@click.option("--all", "include_terminal", is_flag=True, help="Include delivered, no-op, cancelled and failed runs.")
+@click.option("--all", "include_terminal", is_flag=True,
+              help=f"Include {DELIVERED}, {', '.join(d.replace('_', '-') for d in CLOSE_DISPOSITIONS[:-1])} and "
+                   f"{CLOSE_DISPOSITIONS[-1]} runs.")
 @click.option("--now", type=ISO_TIME, default=None, help="Judge health as of this time (default: now).")
 @page_options
 @json_option

@@ -224,3 +224,37 @@ def test_every_error_type_is_documented_with_its_exit_code():
 def test_cli_writes_no_exit_code_of_its_own():
     text = (ROOT / "cli.py").read_text()
     assert not re.search(r"\bexit\((?:[1-4])\)|EXIT_(?:REFUSED|USAGE|STORE|PROBLEMS)\b", text)
+
+
+# --- terminal states: reducers/transitions.py ---------------------------------------------------
+
+
+def test_no_hard_coded_terminal_state_list_outside_transitions():
+    """A line naming two or more terminal states as strings is a second copy of
+    transitions.TERMINAL / CLOSE_DISPOSITIONS (cli.py had two: close's choices and --all's
+    help; decide.py one). The stored types' Literals are checked against the table below."""
+    from reducers import transitions as T
+
+    names = "|".join(sorted(T.TERMINAL | {d.replace("_", "-") for d in T.TERMINAL}))
+    quoted = re.compile(rf"[\"'`]({names})[\"'`]")
+    offenders = []
+    for path in [*library_sources(), ROOT / "cli.py"]:
+        rel = path.relative_to(ROOT).as_posix()
+        if rel in ("reducers/transitions.py", "reducers/testing.py"):
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if len(set(quoted.findall(line))) >= 2 and "Literal[" not in line:
+                offenders.append(f"{rel}:{n}: {line.strip()}")
+    assert offenders == []
+
+
+def test_the_stored_close_dispositions_are_the_table_s():
+    import typing
+
+    from reducers import commands as C
+    from reducers import transitions as T
+
+    for struct in (ev.RunClosed, C.Close):
+        hint = typing.get_type_hints(struct)["disposition"]
+        assert set(typing.get_args(hint)) == set(T.CLOSE_DISPOSITIONS), struct
+    assert T.TERMINAL == {T.DELIVERED, *T.CLOSE_DISPOSITIONS}
