@@ -13,7 +13,9 @@ from typing import Any
 
 import click
 
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_STORE, EXIT_PROBLEMS = 0, 1, 2, 3, 4
+from reducers.transitions import CLOSE_DISPOSITIONS, DELIVERED  # data only: imports nothing
+
+EXIT_OK = 0  # every other code is an error class's exit_code (ledger.errors), never a literal here
 WIDTH = 88  # help and docs are rendered at this width so docs/cli.md is reproducible
 
 
@@ -113,7 +115,9 @@ def _ledger_exit(exc: BaseException) -> int | None:
     from ledger.backends import is_driver_error
 
     if is_driver_error(exc):
-        return EXIT_STORE
+        from ledger.errors import StoreError
+
+        return StoreError.exit_code
     return None
 
 
@@ -161,19 +165,6 @@ class Seconds(click.FloatRange):
         if not math.isfinite(rv):
             self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
         return rv
-
-
-def _iso(us: int | None, *, ms: bool = False) -> str | None:
-    if us is None:
-        return None
-    from datetime import datetime, timedelta, timezone
-
-    try:  # exact: us / 1e6 as a float can round 9999-12-31T23:59:59.999999 up into year 10000
-        dt = datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(microseconds=us)
-    except OverflowError:  # only a ledger written with a broken clock holds such a time
-        return f"{us}us-since-1970"
-    text = dt.isoformat(timespec="milliseconds" if ms else "microseconds")
-    return text.replace("+00:00", "Z")
 
 
 @click.group(cls=HandoffGroup, name="handoff", context_settings={"help_option_names": ["-h", "--help"],
@@ -278,17 +269,11 @@ def _emit(doc: dict[str, Any], as_json: bool, text: str | None) -> None:
         click.echo(text)
 
 
-def _write_doc(out: Any) -> dict[str, Any]:
-    r, cp = out.result, out.checkpoint
-    return {
-        "run_id": r.run_id, "outcome": r.outcome, "first_seq": r.first_seq, "last_seq": r.last_seq,
-        "state": cp.state, "worker": cp.worker, "lease": cp.lease, "progress_seq": cp.progress_seq,
-    }
-
-
 def _report(out: Any, as_json: bool, did: str, **extra: Any) -> None:
     """Print what a write did: one line, or the write document."""
-    doc = {**_write_doc(out), **extra}
+    from handoff import render as R
+
+    doc = {**R.write_doc(out), **extra}
     r, cp = out.result, out.checkpoint
     if r.outcome == "duplicate":
         text = f"{r.run_id}: already recorded; nothing new written (state {cp.state})"
@@ -300,60 +285,11 @@ def _report(out: Any, as_json: bool, did: str, **extra: Any) -> None:
     _emit(doc, as_json, text)
 
 
-def _actor(name: str | None) -> Any:
-    from ledger.store import Actor
+def _exit_damage_found() -> None:
+    """End a check that found damage with DamageFound's exit code (verify, check, doctor)."""
+    from ledger.errors import DamageFound
 
-    from handoff.api import operator_name
-
-    return Actor("operator", operator_name(name))
-
-
-def _wname(lg: Any, run: str, lease: str | None) -> str:
-    """The writing worker's name: $HANDOFF_WORKER, else the holder of that lease (for the log).
-
-    Only a name for the envelope: the write itself is proven by the token, not by this."""
-    name = os.environ.get("HANDOFF_WORKER")
-    if name:
-        return name
-    number = str(lease or "").partition(".")[0]
-    try:
-        head = lg.store.head(run)
-    except Exception:
-        head = None
-    if head is not None and head.lease_holder and number.isdigit() and head.lease == int(number):
-        return head.lease_holder
-    if head is not None and number.isdigit():
-        # An ended lease (a keyed retry of a release, say): the name its grant recorded,
-        # so the retry is the same request as the first attempt.
-        for rec in lg.store.read_run(run):
-            if rec.type == "lease_granted" and rec.event.lease == int(number):
-                return rec.event.worker
-    from handoff.api import login_name
-
-    return login_name()  # never "worker", which would log the kind twice (worker:worker)
-
-
-def _worker_actor(lg: Any, run: str, lease: str | None) -> Any:
-    from ledger.store import Actor
-
-    return Actor("worker", _wname(lg, run, lease))
-
-
-def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    cells = [[("-" if c is None else str(c)).replace("\n", " ") for c in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in cells:
-        for i, c in enumerate(row):
-            widths[i] = max(widths[i], len(c))
-    lines = []
-    for row in [headers, *cells]:
-        lines.append("  ".join(c.ljust(widths[i]) if i < len(row) - 1 else c for i, c in enumerate(row)).rstrip())
-    return "\n".join(lines)
-
-
-def _one_line(text: str, limit: int = 72) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    click.get_current_context().exit(DamageFound.exit_code)
 
 
 # --- output that streams: memory flat however long the listing ------------------------
@@ -369,17 +305,16 @@ def _stream_table(headers: list[str], rows: Any, *, window: int = TABLE_WINDOW) 
     """
     import itertools
 
+    from handoff.render import cells, table_lines
+
     widths = [len(h) for h in headers]
     it = iter(rows)
     printed = 0
-    while chunk := [[("-" if c is None else str(c)).replace("\n", " ") for c in row]
-                    for row in itertools.islice(it, window)]:
+    while chunk := [cells(row) for row in itertools.islice(it, window)]:
         for row in chunk:
             for i, c in enumerate(row):
                 widths[i] = max(widths[i], len(c))
-        lines = [headers, *chunk] if not printed else chunk
-        click.echo("\n".join("  ".join(c.ljust(widths[i]) if i < len(row) - 1 else c for i, c in enumerate(row)).rstrip()
-                             for row in lines))
+        click.echo("\n".join(table_lines([headers, *chunk] if not printed else chunk, widths)))
         printed += len(chunk)
     return printed
 
@@ -453,18 +388,21 @@ def init(as_json: bool) -> None:
     Example:
         handoff --db work.db init
     """
-    path = _state().db
-    existed = os.path.exists(path) and os.path.getsize(path) > 0
-    with _ledger(create=True) as lg:
-        runs = lg.store.count_runs()
-    doc = {"db": os.path.abspath(path), "created": not existed, "runs": runs}
-    text = (f"ledger {path} already exists ({runs} streams); nothing changed" if existed
-            else f"created ledger {path}")
+    from handoff.api import init_ledger
+
+    st = _state()
+    doc = init_ledger(st.db, busy_timeout_s=st.busy_timeout)
+    text = (f"created ledger {st.db}" if doc["created"] else
+            f"ledger {st.db} already exists ({doc['runs']} streams); nothing changed")
     _emit(doc, as_json, text)
 
 
 def open_options(required: bool) -> Any:
     """The contract's options, shared by 'open' and 'run'."""
+
+    from ledger.events import Policy  # the defaults' one home
+
+    default = Policy()
 
     def deco(f: Any) -> Any:
         opts = [
@@ -478,15 +416,15 @@ def open_options(required: bool) -> Any:
             click.option("--result", "result_path", default=None, type=click.Path(dir_okay=False),
                          help="The result file the run must produce (submit checks it was recorded)."),
             click.option("--stop-rule", "stop_rules", multiple=True, help="A rule for when to stop (repeatable)."),
-            click.option("--heartbeat-timeout", type=float, default=60.0, show_default=True,
+            click.option("--heartbeat-timeout", type=float, default=default.heartbeat_timeout_s, show_default=True,
                          help="Seconds without a heartbeat before the worker is unavailable."),
-            click.option("--progress-timeout", type=float, default=300.0, show_default=True,
+            click.option("--progress-timeout", type=float, default=default.progress_timeout_s, show_default=True,
                          help="Seconds without progress (heartbeats alone) before the run is stalled."),
-            click.option("--retry-budget", type=int, default=3, show_default=True,
+            click.option("--retry-budget", type=int, default=default.retry_budget, show_default=True,
                          help="Stalled windows the watchdog tolerates before it pauses the run."),
-            click.option("--delivery-timeout", type=float, default=600.0, show_default=True,
+            click.option("--delivery-timeout", type=float, default=default.delivery_timeout_s, show_default=True,
                          help="Seconds a delivery attempt may go without an outcome before it is ambiguous."),
-            click.option("--owner-cap", type=int, default=10, show_default=True,
+            click.option("--owner-cap", type=int, default=default.owner_cap, show_default=True,
                          help="Most runs of this owner that may hold a lease at once."),
             click.option("--require-review", is_flag=True, help="The owner must approve the result before delivery."),
         ]
@@ -570,9 +508,11 @@ def claim(run: str, worker: str, key: str | None, as_json: bool) -> None:
     Example:
         LEASE=$(handoff claim $RUN --worker worker-1)
     """
+    from handoff import render as R
+
     with _ledger() as lg:
         got = lg.claim_outcome(run, worker, key=key)
-    doc = {**_write_doc(got.outcome), "token": str(got.token)}
+    doc = {**R.write_doc(got.outcome), "token": str(got.token)}
     _emit(doc, as_json, str(got.token))
 
 
@@ -591,7 +531,7 @@ def heartbeat(run: str, lease: str, as_json: bool) -> None:
         handoff heartbeat $RUN --lease $LEASE
     """
     with _ledger() as lg:
-        out = lg.heartbeat(run, lease, worker=_wname(lg, run, lease))
+        out = lg.heartbeat(run, lease)
     _report(out, as_json, "heartbeat recorded")
 
 
@@ -611,7 +551,7 @@ def transition(run: str, lease: str, to: str, reason: str, key: str | None, as_j
         handoff transition $RUN --lease $LEASE --to executing
     """
     with _ledger() as lg:
-        out = lg.transition(run, lease, to, reason=reason, key=key, worker=_wname(lg, run, lease))
+        out = lg.transition(run, lease, to, reason=reason, key=key)
     _report(out, as_json, f"moved to {out.checkpoint.state}")
 
 
@@ -634,7 +574,7 @@ def progress(run: str, lease: str, kind: str, detail: str, key: str | None, as_j
         handoff progress $RUN --lease $LEASE --kind tool_outcome --detail "tests pass" --key step-7
     """
     with _ledger() as lg:
-        out = lg.progress(run, lease, kind, detail, key=key, worker=_wname(lg, run, lease))
+        out = lg.progress(run, lease, kind, detail, key=key)
     _report(out, as_json, f"{kind} recorded, progress_seq {out.checkpoint.progress_seq}")
 
 
@@ -669,7 +609,7 @@ def artifact(run: str, path: str | None, lease: str, kind: str, root: str | None
         if not run:
             raise click.UsageError("give RUN and PATH (RUN may be left out only when HANDOFF_RUN is set)")
     with _ledger() as lg:
-        out = lg.artifact(run, lease, path, kind=kind, root=root, key=key, worker=_wname(lg, run, lease),
+        out = lg.artifact(run, lease, path, kind=kind, root=root, key=key,
                           max_bytes=max_bytes)
     art = out.checkpoint.artifacts[-1] if out.checkpoint.artifacts else None
     extra = {} if art is None else {"artifact": {"path": art.path, "kind": art.kind, "bytes": art.bytes,
@@ -703,14 +643,11 @@ def artifact_withdraw(run: str, path: str, reason: str, lease: str | None, by: s
         handoff artifact-withdraw $RUN --lease $LEASE ./reprot.md --reason "typo: report.md"
     """
     with _ledger() as lg:
-        actor = _worker_actor(lg, run, lease) if lease is not None else _actor(by)
-        out = lg.withdraw_artifact(run, path, reason, lease=lease, actor=actor, key=key)
-        r = out.result
-        # The path as recorded (resolved), read from the event itself (or the original, for a replayed key).
-        rec = next(iter(lg.store.read_run(run, after_seq=r.first_seq - 1, until_seq=r.first_seq)), None) \
-            if r.positions else None
-    if rec is not None and rec.type == "artifact_withdrawn":
-        path = rec.event.path  # type: ignore[attr-defined]
+        out = lg.withdraw_artifact(run, path, reason, lease=lease, by=by, key=key)
+        written = lg.written(out)
+    # The path as recorded (resolved), read from the event itself (or the original, for a replayed key).
+    if written and written[0].type == "artifact_withdrawn":
+        path = written[0].event.path  # type: ignore[attr-defined]
     _report(out, as_json, f"artifact {path} withdrawn; it no longer counts for submit", path=path)
 
 
@@ -732,8 +669,7 @@ def evidence(run: str, lease: str | None, kind: str, outcome: str, detail: str, 
         handoff evidence $RUN --lease $LEASE --kind tests --outcome pass --detail "42 passed"
     """
     with _ledger() as lg:
-        actor = _worker_actor(lg, run, lease) if lease is not None else _actor(by)
-        out = lg.evidence(run, kind, outcome, detail, lease=lease, actor=actor, key=key)
+        out = lg.evidence(run, kind, outcome, detail, lease=lease, by=by, key=key)
     _report(out, as_json, f"evidence {kind}: {outcome}")
 
 
@@ -756,8 +692,7 @@ def block(run: str, reason: str, next_action: str, lease: str | None, by: str | 
         handoff block $RUN --reason "needs prod credentials" --next-action "alice grants read access"
     """
     with _ledger() as lg:
-        actor = _worker_actor(lg, run, lease) if lease is not None else _actor(by)
-        out = lg.block(run, reason, next_action, lease=lease, actor=actor, key=key)
+        out = lg.block(run, reason, next_action, lease=lease, by=by, key=key)
     _report(out, as_json, f"blocker #{out.checkpoint.blockers_raised} raised")
 
 
@@ -778,8 +713,7 @@ def unblock(run: str, resolution: str, blocker_id: int | None, lease: str | None
         handoff unblock $RUN --resolution "read access granted"
     """
     with _ledger() as lg:
-        actor = _worker_actor(lg, run, lease) if lease is not None else _actor(by)
-        out = lg.unblock(run, resolution, blocker_id=blocker_id, lease=lease, actor=actor, key=key)
+        out = lg.unblock(run, resolution, blocker_id=blocker_id, lease=lease, by=by, key=key)
     _report(out, as_json, "unblocked" if out.checkpoint.state != "blocked" else "blocker cleared")
 
 
@@ -800,7 +734,7 @@ def effect_start(run: str, lease: str, key: str, what: str, as_json: bool) -> No
         handoff effect-start $RUN --lease $LEASE --key deploy-v42 --what "deploy v42 to staging"
     """
     with _ledger() as lg:
-        out = lg.effect_start(run, lease, key, what, worker=_wname(lg, run, lease))
+        out = lg.effect_start(run, lease, key, what)
     _report(out, as_json, f"side effect {key} started")
 
 
@@ -822,8 +756,7 @@ def effect_confirm(run: str, key: str, outcome: str, note: str, lease: str | Non
         handoff effect-confirm $RUN --key deploy-v42 --outcome done --note "v42 is live on staging"
     """
     with _ledger() as lg:
-        actor = _worker_actor(lg, run, lease) if lease is not None else _actor(by)
-        out = lg.effect_confirm(run, key, outcome, note=note, lease=lease, actor=actor)
+        out = lg.effect_confirm(run, key, outcome, note=note, lease=lease, by=by)
     _report(out, as_json, f"side effect {key}: {outcome}")
 
 
@@ -842,7 +775,7 @@ def submit(run: str, lease: str, summary: str, key: str | None, as_json: bool) -
         handoff submit $RUN --lease $LEASE --summary "report drafted and checked"
     """
     with _ledger() as lg:
-        out = lg.submit(run, lease, summary, key=key, worker=_wname(lg, run, lease))
+        out = lg.submit(run, lease, summary, key=key)
     _report(out, as_json, f"result submitted; now {out.checkpoint.state}")
 
 
@@ -892,14 +825,6 @@ def transfer(run: str, by: str, action: str, to: str, key: str | None, as_json: 
 # --- delivery -------------------------------------------------------------------------
 
 
-def _delivery_extra(cp: Any) -> dict[str, Any]:
-    d = cp.delivery
-    status = "confirmed" if d.confirmed_key else ("attempted" if d.pending else
-                                                  ("failed" if d.attempts else "not_attempted"))
-    return {"target": cp.target, "delivery": {"status": status, "key": d.confirmed_key or (
-        d.attempts[-1].key if d.attempts else None), "receipt": d.receipt, "attempts": len(d.attempts)}}
-
-
 @main.command()
 @run_argument
 @click.option("--by", required=True, help="The owner, or someone it transferred 'deliver' to.")
@@ -919,15 +844,17 @@ def deliver(run: str, by: str, key: str, as_json: bool) -> None:
         # ... post the result to the target, then:
         handoff delivered $RUN --key report-v1 --receipt "msg 1712"
     """
+    from handoff import render as R
+
     with _ledger() as lg:
         out = lg.deliver(run, by, key)
-    cp, extra = out.checkpoint, _delivery_extra(out.checkpoint)
+    cp, extra = out.checkpoint, R.delivery_doc(out.checkpoint)
     if out.duplicate:
         extra["send"] = False
         st = extra["delivery"]["status"]
         text = (f"{run}: delivery {key} is already {st}; do not send again" if st == "confirmed" else
                 f"{run}: delivery {key} was already recorded ({st}); do not send again until it is confirmed or failed")
-        _emit({**_write_doc(out), **extra}, as_json, text)
+        _emit({**R.write_doc(out), **extra}, as_json, text)
         return
     extra["send"] = True
     _report(out, as_json, f"delivery {key} to {cp.target} recorded: send now, then 'handoff delivered'", **extra)
@@ -946,9 +873,11 @@ def delivered(run: str, key: str, receipt: str, by: str | None, as_json: bool) -
     Example:
         handoff delivered $RUN --key report-v1 --receipt "https://chat.example/ops/p1712"
     """
+    from handoff import render as R
+
     with _ledger() as lg:
         out = lg.delivered(run, key, receipt, by=by)
-    _report(out, as_json, f"delivery {key} confirmed", **_delivery_extra(out.checkpoint))
+    _report(out, as_json, f"delivery {key} confirmed", **R.delivery_doc(out.checkpoint))
 
 
 @main.command("delivery-failed")
@@ -964,9 +893,11 @@ def delivery_failed(run: str, key: str, error: str, by: str | None, as_json: boo
     Example:
         handoff delivery-failed $RUN --key report-v1 --error "channel archived"
     """
+    from handoff import render as R
+
     with _ledger() as lg:
         out = lg.delivery_failed(run, key, error, by=by)
-    _report(out, as_json, f"delivery {key} marked failed", **_delivery_extra(out.checkpoint))
+    _report(out, as_json, f"delivery {key} marked failed", **R.delivery_doc(out.checkpoint))
 
 
 # --- ending and forking ---------------------------------------------------------------
@@ -989,7 +920,7 @@ def release(run: str, lease: str, reason: str, key: str | None, as_json: bool) -
         handoff release $RUN --lease $LEASE --reason "handing over to the night shift"
     """
     with _ledger() as lg:
-        out = lg.release(run, lease, reason, worker=_wname(lg, run, lease), key=key)
+        out = lg.release(run, lease, reason, key=key)
     _report(out, as_json, f"lease {str(lease).partition('.')[0]} released")
 
 
@@ -1010,7 +941,7 @@ def revoke(run: str, reason: str, lease: int | None, by: str | None, key: str | 
     """
     with _ledger() as lg:
         before = lg.checkpoint(run).lease
-        out = lg.revoke(run, reason, lease=lease, actor=_actor(by), key=key)
+        out = lg.revoke(run, reason, lease=lease, by=by, key=key)
     _report(out, as_json, f"lease {before} revoked")
 
 
@@ -1018,7 +949,8 @@ def revoke(run: str, reason: str, lease: int | None, by: str | None, key: str | 
 @run_argument
 @click.option("--by", required=True, help="The owner (or, with --operator, an operator).")
 @click.option("--as", "disposition", required=True,
-              type=click.Choice(["no-op", "cancelled", "failed", "no_op"]), help="How the run ends.")
+              type=click.Choice([*(d.replace("_", "-") for d in CLOSE_DISPOSITIONS),
+                                 *(d for d in CLOSE_DISPOSITIONS if "_" in d)]), help="How the run ends.")
 @click.option("--reason", default="", help="Why.")
 @click.option("--operator", is_flag=True, help="Close as an operator rather than as the owner.")
 @key_option
@@ -1067,71 +999,13 @@ def fork(run: str, at_seq: int, run_id: str | None, by: str | None, key: str | N
 # --- reading ----------------------------------------------------------------------------
 
 
-def format_packet(p: dict[str, Any]) -> str:
-    """A checkpoint packet as short aligned lines (the JSON form is the packet itself)."""
-    def iso(v: str | None) -> str:
-        return v or "-"
-
-    lp = p.get("last_progress")
-    h = p["health"]
-    mon = p["monitored"]
-    d = p["delivery"]
-    rows = [
-        ("run", p["run_id"] + (f"  (fork of {p['fork_parent']} at seq {p['fork_seq']})" if p.get("fork_parent") else "")),
-        ("state", p["state"] + ("  (terminal)" if p["terminal"] else "")),
-        ("goal", _one_line(p["goal"], 100)),
-        ("origin", p["origin"] or "-"),
-        ("target", p["target"]),
-        ("owner", p["owner"] + ("  (review required)" if p.get("require_review") else "")),
-        ("worker", f"{p['worker']} (lease {p['lease']})" if p["lease"] is not None else "none (no lease held)"),
-        ("progress", f"seq {p['progress_seq']}" + (f", last {lp['kind']} at {lp['at']}" if lp else ", none yet")),
-        ("heartbeat", iso(p["last_heartbeat_at"])),
-        ("health", f"{h['classification']}: {h['reason']}" + (f" (action: {h['action']})" if h["action"] != "none" else "")),
-        ("monitored", ("yes, by " + ", ".join(mon["watchers"])) if mon["covered"] else
-         "no live watcher covers it" + (f" (last observed by {mon['last_observed_by']} at {mon['last_observed_at']})"
-                                        if mon.get("last_observed_by") else "")),
-        ("delivery", f"{d['status']}: {d['detail']}"),
-    ]
-    if p.get("result_path"):
-        rows.insert(5, ("result", p["result_path"]))
-    if p.get("review"):
-        r = p["review"]
-        rows.append(("review", f"{'approved' if r['approved'] else 'rejected'} by {r['by']}" + (f": {r['notes']}" if r["notes"] else "")))
-    if p.get("result"):
-        rows.append(("submitted", _one_line(p["result"]["summary"] or "(no summary)", 100) + f" (seq {p['result']['seq']})"))
-    rows.append(("last seq", f"{p['last_seq']}, updated {iso(p.get('updated_at'))}"))
-    width = max(len(k) for k, _ in rows)
-    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
-    for title, items, fmt in (
-        ("blockers", p["blockers"], lambda b: [f"#{b['id']}", b["reason"], "next: " + b["next_action"], f"seq {b['seq']}"]),
-        ("artifacts", p["artifacts"], lambda a: [a["kind"], a["path"], f"{a['bytes']} B" if a["exists"] else "MISSING",
-                                                  f"sha256 {a['sha256'][:12]}" if a["sha256"] else "", f"seq {a['seq']}"]),
-        ("evidence", p["evidence"], lambda e: [e["kind"], e["outcome"], _one_line(e["detail"], 60) or "-", f"seq {e['seq']}"]),
-        ("pending effects", p["pending_effects"], lambda e: [e["key"], _one_line(e["what"], 60), f"lease {e['lease']}", f"seq {e['seq']}"]),
-    ):
-        if items:
-            lines.append(f"{title}:")
-            body = _table([""] * len(fmt(items[0])), [fmt(i) for i in items]).split("\n")[1:]
-            lines.extend("  " + b for b in body)
-        else:
-            lines.append(f"{title.ljust(width)}  none")
-    return "\n".join(lines)
-
-
-def _run_row(cp: Any, health: Any) -> dict[str, Any]:
-    return {
-        "run_id": cp.run_id, "state": cp.state, "owner": cp.owner, "target": cp.target,
-        "worker": cp.worker, "lease": cp.lease, "progress_seq": cp.progress_seq,
-        "health": health.classification, "action": health.action,
-        "updated_at": _iso(cp.last_event_us), "goal": cp.goal,
-    }
-
-
 @main.command()
 @click.argument("run", metavar="[RUN]", required=False)
 @click.option("--state", "states", multiple=True, help="Only runs in this state (repeatable).")
 @click.option("--owner", default=None, help="Only this owner's runs.")
-@click.option("--all", "include_terminal", is_flag=True, help="Include delivered, no-op, cancelled and failed runs.")
+@click.option("--all", "include_terminal", is_flag=True,
+              help=f"Include {DELIVERED}, {', '.join(d.replace('_', '-') for d in CLOSE_DISPOSITIONS[:-1])} and "
+                   f"{CLOSE_DISPOSITIONS[-1]} runs.")
 @click.option("--now", type=ISO_TIME, default=None, help="Judge health as of this time (default: now).")
 @page_options
 @json_option
@@ -1153,12 +1027,14 @@ def status(run: str | None, states: tuple[str, ...], owner: str | None, include_
         handoff status --state executing --owner alice --json
         handoff status --all --limit 50 --after run-20260501-120000-a1b2c3
     """
+    from handoff import render as R
+
     from reducers import stall
 
     with _ledger() as lg:
         if run is not None:
             p = lg.status(run, now=now)
-            _emit(p, as_json, None if as_json else format_packet(p))
+            _emit(p, as_json, None if as_json else R.format_packet(p))
             return
         when = now if now is not None else lg.clock()
         filters = {"after": after, "include_terminal": include_terminal, "states": states, "owner": owner}
@@ -1167,105 +1043,17 @@ def status(run: str | None, states: tuple[str, ...], owner: str | None, include_
             items, nxt, more = page.items, page.next, page.more
         else:
             items, nxt, more = lg.iter_runs(**filters), None, 0
-        rows = (_run_row(cp, stall.classify(cp, now_us=when)) for cp in items)
+        rows = (R.run_row(cp, stall.classify(cp, now_us=when)) for cp in items)
         if as_json:
-            _stream_json({"now": _iso(when)}, "runs", rows, lambda: {"next": nxt, "more": more})
+            _stream_json({"now": R.iso(when)}, "runs", rows, lambda: {"next": nxt, "more": more})
             return
         n = _stream_table(["RUN", "STATE", "OWNER", "WORKER", "LEASE", "PROGRESS", "HEALTH", "UPDATED"],
                           ([r["run_id"], r["state"], r["owner"], r["worker"], r["lease"], r["progress_seq"],
-                            r["health"], _iso_ms(r["updated_at"])] for r in rows))
+                            r["health"], R.iso_ms(r["updated_at"])] for r in rows))
     if not n:
         click.echo("no runs" + ("" if include_terminal else " that are not terminal")
                    + (f" after {after}" if after else "") + " match")
     _more_line(more, nxt)
-
-
-def _iso_ms(text: str | None) -> str | None:
-    """'2026-05-01T12:00:03.123456Z' -> '2026-05-01T12:00:03.123Z' for tables."""
-    if not text or "." not in text:
-        return text
-    head, frac = text.rstrip("Z").split(".", 1)
-    return f"{head}.{frac[:3]}Z"
-
-
-def summarize(event: Any) -> str:
-    """One line on what an event says, for timelines."""
-    from ledger import events as ev
-
-    e = event
-    match e:
-        case ev.HandoffOpened():
-            return f"contract: {e.goal!r} for {e.owner} -> {e.target}" + (" (review required)" if e.require_review else "")
-        case ev.LeaseGranted():
-            return f"{e.worker} holds lease {e.lease}"
-        case ev.LeaseReleased():
-            return f"lease {e.lease} released" + (f": {e.reason}" if e.reason else "")
-        case ev.LeaseRevoked():
-            return f"lease {e.lease} revoked: {e.reason}"
-        case ev.AuthorityTransferred():
-            return f"{e.to} may {e.action}"
-        case ev.HeartbeatRecorded():
-            return "alive"
-        case ev.StateChanged():
-            return f"{e.from_state} -> {e.to_state}" + (f" ({e.reason})" if e.reason else "")
-        case ev.ProgressRecorded():
-            return f"{e.kind}" + (f": {e.detail}" if e.detail else "") + ("" if e.advances else " [not progress]")
-        case ev.ArtifactRecorded():
-            return (f"{e.kind} {e.path} ({e.bytes} B, sha256 {e.sha256[:12]})" if e.exists
-                    else f"{e.kind} {e.path} (missing)")
-        case ev.EvidenceRecorded():
-            return f"{e.kind}: {e.outcome}" + (f" ({e.detail})" if e.detail else "")
-        case ev.BlockerRaised():
-            return f"#{e.blocker_id} {e.reason}; next: {e.next_action}"
-        case ev.BlockerCleared():
-            return f"#{e.blocker_id} cleared: {e.resolution}"
-        case ev.SideEffectStarted():
-            return f"{e.key}: {e.what}"
-        case ev.SideEffectConfirmed():
-            return f"{e.key}: {e.outcome}"
-        case ev.ReconciliationRecorded():
-            return f"{e.key}: {e.outcome}" + (f" ({e.note})" if e.note else "")
-        case ev.ResultSubmitted():
-            return (e.summary or "result") + f" ({len(e.artifacts)} artifact{'s' if len(e.artifacts) != 1 else ''})"
-        case ev.ReviewDecided():
-            return f"{'approved' if e.approved else 'rejected'} by {e.by}" + (f": {e.notes}" if e.notes else "")
-        case ev.DeliveryAttempted():
-            return f"{e.key} to {e.target} by {e.by}"
-        case ev.DeliveryConfirmed():
-            return f"{e.key} receipt {e.receipt}"
-        case ev.DeliveryFailed():
-            return f"{e.key}: {e.error}"
-        case ev.RunClosed():
-            return f"{e.disposition} by {e.by}" + (f": {e.reason}" if e.reason else "")
-        case ev.WatchdogObserved():
-            return f"{e.classification} at progress_seq {e.progress_seq}"
-        case ev.RecoveryDecided():
-            return f"{e.action} ({e.classification}): {e.reason}"
-        case ev.RunForked():
-            return f"continues {e.parent} as of seq {e.parent_seq}"
-    return ev.tag_of(e)
-
-
-def log_row(rec: Any) -> dict[str, Any]:
-    """One event as a row of 'handoff log' (its --json shape, docs/cli.md)."""
-    import msgspec
-
-    event = rec.event
-    return {
-        "seq": rec.seq, "position": rec.position, "at": _iso(rec.recorded_us), "actor": rec.actor,
-        "lease": rec.lease, "type": rec.type, "key": rec.idempotency_key, "summary": summarize(event),
-        "data": msgspec.to_builtins(event),
-    }
-
-
-def log_rows(records: Any) -> list[dict[str, Any]]:
-    return [log_row(rec) for rec in records]
-
-
-def format_log(rows: list[dict[str, Any]], *, width: int = 72) -> str:
-    return _table(["SEQ", "TIME", "ACTOR", "LEASE", "TYPE", "SUMMARY"],
-                  [[r["seq"], _iso_ms(r["at"]), r["actor"], r["lease"], r["type"], _one_line(r["summary"], width)]
-                   for r in rows])
 
 
 @main.command()
@@ -1291,6 +1079,8 @@ def log(run: str, after_seq: int, types: tuple[str, ...], no_heartbeats: bool, l
         handoff log $RUN --type lease_granted --type lease_revoked --json
         handoff log $RUN --limit 500 --after 1000 --jsonl
     """
+    from handoff import render as R
+
     if as_json and as_jsonl:
         raise click.UsageError("give --json or --jsonl, not both")
     with _ledger() as lg:
@@ -1305,16 +1095,14 @@ def log(run: str, after_seq: int, types: tuple[str, ...], no_heartbeats: bool, l
                     nxt.append(last[-1])
                     return
                 last[:] = [rec.seq]
-                yield log_row(rec)
+                yield R.log_row(rec)
 
         if as_jsonl:
             _stream_jsonl(rows())
         elif as_json:
             _stream_json({"run_id": run}, "events", rows(), lambda: {"next": nxt[0] if nxt else None})
         else:
-            n = _stream_table(["SEQ", "TIME", "ACTOR", "LEASE", "TYPE", "SUMMARY"],
-                              ([r["seq"], _iso_ms(r["at"]), r["actor"], r["lease"], r["type"],
-                                _one_line(r["summary"], 72)] for r in rows()))
+            n = _stream_table(R.LOG_HEADERS, (R.log_cells(r) for r in rows()))
             if not n:
                 click.echo(f"{run}: no events match")
             if nxt:
@@ -1337,6 +1125,8 @@ def replay(run: str, at_seq: int | None, as_of: int | None, as_json: bool) -> No
         handoff replay $RUN --at 7
         handoff replay $RUN --as-of 2026-05-01T12:00:00Z --json
     """
+    from handoff import render as R
+
     if (at_seq is None) == (as_of is None):
         raise click.UsageError("give exactly one of --at SEQ or --as-of TIME")
     with _ledger() as lg:
@@ -1344,20 +1134,8 @@ def replay(run: str, at_seq: int | None, as_of: int | None, as_json: bool) -> No
     if as_json:
         _emit(p, True, None)
     else:
-        when = f"seq {at_seq}" if at_seq is not None else f"{_iso(as_of)} (seq {p['last_seq']})"
-        click.echo(f"{run} as it stood at {when}:\n" + format_packet(p))
-
-
-def _stall_row(cp: Any, h: Any) -> dict[str, Any]:
-    w = cp.watch
-    return {
-        "run_id": cp.run_id, "state": cp.state, "classification": h.classification, "action": h.action,
-        "reason": h.reason, "worker": cp.worker, "lease": cp.lease,
-        "last_heartbeat_at": _iso(w.last_heartbeat_us), "progress_seq": w.progress_seq,
-        "last_progress": None if w.last_progress is None else {
-            "seq": w.last_progress.seq, "kind": w.last_progress.kind, "at": _iso(w.last_progress.at_us)},
-        "retries": w.repeats, "retry_budget": cp.policy.retry_budget,
-    }
+        when = f"seq {at_seq}" if at_seq is not None else f"{R.iso(as_of)} (seq {p['last_seq']})"
+        click.echo(f"{run} as it stood at {when}:\n" + R.format_packet(p))
 
 
 @main.command()
@@ -1380,6 +1158,8 @@ def stalls(now: int | None, limit: int, after: str | None, as_json: bool) -> Non
         handoff stalls
         handoff stalls --now 2026-05-01T12:00:00Z --json
     """
+    from handoff import render as R
+
     with _ledger() as lg:
         when = now if now is not None else lg.clock()
         if limit:
@@ -1387,18 +1167,18 @@ def stalls(now: int | None, limit: int, after: str | None, as_json: bool) -> Non
             found, nxt, more = page.items, page.next, page.more
         else:
             found, nxt, more = lg.iter_stalls(now=when, after=after), None, 0
-        rows = (_stall_row(cp, h) for cp, h in found)
+        rows = (R.stall_row(cp, h) for cp, h in found)
         if as_json:
-            _stream_json({"now": _iso(when)}, "stalls", rows, lambda: {"next": nxt, "more": more})
+            _stream_json({"now": R.iso(when)}, "stalls", rows, lambda: {"next": nxt, "more": more})
             return
         n = _stream_table(
             ["RUN", "STATE", "HEALTH", "ACTION", "LEASE", "LAST BEAT", "PROGRESS", "RETRIES", "WHY"],
-            ([r["run_id"], r["state"], r["classification"], r["action"], r["lease"], _iso_ms(r["last_heartbeat_at"]),
+            ([r["run_id"], r["state"], r["classification"], r["action"], r["lease"], R.iso_ms(r["last_heartbeat_at"]),
               f"{r['progress_seq']}" + (f" {r['last_progress']['kind']}" if r["last_progress"] else ""),
-              f"{r['retries']}/{r['retry_budget']}", _one_line(r["reason"], 60)] for r in rows))
+              f"{r['retries']}/{r['retry_budget']}", R.one_line(r["reason"], 60)] for r in rows))
     if not n:
-        click.echo(f"no run needs attention at {_iso(when, ms=True)}" + (f" after {after}" if after else ""))
-    _more_line(more, nxt, "" if now is not None else f" --now {_iso(when)}")
+        click.echo(f"no run needs attention at {R.iso(when, ms=True)}" + (f" after {after}" if after else ""))
+    _more_line(more, nxt, "" if now is not None else f" --now {R.iso(when)}")
 
 
 # --- the watchdog -------------------------------------------------------------------------
@@ -1407,11 +1187,6 @@ def stalls(now: int | None, limit: int, after: str | None, as_json: bool) -> Non
 #: How a dry run's outcomes read in text.
 _DRY_OUTCOME = {"would_commit": "would record this", "duplicate": "already recorded", "skipped": "would do nothing",
                 "failed": "would be refused: nothing would be recorded"}
-
-
-def _action_doc(a: Any) -> dict[str, Any]:
-    return {"run_id": a.run_id, "classification": a.classification, "action": a.action, "outcome": a.outcome,
-            "key": a.key, "progress_seq": a.progress_seq, "lease": a.lease, "reason": a.reason, "seq": a.seq}
 
 
 @main.command()
@@ -1450,8 +1225,9 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, dry_ru
         handoff watch --once --json
         handoff watch --once --dry-run --now 2026-05-01T12:00:00Z
     """
+    from handoff import render as R
+
     import signal
-    import socket
 
     from handoff import watchdog
 
@@ -1471,12 +1247,7 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, dry_ru
     from handoff.api import check_seconds
 
     check_seconds(interval, "interval", low=0.05, high=86_400)  # nan slips past FloatRange
-    if name is None:
-        import re
-
-        # Beats live in the stream watcher:<name>, so the name keeps to the run-id alphabet.
-        host = re.sub(r"[^A-Za-z0-9._:-]", "-", socket.gethostname().split(".")[0])[:100].strip("-")
-        name = f"watchdog-{host or 'localhost'}"
+    name = name if name is not None else watchdog.default_name()
     stop = {"flag": False}
 
     def _stop(signum: int, frame: Any) -> None:
@@ -1487,22 +1258,22 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, dry_ru
         if not as_json and dry_run:
             click.echo(f"dry run: {a.line()} [{_DRY_OUTCOME.get(a.outcome, a.outcome)}]")
         elif not as_json and a.outcome in ("committed", "failed"):
-            click.echo(f"{_iso(now_holder['now'], ms=True)} {a.line()}")
+            click.echo(f"{R.iso(now_holder['now'], ms=True)} {a.line()}")
             sys.stdout.flush()
 
     def on_pass(when: int, actions: list[Any]) -> None:
         if as_json:
             import json
 
-            doc = {"watcher": name, "at": _iso(when), "interval_s": interval,
-                   "actions": [_action_doc(a) for a in actions]}
+            doc = {"watcher": name, "at": R.iso(when), "interval_s": interval,
+                   "actions": [R.action_doc(a) for a in actions]}
             if dry_run:
                 doc["dry_run"] = True
             click.echo(json.dumps(doc, ensure_ascii=False))
             sys.stdout.flush()
         elif dry_run:
             would = sum(a.outcome == "would_commit" for a in actions)
-            click.echo(f"dry run at {_iso(when)}: nothing recorded; a pass would record {would} "
+            click.echo(f"dry run at {R.iso(when)}: nothing recorded; a pass would record {would} "
                        f"action{'' if would == 1 else 's'}")
 
     now_holder: dict[str, int] = {}
@@ -1577,28 +1348,16 @@ def verify(run: str | None, expect_head: tuple[str, ...], as_json: bool) -> None
         handoff verify $RUN --json
         handoff verify --expect-head "$(cat /elsewhere/handoff.head)"
     """
-    from handoff.api import VERIFY_RUN_SKIPS
+    from handoff import render as R
 
     bar = _Bar("verifying", not as_json)
     with _ledger() as lg:
         try:
-            problems = lg.verify(run, progress=bar, expect_head=expect_head)
+            doc = lg.verify_report(run, progress=bar, expect_head=expect_head)
         finally:
             bar.close()
-        diffs = lg.check() if run is None and hasattr(lg, "check") else []
-        head = lg.store.head(run) if run is not None else None
-        if run is None:
-            events = lg.store.last_position()
-        else:  # a run whose head row is damaged still has its events counted
-            events = head.last_seq if head is not None else sum(1 for _ in lg.store.read_run(run))
-        runs = lg.store.count_runs() if run is None else 1
-    import msgspec
-
-    probs = [msgspec.to_builtins(p) for p in problems]
-    ok = not probs and not diffs
-    skipped = list(VERIFY_RUN_SKIPS) if run is not None else []
-    doc = {"ok": ok, "run_id": run, "events": events, "streams": runs, "problems": probs, "projections": diffs,
-           "anchors": len(expect_head), "skipped": skipped}
+    ok, probs, diffs, skipped = doc["ok"], doc["problems"], doc["projections"], doc["skipped"]
+    events, runs = doc["events"], doc["streams"]
     if as_json:
         _emit(doc, True, None)
     else:
@@ -1611,16 +1370,16 @@ def verify(run: str | None, expect_head: tuple[str, ...], as_json: bool) -> None
                 click.echo("not checked: " + "; ".join(skipped))
         else:
             if probs:
-                click.echo(_table(["PROBLEM", "RUN", "SEQ", "POSITION", "DETAIL"],
+                click.echo(R.table(["PROBLEM", "RUN", "SEQ", "POSITION", "DETAIL"],
                                   [[p["kind"], p["run_id"], p["seq"], p["position"], p["message"]] for p in probs]))
             if diffs:
-                click.echo(_table(["PROJECTION", "RUN", "COLUMN", "KEPT", "FOLDED"],
+                click.echo(R.table(["PROJECTION", "RUN", "COLUMN", "KEPT", "FOLDED"],
                                   [[d["projection"], d["run_id"], d["column"], d["kept"], d["folded"]] for d in diffs]))
             click.echo(f"{len(probs)} problem(s) in the log, {len(diffs)} projection difference(s)", err=True)
             if skipped:
                 click.echo("not checked: " + "; ".join(skipped), err=True)
     if not ok:
-        click.get_current_context().exit(EXIT_PROBLEMS)
+        _exit_damage_found()
 
 
 @main.command()
@@ -1657,6 +1416,8 @@ def check(name: str | None, as_json: bool) -> None:
         handoff check
         handoff check --projection checkpoints --json
     """
+    from handoff import render as R
+
     bar = _Bar("checking", not as_json)
     with _ledger() as lg:
         try:
@@ -1666,12 +1427,12 @@ def check(name: str | None, as_json: bool) -> None:
     if as_json:
         _emit({"ok": not diffs, "differences": diffs}, True, None)
     elif diffs:
-        click.echo(_table(["PROJECTION", "RUN", "COLUMN", "KEPT", "FOLDED"],
+        click.echo(R.table(["PROJECTION", "RUN", "COLUMN", "KEPT", "FOLDED"],
                           [[d["projection"], d["run_id"], d["column"], d["kept"], d["folded"]] for d in diffs]))
     else:
         click.echo("ok: the projections match a fresh fold of the log")
     if diffs:
-        click.get_current_context().exit(EXIT_PROBLEMS)
+        _exit_damage_found()
 
 
 @main.command()
@@ -1686,6 +1447,8 @@ def rebuild(name: str | None, as_json: bool) -> None:
         handoff rebuild
         handoff rebuild --projection stall_watch
     """
+    from handoff import render as R
+
     bar = _Bar("rebuilding", not as_json)
     with _ledger() as lg:
         try:
@@ -1695,7 +1458,7 @@ def rebuild(name: str | None, as_json: bool) -> None:
     if as_json:
         _emit({"rebuilt": counts}, True, None)
     else:
-        click.echo(_table(["PROJECTION", "ROWS"], [[k, v] for k, v in counts.items()]))
+        click.echo(R.table(["PROJECTION", "ROWS"], [[k, v] for k, v in counts.items()]))
 
 
 @main.command()
@@ -1816,7 +1579,7 @@ def doctor(as_json: bool) -> None:
     if as_json:
         _emit(facts, True, None)
         if problems:
-            click.get_current_context().exit(EXIT_PROBLEMS)
+            _exit_damage_found()
         return
     bug = facts.get("wal_reset_bug", {})
     rows = [
@@ -1833,7 +1596,7 @@ def doctor(as_json: bool) -> None:
     width = max(len(k) for k, _ in rows)
     click.echo("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
     if problems:
-        click.get_current_context().exit(EXIT_PROBLEMS)
+        _exit_damage_found()
 
 
 # --- the worker wrapper and the demo ----------------------------------------------------------
@@ -1945,13 +1708,7 @@ Generated from `--help` by `python -m cli --write-docs`; do not edit by hand
 
 ## Exit codes
 
-| code | meaning |
-|---|---|
-| 0 | ok (a retried write that changed nothing is ok too: its outcome is `duplicate` or `unchanged`) |
-| 1 | refused by the ledger's rules: conflict, stale lease, lease held, illegal transition, double delivery, terminal run, not authorized, unknown run; `run`: the lease was lost |
-| 2 | usage: a missing or malformed option or argument, or malformed input the ledger rejected |
-| 3 | store problem: not a ledger, locked past the busy timeout, read-only, disk full, corrupt |
-| 4 | `verify`, `check` or `doctor` found damage; `head --write` found its file's digest no longer in the ledger |
+@EXIT_CODES@
 
 Errors go to stderr as one sentence that names what was wrong and what to do
 (`Error: lease 1 of run r1 has ended (revoked, released, or replaced by a later claim); ...`).
@@ -1993,7 +1750,9 @@ then. `artifact` adds
 `"artifact": {path, kind, bytes, sha256, exists}`; `artifact-withdraw` adds `"path"` (as
 recorded); `deliver`, `delivered` and
 `delivery-failed` add `"target"` and `"delivery": {status, key, receipt, attempts}`, and
-`deliver` adds `"send": true|false` (send the result only when true).
+`deliver` adds `"send": true|false` (send the result only when true). There `status` is
+what the log alone says (`not_ready`, `ready`, `attempted`, `failed` or `confirmed`, the
+same rule as the packet's); only the packet, judged at a time, can also say `ambiguous`.
 
 **open**: `{"run_id", "state", "last_seq", "owner", "target", "result_path"}`.
 **fork**: `{"run_id", "parent", "parent_seq", "state"}`. **init**: `{"db", "created", "runs"}`.
@@ -2092,9 +1851,37 @@ own output.
 """
 
 
+#: What each exit code means at the shell, keyed by the error class that carries the code;
+#: the codes themselves, and the error types under each, are read from ledger.errors.
+EXIT_MEANINGS = {
+    "Refused": "refused by the ledger's rules: conflict, stale lease, lease held, illegal transition, double "
+               "delivery, terminal run, not authorized, unknown run; `run`: the lease was lost",
+    "InvalidInput": "usage: a missing or malformed option or argument (click's `UsageError`, `BadParameter`, ...), "
+                    "or malformed input the ledger rejected",
+    "StoreError": "store problem: not a ledger, locked past the busy timeout, read-only, disk full, corrupt",
+    "DamageFound": "`verify`, `check` or `doctor` found damage; `head --write` found its file's digest no longer "
+                   "in the ledger",
+}
+
+
+def exit_code_table() -> str:
+    """docs/cli.md's exit-code table, generated from ledger.errors: every error type is
+    listed under its own exit_code."""
+    from ledger.errors import by_exit_code
+
+    lines = ["| code | meaning | error types |", "|---|---|---|",
+             f"| {EXIT_OK} | ok (a retried write that changed nothing is ok too: its outcome is `duplicate` or "
+             "`unchanged`) | |"]
+    for code, types in by_exit_code().items():
+        meaning = next(EXIT_MEANINGS[t.__name__] for t in types if t.__name__ in EXIT_MEANINGS)
+        names = ", ".join(f"`{t.__name__}`" for t in types if t.__name__ != "LedgerError")
+        lines.append(f"| {code} | {meaning} | {names} |")
+    return "\n".join(lines)
+
+
 def render_docs() -> str:
     """docs/cli.md: the intro above, then every command's --help, in definition order."""
-    parts = [DOCS_INTRO]
+    parts = [DOCS_INTRO.replace("@EXIT_CODES@", exit_code_table())]
     root = click.Context(main, info_name="handoff", terminal_width=WIDTH, max_content_width=WIDTH,
                          help_option_names=["-h", "--help"])
     parts.append("\n### handoff\n\n```\n" + main.get_help(root).rstrip() + "\n```\n")

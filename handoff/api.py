@@ -46,6 +46,10 @@ from reducers.checkpoint import AGGREGATE, Checkpoint, packet
 from reducers.decide import Context, decide
 from projections import Projector, queries
 
+#: The policy defaults; their one home is ``ledger.events.Policy`` (a contract that omits a
+#: field is stored, and decoded, with these).
+POLICY = ev.Policy()
+
 WATCHER_PREFIX = "watcher:"
 #: A watcher beats at most this often (seconds); coverage allows three missed beats.
 WATCHER_BEAT_PERIOD_S = 10.0
@@ -538,8 +542,9 @@ class Ledger:
     def open(
         self, *, goal: str, target: str, owner: str, origin: str = "", run_id: str | None = None,
         result_path: str | None = None, stop_rules: tuple[str, ...] = (), require_review: bool = False,
-        heartbeat_timeout_s: float = 60.0, progress_timeout_s: float = 300.0, retry_budget: int = 3,
-        delivery_timeout_s: float = 600.0, owner_cap: int = 10, key: str | None = None,
+        heartbeat_timeout_s: float = POLICY.heartbeat_timeout_s, progress_timeout_s: float = POLICY.progress_timeout_s,
+        retry_budget: int = POLICY.retry_budget, delivery_timeout_s: float = POLICY.delivery_timeout_s,
+        owner_cap: int = POLICY.owner_cap, key: str | None = None,
         actor: Actor | None = None,
     ) -> str:
         if run_id is None and key is not None:
@@ -621,23 +626,61 @@ class Ledger:
                      "to take the run")
         return ClaimAlreadyMade(said, run_id=run_id, lease=n, seq=seq, state=state)
 
-    def _worker(self, worker: str | None) -> Actor:
-        return Actor("worker", worker or os.environ.get("HANDOFF_WORKER") or login_name())
+    def worker_actor(self, run_id: str, lease: object = None, worker: str | None = None) -> Actor:
+        """Who a worker's write is logged as; the one rule for the API and the CLI alike.
+
+        ``worker`` when given, else $HANDOFF_WORKER, else the worker the lease was granted
+        to (the current holder, or for an ended lease the name its grant recorded, so a
+        keyed retry is the same request as the first attempt), else ``login_name()``. Only
+        a name for the envelope: the write itself is proven by the token, not by this."""
+        name = worker or os.environ.get("HANDOFF_WORKER") or self._lease_holder(run_id, lease)
+        return Actor("worker", name or login_name())  # never "worker", which would log worker:worker
+
+    def _lease_holder(self, run_id: str, lease: object) -> str | None:
+        text = str(lease.lease if isinstance(lease, LeaseToken) else lease or "").partition(".")[0]
+        if not text.isdigit():
+            return None
+        number = int(text)
+        try:
+            head = self.store.head(run_id)
+        except LedgerError:  # a malformed run id: the write itself will say so
+            return None
+        if head is None:
+            return None
+        if head.lease_holder and head.lease == number:
+            return head.lease_holder
+        for rec in self.store.read_run(run_id):
+            if rec.type == "lease_granted" and rec.event.lease == number:  # type: ignore[attr-defined]
+                return rec.event.worker  # type: ignore[attr-defined]
+        return None
+
+    def _actor(self, run_id: str, token: LeaseToken | None, actor: Actor | None, by: str | None,
+               worker: str | None = None) -> Actor:
+        """A write that a worker (with its token) or a person (without) may make: an explicit
+        ``actor``, else the lease's worker, else the operator ``by`` names."""
+        if actor is not None:
+            return actor
+        if token is not None:
+            return self.worker_actor(run_id, token, worker)
+        return Actor("operator", operator_name(by))
+
+    def _worker(self, worker: str | None, run_id: str = "", token: LeaseToken | None = None) -> Actor:
+        return self.worker_actor(run_id, token, worker)
 
     # A worker's ``lease`` below is the token claim returned; a bare number is refused.
 
     def heartbeat(self, run_id: str, lease: str, *, worker: str | None = None) -> Outcome:
         t = lease_token(lease)
-        return self.execute(run_id, C.Heartbeat(lease=t.lease), actor=self._worker(worker), token=t)
+        return self.execute(run_id, C.Heartbeat(lease=t.lease), actor=self._worker(worker, run_id, t), token=t)
 
     def transition(self, run_id: str, lease: str, to: str, *, reason: str = "", worker: str | None = None, key: str | None = None) -> Outcome:
         t = lease_token(lease)
-        return self.execute(run_id, C.Transition(lease=t.lease, to=to, reason=reason), actor=self._worker(worker),
+        return self.execute(run_id, C.Transition(lease=t.lease, to=to, reason=reason), actor=self._worker(worker, run_id, t),
                             key=key, token=t)
 
     def progress(self, run_id: str, lease: str, kind: str, detail: str = "", *, key: str | None = None, worker: str | None = None) -> Outcome:
         t = lease_token(lease)
-        return self.execute(run_id, C.Progress(lease=t.lease, kind=kind, detail=detail), actor=self._worker(worker),
+        return self.execute(run_id, C.Progress(lease=t.lease, kind=kind, detail=detail), actor=self._worker(worker, run_id, t),
                             key=key, token=t)
 
     def artifact(self, run_id: str, lease: str, path: str, *, kind: str = "result", root: str | None = None,
@@ -646,63 +689,61 @@ class Ledger:
         t = lease_token(lease)
         real, size, sha, exists = measure(path, root=root, max_bytes=max_bytes)
         cmd = C.RecordArtifact(lease=t.lease, path=real, kind=kind, bytes=size, sha256=sha, exists=exists)
-        return self.execute(run_id, cmd, actor=self._worker(worker), key=key, token=t)
+        return self.execute(run_id, cmd, actor=self._worker(worker, run_id, t), key=key, token=t)
 
     def withdraw_artifact(self, run_id: str, path: str, reason: str, *, lease: str | None = None,
-                          actor: Actor | None = None, key: str | None = None, worker: str | None = None) -> Outcome:
+                          actor: Actor | None = None, key: str | None = None, worker: str | None = None,
+                          by: str | None = None) -> Outcome:
         """Take back a recorded artifact (a mistyped path, a superseded file) so it no longer
         counts for submit; the log keeps both records. ``path`` is matched as recorded, else
         resolved the way ``artifact`` resolved it. The file itself is not touched. With
-        ``lease`` it acts as that lease's worker (named by ``worker``, $HANDOFF_WORKER or the
-        holder), else as ``actor`` or an operator."""
+        ``lease`` it acts as that lease's worker (``worker_actor``), else as ``actor`` or the
+        operator ``by`` names (``operator_name``)."""
         check_run_id(run_id)
         cp = self.checkpoint(run_id) if self.store.head(run_id) is not None else None
         if cp is not None and isinstance(path, str) and path and "\x00" not in path:
             if path not in {a.path for a in cp.artifacts}:
                 path = os.path.realpath(path)
         t = None if lease is None else lease_token(lease)
-        if actor is None and t is not None:
-            holder = cp.worker if cp is not None and cp.lease == t.lease else None
-            actor = self._worker(worker or os.environ.get("HANDOFF_WORKER") or holder)
-        actor = actor or Actor("operator", _user())
+        actor = self._actor(run_id, t, actor, by, worker)
         cmd = C.WithdrawArtifact(path=path, reason=reason, lease=t and t.lease)
         return self.execute(run_id, cmd, actor=actor, key=key, token=t)
 
     def evidence(self, run_id: str, kind: str, outcome: str, detail: str = "", *, lease: str | None = None,
-                 actor: Actor | None = None, key: str | None = None) -> Outcome:
+                 actor: Actor | None = None, key: str | None = None, by: str | None = None) -> Outcome:
         t = None if lease is None else lease_token(lease)
-        actor = actor or (self._worker(None) if t is not None else Actor("operator", _user()))
+        actor = self._actor(run_id, t, actor, by)
         cmd = C.RecordEvidence(kind=kind, outcome=outcome, detail=detail, lease=t and t.lease)  # type: ignore[arg-type]
         return self.execute(run_id, cmd, actor=actor, key=key, token=t)
 
     def block(self, run_id: str, reason: str, next_action: str, *, lease: str | None = None,
-              actor: Actor | None = None, key: str | None = None) -> Outcome:
+              actor: Actor | None = None, key: str | None = None, by: str | None = None) -> Outcome:
         t = None if lease is None else lease_token(lease)
-        actor = actor or (self._worker(None) if t is not None else Actor("operator", _user()))
+        actor = self._actor(run_id, t, actor, by)
         return self.execute(run_id, C.Block(reason=reason, next_action=next_action, lease=t and t.lease),
                             actor=actor, key=key, token=t)
 
     def unblock(self, run_id: str, resolution: str, *, blocker_id: int | None = None, lease: str | None = None,
-                actor: Actor | None = None, key: str | None = None) -> Outcome:
+                actor: Actor | None = None, key: str | None = None, by: str | None = None) -> Outcome:
         t = None if lease is None else lease_token(lease)
-        actor = actor or (self._worker(None) if t is not None else Actor("operator", _user()))
+        actor = self._actor(run_id, t, actor, by)
         return self.execute(run_id, C.Unblock(resolution=resolution, blocker_id=blocker_id, lease=t and t.lease),
                             actor=actor, key=key, token=t)
 
     def effect_start(self, run_id: str, lease: str, key: str, what: str, *, worker: str | None = None) -> Outcome:
         t = lease_token(lease)
-        return self.execute(run_id, C.StartEffect(lease=t.lease, key=key, what=what), actor=self._worker(worker), token=t)
+        return self.execute(run_id, C.StartEffect(lease=t.lease, key=key, what=what), actor=self._worker(worker, run_id, t), token=t)
 
     def effect_confirm(self, run_id: str, key: str, outcome: str, *, note: str = "", lease: str | None = None,
-                       actor: Actor | None = None) -> Outcome:
+                       actor: Actor | None = None, by: str | None = None) -> Outcome:
         t = None if lease is None else lease_token(lease)
-        actor = actor or (self._worker(None) if t is not None else Actor("operator", _user()))
+        actor = self._actor(run_id, t, actor, by)
         cmd = C.ConfirmEffect(key=key, outcome=outcome, note=note, lease=t and t.lease)  # type: ignore[arg-type]
         return self.execute(run_id, cmd, actor=actor, token=t)
 
     def submit(self, run_id: str, lease: str, summary: str = "", *, worker: str | None = None, key: str | None = None) -> Outcome:
         t = lease_token(lease)
-        return self.execute(run_id, C.Submit(lease=t.lease, summary=summary), actor=self._worker(worker), key=key, token=t)
+        return self.execute(run_id, C.Submit(lease=t.lease, summary=summary), actor=self._worker(worker, run_id, t), key=key, token=t)
 
     def review(self, run_id: str, by: str, approve: bool, notes: str = "", *, key: str | None = None) -> Outcome:
         return self.execute(run_id, C.ReviewResult(approve=approve, notes=notes), actor=Actor("owner", by), key=key)
@@ -727,12 +768,14 @@ class Ledger:
     def release(self, run_id: str, lease: str, reason: str = "", *, worker: str | None = None,
                 key: str | None = None) -> Outcome:
         t = lease_token(lease)
-        return self.execute(run_id, C.Release(lease=t.lease, reason=reason), actor=self._worker(worker), token=t,
+        return self.execute(run_id, C.Release(lease=t.lease, reason=reason), actor=self._worker(worker, run_id, t), token=t,
                             key=key)
 
     def revoke(self, run_id: str, reason: str, *, lease: int | None = None, actor: Actor | None = None,
-               key: str | None = None) -> Outcome:
-        return self.execute(run_id, C.Revoke(reason=reason, lease=lease), actor=actor or Actor("operator", _user()), key=key)
+               key: str | None = None, by: str | None = None) -> Outcome:
+        """Take the lease away; logged as ``actor``, else the operator ``by`` names."""
+        return self.execute(run_id, C.Revoke(reason=reason, lease=lease), actor=self._actor(run_id, None, actor, by),
+                            key=key)
 
     def close_run(self, run_id: str, by: str, disposition: str, reason: str = "", *, as_operator: bool = False,
                   key: str | None = None) -> Outcome:
@@ -967,6 +1010,24 @@ class Ledger:
                 problems.append(p)
         return problems
 
+    def verify_report(self, run_id: str | None = None, *, progress: Any = None,
+                      expect_head: str | list[str] | tuple[str, ...] | None = None) -> dict[str, Any]:
+        """``verify`` and, for the whole ledger, ``check``, as one document (what
+        ``handoff verify --json`` prints; docs/cli.md): ``ok`` is true only when the log has
+        no problem and the projections match a fresh fold."""
+        anchors = [] if expect_head is None else [expect_head] if isinstance(expect_head, str) else list(expect_head)
+        problems = [msgspec.to_builtins(p) for p in self.verify(run_id, progress=progress, expect_head=anchors)]
+        diffs = self.check() if run_id is None else []
+        if run_id is None:
+            events, streams = self.store.last_position(), self.store.count_runs()
+        else:  # a run whose head row is damaged still has its events counted
+            head = self.store.head(run_id)
+            events = head.last_seq if head is not None else sum(1 for _ in self.store.read_run(run_id))
+            streams = 1
+        return {"ok": not problems and not diffs, "run_id": run_id, "events": events, "streams": streams,
+                "problems": problems, "projections": diffs, "anchors": len(anchors),
+                "skipped": list(VERIFY_RUN_SKIPS) if run_id is not None else []}
+
     def export(self, run_ids: list[str] | None = None) -> Iterator[bytes]:
         """Each event as one JSON line (docs/cli.md), in global order; forks bring their parents.
 
@@ -1165,12 +1226,38 @@ class Ledger:
             "problems": [msgspec.to_builtins(p) for p in self.store.append_only_problems()],
         }
 
+    def written(self, out: Outcome) -> list[Recorded]:
+        """The events a write stands for: the ones it wrote, or for a replayed key the ones
+        the first attempt wrote; empty when it wrote nothing (``unchanged``)."""
+        r = out.result
+        if not r.positions:
+            return []
+        return list(self.store.read_run(r.run_id, after_seq=r.first_seq - 1, until_seq=r.last_seq))
+
     def log(self, run_id: str, *, after_seq: int = 0) -> Iterator[Recorded]:
         """The run's events after ``after_seq``, oldest first, read a page at a time."""
         check_run_id(run_id)
         if self.store.head(run_id) is None:
             raise UnknownRun(f"no run {run_id} in {self.store.path}")
         return self.store.read_run(run_id, after_seq=after_seq)
+
+
+# --- creating a ledger -------------------------------------------------------------------
+
+
+def init_ledger(path: str | os.PathLike[str], *, busy_timeout_s: float = 5.0) -> dict[str, Any]:
+    """Create an empty ledger at ``path`` (any address ``Ledger`` takes), or confirm the one
+    there; returns ``{"db", "created", "runs"}`` (what ``handoff init --json`` prints), ``db``
+    being the ledger file's absolute path (the address itself for one that is not a file)."""
+    from ledger.backends import parse
+
+    address = parse(check_path(path))
+    where = address.location if address.backend == "sqlite" and address.location != ":memory:" else None
+    existed = where is not None and os.path.exists(where) and os.path.getsize(where) > 0
+    with Ledger(path, create=True, busy_timeout_s=busy_timeout_s) as lg:
+        runs = lg.store.count_runs()
+    return {"db": os.path.abspath(where) if where is not None else os.fspath(path), "created": not existed,
+            "runs": runs}
 
 
 # --- importing into a file that does not exist yet ------------------------------------
@@ -1308,7 +1395,3 @@ def operator_name(by: object = None) -> str:
                                "login name", field="by")
         return by
     return os.environ.get("HANDOFF_ACTOR") or login_name()
-
-
-def _user() -> str:
-    return operator_name()

@@ -15,8 +15,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ledger.errors import InvalidInput
+from ledger.events import Policy as _StoredPolicy
 
 _NAME = dict(min_length=1, max_length=200)
+_DEFAULT = _StoredPolicy()  # the defaults' one home: the stored event's own
 
 
 def _printable(value: str) -> str:
@@ -30,11 +32,11 @@ class Policy(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    heartbeat_timeout_s: float = Field(60.0, gt=0, le=1e7, description="Seconds without a heartbeat before the worker is unavailable.")
-    progress_timeout_s: float = Field(300.0, gt=0, le=1e7, description="Seconds without progress before the run is stalled.")
-    retry_budget: int = Field(3, ge=0, le=1000, description="Stalled windows tolerated before the run is paused.")
-    delivery_timeout_s: float = Field(600.0, gt=0, le=1e7, description="Seconds a delivery attempt may lack an outcome before it is ambiguous.")
-    owner_cap: int = Field(10, ge=1, le=100_000, description="Most runs of this owner that may hold a lease at once.")
+    heartbeat_timeout_s: float = Field(_DEFAULT.heartbeat_timeout_s, gt=0, le=1e7, description="Seconds without a heartbeat before the worker is unavailable.")
+    progress_timeout_s: float = Field(_DEFAULT.progress_timeout_s, gt=0, le=1e7, description="Seconds without progress before the run is stalled.")
+    retry_budget: int = Field(_DEFAULT.retry_budget, ge=0, le=1000, description="Stalled windows tolerated before the run is paused.")
+    delivery_timeout_s: float = Field(_DEFAULT.delivery_timeout_s, gt=0, le=1e7, description="Seconds a delivery attempt may lack an outcome before it is ambiguous.")
+    owner_cap: int = Field(_DEFAULT.owner_cap, ge=1, le=100_000, description="Most runs of this owner that may hold a lease at once.")
 
     @field_validator("heartbeat_timeout_s", "progress_timeout_s", "delivery_timeout_s")
     @classmethod

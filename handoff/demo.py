@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import render
 from .api import Ledger
 from .watchdog import Action, watch_once
 
@@ -249,9 +250,7 @@ class _Story:
         self.wait_for("worker-a's first section", lambda: os.path.exists(self.path("a.ready")))
         for rec in lg.log(REPORT):
             if rec.type in ("lease_granted", "progress_recorded"):
-                from cli import summarize
-
-                self.say(f"  seq {rec.seq:<3} {rec.actor:<16} {summarize(rec.event)}")
+                self.say(f"  seq {rec.seq:<3} {rec.actor:<16} {render.summarize(rec.event)}")
 
         self.step("worker-a is killed mid-run: SIGKILL to its wrapper, so its heartbeats stop;")
         pid_a = int(self.read("a.ready"))
@@ -330,18 +329,16 @@ class _Story:
                                          else f"{len(problems)} problem(s)"))
 
     def finale(self) -> None:
-        from cli import format_log, format_packet, log_rows
-
         assert self.lg is not None
         lg = self.lg
         out = self.out
         for run in (REPORT, STUCK):
             out(f"\n=== final packet: {run} ===")
-            out(format_packet(lg.status(run)))
-        rows = log_rows(lg.log(REPORT))
+            out(render.format_packet(lg.status(run)))
+        rows = render.log_rows(lg.log(REPORT))
         beats = [r for r in rows if r["type"] == "heartbeat_recorded"]
         out(f"\n=== timeline: {REPORT} ({len(beats)} heartbeats not shown) ===")
-        out(format_log([r for r in rows if r["type"] != "heartbeat_recorded"]))
+        out(render.format_log([r for r in rows if r["type"] != "heartbeat_recorded"]))
         revoked = next((r["seq"] for r in rows if r["type"] == "lease_revoked"), 1)
         rel = os.path.relpath(self.db)
         db = rel if not rel.startswith("..") else self.db

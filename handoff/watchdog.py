@@ -46,6 +46,16 @@ class Action(msgspec.Struct, frozen=True):
                 f"(lease {lease}, progress_seq {self.progress_seq}): {self.reason}")
 
 
+def default_name() -> str:
+    """A watcher's name when none is given: ``watchdog-<host>``. Its beats live in the stream
+    ``watcher:<name>``, so the name keeps to the run-id alphabet."""
+    import re
+    import socket
+
+    host = re.sub(r"[^A-Za-z0-9._:-]", "-", socket.gethostname().split(".")[0])[:100].strip("-")
+    return f"watchdog-{host or 'localhost'}"
+
+
 def action_key(run_id: str, action: str, *parts: object) -> str:
     """The idempotency key of one watchdog decision: the same facts always give the same key."""
     key = ":".join(["watch", run_id, action, *("none" if p is None else str(p) for p in parts)])
@@ -358,4 +368,4 @@ def watch_forever(
             time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
 
-__all__ = ["Action", "Sightings", "action_key", "stall_window", "watch_once", "watch_forever", "iso"]
+__all__ = ["Action", "Sightings", "action_key", "default_name", "stall_window", "watch_once", "watch_forever", "iso"]

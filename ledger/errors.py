@@ -222,3 +222,16 @@ class DamageFound(LedgerError):
 class HeadAnchorBroken(DamageFound):
     """A head digest kept outside the ledger is no longer contained in it: its tail was
     cut, or its history rewritten, since the digest was taken."""
+
+
+# --- the exit codes, read from the classes above -----------------------------------
+
+
+def by_exit_code() -> dict[int, list[type[LedgerError]]]:
+    """Every error type of this module under its ``exit_code``, in definition order: the
+    one source of the CLI's exit codes and of docs/cli.md's table."""
+    out: dict[int, list[type[LedgerError]]] = {}
+    for value in globals().values():
+        if isinstance(value, type) and issubclass(value, LedgerError) and value.__module__ == __name__:
+            out.setdefault(int(value.exit_code), []).append(value)
+    return dict(sorted(out.items()))

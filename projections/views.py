@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from reducers import delivery
 from reducers import transitions as T
 from reducers.checkpoint import Checkpoint
 
@@ -119,22 +120,11 @@ def stall_row(cp: Checkpoint) -> dict[str, Any]:
 def delivery_row(cp: Checkpoint) -> dict[str, Any]:
     d = cp.delivery
     pending = d.pending
-    last = d.attempts[-1] if d.attempts else None
-    if d.confirmed_key is not None:
-        status = "confirmed"
-    elif pending is not None:
-        status = "attempted"
-    elif last is not None and last.outcome == "failed":
-        status = "failed"
-    elif cp.delivery_ready:
-        status = "ready"
-    else:
-        status = "not_ready"
     return {
         "run_id": cp.run_id,
         "target": cp.target,
-        "status": status,
-        "key": d.confirmed_key or (last.key if last else None),
+        "status": delivery.stage(d, ready=cp.delivery_ready),
+        "key": d.latest_key,
         "receipt": d.receipt,
         "attempts": len(d.attempts),
         "attempted_us": pending.at_us if pending else None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import msgspec
@@ -344,15 +344,25 @@ AGGREGATE = CheckpointAggregate()
 # --- the packet as people and programs read it -------------------------------------
 
 
-def iso(us: int | None) -> str | None:
+def iso(us: int | None, *, ms: bool = False) -> str | None:
+    """µs since 1970 as ISO 8601 UTC with a Z: ``2026-05-01T12:00:00.123456Z``, always six
+    digits of fraction (three with ``ms``). The one formatter of times: packets, the log,
+    the CLI and the demo all print through it, so one instant always reads the same.
+
+    Exact integer arithmetic: ``us / 1e6`` as a float would round the last µs of year 9999
+    into year 10000."""
     if us is None:
         return None
     try:
-        return datetime.fromtimestamp(us / 1_000_000, tz=timezone.utc).isoformat().replace("+00:00", "Z")
-    except (ValueError, OverflowError, OSError):
+        dt = _EPOCH + timedelta(microseconds=us)
+    except OverflowError:
         # A time outside years 1-9999 has no ISO form; imports refuse one, but a file
         # written by other means may hold one, and a packet must still print.
         return f"{us}us-since-1970"
+    return dt.isoformat(timespec="milliseconds" if ms else "microseconds").replace("+00:00", "Z")
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def packet(
@@ -403,7 +413,7 @@ def packet(
             "status": dstatus,
             "detail": dwhy,
             "target": cp.delivery.target,
-            "key": cp.delivery.confirmed_key or (cp.delivery.attempts[-1].key if cp.delivery.attempts else None),
+            "key": cp.delivery.latest_key,
             "receipt": cp.delivery.receipt,
             "attempts": len(cp.delivery.attempts),
         },

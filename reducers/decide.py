@@ -432,7 +432,7 @@ def _revoke(cp: Checkpoint, c: C.Revoke, ctx: Context) -> list[ev.Event]:
 
 
 def _close(cp: Checkpoint, c: C.Close, ctx: Context) -> list[ev.Event]:
-    disposition = _choice("disposition", c.disposition, {"no_op", "cancelled", "failed"})
+    disposition = _choice("disposition", c.disposition, set(T.CLOSE_DISPOSITIONS))
     pending = cp.delivery.pending
     if pending is not None:
         raise DeliveryRefused(

@@ -41,6 +41,11 @@ class Delivery(msgspec.Struct, frozen=True):
                 return a
         return None
 
+    @property
+    def latest_key(self) -> str | None:
+        """The confirmed key, else the last attempt's, else None (what status shows as ``key``)."""
+        return self.confirmed_key or (self.attempts[-1].key if self.attempts else None)
+
     def attempt(self, key: str) -> Attempt | None:
         for a in self.attempts:
             if a.key == key:
@@ -103,28 +108,45 @@ def fold(records: Iterable[Recorded]) -> Delivery:
     return d
 
 
+#: Every stage a delivery can be at. ``ambiguous`` is the one that needs a clock.
+STAGES = ("not_ready", "ready", "attempted", "ambiguous", "failed", "confirmed")
+
+
+def stage(d: Delivery, *, ready: bool) -> str:
+    """Where the delivery stands by the log alone: not_ready, ready, attempted, failed or
+    confirmed. The one rule for it: ``status`` (packets), the deliveries view and the CLI's
+    write documents all call this. ``ready`` comes from the checkpoint (result submitted,
+    evidence present, review approved when required)."""
+    if d.confirmed_key is not None:
+        return "confirmed"
+    if d.pending is not None:
+        return "attempted"
+    if d.attempts and d.attempts[-1].outcome == "failed":
+        return "failed"
+    return "ready" if ready else "not_ready"
+
+
 def status(
     d: Delivery, *, ready: bool, now_us: int, timeout_s: float
 ) -> tuple[str, str]:
-    """(status, why): not_ready, ready, attempted, ambiguous, failed or confirmed.
-
-    ``ready`` comes from the checkpoint (result submitted, evidence present, review
-    approved when required); the delivery view alone cannot know it.
-    """
-    if d.confirmed_key is not None:
-        return "confirmed", f"confirmed under key {d.confirmed_key}: {d.receipt}"
-    pending = d.pending
-    if pending is not None:
+    """(status, why): ``stage``, with an attempt older than ``timeout_s`` at ``now_us``
+    judged ``ambiguous``."""
+    at = stage(d, ready=ready)
+    if at == "confirmed":
+        return at, f"confirmed under key {d.confirmed_key}: {d.receipt}"
+    if at == "attempted":
+        pending = d.pending
+        assert pending is not None
         age = (now_us - pending.at_us) / 1e6
         if age > timeout_s:
             return "ambiguous", (
                 f"attempt {pending.key} by {pending.by} has had no outcome for {age:.0f}s; "
                 "reconcile with the target before any retry"
             )
-        return "attempted", f"attempt {pending.key} by {pending.by} awaits its outcome"
-    if d.attempts and d.attempts[-1].outcome == "failed":
+        return at, f"attempt {pending.key} by {pending.by} awaits its outcome"
+    if at == "failed":
         last = d.attempts[-1]
-        return "failed", f"attempt {last.key} failed: {last.error}; a new attempt may be made"
-    if ready:
-        return "ready", "result, evidence and review are in place"
-    return "not_ready", "no approved, evidenced result yet"
+        return at, f"attempt {last.key} failed: {last.error}; a new attempt may be made"
+    if at == "ready":
+        return at, "result, evidence and review are in place"
+    return at, "no approved, evidenced result yet"

@@ -31,7 +31,9 @@ STATES = (
     QUEUED, PLANNING, EXECUTING, VERIFYING, BLOCKED, UNKNOWN,
     READY_FOR_REVIEW, SUCCEEDED, DELIVERED, NO_OP, CANCELLED, FAILED,
 )
-TERMINAL = frozenset({DELIVERED, NO_OP, CANCELLED, FAILED})
+#: How ``close`` may end a run (without delivery); with ``delivered``, the terminal states.
+CLOSE_DISPOSITIONS = (NO_OP, CANCELLED, FAILED)
+TERMINAL = frozenset({DELIVERED, *CLOSE_DISPOSITIONS})
 #: States in which a worker is doing the work (and heartbeats and progress are expected).
 WORKING = frozenset({PLANNING, EXECUTING, VERIFYING})
 #: States from which ``block`` may be raised and to which ``unblock`` returns.
@@ -64,7 +66,7 @@ for _s in BLOCKABLE:
     MOVES[(BLOCKED, _s)] = ("unblock",)
 for _s in STATES:
     if _s not in TERMINAL:
-        for _t in (NO_OP, CANCELLED, FAILED):
+        for _t in CLOSE_DISPOSITIONS:
             MOVES[(_s, _t)] = _CLOSE
 
 #: Progress that counts in each state (seed 003's table). Recording one of these

@@ -50,4 +50,5 @@ def test_the_documented_exit_codes_are_the_ones_used():
         text = f.read()
     for code in range(5):
         assert f"| {code} |" in text
-    assert (cli.EXIT_OK, cli.EXIT_REFUSED, cli.EXIT_USAGE, cli.EXIT_STORE, cli.EXIT_PROBLEMS) == (0, 1, 2, 3, 4)
+    # the codes themselves come from ledger.errors (tests/test_one_home.py checks each type's row)
+    assert cli.EXIT_OK == 0

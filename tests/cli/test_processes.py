@@ -109,7 +109,7 @@ def test_watchdog_killed_mid_pass_and_restarted_never_acts_twice(tmp_path):
         for i in range(n):
             working_run(lg, f"r{i:03d}", owner=f"o{i}", heartbeat_timeout_s=3600, progress_timeout_s=1)
         now = lg.clock() + 10_000_000
-    from cli import _iso
+    from handoff.render import iso as _iso
 
     args = ("watch", "--once", "--name", "wd", "--now", _iso(now), "--commit")
     first = _spawn(*args, db=db)

@@ -140,7 +140,7 @@ def test_stalls_and_watch(h):
         working_run(lg, "quiet", heartbeat_timeout_s=1.0)
         start = lg.checkpoint("quiet").last_event_us
     later = start + 5_000_000
-    from cli import _iso
+    from handoff.render import iso as _iso
 
     doc = h.json("stalls", "--now", _iso(later))
     (row,) = doc["stalls"]

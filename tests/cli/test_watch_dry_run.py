@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from cli import _iso
+from handoff.render import iso as _iso
 from handoff.api import Ledger
 from handoff.watchdog import watch_once
 from tests.support import executable
