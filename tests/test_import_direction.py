@@ -24,8 +24,6 @@ RANK = {name: i for i, name in enumerate(LAYERS)}
 #: fails as XPASS once the import is gone: then delete the entry, and the general test
 #: holds that file to the rule like every other.
 KNOWN = {
-    ("handoff/demo.py", "cli"): "issue 11: the demo imports the CLI's renderers; the shell "
-                                "helper moves them into the library",
     ("reducers/testing.py", "handoff"): "issue 11: the property-testing kit imports handoff.api; "
                                         "the kit helper moves it out of the pure package",
 }
