@@ -22,12 +22,12 @@ from hypothesis.stateful import (
     RULE_MARKER, Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule,
 )
 
+from handoff.api import Ledger, measure
 from ledger import errors as E
 from ledger import events as ev
 from ledger.store import Actor, Recorded, lease_digest
 from reducers import commands as C
 from reducers import transitions as T
-from handoff.api import Ledger, measure
 from reducers.checkpoint import evolve, fold
 
 from .model import COMPARED, Model, RunModel, model_value
