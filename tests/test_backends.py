@@ -195,7 +195,7 @@ def test_nothing_outside_the_sqlite_backend_speaks_sqlite():
 
 
 def _own_lock(rel: str, line: str) -> bool:
-    """``self._lock`` of a class's own (reducers/testing.py's model keeps one) is not the store's."""
+    """``self._lock`` of a class's own (handoff/testing/machine.py's FakeClock keeps one) is not the store's."""
     return "self._lock" in line and ".store._lock" not in line
 
 

@@ -21,7 +21,7 @@ from ledger import errors as E
 from ledger import events as ev
 from ledger import portable
 from ledger.store import GENESIS_HASH, Recorded, chain_hash
-from reducers.testing import issued
+from handoff.testing import issued
 
 T0 = 1_700_000_000_000_000  # 2023-11-14, in µs
 

@@ -21,7 +21,7 @@ from ledger.sqlite import SqliteStore
 from ledger.store import Aggregate, EventStore, Recorded, Step
 from reducers import checkpoint
 from reducers.checkpoint import AGGREGATE
-from reducers.testing import events
+from handoff.testing import events
 from tests.ledger.conformance import W1, hb, step
 
 

@@ -2,7 +2,7 @@
 clock) through random commands, many of them refused, and a "happy path" rule so that runs
 also reach review, delivery and the terminal states. Subclasses add the invariants.
 
-It complements reducers.testing.LedgerMachine (see test_projection_ledger_machine.py):
+It complements handoff.testing.LedgerMachine (see test_projection_ledger_machine.py):
 this one moves a controllable clock across the policy timeouts, which the deadline
 agreement needs, and interleaves commands with a rebuild's batches.
 """

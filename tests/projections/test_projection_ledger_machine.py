@@ -1,4 +1,4 @@
-"""reducers.testing.LedgerMachine (the shared stateful machine, with its model of the
+"""handoff.testing.LedgerMachine (the shared stateful machine, with its model of the
 rules, racing writers on a second connection and forks) plus the projections' invariants:
 after every step the views equal a fresh fold of the log, a rebuild at any point gives
 the same rows byte for byte, and at the end rebuilding twice changes nothing.
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
 from projections import engine
-from reducers.testing import LedgerMachine
+from handoff.testing import LedgerMachine
 
 from projection_support import FULL, dump, leftover_tables, schema_objects
 

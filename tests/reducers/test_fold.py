@@ -19,7 +19,7 @@ from ledger import errors as E
 from reducers import delivery, stall
 from reducers import commands as C
 from reducers.checkpoint import evolve, fold, initial, packet
-from reducers.testing import LedgerMachine, as_records, events, issued
+from handoff.testing import LedgerMachine, as_records, events, issued
 
 NOW = 1_700_000_000_000_000 + 10**9
 histories = st.lists(events(), max_size=40).map(as_records)

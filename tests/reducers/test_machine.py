@@ -1,10 +1,10 @@
-"""The public state machine (reducers/testing.py) run against the real SQLite ledger."""
+"""The public state machine (handoff/testing/machine.py) run against the real SQLite ledger."""
 
 from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
 
-from reducers.testing import LedgerMachine
+from handoff.testing import LedgerMachine
 
 TestLedger = LedgerMachine.TestCase
 TestLedger.settings = settings(

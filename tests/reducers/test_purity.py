@@ -1,9 +1,13 @@
 """reducers/ stays pure: no I/O, no clock, no randomness; "now" is always an argument.
 
-The check reads each module's source with ast, so it sees what the code says rather than
-what happens to be imported at test time: ``import x``, ``from x import y``, dotted
-imports, ``__import__``/``importlib.import_module`` with a literal name, and calls such
-as ``datetime.now()`` or ``time.time()`` however the name was bound.
+Two checks, and no module is exempt from either:
+
+- the source check reads each module with ast, so it sees what the code says: ``import
+  x``, ``from x import y``, dotted imports, ``__import__``/``importlib.import_module``
+  with a literal name, and calls such as ``datetime.now()`` or ``time.time()``;
+- the load check imports each module alone in a fresh interpreter and looks at what
+  ended up in ``sys.modules``, so a harmless-looking import that drags in a database
+  driver, the network, randomness or a layer above the reducers is caught too.
 """
 
 from __future__ import annotations
@@ -24,17 +28,15 @@ FORBIDDEN_MODULES = frozenset({
     "sqlite3", "sqlite_utils", "time", "random", "os", "click",
     # the same in other clothes
     "secrets", "uuid", "subprocess", "socket", "shutil", "tempfile",
-    # layers above the reducers: the SQLite store and the API facade do I/O
-    "ledger.sqlite", "handoff", "cli",
+    # layers above the reducers: the storage backends, the views, the API facade, the kit
+    "ledger.sqlite", "ledger.sqlite_views", "ledger.backends", "ledger.files",
+    "projections", "handoff", "cli", "hypothesis",
 })
 #: Calls that read the clock, by the last two parts of their dotted name.
 FORBIDDEN_CALLS = frozenset({
     "datetime.now", "datetime.utcnow", "datetime.today", "date.today",
     "time.time", "time.time_ns", "time.monotonic", "time.perf_counter",
 })
-#: reducers/testing.py drives a real SQLite file and writes artifact files on purpose:
-#: it is the property-testing harness, imported only by tests, never by the library.
-EXCLUDED = {"testing.py"}
 
 
 def _forbidden(module: str) -> str | None:
@@ -86,7 +88,8 @@ def violations(source: str, filename: str = "<source>") -> list[str]:
 
 
 def pure_modules() -> list[Path]:
-    return sorted(p for p in REDUCERS.glob("*.py") if p.name not in EXCLUDED)
+    """Every module under reducers/, with no exception by name."""
+    return sorted(REDUCERS.rglob("*.py"))
 
 
 @pytest.mark.parametrize("path", pure_modules(), ids=lambda p: p.name)
@@ -101,22 +104,8 @@ def test_reducer_module_is_pure(path: Path) -> None:
 def test_every_reducer_module_is_checked() -> None:
     names = {p.name for p in REDUCERS.glob("*.py")}
     assert {"transitions.py", "decide.py", "checkpoint.py", "stall.py", "delivery.py", "commands.py"} <= names
-    assert EXCLUDED <= names, "an exclusion names a module that no longer exists: remove it"
-    assert len(pure_modules()) == len(names) - len(EXCLUDED)
-
-
-@pytest.mark.parametrize("path", pure_modules(), ids=lambda p: p.name)
-def test_pure_modules_do_not_import_the_testing_harness(path: Path) -> None:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            mod = ("." * node.level) + (node.module or "")
-            names = {a.name for a in node.names}
-            assert mod not in (".testing", "reducers.testing") and not (mod in (".", "reducers") and "testing" in names), (
-                f"reducers/{path.name} imports the testing harness, which does I/O"
-            )
-        if isinstance(node, ast.Import):
-            assert all(a.name != "reducers.testing" for a in node.names)
+    assert pure_modules() == sorted(REDUCERS.rglob("*.py")), "no module of reducers/ may be left out"
+    assert "EXCLUDED" not in globals(), "the purity test exempts nothing by name"
 
 
 @pytest.mark.parametrize(
@@ -170,3 +159,130 @@ def test_the_library_does_not_need_hypothesis() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+# --- what the reducers load, transitively ------------------------------------------------
+
+#: Standard-library modules that no reducer may load, directly or through anything it
+#: imports. ``time``, ``os`` and ``uuid`` cannot be on this list: the interpreter loads
+#: ``time`` and ``os`` before any code runs, and msgspec (the event codec) loads ``uuid``
+#: for its UUID type; the source check above forbids the reducers to use them. Likewise
+#: typing_extensions loads the C module ``_socket`` (for a constant), so the list names
+#: ``socket``, the module that opens connections.
+LOADED_FORBIDDEN = frozenset({
+    "sqlite3", "_sqlite3",                                    # a database driver
+    "socket", "ssl", "select", "selectors", "http", "urllib.request",  # the network
+    "subprocess", "multiprocessing", "signal",                # other processes
+    "asyncio", "threading", "concurrent",                     # waiting, and so a clock
+    "random", "_random", "secrets",                           # randomness
+    "tempfile", "shutil", "glob",                             # files
+})
+#: The project's own modules a reducer may load: the event types, the errors and the
+#: envelopes (``ledger.store`` holds the interface and the hash chain, not a backend).
+PROJECT_ALLOWED = frozenset({"ledger", "ledger.errors", "ledger.events", "ledger.store"})
+#: Installed (third-party) packages a reducer may load: the event codec and what it needs.
+THIRD_PARTY_ALLOWED = frozenset({"msgspec", "typing_extensions"})
+
+_PROBE = r"""
+import json, sys, traceback
+
+root, purelib, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+first_importer = {}
+
+
+class Watch:
+    # Remember, for every module, which project file was importing when it first loaded.
+    def find_spec(self, name, path=None, target=None):
+        if name not in first_importer:
+            frames = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(root)]
+            first_importer[name] = f"{frames[-1].filename[len(root) + 1:]}:{frames[-1].lineno}" if frames else "?"
+        return None
+
+
+sys.meta_path.insert(0, Watch())
+import importlib
+for name in names:
+    importlib.import_module(name)
+out = {}
+for mod_name, mod in list(sys.modules.items()):
+    where = getattr(mod, "__file__", None) or ""
+    kind = "installed" if where.startswith(purelib) else "project" if where.startswith(root) else "stdlib"
+    out[mod_name] = [kind, first_importer.get(mod_name, "at start-up")]
+print(json.dumps(out))
+"""
+
+
+def loaded_by(modules: list[str], *, extra_path: Path | None = None) -> dict[str, tuple[str, str]]:
+    """Import ``modules`` in a fresh interpreter started without site (``-S``), so that no
+    ``.pth`` file loads anything first; returns every module then loaded, as name ->
+    (project / installed / stdlib, the project file and line that first imported it)."""
+    import sysconfig
+
+    purelib = sysconfig.get_paths()["purelib"]  # this venv's: without site, the child cannot tell
+    path = [str(ROOT), purelib]
+    if extra_path is not None:
+        path.insert(0, str(extra_path))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    root = str(extra_path if extra_path is not None else ROOT)
+    proc = subprocess.run([sys.executable, "-S", "-c", _PROBE, root, purelib, *modules], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    return {k: tuple(v) for k, v in json.loads(proc.stdout).items()}
+
+
+def load_violations(loaded: dict[str, tuple[str, str]], *, own_prefixes: tuple[str, ...] = ("reducers",)) -> list[str]:
+    """What in ``loaded`` a pure module must not load, each with the line that loaded it."""
+    found: list[str] = []
+    reported: set[str] = set()
+    for name, (kind, by) in sorted(loaded.items()):
+        top = name.split(".")[0]
+        if top in reported and top not in own_prefixes and kind != "project":
+            continue  # one line per package is enough
+        before = len(found)
+        if kind == "project" and top not in own_prefixes and name not in PROJECT_ALLOWED:
+            found.append(f"{name} (a project module above the event types), loaded from {by}")
+        elif kind == "installed" and top not in THIRD_PARTY_ALLOWED:
+            found.append(f"{name} (an installed package the reducers do not need), loaded from {by}")
+        elif any(name == bad or name.startswith(bad + ".") for bad in LOADED_FORBIDDEN):
+            found.append(f"{name} (I/O, processes, threads or randomness), loaded from {by}")
+        if len(found) > before:
+            reported.add(top)
+    return found
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+@pytest.mark.parametrize("path", pure_modules(), ids=lambda p: p.name)
+def test_reducer_module_loads_nothing_impure(path: Path) -> None:
+    found = load_violations(loaded_by([_module_name(path)]))
+    assert not found, (
+        f"importing {_module_name(path)} alone loads what a pure fold must not; import it lazily "
+        "where it is needed, above the reducers, or move the code out of reducers/:\n  " + "\n  ".join(found)
+    )
+
+
+def test_the_load_check_sees_what_the_source_check_cannot(tmp_path: Path) -> None:
+    """A module whose own imports look innocent but load a driver and the API facade."""
+    pkg = tmp_path / "fakepure"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "helper.py").write_text("import importlib\nstore = importlib.import_module('ledger.' + 'sqlite')\n")
+    (pkg / "fold.py").write_text("from ledger import events\nfrom . import helper\n")
+    assert violations((pkg / "fold.py").read_text()) == []
+    found = load_violations(loaded_by(["fakepure.fold"], extra_path=tmp_path), own_prefixes=("fakepure",))
+    assert any(f.startswith("sqlite3 ") for f in found), found
+    assert any("fakepure/helper.py:2" in f for f in found), found
+
+
+def test_the_load_check_allows_the_event_types() -> None:
+    assert load_violations(loaded_by(["ledger.events", "ledger.store", "ledger.errors"])) == []
+
+
+def test_the_kit_lives_outside_the_pure_package() -> None:
+    """The property-testing kit drives a real ledger: it belongs above the reducers."""
+    assert not (REDUCERS / "testing.py").exists() and not (REDUCERS / "testing").exists()
+    assert (ROOT / "handoff" / "testing" / "__init__.py").exists()
