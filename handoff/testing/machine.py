@@ -501,7 +501,7 @@ class LedgerMachine(RuleBasedStateMachine):
         _, lease = self.worker_for(run, lease_pick)
         self.issue(run, actor, C.Revoke(reason="heartbeat timeout", lease=lease))
 
-    @rule(target=runs, run=consumes(runs), disposition=st.sampled_from(["no_op", "cancelled", "failed"]),
+    @rule(target=runs, run=consumes(runs), disposition=st.sampled_from(T.CLOSE_DISPOSITIONS),
           whom=st.sampled_from(["owner", "operator", "worker", "stranger", "transferee_person"]),
           keep=st.booleans())
     def close(self, run: str, disposition: str, whom: str, keep: bool) -> Any:
@@ -545,9 +545,9 @@ class LedgerMachine(RuleBasedStateMachine):
         m = self.model.runs[run]
         owner, pending = Actor("owner", m.owner), m.pending_delivery or "k1"
         rivals: list[tuple[Actor, C.Command, str | None]] = {
-            "close/close": [(owner, C.Close(disposition="no_op"), None), (OPERATOR, C.Close(disposition="cancelled"), None)],
+            "close/close": [(owner, C.Close(disposition=T.NO_OP), None), (OPERATOR, C.Close(disposition=T.CANCELLED), None)],
             "delivered/close": [(owner, C.ConfirmDelivery(key=pending, receipt="msg-1"), None),
-                                (owner, C.Close(disposition="failed"), None)],
+                                (owner, C.Close(disposition=T.FAILED), None)],
             "deliver/deliver": [(owner, C.Deliver(key="k2"), "deliver:k2"), (OPERATOR, C.Deliver(key="k3"), "deliver:k3")],
             "delivered/delivered": [(owner, C.ConfirmDelivery(key=pending, receipt="msg-1"), None),
                                     (OPERATOR, C.ConfirmDelivery(key=pending, receipt="msg-2"), None)],

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ledger import errors as E
+from ledger import events as ev
 from ledger.store import Actor
 from reducers import commands as C
 from reducers import transitions as T
@@ -33,7 +34,7 @@ class RunModel:
     target: str = ""
     require_review: bool = False
     result_path: str | None = None
-    owner_cap: int = 10
+    owner_cap: int = ev.Policy().owner_cap
     state: str = T.QUEUED
     lease: int | None = None
     worker: str | None = None
