@@ -457,7 +457,9 @@ def init(as_json: bool) -> None:
     existed = os.path.exists(path) and os.path.getsize(path) > 0
     with _ledger(create=True) as lg:
         runs = lg.store.count_runs()
-    doc = {"db": os.path.abspath(path), "created": not existed, "runs": runs}
+        if "://" in str(path):  # a server's database: the store says whether it made the schema
+            existed, path = not getattr(lg.store, "created_schema", False), lg.store.path
+    doc = {"db": path if "://" in str(path) else os.path.abspath(path), "created": not existed, "runs": runs}
     text = (f"ledger {path} already exists ({runs} streams); nothing changed" if existed
             else f"created ledger {path}")
     _emit(doc, as_json, text)

@@ -28,7 +28,15 @@ def _sqlite_memory(tmp: Path) -> EventStore:
     return SqliteStore.memory()
 
 
+def _postgres(tmp: Path) -> EventStore:
+    from ledger.postgres import PostgresStore
+    from tests.pg import fresh_url
+
+    return PostgresStore(fresh_url())
+
+
 BACKENDS: dict[str, Callable[[Path], EventStore]] = {
     "sqlite-file": _sqlite_file,
     "sqlite-memory": _sqlite_memory,
+    "postgres": _postgres,
 }
