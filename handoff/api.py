@@ -1256,8 +1256,12 @@ def init_ledger(path: str | os.PathLike[str], *, busy_timeout_s: float = 5.0) ->
     existed = where is not None and os.path.exists(where) and os.path.getsize(where) > 0
     with Ledger(path, create=True, busy_timeout_s=busy_timeout_s) as lg:
         runs = lg.store.count_runs()
-    return {"db": os.path.abspath(where) if where is not None else os.fspath(path), "created": not existed,
-            "runs": runs}
+        if address.backend != "sqlite":
+            # A server's database: the store says whether this open made the schema, and
+            # its path is the address with any password masked (never echo a secret).
+            existed, shown = not lg.store.created_schema, lg.store.path
+    return {"db": os.path.abspath(where) if where is not None else shown if address.backend != "sqlite"
+            else os.fspath(path), "created": not existed, "runs": runs}
 
 
 # --- importing into a file that does not exist yet ------------------------------------

@@ -6,8 +6,8 @@ One place for the forms a user may give (``Ledger(...)``, the CLI's ``--db`` and
 - a file path (``handoff.db``, ``/srv/ledger.db``) or ``:memory:``: SQLite;
 - ``sqlite:///abs/path``, ``sqlite:rel/path`` or ``sqlite::memory:``, optionally with
   backend settings as a query (``sqlite:///abs/path?synchronous=NORMAL``);
-- ``postgresql://...`` (or ``postgres://``): the PostgreSQL backend, which is not part of
-  this release; opening one raises ``BackendUnavailable``.
+- ``postgresql://...`` (or ``postgres://``): the PostgreSQL backend (ledger/postgres.py;
+  needs the extra: ``pip install 'handoff-ledger[postgres]'``, else ``BackendUnavailable``).
 
 A new backend adds its scheme to ``open_store`` and a module of its own beside
 ledger/sqlite.py; nothing above ledger/ changes.
@@ -27,7 +27,7 @@ from .store import EventStore
 SQLITE_OPTIONS = ("synchronous",)
 _POSTGRES = ("postgresql", "postgres")
 #: The backend modules; each offers ``is_driver_error(exc)``.
-BACKEND_MODULES = ("ledger.sqlite",)
+BACKEND_MODULES = ("ledger.sqlite", "ledger.postgres")
 
 
 def is_driver_error(exc: BaseException) -> bool:
@@ -131,12 +131,8 @@ def open_store(
     ``synchronous``); the address's own query wins over none, and both may not disagree."""
     address = parse(target, field)
     if address.backend == "postgresql":
-        raise BackendUnavailable(
-            f"{field} names a PostgreSQL ledger, but this installation of handoff-ledger has no "
-            "PostgreSQL backend yet (it is planned for the next release); use an SQLite file "
-            "(a path, or sqlite:///path) for now",
-            field=field,
-        )
+        return _open_postgres(address, readonly=readonly, create=create,
+                              busy_timeout_s=busy_timeout_s, clock=clock, field=field, **options)
     settings = {k: v for k, v in options.items() if v is not None}
     for name, value in address.options.items():
         if name in settings and str(settings[name]).upper() != value.upper():
@@ -157,3 +153,28 @@ def open_store(
         address.location, readonly=readonly, create=create, busy_timeout_s=busy_timeout_s,
         clock=clock, **settings,
     )
+
+
+def _open_postgres(address: Address, *, readonly: bool, create: bool, busy_timeout_s: float,
+                   clock: Callable[[], int] | None, field: str, **options: Any) -> EventStore:
+    unknown = sorted(k for k, v in options.items() if v is not None)
+    if unknown:
+        raise InvalidInput(
+            f"the PostgreSQL backend has no setting {unknown[0]!r}; its settings are the "
+            "connection URL's own (host, port, dbname, user, sslmode...)",
+            field=unknown[0],
+        )
+    try:
+        import psycopg  # noqa: F401 - the optional driver
+    except ImportError:
+        raise BackendUnavailable(
+            f"{field} names a PostgreSQL ledger, but the PostgreSQL driver is not installed; "
+            "install it with: pip install 'handoff-ledger[postgres]'",
+            field=field,
+        ) from None
+    from .postgres import PostgresStore  # loaded only when a PostgreSQL ledger is opened
+
+    url = address.location
+    if url.lower().startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://"):]
+    return PostgresStore(url, readonly=readonly, create=create, busy_timeout_s=busy_timeout_s, clock=clock)

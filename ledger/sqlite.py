@@ -756,6 +756,7 @@ class SqliteStore(EventStore):
             )
             self._conn.execute(_HEADS_FIRST)
             self._conn.execute("COMMIT")
+            self.created_schema = True
         except sqlite3.Error as exc:
             if self._conn.in_transaction:
                 self._conn.execute("ROLLBACK")

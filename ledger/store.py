@@ -561,6 +561,8 @@ class EventStore(abc.ABC):
     #: Where the ledger lives, as error messages name it (a file path for SQLite; a
     #: backend whose address holds a secret gives it here without the secret).
     path: str = ""
+    #: True when this open created the ledger's schema (``handoff init`` reports it).
+    created_schema: bool = False
 
     @abc.abstractmethod
     def write_transaction(self, doing: str) -> contextlib.AbstractContextManager[Transaction]:

@@ -10,7 +10,7 @@ Three suites are written once and run on every entry here, through the ``backend
 - the Ledger/CLI suite, tests/test_ledger_conformance.py: every verb through
   ``Ledger(store=...)``, and the ``handoff`` command through ``--db <address>``.
 
-A new backend (``ledger/postgres.py``, next) adds one ``Backend`` to ``BACKENDS``: its
+A new backend (as ``ledger/postgres.py`` did) adds one ``Backend`` to ``BACKENDS``: its
 name, a function from a per-test temporary directory to the address of a fresh, empty
 ledger (what a user would pass to ``Ledger(...)`` or ``--db``), and whether another
 process can open that same address (the CLI tests need that; an in-memory store cannot).
@@ -57,9 +57,18 @@ def _sqlite_memory(tmp: Path) -> str:
     return "sqlite::memory:"  # every open of it is a new, private store
 
 
+def _postgres(tmp: Path) -> str:
+    """A new, empty schema in the test session's own database (tests/pg.py): the test
+    fails under CI=true, and skips elsewhere, when no PostgreSQL server answers."""
+    from tests.pg import fresh_url
+
+    return fresh_url()
+
+
 BACKENDS: dict[str, Backend] = {
     "sqlite-file": Backend("sqlite-file", _sqlite_file, shared=True),
     "sqlite-memory": Backend("sqlite-memory", _sqlite_memory, shared=False),
+    "postgres": Backend("postgres", _postgres, shared=True),
 }
 
 

@@ -29,6 +29,15 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["HANDOFF_TEST_SCALE"] = "full" if config.getoption("--slow") else "bounded"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _postgres_session_database():
+    """Drop the PostgreSQL database a test of this session created (tests/pg.py), if any."""
+    yield
+    from tests import pg
+
+    pg.drop_database()
+
+
 @pytest.fixture
 def db_path(tmp_path):
     return str(tmp_path / "ledger.db")

@@ -20,9 +20,9 @@ def _readme() -> str:
 def test_the_first_screen_has_the_two_one_line_setup_commands():
     first_screen = "\n".join(_readme().splitlines()[:20])
     assert "\npip install . && handoff demo\n" in first_screen
-    assert "\npip install -e '.[test]' && python -m pytest\n" in first_screen
+    assert "\npip install -e '.[test,postgres]' && python -m pytest\n" in first_screen
     with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
-        assert f.read().rstrip().endswith("pip install -e '.[test]' && python -m pytest")
+        assert f.read().rstrip().endswith("pip install -e '.[test,postgres]' && python -m pytest")
 
 
 def test_the_python_example_runs(tmp_path):

@@ -1160,6 +1160,13 @@ class StoreConformance:
         store.append("b", [hb()], actor=OWNER)
         assert store.ledger_head()[0] == 11
 
+    def test_an_open_that_made_the_schema_says_so_and_a_second_one_does_not(self):
+        address = self.backend.address()
+        first = self.backend.open(address)
+        assert first.created_schema is True
+        if self.backend.shared:  # a second handle on the same ledger finds the schema there
+            assert self.backend.open(address).created_schema is False
+
     def test_what_a_store_says_about_itself(self, store):
         assert store.readonly is False
         assert isinstance(store.path, str) and store.path

@@ -1,0 +1,78 @@
+"""Imports into a PostgreSQL ledger: the SQLite store's streamed import, on this database.
+
+The checks an import makes (chains continue, envelopes as a live write would make them,
+lease fencing, one key per run, the caller's ``admit`` rules, inline views kept) are
+written once, in ``ledger.sqlite._Import``; this module hands it the few things it asks
+of a store, in PostgreSQL's terms, and moves the ledger's tail row at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import events as ev
+from .sqlite import _Import
+from .store import Aggregate, Head, Recorded
+
+if TYPE_CHECKING:
+    from .postgres import PostgresStore
+
+
+class _Conn:
+    """``execute`` / ``executemany`` with SQLite's ``?`` placeholders, on the store's connection."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        return self._store._x(sql.replace("?", "%s"), args)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        with self._store._ready().cursor() as cur:
+            cur.executemany(sql.replace("?", "%s"), rows)
+
+
+class _Store:
+    """What ``_Import`` asks of its store."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._pg = store
+        self._conn = _Conn(store)
+        self.max_payload = store.max_payload
+
+    def _head_locked(self, run_id: str) -> tuple[Head | None, int]:
+        return self._pg._head_row(run_id)
+
+    def _state_locked(self, run_id: str, aggregate: Aggregate[Any], head: Head | None) -> Any:
+        return self._pg._state(run_id, aggregate, head)
+
+    def _check_fork(self, run_id: str, seq: int, fork: ev.RunForked) -> None:
+        self._pg._check_fork(run_id, seq, fork)
+
+    def _lineage_steps(self, run_id: str, until_seq: int | None) -> Iterator[Any]:
+        return self._pg._lineage_steps(run_id, until_seq)
+
+    def history(self, run_id: str, *, until_seq: int | None = None) -> Iterator[Recorded]:
+        return self._pg.history(run_id, until_seq=until_seq)
+
+    def _after_insert(self, rows: list[tuple[Any, ...]]) -> None:
+        pass
+
+    def _run_hooks(self, run_id: str, head: Head, known: list[tuple[Aggregate[Any], Any]]) -> Any:
+        return self._pg._run_hooks(run_id, head, known)
+
+
+class PgImport(_Import):
+    """One import inside a write transaction that holds the ledger's tail."""
+
+    def __init__(self, store: PostgresStore, aggregate: Aggregate[Any] | None,
+                 admit: Callable[[Any, Recorded, ev.Event], None] | None) -> None:
+        super().__init__(_Store(store), aggregate, admit)  # type: ignore[arg-type]
+        self.pg = store
+
+    def finish(self) -> list[tuple[str, tuple[Head | None, list[tuple[Aggregate[Any], Any]]]]]:
+        out = super().finish()
+        self.pg._x("UPDATE ledger_tail SET position=%s, global_hash=%s", (self.last_pos, bytes(self.gprev)))
+        self.pg._tail = (self.last_pos, bytes(self.gprev))
+        return out

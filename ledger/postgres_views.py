@@ -1,0 +1,345 @@
+"""The PostgreSQL store's view store: projection tables in the ledger's own database.
+
+The neutral table specs and read vocabulary of ledger/views.py in PostgreSQL's dialect.
+``ORDINAL`` is an identity column each table carries; an upsert updates a row in place,
+so a row keeps its ordinal. The partial "due" index is a real partial index. A rebuild
+fills shadow tables and swaps them in (drop, rename, index) inside one transaction.
+Every method runs on the store's connection under its lock; writes run inside a
+transaction the store opened. A view read inside a write transaction first takes the
+ledger's tail lock, so a decision that reads a view (an owner's load) cannot race
+another write that changes it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidInput
+from .views import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewStore
+
+if TYPE_CHECKING:
+    from .postgres import PostgresStore
+
+#: Text compares bytewise ("C"), as on SQLite, so orders and key ranges agree across backends.
+_TYPES = {"text": 'text COLLATE "C"', "int": "bigint", "blob": "bytea"}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_MANY = 1000
+
+
+def _ident(name: str) -> str:
+    if name == ORDINAL:
+        return "_ordinal"
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidInput(f"{name!r} is not a view table or column name", field="view")
+    return name
+
+
+def _literal(value: Any) -> str:
+    if value is NOT_NULL:
+        return "IS NOT NULL"
+    if value is None:
+        return "IS NULL"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"= {int(value)}"
+    raise InvalidInput(f"an index predicate holds whole numbers or NOT_NULL, not {value!r}", field="view")
+
+
+def create_sql(spec: TableSpec, table: str) -> str:
+    cols = ", ".join(f"{c.name} {_TYPES[c.type]}{'' if c.nullable else ' NOT NULL'}" for c in spec.columns)
+    return (f"CREATE TABLE {table} (_ordinal bigint GENERATED ALWAYS AS IDENTITY, {cols}, "
+            f"PRIMARY KEY ({', '.join(spec.pk)}))")
+
+
+def index_sql(spec: TableSpec, ix: Index) -> str:
+    t = spec.name
+    sql = f"CREATE INDEX {t}_{ix.suffix} ON {t} ({', '.join(ix.columns)})"
+    if ix.where:
+        sql += " WHERE " + " AND ".join(f"{c} {_literal(v)}" for c, v in ix.where)
+    return sql
+
+
+class Table:
+    """One view table and the statements that keep it, built once."""
+
+    __slots__ = ("delete_key", "delete_run", "npk", "order", "spec", "select_run",
+                 "update", "upsert", "upsert_changed", "values")
+
+    def __init__(self, spec: TableSpec, table: str) -> None:
+        self.spec = spec
+        cols = list(spec.column_names)
+        rest = [c for c in cols if c not in spec.pk]
+        words = spec.indexed_columns()
+        keyed = [c for c in rest if c in words]
+        free = [c for c in rest if c not in keyed]
+        self.upsert = (
+            f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join(f'%({c})s' for c in cols)}) "
+            f"ON CONFLICT ({', '.join(spec.pk)}) DO "
+            + (f"UPDATE SET {', '.join(f'{c}=excluded.{c}' for c in rest)}" if rest else "NOTHING")
+        )
+        self.upsert_changed = self.upsert + (
+            f" WHERE ({', '.join(f'{table}.{c}' for c in rest)}) IS DISTINCT FROM "
+            f"({', '.join('excluded.' + c for c in rest)})" if len(rest) > 1 else
+            f" WHERE {table}.{rest[0]} IS DISTINCT FROM excluded.{rest[0]}" if rest else ""
+        )
+        self.update = (
+            f"UPDATE {table} SET {', '.join(f'{c}=%({c})s' for c in free)} "
+            f"WHERE {' AND '.join([*(f'{c}=%({c})s' for c in spec.pk), *(f'{c} IS NOT DISTINCT FROM %({c})s' for c in keyed)])} "
+            f"AND ({', '.join(free)}{',' if len(free) == 1 else ''}) IS DISTINCT FROM "
+            f"({', '.join(f'%({c})s' for c in free)}{',' if len(free) == 1 else ''})"
+            if free else None
+        )
+        if free and len(free) == 1:
+            c = free[0]
+            self.update = (
+                f"UPDATE {table} SET {c}=%({c})s WHERE "
+                f"{' AND '.join([*(f'{k}=%({k})s' for k in spec.pk), *(f'{k} IS NOT DISTINCT FROM %({k})s' for k in keyed)])} "
+                f"AND {c} IS DISTINCT FROM %({c})s"
+            )
+        self.order = (*spec.pk, *rest)
+        self.npk = len(spec.pk)
+        get = itemgetter(*self.order)
+        self.values = get if len(self.order) > 1 else lambda row: (get(row),)
+        self.select_run = f"SELECT {', '.join(self.order)} FROM {table} WHERE run_id=%s"
+        self.delete_key = f"DELETE FROM {table} WHERE {' AND '.join(f'{c}=%s' for c in spec.pk)}"
+        self.delete_run = f"DELETE FROM {table} WHERE run_id=%s"
+
+
+def _row(r: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(bytes(v) if isinstance(v, memoryview) else v for v in r)
+
+
+class PostgresViewStore(ViewStore):
+    """View tables, tracking rows and reads on a PostgresStore's connection."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+        self._tables: dict[str, Table] = {}
+        self._specs: dict[str, TableSpec] = {}
+
+    def _x(self, sql: str, args: Any = None) -> Any:
+        return self._store._x(sql, args)
+
+    # --- schema, tracking and versions ------------------------------------------------
+
+    def _table_names(self) -> set[str]:
+        return {r[0] for r in self._x("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")}
+
+    def _outdated(self, views: Mapping[str, tuple[TableSpec, int]]) -> list[str]:
+        if VERSIONS not in self._table_names():
+            return list(views)
+        kept = dict(self._x(f"SELECT name, version FROM {VERSIONS}").fetchall())
+        return [n for n, (_, v) in views.items() if kept.get(n, 1) != v]
+
+    def needs_prepare(self, views: Mapping[str, tuple[TableSpec, int]]) -> bool:
+        with self._store._lock, self._store._mapped("reading the views"):
+            existing = self._table_names()
+            missing = [s for s, _ in views.values() if s.name not in existing]
+            return not (TRACKING in existing and VERSIONS in existing and not missing
+                        and not self._outdated(views))
+
+    def prepare(self, views: Mapping[str, tuple[TableSpec, int]]) -> None:
+        x = self._x
+        x(f"CREATE TABLE IF NOT EXISTS {TRACKING} (name text PRIMARY KEY, position bigint NOT NULL)")
+        x(f"CREATE TABLE IF NOT EXISTS {VERSIONS} (name text PRIMARY KEY, version bigint NOT NULL)")
+        existing = self._table_names()
+        for name, (spec, version) in views.items():
+            if spec.name not in existing:
+                x(create_sql(spec, spec.name))
+                for ix in spec.indexes:
+                    x(index_sql(spec, ix))
+                self._put(TRACKING, name, 0)
+                self._put(VERSIONS, name, version)
+        for name in self._outdated(views):
+            x(f"UPDATE {TRACKING} SET position = 0 WHERE name = %s", (name,))
+            self._put(VERSIONS, name, views[name][1])
+
+    def _put(self, table: str, name: str, value: int) -> None:
+        col = "position" if table == TRACKING else "version"
+        self._x(f"INSERT INTO {table} VALUES (%s, %s) ON CONFLICT (name) DO UPDATE SET {col}=excluded.{col}",
+                (name, value))
+
+    def positions(self) -> dict[str, int]:
+        with self._store._lock, self._store._mapped("reading the views"):
+            # A ledger no projection was ever prepared in has no tracking table: no
+            # positions, not a driver error (the interface promises typed errors only).
+            if self._x("SELECT to_regclass(%s)", (TRACKING,)).fetchone()[0] is None:
+                return {}
+            return dict(self._x(f"SELECT name, position FROM {TRACKING}").fetchall())
+
+    def table(self, spec: TableSpec) -> Table:
+        t = self._tables.get(spec.name)
+        if t is None or t.spec is not spec:
+            t = self._tables[spec.name] = Table(spec, _ident(spec.name))
+            self._specs[spec.name] = spec
+        return t
+
+    # --- writing ----------------------------------------------------------------------
+
+    def sync_one(self, table: Table, row: Mapping[str, Any]) -> None:
+        if table.update is None or not self._x(table.update, row).rowcount:
+            self._x(table.upsert_changed, row)
+
+    def sync_many(self, table: Table, run_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        stored = [_row(r) for r in self._x(table.select_run, (run_id,)).fetchall()]
+        wants = [tuple(table.values(row)) for row in rows]
+        if sorted(stored, key=repr) == sorted(wants, key=repr):
+            return
+        n = table.npk
+        have = {r[:n]: r for r in stored}
+        for key in have.keys() - {w[:n] for w in wants}:
+            self._x(table.delete_key, key)
+        for row, want in zip(rows, wants):
+            old = have.get(want[:n])
+            if old is None:
+                self._x(table.upsert, row)
+            elif old != want:
+                self.sync_one(table, row)
+
+    def fill(self, table: Table, run_id: str, rows: Sequence[Mapping[str, Any]], *, many: bool) -> None:
+        if many:
+            self._x(table.delete_run, (run_id,))
+        if rows:
+            with self._store._ready().cursor() as cur:
+                cur.executemany(table.upsert, rows)
+
+    def advance(self, names: Sequence[str], last_position: int, run_id: str) -> None:
+        self._x(
+            f"UPDATE {TRACKING} SET position=%s WHERE name = ANY(%s) "
+            f"AND NOT EXISTS (SELECT 1 FROM events WHERE position > {TRACKING}.position "
+            f"AND position <= %s AND run_id <> %s)",
+            (last_position, list(names), last_position, run_id),
+        )
+
+    def set_positions(self, positions: Mapping[str, int]) -> None:
+        for n, pos in positions.items():
+            self._x(f"UPDATE {TRACKING} SET position=%s WHERE name=%s", (pos, n))
+
+    # --- rebuild ----------------------------------------------------------------------
+
+    def create_shadows(self, specs: Sequence[TableSpec]) -> list[Table]:
+        out = []
+        for spec in specs:
+            tmp = _ident(spec.name) + "__new"
+            self._x(f"DROP TABLE IF EXISTS {tmp}")
+            self._x(create_sql(spec, tmp))
+            out.append(Table(spec, tmp))
+        return out
+
+    def shadow(self, spec: TableSpec) -> Table:
+        return Table(spec, _ident(spec.name) + "__new")
+
+    def swap_in(self, views: Mapping[str, tuple[TableSpec, int]], position: int) -> dict[str, int]:
+        counts = {}
+        for name, (spec, version) in views.items():
+            t = _ident(spec.name)
+            self._x(f"DROP TABLE IF EXISTS {t}")
+            self._x(f"ALTER TABLE {t}__new RENAME TO {t}")
+            self._x(f"ALTER TABLE {t} RENAME CONSTRAINT {t}__new_pkey TO {t}_pkey")
+            for ix in spec.indexes:
+                self._x(index_sql(spec, ix))
+            self._put(TRACKING, name, position)
+            self._put(VERSIONS, name, version)
+            counts[name] = self._x(f"SELECT count(*) FROM {t}").fetchone()[0]
+        return counts
+
+    # --- reads ------------------------------------------------------------------------
+
+    def _run(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
+        store = self._store
+        with store._lock, store._mapped("reading the views"):
+            if store._writing:
+                store._lock_tail("reading the views")
+            return [_row(r) for r in store._x(sql, args).fetchall()]
+
+    def _pk(self, table: str) -> tuple[str, ...]:
+        spec = self._specs.get(table)
+        return spec.pk if spec is not None else ("run_id",)
+
+    def get(self, table: str, key: Sequence[Any], columns: Sequence[str]) -> tuple[Any, ...] | None:
+        sql = (f"SELECT {', '.join(map(_ident, columns))} FROM {_ident(table)} "
+               f"WHERE {' AND '.join(f'{_ident(c)}=%s' for c in self._pk(table))}")
+        rows = self._run(sql, tuple(key))
+        return rows[0] if rows else None
+
+    def get_many(self, table: str, keys: Iterable[Any], columns: Sequence[str]) -> dict[Any, tuple[Any, ...]]:
+        pk = self._pk(table)
+        if len(pk) != 1:
+            raise InvalidInput(f"get_many needs a one-column primary key; {table} has {pk}", field="view")
+        keys = list(keys)
+        cols = ", ".join(map(_ident, (pk[0], *columns)))
+        out: dict[Any, tuple[Any, ...]] = {}
+        for i in range(0, len(keys), _MANY):
+            chunk = keys[i:i + _MANY]
+            for r in self._run(f"SELECT {cols} FROM {_ident(table)} WHERE {_ident(pk[0])} = ANY(%s)", (chunk,)):
+                out[r[0]] = r[1:]
+        return out
+
+    def _filters(self, where: Mapping[str, Any] | None, where_not: Mapping[str, Any] | None,
+                 between: tuple[str, Any, Any] | None, args: list[Any]) -> list[str]:
+        terms = []
+        for c, v in (where or {}).items():
+            c = _ident(c)
+            if v is NOT_NULL or v is None or (isinstance(v, int) and not isinstance(v, bool)):
+                terms.append(f"{c} {_literal(v)}")
+            elif isinstance(v, tuple):
+                terms.append(f"{c} = ANY(%s)")
+                args.append(list(v))
+            else:
+                terms.append(f"{c}=%s")
+                args.append(v)
+        for c, v in (where_not or {}).items():
+            terms.append(f"{_ident(c)} IS DISTINCT FROM %s")
+            args.append(v)
+        if between is not None:
+            c, low, high = between
+            c = _ident(c)
+            terms.append(f"{c} IS NOT NULL")
+            if low is not None:
+                terms.append(f"{c} >= %s")
+                args.append(low)
+            if high is not None:
+                terms.append(f"{c} <= %s")
+                args.append(high)
+        return terms
+
+    def _keyset(self, order: Sequence[str] | None, after: Sequence[Any] | None, terms: list[str],
+                args: list[Any]) -> None:
+        if after is None:
+            return
+        if not order:
+            raise InvalidInput("a keyset cursor (after) needs an order", field="after")
+        cols = list(map(_ident, order))
+        if len(cols) == 1:
+            terms.append(f"{cols[0]} > %s")
+        else:
+            terms.append(f"({', '.join(cols)}) > ({', '.join(['%s'] * len(after))})")
+        args.extend(after)
+
+    def select(self, table: str, columns: Sequence[str], *, where: Mapping[str, Any] | None = None,
+               where_not: Mapping[str, Any] | None = None, between: tuple[str, Any, Any] | None = None,
+               order: Sequence[str] | None = None, after: Sequence[Any] | None = None,
+               limit: int | None = None) -> list[tuple[Any, ...]]:
+        args: list[Any] = []
+        terms = self._filters(where, where_not, between, args)
+        self._keyset(order, after, terms, args)
+        sql = f"SELECT {', '.join(map(_ident, columns))} FROM {_ident(table)}"
+        if terms:
+            sql += " WHERE " + " AND ".join(terms)
+        if order:
+            sql += " ORDER BY " + ", ".join(map(_ident, order))
+        if limit is not None:
+            sql += " LIMIT %s"
+            args.append(limit)
+        return self._run(sql, args)
+
+    def count(self, table: str, *, where: Mapping[str, Any] | None = None,
+              where_not: Mapping[str, Any] | None = None, order: Sequence[str] | None = None,
+              after: Sequence[Any] | None = None) -> int:
+        args: list[Any] = []
+        terms = self._filters(where, where_not, None, args)
+        self._keyset(order, after, terms, args)
+        sql = f"SELECT count(*) FROM {_ident(table)}" + (" WHERE " + " AND ".join(terms) if terms else "")
+        return self._run(sql, args)[0][0]

@@ -1,0 +1,48 @@
+"""PostgreSQL-only checks. The EventStore contract itself runs on PostgreSQL through its
+entry in tests/backends.py (tests/ledger/test_store_conformance.py collects it)."""
+
+from __future__ import annotations
+
+from ledger.postgres import PostgresStore
+from tests.pg import fresh_url
+
+
+def test_copies_between_backends_keep_positions_and_both_chains(tmp_path):
+    from ledger import events as ev
+    from ledger.sqlite import SqliteStore
+    from ledger.store import Actor
+
+    w = Actor("worker", "w")
+    with PostgresStore(fresh_url()) as pg:
+        for i in range(5):
+            pg.append(f"r{i % 2}", [ev.ProgressRecorded(kind=f"k{i}")], actor=w, idempotency_key=f"k{i}")
+        position, ghash, runs = pg.backup_to(str(tmp_path / "backup.db"))
+        assert (position, ghash, runs) == (*pg.ledger_head(), 2)
+        with SqliteStore(tmp_path / "backup.db") as copy:
+            assert list(copy.read_all()) == list(pg.read_all())
+            assert copy.verify() == []
+            with PostgresStore(fresh_url()) as back:  # and from SQLite back to PostgreSQL
+                back.import_records(copy.read_for_export())
+                assert back.ledger_head() == pg.ledger_head()
+                assert list(back.read_all()) == list(pg.read_all())
+                assert back.verify() == []
+
+
+def test_the_log_refuses_update_delete_and_truncate_even_for_its_owner():
+    import psycopg
+    import pytest
+
+    from ledger import events as ev
+    from ledger.store import Actor
+
+    url = fresh_url()
+    with PostgresStore(url) as pg:
+        pg.append("r", [ev.HeartbeatRecorded()], actor=Actor("worker", "w"))
+        before = list(pg.read_all())
+        with psycopg.connect(url, autocommit=True) as conn:
+            for sql in ("UPDATE events SET actor='worker:x'", "DELETE FROM events", "TRUNCATE events"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege, match="append-only"):
+                    conn.execute(sql)
+            conn.execute("ALTER TABLE events DISABLE TRIGGER events_no_delete")
+        assert list(pg.read_all()) == before
+        assert [p.kind for p in pg.verify()] == ["trigger_disabled"]
