@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from reducers.transitions import CLOSE_DISPOSITIONS, DELIVERED  # data only: imports nothing
+from handoff.reducers.transitions import CLOSE_DISPOSITIONS, DELIVERED  # data only: imports nothing
 
 EXIT_OK = 0  # every other code is an error class's exit_code (ledger.errors), never a literal here
 WIDTH = 88  # help and docs are rendered at this width so docs/cli.md is reproducible
@@ -106,16 +106,16 @@ class HandoffGroup(click.Group):
 
 def _ledger_exit(exc: BaseException) -> int | None:
     """The exit code of a library error, or None for a bug (which keeps its traceback)."""
-    if "ledger.errors" not in sys.modules:  # no store was opened: nothing of ours failed
+    if "handoff.ledger.errors" not in sys.modules:  # no store was opened: nothing of ours failed
         return None
-    from ledger.errors import LedgerError
+    from handoff.ledger.errors import LedgerError
 
     if isinstance(exc, LedgerError):
         return int(exc.exit_code)
-    from ledger.backends import is_driver_error
+    from handoff.ledger.backends import is_driver_error
 
     if is_driver_error(exc):
-        from ledger.errors import StoreError
+        from handoff.ledger.errors import StoreError
 
         return StoreError.exit_code
     return None
@@ -233,8 +233,8 @@ class LeaseTokenParam(click.ParamType):
     name = "TOKEN"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from ledger.errors import InvalidInput
-        from ledger.store import LeaseToken
+        from handoff.ledger.errors import InvalidInput
+        from handoff.ledger.store import LeaseToken
 
         try:
             return LeaseToken.parse(value)
@@ -287,7 +287,7 @@ def _report(out: Any, as_json: bool, did: str, **extra: Any) -> None:
 
 def _exit_damage_found() -> None:
     """End a check that found damage with DamageFound's exit code (verify, check, doctor)."""
-    from ledger.errors import DamageFound
+    from handoff.ledger.errors import DamageFound
 
     click.get_current_context().exit(DamageFound.exit_code)
 
@@ -400,7 +400,7 @@ def init(as_json: bool) -> None:
 def open_options(required: bool) -> Any:
     """The contract's options, shared by 'open' and 'run'."""
 
-    from ledger.events import Policy  # the defaults' one home
+    from handoff.ledger.events import Policy  # the defaults' one home
 
     default = Policy()
 
@@ -1029,7 +1029,7 @@ def status(run: str | None, states: tuple[str, ...], owner: str | None, include_
     """
     from handoff import render as R
 
-    from reducers import stall
+    from handoff.reducers import stall
 
     with _ledger() as lg:
         if run is not None:
@@ -1679,7 +1679,7 @@ def demo(db: str | None, quiet: bool) -> None:
 DOCS_INTRO = """\
 # The `handoff` command
 
-Generated from `--help` by `python -m cli --write-docs`; do not edit by hand
+Generated from `--help` by `python -m handoff.cli --write-docs`; do not edit by hand
 (tests/cli/test_docs.py fails when this file is stale).
 
 ## Global behaviour
@@ -1867,7 +1867,7 @@ EXIT_MEANINGS = {
 def exit_code_table() -> str:
     """docs/cli.md's exit-code table, generated from ledger.errors: every error type is
     listed under its own exit_code."""
-    from ledger.errors import by_exit_code
+    from handoff.ledger.errors import by_exit_code
 
     lines = ["| code | meaning | error types |", "|---|---|---|",
              f"| {EXIT_OK} | ok (a retried write that changed nothing is ok too: its outcome is `duplicate` or "
@@ -1895,7 +1895,7 @@ def render_docs() -> str:
 
 
 def write_docs(path: str | None = None) -> str:
-    path = path or os.path.join(os.path.dirname(os.path.abspath(__file__)), "docs", "cli.md")
+    path = path or os.path.join(os.path.dirname(os.path.realpath(__file__)), "docs", "cli.md")
     with open(path, "w", encoding="utf-8") as f:
         f.write(render_docs())
     return path

@@ -52,7 +52,7 @@ def raw_fold(args: dict[str, Any]) -> dict[str, Any]:
 
     import msgspec
 
-    from ledger import events as ev
+    from handoff.ledger import events as ev
 
     decode = msgspec.json.Decoder(ev.AnyEvent).decode
     conn = sqlite3.connect(args["db"], isolation_level=None)
@@ -76,7 +76,7 @@ def writer(args: dict[str, Any]) -> dict[str, Any]:
     errors = 0
     if args["kind"] == "handoff":
         from handoff.api import Ledger
-        from ledger.errors import StoreUnavailable
+        from handoff.ledger.errors import StoreUnavailable
 
         lg = Ledger(args["db"], busy_timeout_s=args.get("busy_timeout_s", 5.0))
 
@@ -91,7 +91,7 @@ def writer(args: dict[str, Any]) -> dict[str, Any]:
 
         import msgspec
 
-        from ledger import events as ev
+        from handoff.ledger import events as ev
 
         conn = sqlite3.connect(args["db"], isolation_level=None, timeout=args.get("busy_timeout_s", 5.0))
         conn.execute("PRAGMA journal_mode=WAL")

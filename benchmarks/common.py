@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import msgspec
 
-from ledger import events as ev
-from ledger.sqlite import SqliteStore
-from ledger.store import Actor, new_lease_secret
+from handoff.ledger import events as ev
+from handoff.ledger.sqlite import SqliteStore
+from handoff.ledger.store import Actor, new_lease_secret
 
 JOURNAL_MODE = "wal"
 SYNCHRONOUS = "FULL"

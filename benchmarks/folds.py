@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ledger import events as ev
-from ledger.sqlite import SqliteStore
+from handoff.ledger import events as ev
+from handoff.ledger.sqlite import SqliteStore
 
 from . import peers
 from .common import Clock, fill_round_robin, path_in, raw_connect, raw_decoder, run_events

@@ -116,7 +116,7 @@ def es_app(path: str) -> Any:
 
 def es_apply(agg: Any, event: Any) -> None:
     """Trigger the eventsourcing event that mirrors one handoff-ledger body event."""
-    from ledger import events as ev
+    from handoff.ledger import events as ev
 
     if isinstance(event, ev.ProgressRecorded):
         agg.progress(event.kind, event.detail)
@@ -165,7 +165,7 @@ class LgState:
         self.versions: dict[str, int] = {}
 
     def apply(self, event: Any) -> list[str]:
-        from ledger import events as ev
+        from handoff.ledger import events as ev
 
         v = self.values
         if isinstance(event, ev.ProgressRecorded):

@@ -9,9 +9,9 @@ with one writer process and with eight. synchronous_commit as the server has it 
 import sys, time, os, multiprocessing as mp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import psycopg
-from ledger import events as ev
-from ledger.postgres import PostgresStore
-from ledger.store import Actor
+from handoff.ledger import events as ev
+from handoff.ledger.postgres import PostgresStore
+from handoff.ledger.store import Actor
 W = Actor("worker", "w")
 ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 URL = "postgresql://postgres@127.0.0.1:5432/handoff_bench"

@@ -20,9 +20,9 @@ from typing import Any
 
 import msgspec
 
-from ledger import events as ev
-from ledger.sqlite import SqliteStore
-from ledger.store import Actor
+from handoff.ledger import events as ev
+from handoff.ledger.sqlite import SqliteStore
+from handoff.ledger.store import Actor
 
 from .common import RAW_SCHEMA, WORKER, Clock, path_in, reap, run_events, spawn, templates
 from .harness import Ctx, Goal, Measured, Scenario, Side, Trial, register
@@ -273,8 +273,8 @@ def _status_handoff(ctx: Ctx) -> Trial:
 
 def _status_view(ctx: Ctx) -> Trial:
     from handoff.api import Ledger
-    from projections import queries
-    from reducers.checkpoint import packet
+    from handoff.projections import queries
+    from handoff.reducers.checkpoint import packet
 
     lg = Ledger(ctx.fixture["ledger"])
     seen: list[Any] = []
@@ -371,7 +371,7 @@ def _stalls_handoff(ctx: Ctx) -> Trial:
 
 def _stalls_index(ctx: Ctx) -> Trial:
     from handoff.api import Ledger
-    from projections import queries
+    from handoff.projections import queries
 
     lg = Ledger(ctx.fixture["ledger"])
     found: list[int] = []

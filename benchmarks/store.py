@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ledger import events as ev
+from handoff.ledger import events as ev
 
 from .common import (
     RAW_INSERT,

@@ -1,8 +1,32 @@
-"""handoff-ledger's Python API: ``from handoff import Ledger``."""
+"""handoff-ledger's Python API: ``from handoff import Ledger``.
 
-from ledger.errors import *  # noqa: F401,F403
-from ledger.store import Actor
+The distribution installs one top-level name, ``handoff``; the layers live under it
+(``handoff.ledger``, ``handoff.reducers``, ``handoff.projections``, ``handoff.cli``). Names
+are loaded when first used, so importing a pure layer (``handoff.reducers``) does not load
+the API, the SQLite store or the command line.
+"""
 
-from .api import Ledger, Outcome, import_into, measure
+from __future__ import annotations
 
-__all__ = ["Ledger", "Outcome", "Actor", "measure", "import_into"]
+import importlib
+from typing import Any
+
+from handoff.ledger import errors as _errors
+from handoff.ledger.errors import *  # noqa: F401,F403  (pure: the typed errors only)
+
+_LAZY = {
+    "Ledger": "handoff.api", "Outcome": "handoff.api", "import_into": "handoff.api",
+    "measure": "handoff.api", "Actor": "handoff.ledger.store",
+}
+
+__all__ = ["Ledger", "Outcome", "Actor", "measure", "import_into",
+           *sorted(n for n, v in vars(_errors).items() if isinstance(v, type) and issubclass(v, Exception))]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'handoff' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -18,14 +18,14 @@ from typing import Any
 
 import msgspec
 
-from ledger import anchor, files, portable
-from ledger import events as ev
-from ledger.backends import open_store
-from ledger.errors import (
+from handoff.ledger import anchor, files, portable
+from handoff.ledger import events as ev
+from handoff.ledger.backends import open_store
+from handoff.ledger.errors import (
     ClaimAlreadyMade, HeadAnchorBroken, HistoryRefused, InvalidInput, LedgerError, StaleLease, StoreUnavailable,
     TargetAppeared, UnknownRun,
 )
-from ledger.store import (
+from handoff.ledger.store import (
     Actor,
     AppendResult,
     Decision,
@@ -39,12 +39,12 @@ from ledger.store import (
     check_utf8,
     new_lease_secret,
 )
-from reducers import admit as admission
-from reducers import commands as C
-from reducers import stall
-from reducers.checkpoint import AGGREGATE, Checkpoint, packet
-from reducers.decide import Context, decide
-from projections import Projector, queries
+from handoff.reducers import admit as admission
+from handoff.reducers import commands as C
+from handoff.reducers import stall
+from handoff.reducers.checkpoint import AGGREGATE, Checkpoint, packet
+from handoff.reducers.decide import Context, decide
+from handoff.projections import Projector, queries
 
 #: The policy defaults; their one home is ``ledger.events.Policy`` (a contract that omits a
 #: field is stored, and decoded, with these).
@@ -898,7 +898,7 @@ class Ledger:
             check_filter(value, f"states[{i}]")
         for field, value in (("owner", owner), ("target", target)):
             check_filter(value, field)
-        from reducers.transitions import TERMINAL
+        from handoff.reducers.transitions import TERMINAL
 
         include_terminal = bool(include_terminal) or any(s in TERMINAL for s in states)
         return queries.runs_after(self.store, self._cursor(after), include_terminal=include_terminal,
@@ -914,7 +914,7 @@ class Ledger:
         if len(items) < limit:
             return Page(items, None, 0)
         last = items[-1].run_id
-        from reducers.transitions import TERMINAL
+        from handoff.reducers.transitions import TERMINAL
 
         more = queries.count_runs_after(
             self.store, queries.cursor_of(self.store, last), states=tuple(states), owner=owner, target=target,
@@ -1249,7 +1249,7 @@ def init_ledger(path: str | os.PathLike[str], *, busy_timeout_s: float = 5.0) ->
     """Create an empty ledger at ``path`` (any address ``Ledger`` takes), or confirm the one
     there; returns ``{"db", "created", "runs"}`` (what ``handoff init --json`` prints), ``db``
     being the ledger file's absolute path (the address itself for one that is not a file)."""
-    from ledger.backends import parse
+    from handoff.ledger.backends import parse
 
     address = parse(check_path(path))
     where = address.location if address.backend == "sqlite" and address.location != ":memory:" else None

@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ledger.errors import InvalidInput
-from ledger.events import Policy as _StoredPolicy
+from handoff.ledger.errors import InvalidInput
+from handoff.ledger.events import Policy as _StoredPolicy
 
 _NAME = dict(min_length=1, max_length=200)
 _DEFAULT = _StoredPolicy()  # the defaults' one home: the stored event's own

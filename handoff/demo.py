@@ -123,7 +123,7 @@ class _Story:
         self.say(f"\n[{time.monotonic() - self.t0:4.1f}s] {text}")
 
     def handoff(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "cli", "--db", self.db, *args]
+        return [sys.executable, "-m", "handoff.cli", "--db", self.db, *args]
 
     def shell(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run a real 'handoff' command and show it as a user would type it."""
@@ -202,7 +202,7 @@ class _Story:
     def fresh(self) -> None:
         """Start from an empty ledger, but never overwrite anything the demo did not make."""
         if os.path.exists(self.db):
-            from ledger.errors import LedgerError
+            from handoff.ledger.errors import LedgerError
 
             try:
                 with Ledger(self.db, create=False) as old:

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from reducers import delivery as dl
-from reducers.checkpoint import iso
+from handoff.reducers import delivery as dl
+from handoff.reducers.checkpoint import iso
 
 __all__ = [
     "iso", "iso_ms", "one_line", "cells", "table_lines", "table", "summarize", "format_packet",
@@ -72,7 +72,7 @@ def table(headers: list[str], rows: Iterable[Iterable[Any]]) -> str:
 
 def summarize(event: Any) -> str:
     """One line on what an event says, for timelines."""
-    from ledger import events as ev
+    from handoff.ledger import events as ev
 
     e = event
     match e:

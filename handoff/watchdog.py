@@ -15,10 +15,10 @@ from typing import Any
 
 import msgspec
 
-from ledger.errors import IdempotencyConflict, InvalidInput, LedgerError, Refused
-from reducers import commands as C
-from reducers.checkpoint import Checkpoint, iso
-from reducers.stall import Health
+from handoff.ledger.errors import IdempotencyConflict, InvalidInput, LedgerError, Refused
+from handoff.reducers import commands as C
+from handoff.reducers.checkpoint import Checkpoint, iso
+from handoff.reducers.stall import Health
 
 from .api import WATCHER_PREFIX, Ledger, check_seconds
 
@@ -137,7 +137,7 @@ def _act(lg: Ledger, watcher: str, cp: Checkpoint, action: str, cmd: C.Command,
     the reason as third item: it is never taken for a decision already made, except a key
     conflict with the same decision recorded by another watchdog (see ``_conflict``).
     """
-    from ledger.store import Actor
+    from handoff.ledger.store import Actor
 
     actor = Actor("watchdog", watcher)
     try:
@@ -184,7 +184,7 @@ def _preview(lg: Ledger, watcher: str, cp: Checkpoint, action: str, cmd: C.Comma
     recorded under its key; "failed": a real pass would be refused (the reason says why,
     a key taken by another request included); "skipped": the run moved on.
     """
-    from ledger.store import Actor
+    from handoff.ledger.store import Actor
 
     actor = Actor("watchdog", watcher)
     try:
@@ -304,8 +304,8 @@ def _classified(
 ) -> list[tuple[Checkpoint, Health]]:
     """The runs needing attention: the stall index's candidates, plus (with sightings)
     runs whose signals stood still by the watcher's own clock although timestamps say fresh."""
-    from projections import queries
-    from reducers.stall import classify
+    from handoff.projections import queries
+    from handoff.reducers.stall import classify
 
     found = ledger.stalls(now=now)
     if sightings is None:
@@ -343,7 +343,7 @@ def watch_forever(
     The name and interval are checked before the first pass: a bad one would fail every
     pass alike (and a nan interval would never wait), so it is refused, not retried.
     """
-    from ledger.store import check_run_id
+    from handoff.ledger.store import check_run_id
 
     check_seconds(interval_s, "interval", high=1e7, low_open=True)
     if not isinstance(name, str):

@@ -18,9 +18,9 @@ from typing import Any
 
 import msgspec
 
-from ledger.errors import InvalidInput, LedgerError, StaleLease, TerminalRun
-from ledger.store import Actor, LeaseToken
-from reducers import transitions as T
+from handoff.ledger.errors import InvalidInput, LedgerError, StaleLease, TerminalRun
+from handoff.ledger.store import Actor, LeaseToken
+from handoff.reducers import transitions as T
 
 from .api import Ledger
 
@@ -113,7 +113,7 @@ class _Beater(threading.Thread):
         self._stop_child()
 
     def _how_lease_ended(self) -> tuple[str, str, str] | None:
-        from ledger import events as ev
+        from handoff.ledger import events as ev
 
         found = None
         try:

@@ -27,7 +27,7 @@ from .store import EventStore
 SQLITE_OPTIONS = ("synchronous",)
 _POSTGRES = ("postgresql", "postgres")
 #: The backend modules; each offers ``is_driver_error(exc)``.
-BACKEND_MODULES = ("ledger.sqlite", "ledger.postgres")
+BACKEND_MODULES = ("handoff.ledger.sqlite", "handoff.ledger.postgres")
 
 
 def is_driver_error(exc: BaseException) -> bool:

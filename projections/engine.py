@@ -14,10 +14,10 @@ from typing import Any
 
 import msgspec
 
-from ledger.errors import CorruptLedger, InvalidInput
-from ledger.store import EventStore, Transaction
-from ledger.views import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewWriter, columns
-from reducers.checkpoint import AGGREGATE, Checkpoint
+from handoff.ledger.errors import CorruptLedger, InvalidInput
+from handoff.ledger.store import EventStore, Transaction
+from handoff.ledger.views import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewWriter, columns
+from handoff.reducers.checkpoint import AGGREGATE, Checkpoint
 
 from . import views
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ledger.store import EventStore
-from ledger.views import NOT_NULL, ORDINAL
-from reducers.checkpoint import Checkpoint
+from handoff.ledger.store import EventStore
+from handoff.ledger.views import NOT_NULL, ORDINAL
+from handoff.reducers.checkpoint import Checkpoint
 
 from .views import decode_checkpoint
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import msgspec
 
-from reducers import delivery
-from reducers import transitions as T
-from reducers.checkpoint import Checkpoint
+from handoff.reducers import delivery
+from handoff.reducers import transitions as T
+from handoff.reducers.checkpoint import Checkpoint
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder(Checkpoint)

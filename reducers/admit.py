@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import msgspec
 
-from ledger import events as ev
-from ledger.errors import HistoryRefused, InvalidInput
-from ledger.store import Actor, check_actor
+from handoff.ledger import events as ev
+from handoff.ledger.errors import HistoryRefused, InvalidInput
+from handoff.ledger.store import Actor, check_actor
 
 from . import commands as C
 from .checkpoint import Checkpoint

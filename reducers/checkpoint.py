@@ -14,8 +14,8 @@ from typing import Any
 
 import msgspec
 
-from ledger import events as ev
-from ledger.store import Aggregate, Recorded, Step
+from handoff.ledger import events as ev
+from handoff.ledger.store import Aggregate, Recorded, Step
 
 from . import delivery as dl
 from . import stall as st

@@ -10,7 +10,7 @@ from typing import Literal
 
 import msgspec
 
-from ledger.events import Policy
+from handoff.ledger.events import Policy
 
 
 class Command(msgspec.Struct, frozen=True, tag_field="command"):

@@ -13,8 +13,8 @@ import re
 
 import msgspec
 
-from ledger import events as ev
-from ledger.errors import (
+from handoff.ledger import events as ev
+from handoff.ledger.errors import (
     CapacityExceeded,
     DeliveryRefused,
     EvidenceMissing,
@@ -31,7 +31,7 @@ from ledger.errors import (
     UnknownEffect,
     UnknownRun,
 )
-from ledger.store import Actor, check_seq
+from handoff.ledger.store import Actor, check_seq
 
 from . import commands as C
 from . import transitions as T

@@ -13,8 +13,8 @@ from typing import Any
 import msgspec
 from msgspec.structs import replace
 
-from ledger import events as ev
-from ledger.store import Recorded
+from handoff.ledger import events as ev
+from handoff.ledger.store import Recorded
 
 from . import transitions as T
 

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledger.backends import open_store
-from ledger.store import EventStore
+from handoff.ledger.backends import open_store
+from handoff.ledger.store import EventStore
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from ledger.sqlite import SqliteStore  # noqa: E402
+from handoff.ledger.sqlite import SqliteStore  # noqa: E402
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from handoff import Ledger
-from ledger import events as ev
-from ledger.backends import open_store, parse
-from ledger.errors import InvalidInput, StoreUnavailable
-from ledger.store import Actor
+from handoff.ledger import events as ev
+from handoff.ledger.backends import open_store, parse
+from handoff.ledger.errors import InvalidInput, StoreUnavailable
+from handoff.ledger.store import Actor
 from tests.ledger.conformance import refused
 from tests.support import executable
 

@@ -1,6 +1,8 @@
 """The layers import downward only: ledger <- reducers <- projections <- handoff <- cli.
 
-Every module of the library is parsed and every import it makes is read, wherever it
+They are installed under one name (``handoff.ledger``, ``handoff.reducers``,
+``handoff.projections``, ``handoff`` itself, ``handoff.cli``); a module is judged by the
+name it is installed under. Every module of the library is parsed and every import it makes is read, wherever it
 sits (module level, inside a function, under ``TYPE_CHECKING``, or as a literal
 ``importlib.import_module("...")`` / ``__import__("...")``), relative ones resolved. An
 import from a lower layer into a higher one fails the test, naming the file and line.
@@ -9,6 +11,7 @@ import from a lower layer into a higher one fails the test, naming the file and 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -26,18 +29,26 @@ RANK = {name: i for i, name in enumerate(LAYERS)}
 KNOWN: dict[tuple[str, str], str] = {}
 
 
+#: Where each layer of the repository is installed (pyproject.toml's package-dir).
+INSTALLED = {"ledger": "handoff.ledger", "reducers": "handoff.reducers",
+             "projections": "handoff.projections", "cli": "handoff.cli"}
+
+
 def module_name(path: Path) -> str:
+    """The name ``path`` is imported by once installed (ledger/store.py: handoff.ledger.store)."""
     rel = path.relative_to(ROOT).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts.pop()
+    if parts[0] in INSTALLED:
+        parts = [*INSTALLED[parts[0]].split("."), *parts[1:]]
     return ".".join(parts)
 
 
 def library_modules() -> list[Path]:
     out = [ROOT / "cli.py"]
     for layer in LAYERS[:-1]:
-        out += sorted((ROOT / layer).rglob("*.py"))
+        out += sorted(p for p in (ROOT / layer).rglob("*.py") if not p.is_symlink())  # handoff/cli.py is cli.py
     return out
 
 
@@ -72,8 +83,12 @@ def _is_dynamic_import(func: ast.expr) -> bool:
 
 
 def layer_of(module: str) -> str | None:
-    top = module.split(".")[0]
-    return top if top in RANK else None
+    for layer, name in INSTALLED.items():
+        if module == name or module.startswith(name + "."):
+            return layer
+    if module == "handoff" or module.startswith("handoff."):
+        return "handoff"
+    return None
 
 
 def upward(path: Path) -> list[tuple[str, int, str]]:
@@ -116,23 +131,40 @@ def test_every_known_exception_names_a_module_that_exists():
 def test_the_parser_sees_every_form_of_import():
     src = (
         "import handoff.api\n"
-        "from projections import engine\n"
+        "from handoff.projections import engine\n"
         "from .. import cli\n"
         "def later():\n"
         "    from handoff.demo import run\n"
         "    import importlib\n"
-        "    importlib.import_module('projections.queries')\n"
-        "    __import__('cli')\n"
+        "    importlib.import_module('handoff.projections.queries')\n"
+        "    __import__('handoff.cli')\n"
         "if TYPE_CHECKING:\n"
-        "    from reducers.checkpoint import Checkpoint\n"
+        "    from handoff.reducers.checkpoint import Checkpoint\n"
     )
-    got = {target for _, target in imports_of(src, "ledger.x")}
-    assert {"handoff.api", "projections", "projections.engine", "handoff.demo", "projections.queries",
-            "cli", "reducers.checkpoint"} <= got
+    got = {target for _, target in imports_of(src, "handoff.ledger.x")}
+    assert {"handoff.api", "handoff.projections", "handoff.projections.engine", "handoff.demo",
+            "handoff.projections.queries", "handoff.cli", "handoff.reducers.checkpoint"} <= got
+    assert {layer_of(t) for t in got} - {None} == {"handoff", "projections", "cli", "reducers"}
     # ``from .. import x`` climbs one package per extra dot.
-    assert {t for _, t in imports_of("from .. import cli\n", "ledger.sub.x")} == {"ledger", "ledger.cli"}
+    assert {t for _, t in imports_of("from .. import cli\n", "handoff.ledger.x")} == {"handoff", "handoff.cli"}
     # Relative imports resolve inside their package: ledger's own modules are not upward.
-    assert {t for _, t in imports_of("from .store import Actor\n", "ledger.sqlite")} == {
-        "ledger.store", "ledger.store.Actor"}
-    assert {t for _, t in imports_of("from . import events\n", "ledger", is_package=True)} == {
-        "ledger", "ledger.events"}
+    assert {t for _, t in imports_of("from .store import Actor\n", "handoff.ledger.sqlite")} == {
+        "handoff.ledger.store", "handoff.ledger.store.Actor"}
+    assert {t for _, t in imports_of("from . import events\n", "handoff.ledger", is_package=True)} == {
+        "handoff.ledger", "handoff.ledger.events"}
+    assert module_name(ROOT / "cli.py") == "handoff.cli"
+    assert module_name(ROOT / "ledger" / "__init__.py") == "handoff.ledger"
+
+
+def test_nothing_imports_the_layers_by_their_bare_names():
+    """A bare ``import ledger`` would find a user's own package of that name (the reason
+    for one installed namespace): the library, its tests and benchmarks never write one."""
+    bare = re.compile(r"^\s*(?:from|import)\s+(ledger|reducers|projections|cli)\b", re.M)
+    found = []
+    for path in [*library_modules(), *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "benchmarks").rglob("*.py")),
+                 *sorted((ROOT / "docs").rglob("*.py"))]:
+        if path.is_symlink():
+            continue
+        for m in bare.finditer(path.read_text()):
+            found.append(f"{path.relative_to(ROOT)}:{path.read_text()[:m.start()].count(chr(10)) + 1}: {m.group(0).strip()}")
+    assert found == []

@@ -29,12 +29,12 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 
-import cli
+from handoff import cli
 from handoff import Ledger
 from handoff.watchdog import watch_once
-from ledger import errors as E
-from ledger.store import Actor
-from projections.engine import AGGREGATE
+from handoff.ledger import errors as E
+from handoff.ledger.store import Actor
+from handoff.projections.engine import AGGREGATE
 from tests.backends import BACKENDS, OnBackend
 from tests.ledger.conformance import assert_unchanged, refused, snapshot
 from tests.support import executable

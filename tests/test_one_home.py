@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 import msgspec
 
 from handoff import render
-from ledger import events as ev
-from ledger.store import Recorded
-from projections import views
-from reducers import checkpoint, delivery
+from handoff.ledger import events as ev
+from handoff.ledger.store import Recorded
+from handoff.projections import views
+from handoff.reducers import checkpoint, delivery
 
 ROOT = Path(__file__).resolve().parent.parent
 LIBRARY = ("ledger", "reducers", "projections", "handoff")
@@ -184,7 +184,7 @@ def test_policy_defaults_are_written_once():
 def test_every_entry_point_opens_with_the_stored_defaults():
     import inspect
 
-    import cli
+    from handoff import cli
     from handoff import Ledger, contract
 
     stored = msgspec.structs.asdict(ev.Policy())
@@ -212,7 +212,7 @@ def _documented_exit_codes() -> dict[str, int]:
 def test_every_error_type_is_documented_with_its_exit_code():
     """docs/cli.md's table lists each LedgerError subclass under its own exit_code. Before,
     the table, cli.py's constants and the classes were three separate copies."""
-    from ledger import errors
+    from handoff.ledger import errors
 
     documented = _documented_exit_codes()
     types = [t for t in vars(errors).values()
@@ -233,7 +233,7 @@ def test_no_hard_coded_terminal_state_list_outside_transitions():
     """A line naming two or more terminal states as strings is a second copy of
     transitions.TERMINAL / CLOSE_DISPOSITIONS (cli.py had two: close's choices and --all's
     help; decide.py one). The stored types' Literals are checked against the table below."""
-    from reducers import transitions as T
+    from handoff.reducers import transitions as T
 
     names = "|".join(sorted(T.TERMINAL | {d.replace("_", "-") for d in T.TERMINAL}))
     quoted = re.compile(rf"[\"'`]({names})[\"'`]")
@@ -251,8 +251,8 @@ def test_no_hard_coded_terminal_state_list_outside_transitions():
 def test_the_stored_close_dispositions_are_the_table_s():
     import typing
 
-    from reducers import commands as C
-    from reducers import transitions as T
+    from handoff.reducers import commands as C
+    from handoff.reducers import transitions as T
 
     for struct in (ev.RunClosed, C.Close):
         hint = typing.get_type_hints(struct)["disposition"]

@@ -5,7 +5,7 @@ from hypothesis.stateful import rule
 
 from handoff import Actor
 from handoff.testing import WATCHDOG, LedgerMachine
-from reducers import commands as C
+from handoff.reducers import commands as C
 
 
 class MyWorkflow(LedgerMachine):

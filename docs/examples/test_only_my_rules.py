@@ -5,7 +5,7 @@ from hypothesis.stateful import invariant, rule
 
 from handoff import Actor
 from handoff.testing import LedgerMachine
-from reducers import commands as C
+from handoff.reducers import commands as C
 
 
 class DeliverOnce(LedgerMachine):

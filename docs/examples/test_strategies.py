@@ -2,7 +2,7 @@
 from hypothesis import given
 
 from handoff.testing import as_records, events
-from reducers.checkpoint import fold
+from handoff.reducers.checkpoint import fold
 
 
 @given(events().map(lambda e: as_records([e])))

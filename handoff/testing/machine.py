@@ -23,12 +23,12 @@ from hypothesis.stateful import (
 )
 
 from handoff.api import Ledger, measure
-from ledger import errors as E
-from ledger import events as ev
-from ledger.store import Actor, Recorded, lease_digest
-from reducers import commands as C
-from reducers import transitions as T
-from reducers.checkpoint import evolve, fold
+from handoff.ledger import errors as E
+from handoff.ledger import events as ev
+from handoff.ledger.store import Actor, Recorded, lease_digest
+from handoff.reducers import commands as C
+from handoff.reducers import transitions as T
+from handoff.reducers.checkpoint import evolve, fold
 
 from .model import COMPARED, Model, RunModel, model_value
 from .strategies import KEYS, OPERATOR, OWNERS, PROGRESS_KINDS, STRANGER, TRANSFEREES, WATCHDOG, WORKERS, machine_secret

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ledger import errors as E
-from ledger import events as ev
-from ledger.store import Actor
-from reducers import commands as C
-from reducers import transitions as T
-from reducers.checkpoint import Checkpoint
+from handoff.ledger import errors as E
+from handoff.ledger import events as ev
+from handoff.ledger.store import Actor
+from handoff.reducers import commands as C
+from handoff.reducers import transitions as T
+from handoff.reducers.checkpoint import Checkpoint
 
 __all__ = ["RunModel", "Expect", "Model", "COMPARED", "model_value"]
 

@@ -14,10 +14,10 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from ledger import events as ev
-from ledger.store import GENESIS_HASH, Actor, Recorded, chain_hash, lease_digest
-from reducers import commands as C
-from reducers import transitions as T
+from handoff.ledger import events as ev
+from handoff.ledger.store import GENESIS_HASH, Actor, Recorded, chain_hash, lease_digest
+from handoff.reducers import commands as C
+from handoff.reducers import transitions as T
 
 __all__ = [
     "OWNERS", "WORKERS", "WATCHDOG", "OPERATOR", "STRANGER", "TRANSFEREES", "CLAIM_DIGEST",

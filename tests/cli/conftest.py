@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-import cli
+from handoff import cli
 from handoff import Ledger
 from tests.support import executable
 

@@ -17,7 +17,7 @@ import pytest
 
 from handoff import api
 from handoff.api import Ledger
-from ledger.errors import InvalidInput
+from handoff.ledger.errors import InvalidInput
 from tests.support import executable
 
 from .conftest import working_run

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from handoff import Ledger
-from ledger import errors as E
+from handoff.ledger import errors as E
 
 from .conftest import run_exe, working_run
 

@@ -5,7 +5,7 @@ a run's heartbeat value and progress_seq stood still by its own monotonic clock.
 """
 
 from handoff.watchdog import Sightings, watch_once
-from reducers.stall import classify
+from handoff.reducers.stall import classify
 
 from .conftest import working_run
 from .test_watchdog import clock, lg  # noqa: F401  (fixtures: a ledger on a settable clock)

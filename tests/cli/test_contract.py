@@ -5,10 +5,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from cli import main
+from handoff.cli import main
 from handoff import Ledger
 from handoff.contract import schema
-from ledger.errors import InvalidInput
+from handoff.ledger.errors import InvalidInput
 
 GOOD = {"goal": "Summarise the incident", "target": "chat:#ops", "owner": "alice",
         "result_path": "report.md", "require_review": True, "policy": {"heartbeat_timeout_s": 30}}

@@ -7,7 +7,7 @@ import os
 import click
 import pytest
 
-import cli
+from handoff import cli
 
 from .conftest import ROOT, make_runner
 
@@ -19,7 +19,7 @@ def test_cli_md_is_generated_from_the_current_help():
     with open(DOC, encoding="utf-8") as f:
         on_disk = f.read()
     assert on_disk == cli.render_docs(), (
-        "docs/cli.md is stale: regenerate it with 'python -m cli --write-docs'")
+        "docs/cli.md is stale: regenerate it with 'python -m handoff.cli --write-docs'")
 
 
 @pytest.mark.parametrize("name", COMMANDS)

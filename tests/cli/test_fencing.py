@@ -14,9 +14,9 @@ import pytest
 
 from handoff import Ledger
 from handoff.watchdog import action_key, watch_once
-from ledger import errors as E
-from ledger import store as S
-from ledger.store import Actor, LeaseToken
+from handoff.ledger import errors as E
+from handoff.ledger import store as S
+from handoff.ledger.store import Actor, LeaseToken
 
 from .conftest import working_run
 
@@ -116,7 +116,7 @@ def test_api_refusals_name_the_problem_and_write_nothing(tmp_path):
 
 
 def S_progress(lease: int):
-    from reducers import commands as C
+    from handoff.reducers import commands as C
 
     return C.Progress(lease=lease, kind="note")
 

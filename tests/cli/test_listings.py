@@ -19,12 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import cli
+from handoff import cli
 from handoff.api import Ledger
-from ledger import events as ev
-from ledger.errors import InvalidInput
-from ledger.sqlite import SqliteStore
-from ledger.store import Actor
+from handoff.ledger import events as ev
+from handoff.ledger.errors import InvalidInput
+from handoff.ledger.sqlite import SqliteStore
+from handoff.ledger.store import Actor
 from tests.cli.conftest import Handoff
 from tests.ledger.conformance import assert_unchanged, snapshot
 

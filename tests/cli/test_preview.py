@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from handoff import Ledger
-from ledger import errors as E
-from ledger.store import Actor
-from reducers import commands as C
+from handoff.ledger import errors as E
+from handoff.ledger.store import Actor
+from handoff.reducers import commands as C
 from tests.ledger.conformance import assert_unchanged, snapshot
 
 

@@ -7,7 +7,7 @@ import pytest
 from handoff import Ledger
 from handoff.api import WATCHER_BEAT_PERIOD_S
 from handoff.watchdog import _act, _plan, watch_once
-from reducers.stall import classify
+from handoff.reducers.stall import classify
 
 from .conftest import working_run
 

@@ -21,8 +21,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from handoff.api import Ledger  # noqa: E402
-from ledger.errors import LedgerError, StaleLease, TerminalRun  # noqa: E402
-from ledger.store import Actor  # noqa: E402
+from handoff.ledger.errors import LedgerError, StaleLease, TerminalRun  # noqa: E402
+from handoff.ledger.store import Actor  # noqa: E402
 
 
 def _append(path: str, doc: dict[str, Any]) -> None:

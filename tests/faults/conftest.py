@@ -162,8 +162,8 @@ def log_digest(db: str) -> list[tuple[Any, ...]]:
 def run_evidence(lg: Any, run_id: str, *, old_lease: Any = None) -> dict[str, Any]:
     """The seed's evidence for one run: last heartbeat, last progress seq, lease, state
     transitions, recovery decisions and final disposition, read back from the log."""
-    from ledger import events as ev
-    from reducers.checkpoint import iso
+    from handoff.ledger import events as ev
+    from handoff.reducers.checkpoint import iso
 
     cp = lg.checkpoint(run_id)
     transitions, decisions, leases = [], [], []

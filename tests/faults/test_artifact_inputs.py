@@ -18,7 +18,7 @@ import pytest
 
 from handoff import api
 from handoff.api import Ledger
-from ledger.errors import InvalidInput
+from handoff.ledger.errors import InvalidInput
 from tests.cli.conftest import Handoff, working_run
 from tests.ledger.conformance import assert_unchanged, snapshot
 

@@ -23,10 +23,10 @@ import time
 import pytest
 from click.testing import CliRunner
 
-import cli
+from handoff import cli
 from handoff import Ledger
-from ledger.errors import HeadAnchorBroken, InvalidInput
-from ledger.sqlite import APPEND_ONLY_TRIGGERS
+from handoff.ledger.errors import HeadAnchorBroken, InvalidInput
+from handoff.ledger.sqlite import APPEND_ONLY_TRIGGERS
 
 from .conftest import ROOT, handoff
 
@@ -315,7 +315,7 @@ def test_expect_head_accepts_growth_and_catches_rewritten_history(tmp_path):
         assert lg.verify("r0", expect_head=digest) == []
     # Rewrite the ledger-wide chain from position 1 (keyless: anyone can), keeping every
     # per-run hash: the anchored position's global hash changes.
-    from ledger.sqlite import global_link
+    from handoff.ledger.sqlite import global_link
 
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("DROP TRIGGER events_no_update")

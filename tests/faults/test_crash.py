@@ -23,7 +23,7 @@ import time
 import pytest
 
 from handoff.api import Ledger
-from ledger.errors import StoreUnavailable
+from handoff.ledger.errors import StoreUnavailable
 
 from .conftest import IS_ROOT, agent, read_jsonl, scale, wait_until
 
@@ -288,7 +288,7 @@ def test_io_errors_injected_by_libfiu(tmp_path, procs, evidence):
 FSYNC_WRITER = r"""
 import os, sys, time
 from handoff.api import Ledger
-from ledger.errors import LedgerError
+from handoff.ledger.errors import LedgerError
 db, ready, go, failed, lease = sys.argv[1:6]
 lg = Ledger(db)
 # A commit before the fault: the WAL then has a synced header, and the next commit's
@@ -347,7 +347,7 @@ def test_failed_fsync_at_commit_then_crash_is_not_reported_as_nothing_written(tm
 SYNC_PROBE = r"""
 import json, os, sys, time
 from handoff.api import Ledger
-from ledger.errors import LedgerError
+from handoff.ledger.errors import LedgerError
 db, sync, ready, go, out, lease = sys.argv[1:7]
 lg = Ledger(db, synchronous=sync)
 # One commit first: the first frame of a fresh WAL syncs its header under either setting.
@@ -408,7 +408,7 @@ def test_which_setting_syncs_at_commit(tmp_path, procs, evidence, synchronous):
 def test_wal_growth_per_command(tmp_path, evidence):
     """How much WAL one command writes, and so how much free space a ledger needs: the
     store checkpoints (TRUNCATE) only past WAL_CHECKPOINT_BYTES, checked every 64 commits."""
-    from ledger.sqlite import WAL_CHECKPOINT_BYTES
+    from handoff.ledger.sqlite import WAL_CHECKPOINT_BYTES
 
     db = str(tmp_path / "l.db")
     runs = _setup(db, 1)

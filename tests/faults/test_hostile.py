@@ -24,13 +24,13 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import cli
+from handoff import cli
 from handoff.api import Ledger
-from ledger import events as ev
-from ledger import portable
-from ledger.errors import InvalidInput, LedgerError
-from ledger.store import Actor, lease_digest
-from reducers import commands as C
+from handoff.ledger import events as ev
+from handoff.ledger import portable
+from handoff.ledger.errors import InvalidInput, LedgerError
+from handoff.ledger.store import Actor, lease_digest
+from handoff.reducers import commands as C
 
 from .conftest import handoff, scale
 

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from handoff import Ledger
-from ledger import events as ev
-from ledger import portable
-from ledger.store import GENESIS_HASH, Recorded, chain_hash
+from handoff.ledger import events as ev
+from handoff.ledger import portable
+from handoff.ledger.store import GENESIS_HASH, Recorded, chain_hash
 
 from .conftest import ROOT, child_env
 from .test_hostile import invoke, no_traceback, snapshot, template, world  # noqa: F401 (fixtures)
@@ -80,7 +80,7 @@ def test_status_prints_a_time_outside_the_printable_years(tmp_path):
 
 _MEASURE = """
 import sys
-import cli
+from handoff import cli
 try:
     cli.main(["--db", sys.argv[1], "import", sys.argv[2]])
 except SystemExit as exc:

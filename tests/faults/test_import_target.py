@@ -17,7 +17,7 @@ import time
 import pytest
 
 from handoff import Ledger, import_into
-from ledger.errors import InvalidInput, TargetAppeared
+from handoff.ledger.errors import InvalidInput, TargetAppeared
 
 from .conftest import ROOT, child_env
 from tests.support import executable
@@ -135,7 +135,7 @@ def test_the_api_builds_a_new_ledger_privately(tmp_path):
 def test_the_last_step_never_replaces_a_name_that_exists(tmp_path):
     """Publishing cannot replace: a name that exists by then fails, both ways it may be
     done (a hard link, and renameat2 with RENAME_NOREPLACE where links are refused)."""
-    from ledger import files
+    from handoff.ledger import files
 
     private = tmp_path / "private"
     private.write_bytes(b"x")

@@ -28,10 +28,10 @@ import pytest
 
 from handoff.api import Ledger
 from handoff.watchdog import watch_once
-from ledger import events as ev
-from ledger.errors import IdempotencyConflict, IllegalTransition, SeqConflict, StoreUnavailable
-from ledger.sqlite import SqliteStore
-from ledger.store import Actor
+from handoff.ledger import events as ev
+from handoff.ledger.errors import IdempotencyConflict, IllegalTransition, SeqConflict, StoreUnavailable
+from handoff.ledger.sqlite import SqliteStore
+from handoff.ledger.store import Actor
 
 from .conftest import (
     IS_ROOT, agent, handoff, kill, log_digest, read_jsonl, run_evidence, scale, wait_until,
@@ -114,7 +114,7 @@ def test_row1_heartbeats_without_progress_are_stalled_then_paused(tmp_path, proc
         rec = run_evidence(lg, run)
         decided = recoveries(lg, run)
         observed = [r.event for r in lg.log(run) if r.type == "watchdog_observed"]
-        from reducers import transitions as T
+        from handoff.reducers import transitions as T
 
         advanced_by = {r.actor for r in lg.log(run) if r.seq > 5 and (
             r.event.advances if r.type == "progress_recorded" else r.type in T.ADVANCING_EVENTS)}
@@ -260,7 +260,7 @@ def test_row3_replaced_worker_resumed_with_sigcont_writes_nothing(tmp_path, proc
 def test_row4_duplicate_progress_is_stored_once(tmp_path, procs, evidence):
     from click.testing import CliRunner
 
-    import cli
+    from handoff import cli
 
     db = str(tmp_path / "l.db")
     run = "dup"

@@ -28,10 +28,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-import cli
+from handoff import cli
 from handoff.api import Ledger
-from ledger.sqlite import APPEND_ONLY_TRIGGERS
-from ledger.store import GENESIS_HASH, chain_hash
+from handoff.ledger.sqlite import APPEND_ONLY_TRIGGERS
+from handoff.ledger.store import GENESIS_HASH, chain_hash
 
 from .conftest import handoff
 
@@ -83,8 +83,8 @@ def attack(base: dict[str, Any], name: str, *sql: str | tuple[str, tuple], recha
         else:
             conn.execute(stmt)
     if rechain_global:
-        from ledger.sqlite import global_link
-        from ledger.store import GENESIS_HASH
+        from handoff.ledger.sqlite import global_link
+        from handoff.ledger.store import GENESIS_HASH
 
         prev = GENESIS_HASH
         for position, h in conn.execute("SELECT position, hash FROM events ORDER BY position").fetchall():
@@ -335,7 +335,7 @@ def test_heads_lease_edited_is_detected(base):
 def test_heads_token_digest_swapped_for_an_attackers_is_detected(base):
     """Mallory puts the digest of a secret she drew into beta's heads row: her token is now
     accepted for beta's live lease (the file is hers to write), and verify names the row."""
-    from ledger.store import lease_digest
+    from handoff.ledger.store import lease_digest
 
     secret = "M" * 43
     path = attack(base, "heads-digest",

@@ -29,8 +29,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from ledger import events as ev
-from ledger.errors import (
+from handoff.ledger import events as ev
+from handoff.ledger.errors import (
     IdempotencyConflict,
     IllegalTransition,
     InvalidInput,
@@ -40,7 +40,7 @@ from ledger.errors import (
     StaleLease,
     UnknownEventType,
 )
-from ledger.store import (
+from handoff.ledger.store import (
     DEFAULT_MAX_PAYLOAD,
     GENESIS_HASH,
     Actor,
@@ -55,7 +55,7 @@ from ledger.store import (
     chain_hash,
     lease_digest,
 )
-from ledger.views import TableSpec, columns
+from handoff.ledger.views import TableSpec, columns
 
 def token_secret(run: str, number: int) -> str:
     """A fixed, well-formed lease secret per (run, number), so tests can forge and replay."""

@@ -17,10 +17,10 @@ import os
 import sys
 import time
 
-from ledger import events as ev
-from ledger.errors import LedgerError, OutcomeUnknown
-from ledger.postgres import PostgresStore
-from ledger.store import Actor, Aggregate
+from handoff.ledger import events as ev
+from handoff.ledger.errors import LedgerError, OutcomeUnknown
+from handoff.ledger.postgres import PostgresStore
+from handoff.ledger.store import Actor, Aggregate
 
 W = Actor("worker", "w")
 

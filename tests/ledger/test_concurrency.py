@@ -20,17 +20,17 @@ import time
 
 import pytest
 
-from ledger.sqlite import SqliteStore
+from handoff.ledger.sqlite import SqliteStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FULL = os.environ.get("HANDOFF_TEST_SCALE") == "full"
 
 _PRELUDE = r"""
 import json, os, random, sys, time
-from ledger.sqlite import SqliteStore
-from ledger.store import Actor
-from ledger import events as ev
-from ledger.errors import SeqConflict
+from handoff.ledger.sqlite import SqliteStore
+from handoff.ledger.store import Actor
+from handoff.ledger import events as ev
+from handoff.ledger.errors import SeqConflict
 
 def wait_for(path):
     while not os.path.exists(path):

@@ -5,7 +5,7 @@ import re
 
 import msgspec
 
-from ledger import events as ev
+from handoff.ledger import events as ev
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "events.md")
 

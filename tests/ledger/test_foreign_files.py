@@ -18,7 +18,7 @@ import subprocess
 import pytest
 
 from handoff.api import Ledger
-from ledger.errors import CorruptLedger, NotALedger
+from handoff.ledger.errors import CorruptLedger, NotALedger
 from tests.support import executable
 
 

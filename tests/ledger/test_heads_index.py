@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import sqlite3
 
-from ledger import sqlite as sqlite_store
-from ledger.sqlite import SqliteStore
+from handoff.ledger import sqlite as sqlite_store
+from handoff.ledger.sqlite import SqliteStore
 from tests.ledger.conformance import W1, step
 
 
@@ -88,9 +88,9 @@ def test_an_older_ledger_gets_the_index_on_a_writable_open_only(db_path, monkeyp
 def test_the_head_a_write_hands_its_hooks_is_the_stored_head(db_path, tmp_path):
     """Hooks and the fold cache get the head the write left, built from what it wrote
     instead of read back: it must equal the stored one, hash included."""
-    from ledger import events as ev
-    from ledger.store import Decision
-    from reducers.checkpoint import AGGREGATE
+    from handoff.ledger import events as ev
+    from handoff.ledger.store import Decision
+    from handoff.reducers.checkpoint import AGGREGATE
     from tests.ledger.conformance import OWNER
 
     seen = []

@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from handoff import Ledger
-from ledger import errors as E
-from ledger import events as ev
-from ledger import portable
-from ledger.store import GENESIS_HASH, Recorded, chain_hash
+from handoff.ledger import errors as E
+from handoff.ledger import events as ev
+from handoff.ledger import portable
+from handoff.ledger.store import GENESIS_HASH, Recorded, chain_hash
 from handoff.testing import issued
 
 T0 = 1_700_000_000_000_000  # 2023-11-14, in µs

@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger import events as ev
-from ledger import sqlite as sqlite_store
-from ledger.errors import CorruptLedger
-from ledger.sqlite import SqliteStore
-from ledger.store import Aggregate, EventStore, Recorded, Step
-from reducers import checkpoint
-from reducers.checkpoint import AGGREGATE
+from handoff.ledger import events as ev
+from handoff.ledger import sqlite as sqlite_store
+from handoff.ledger.errors import CorruptLedger
+from handoff.ledger.sqlite import SqliteStore
+from handoff.ledger.store import Aggregate, EventStore, Recorded, Step
+from handoff.reducers import checkpoint
+from handoff.reducers.checkpoint import AGGREGATE
 from handoff.testing import events
 from tests.ledger.conformance import W1, hb, step
 

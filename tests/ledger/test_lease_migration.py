@@ -12,9 +12,9 @@ import sqlite3
 import pytest
 
 from handoff import Ledger
-from ledger import errors as E
-from ledger import events as ev
-from ledger.store import Actor
+from handoff.ledger import errors as E
+from handoff.ledger import events as ev
+from handoff.ledger.store import Actor
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "ledger_schema2.sql")
 

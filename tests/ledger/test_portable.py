@@ -3,7 +3,7 @@
 import pytest
 
 from handoff import Ledger
-from ledger.errors import InvalidInput
+from handoff.ledger.errors import InvalidInput
 
 
 @pytest.fixture

@@ -3,14 +3,14 @@ entry in tests/backends.py (tests/ledger/test_store_conformance.py collects it).
 
 from __future__ import annotations
 
-from ledger.postgres import PostgresStore
+from handoff.ledger.postgres import PostgresStore
 from tests.pg import fresh_url
 
 
 def test_copies_between_backends_keep_positions_and_both_chains(tmp_path):
-    from ledger import events as ev
-    from ledger.sqlite import SqliteStore
-    from ledger.store import Actor
+    from handoff.ledger import events as ev
+    from handoff.ledger.sqlite import SqliteStore
+    from handoff.ledger.store import Actor
 
     w = Actor("worker", "w")
     with PostgresStore(fresh_url()) as pg:
@@ -32,8 +32,8 @@ def test_the_log_refuses_update_delete_and_truncate_even_for_its_owner():
     import psycopg
     import pytest
 
-    from ledger import events as ev
-    from ledger.store import Actor
+    from handoff.ledger import events as ev
+    from handoff.ledger.store import Actor
 
     url = fresh_url()
     with PostgresStore(url) as pg:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from ledger import events as ev
-from ledger.postgres import PostgresStore
-from ledger.store import Actor
+from handoff.ledger import events as ev
+from handoff.ledger.postgres import PostgresStore
+from handoff.ledger.store import Actor
 from tests.pg import fresh_url
 
 ROOT = Path(__file__).resolve().parents[2]

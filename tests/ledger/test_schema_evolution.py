@@ -10,7 +10,7 @@ import os
 import msgspec
 import pytest
 
-from ledger import events as ev
+from handoff.ledger import events as ev
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "schema_v1.jsonl")
 
@@ -41,8 +41,8 @@ def test_v1_defaults_are_filled_in():
 
 
 def test_v1_history_folds_to_a_checkpoint():
-    from ledger.store import Recorded
-    from reducers.checkpoint import fold
+    from handoff.ledger.store import Recorded
+    from handoff.reducers.checkpoint import fold
 
     recs = [
         Recorded("r1", i + 1, i + 1, r["payload"]["type"], "worker:w1", None, None, 1_000_000 * (i + 1),

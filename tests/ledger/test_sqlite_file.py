@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from ledger import events as ev
-from ledger.errors import (
+from handoff.ledger import events as ev
+from handoff.ledger.errors import (
     CorruptLedger,
     InvalidInput,
     NotALedger,
@@ -25,8 +25,8 @@ from ledger.errors import (
     StaleLease,
     StoreUnavailable,
 )
-from ledger.sqlite import APPEND_ONLY_TRIGGERS, WAL_CHECKPOINT_BYTES, SqliteStore
-from ledger.store import AppendResult, Decision, lease_digest
+from handoff.ledger.sqlite import APPEND_ONLY_TRIGGERS, WAL_CHECKPOINT_BYTES, SqliteStore
+from handoff.ledger.store import AppendResult, Decision, lease_digest
 from tests.ledger.conformance import (
     token_secret,
     OWNER,
@@ -527,7 +527,7 @@ def test_integrity_check_is_ok(db_path):
 def test_execute_folds_the_rows_it_wrote_exactly_as_a_reader_sees_them(db_path):
     """execute() evolves from the rows it just inserted instead of reading them back;
     those records must be identical, field for field, to what read_run returns."""
-    from ledger.store import Aggregate, Decision
+    from handoff.ledger.store import Aggregate, Decision
 
     class Collect(Aggregate[tuple]):
         def initial(self, run_id):

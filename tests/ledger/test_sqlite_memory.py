@@ -3,7 +3,7 @@ tests/backends.py and tests/ledger/test_store_conformance.py)."""
 
 from __future__ import annotations
 
-from ledger.sqlite import SqliteStore
+from handoff.ledger.sqlite import SqliteStore
 from tests.ledger.conformance import W1, hb
 
 

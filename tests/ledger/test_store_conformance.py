@@ -14,7 +14,7 @@ import ast
 import inspect
 from pathlib import Path
 
-from ledger.store import EventStore, Transaction
+from handoff.ledger.store import EventStore, Transaction
 from tests.ledger import conformance
 from tests.ledger.conformance import StoreConformance
 

@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ledger import events as ev
-from ledger.errors import IdempotencyConflict, InvalidInput, SeqConflict, StaleLease
-from ledger.sqlite import SqliteStore
-from ledger.store import Actor, AppendResult, lease_digest
+from handoff.ledger import events as ev
+from handoff.ledger.errors import IdempotencyConflict, InvalidInput, SeqConflict, StaleLease
+from handoff.ledger.sqlite import SqliteStore
+from handoff.ledger.store import Actor, AppendResult, lease_digest
 from tests.ledger.conformance import OWNER, WATCHDOG, Count, refused, token_secret, up_to
 
 

@@ -3,9 +3,9 @@
 import os
 import sqlite3
 
-from ledger import events as ev
-from ledger.sqlite import WAL_CHECKPOINT_BYTES, SqliteStore
-from ledger.store import Actor
+from handoff.ledger import events as ev
+from handoff.ledger.sqlite import WAL_CHECKPOINT_BYTES, SqliteStore
+from handoff.ledger.store import Actor
 
 OWNER = Actor("owner", "alice")
 

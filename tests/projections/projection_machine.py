@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from handoff import Actor, Ledger
-from ledger.errors import LedgerError
-from reducers import transitions as T
-from reducers.checkpoint import AGGREGATE, Checkpoint
+from handoff.ledger.errors import LedgerError
+from handoff.reducers import transitions as T
+from handoff.reducers.checkpoint import AGGREGATE, Checkpoint
 
 from projection_support import T0, Clock
 

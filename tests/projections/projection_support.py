@@ -14,9 +14,9 @@ import sys
 from typing import Any
 
 from handoff import Actor, Ledger
-from ledger import events as ev
-from ledger.store import lease_digest
-from projections import engine
+from handoff.ledger import events as ev
+from handoff.ledger.store import lease_digest
+from handoff.projections import engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FULL = os.environ.get("HANDOFF_TEST_SCALE") == "full"

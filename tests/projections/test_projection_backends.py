@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from handoff import Ledger
-from ledger.errors import InvalidInput
-from ledger.store import Actor
-from ledger.views import NOT_NULL, ORDINAL, Index, TableSpec, columns
-from projections import engine, queries
+from handoff.ledger.errors import InvalidInput
+from handoff.ledger.store import Actor
+from handoff.ledger.views import NOT_NULL, ORDINAL, Index, TableSpec, columns
+from handoff.projections import engine, queries
 
 from projection_support import BUILDER, Clock, run_events
 

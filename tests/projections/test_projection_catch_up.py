@@ -12,9 +12,9 @@ import pytest
 
 from handoff import Ledger
 from handoff import api
-from ledger.views import Index, TableSpec, columns
-from projections import engine
-from reducers.checkpoint import AGGREGATE, Checkpoint
+from handoff.ledger.views import Index, TableSpec, columns
+from handoff.projections import engine
+from handoff.reducers.checkpoint import AGGREGATE, Checkpoint
 
 from projection_support import BULK_TOKEN, Clock, build_log, dump, integrity, schema_objects
 
@@ -171,7 +171,7 @@ def test_a_new_projection_is_added_to_a_10k_event_ledger(ledger_copy, catch_ups,
 def test_events_from_a_writer_without_views_are_not_skipped(tmp_path, catch_ups):
     """A bare SqliteStore (or an older version without these projections) appends beside a
     Ledger; the Ledger's next inline append must not mark those events as applied."""
-    from ledger.sqlite import SqliteStore
+    from handoff.ledger.sqlite import SqliteStore
 
     from projection_support import BUILDER, run_events
 

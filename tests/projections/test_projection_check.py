@@ -10,10 +10,10 @@ import sqlite3
 import pytest
 
 from handoff import Ledger
-from ledger import events as ev
-from ledger import sqlite as sqlite_store
-from ledger.store import Actor
-from reducers.checkpoint import Evidence
+from handoff.ledger import events as ev
+from handoff.ledger import sqlite as sqlite_store
+from handoff.ledger.store import Actor
+from handoff.reducers.checkpoint import Evidence
 
 from projection_support import Clock
 
@@ -86,7 +86,7 @@ def test_views_kept_by_an_older_fold_are_refolded_on_the_next_writable_open(tmp_
     its views are refolded to the current version by the first writable open."""
     import msgspec
 
-    from projections import queries, views
+    from handoff.projections import queries, views
 
     path = str(tmp_path / "ledger.db")
     result = tmp_path / "report.md"

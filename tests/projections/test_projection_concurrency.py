@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 
 from handoff import Ledger
-from projections import queries
-from reducers.checkpoint import AGGREGATE
+from handoff.projections import queries
+from handoff.reducers.checkpoint import AGGREGATE
 
 from projection_support import FULL, dump, finish, integrity, leftover_tables, spawn
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import invariant
 
-from projections import queries, views
-from reducers import delivery as dl
-from reducers import stall
-from reducers.checkpoint import Checkpoint
+from handoff.projections import queries, views
+from handoff.reducers import delivery as dl
+from handoff.reducers import stall
+from handoff.reducers.checkpoint import Checkpoint
 
 from projection_machine import LedgerCommands
 from projection_support import FULL

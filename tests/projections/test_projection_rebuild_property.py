@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
-from projections import engine
+from handoff.projections import engine
 
 from projection_machine import LedgerCommands
 from projection_support import FULL, dump, leftover_tables, schema_objects

@@ -7,10 +7,10 @@ import sqlite3
 import pytest
 
 from handoff import Ledger
-from ledger.errors import CapacityExceeded, LedgerError
-from projections import queries, views
-from reducers import delivery as dl
-from reducers.checkpoint import AGGREGATE
+from handoff.ledger.errors import CapacityExceeded, LedgerError
+from handoff.projections import queries, views
+from handoff.reducers import delivery as dl
+from handoff.reducers.checkpoint import AGGREGATE
 
 from projection_support import Clock, dump
 
@@ -452,7 +452,7 @@ def test_a_heartbeat_rewrites_only_the_views_it_changes(tmp_path):
     """Inline upkeep compares a run's delivery and owner-load rows with the table and
     leaves them alone when they are unchanged: a heartbeat touches the event, the head,
     the checkpoint and stall rows and the tracking rows, nothing else."""
-    from projections.engine import PROJECTIONS
+    from handoff.projections.engine import PROJECTIONS
 
     with Ledger(str(tmp_path / "l.db")) as lg:
         lg.open(goal="G", target="T", owner="o", run_id="r1")

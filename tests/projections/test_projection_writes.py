@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from handoff import Ledger
-from ledger.sqlite import SqliteStore
-from ledger.sqlite_views import Table
-from ledger.views import Index, TableSpec, columns
-from projections import engine, queries
-from reducers.checkpoint import Checkpoint
+from handoff.ledger.sqlite import SqliteStore
+from handoff.ledger.sqlite_views import Table
+from handoff.ledger.views import Index, TableSpec, columns
+from handoff.projections import engine, queries
+from handoff.reducers.checkpoint import Checkpoint
 
 from projection_support import BUILDER, Clock, dump, integrity, run_events
 
@@ -433,8 +433,8 @@ def test_inline_caught_up_and_rebuilt_views_agree_after_a_mixed_history(path, cl
 def test_a_bare_append_keeps_the_views_from_the_rows_it_wrote(path):
     """store.append evolves the hooks' states over the rows it wrote (no read-back): warm
     and cold runs, a new run, and a fork child whose fold starts with its parent's prefix."""
-    from ledger import events as ev
-    from ledger.store import Actor
+    from handoff.ledger import events as ev
+    from handoff.ledger.store import Actor
 
     op = Actor("operator", "op")
     lg = Ledger(path)
@@ -458,9 +458,9 @@ def test_a_rebuild_ends_however_fast_new_runs_arrive(path, monkeypatch):
     """The rebuild walks the runs that existed when it began; runs begun meanwhile are
     folded once, by the swap. A writer that opens a full page of runs per batch used to
     keep the walk going for ever."""
-    from ledger import events as ev
-    from ledger import sqlite as sqlite_store
-    from ledger.store import Actor
+    from handoff.ledger import events as ev
+    from handoff.ledger import sqlite as sqlite_store
+    from handoff.ledger.store import Actor
 
     monkeypatch.setattr(sqlite_store, "PAGE", 5)
     op = Actor("operator", "op")

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from handoff import Actor, Ledger
-from ledger import errors as E
-from reducers import commands as C
-from reducers import transitions as T
+from handoff.ledger import errors as E
+from handoff.reducers import commands as C
+from handoff.reducers import transitions as T
 
 OWNER = Actor("owner", "alice")
 OPERATOR = Actor("operator", "op")

@@ -14,10 +14,10 @@ import msgspec
 import pytest
 
 from handoff import Actor
-from ledger import errors as E
-from reducers import commands as C
-from reducers import transitions as T
-from reducers.checkpoint import AGGREGATE
+from handoff.ledger import errors as E
+from handoff.reducers import commands as C
+from handoff.reducers import transitions as T
+from handoff.reducers.checkpoint import AGGREGATE
 
 from .helpers import OPERATOR, OWNER, WATCHDOG, bring, execute, log, new_ledger, race_worker, refused, write
 

@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from handoff import Actor, Ledger
-from ledger import errors as E
-from reducers import delivery, stall
-from reducers import commands as C
-from reducers.checkpoint import evolve, fold, initial, packet
+from handoff.ledger import errors as E
+from handoff.reducers import delivery, stall
+from handoff.reducers import commands as C
+from handoff.reducers.checkpoint import evolve, fold, initial, packet
 from handoff.testing import LedgerMachine, as_records, events, issued
 
 NOW = 1_700_000_000_000_000 + 10**9
@@ -173,7 +173,7 @@ def test_a_forked_run_folds_its_parents_prefix_then_its_own_events(tmp_path):
 
 
 def test_the_checkpoint_keeps_the_latest_evidence_of_each_kind_and_the_log_keeps_all():
-    from ledger import events as ev
+    from handoff.ledger import events as ev
 
     runs = [("tests", "pass"), ("lint", "fail"), ("tests", "fail"), ("types", "pass"), ("tests", "pass")]
     records = as_records([ev.EvidenceRecorded(kind=k, outcome=o, detail=f"run {i}") for i, (k, o) in enumerate(runs)])

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import invariant, rule, run_state_machine_as_test
 
 from handoff.testing import RULE_GROUPS, WATCHDOG, LedgerMachine
-from reducers import commands as C
+from handoff.reducers import commands as C
 
 QUICK = settings(max_examples=20, stateful_step_count=20, deadline=None, derandomize=True, database=None,
                  suppress_health_check=list(HealthCheck))

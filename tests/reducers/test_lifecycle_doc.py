@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from reducers import transitions as T
+from handoff.reducers import transitions as T
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "lifecycle.md"
@@ -96,7 +96,7 @@ def test_generated_block_is_current(name):
 
 
 def test_module_prints_the_diagram():
-    proc = subprocess.run([sys.executable, "-m", "reducers.transitions"], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "handoff.reducers.transitions"], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == T.mermaid()

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from handoff import Actor
-from ledger import errors as E
-from reducers import transitions as T
+from handoff.ledger import errors as E
+from handoff.reducers import transitions as T
 
 from .helpers import OPERATOR, WATCHDOG, bring, log, new_ledger, refused
 

@@ -13,6 +13,7 @@ Two checks, and no module is exempt from either:
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -27,11 +28,16 @@ REDUCERS = ROOT / "reducers"
 FORBIDDEN_MODULES = frozenset({
     "sqlite3", "sqlite_utils", "time", "random", "os", "click",
     # the same in other clothes
-    "secrets", "uuid", "subprocess", "socket", "shutil", "tempfile",
-    # layers above the reducers: the storage backends, the views, the API facade, the kit
-    "ledger.sqlite", "ledger.sqlite_views", "ledger.backends", "ledger.files",
-    "projections", "handoff", "cli", "hypothesis",
+    "secrets", "uuid", "subprocess", "socket", "shutil", "tempfile", "hypothesis",
+    # the layers' bare names: installed, they are a user's own packages, never ours
+    "ledger", "reducers", "projections", "cli",
 })
+#: The project's own modules (installed under ``handoff``) a reducer may import: the event
+#: types, the errors, the envelopes, and the reducers themselves. Every other ``handoff.``
+#: module (the storage backends, the views, the API facade, the kit, the CLI) is above them.
+PROJECT_IMPORTABLE = ("handoff.ledger.events", "handoff.ledger.errors", "handoff.ledger.store", "handoff.reducers")
+#: The namespace packages a ``from X import name`` may name, the names then judged alone.
+NAMESPACES = ("handoff", "handoff.ledger")
 #: Calls that read the clock, by the last two parts of their dotted name.
 FORBIDDEN_CALLS = frozenset({
     "datetime.now", "datetime.utcnow", "datetime.today", "date.today",
@@ -39,10 +45,15 @@ FORBIDDEN_CALLS = frozenset({
 })
 
 
-def _forbidden(module: str) -> str | None:
+def _forbidden(module: str, *, namespace_ok: bool = False) -> str | None:
     for bad in FORBIDDEN_MODULES:
         if module == bad or module.startswith(bad + "."):
             return bad
+    if module == "handoff" or module.startswith("handoff."):
+        if namespace_ok and module in NAMESPACES:
+            return None
+        if not any(module == ok or module.startswith(ok + ".") for ok in PROJECT_IMPORTABLE):
+            return module
     return None
 
 
@@ -70,7 +81,7 @@ def violations(source: str, filename: str = "<source>") -> list[str]:
                 if bad := _forbidden(alias.name):
                     found.append(f"{node.lineno}: import {alias.name} ({bad})")
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if bad := _forbidden(node.module):
+            if bad := _forbidden(node.module, namespace_ok=True):
                 found.append(f"{node.lineno}: from {node.module} import ... ({bad})")
             for alias in node.names:
                 if bad := _forbidden(f"{node.module}.{alias.name}"):
@@ -118,11 +129,16 @@ def test_every_reducer_module_is_checked() -> None:
         "from sqlite_utils.db import Database",
         "import random",
         "from click import echo",
-        "from ledger import sqlite",
+        "from handoff.ledger import sqlite",
+        "from handoff import Ledger",
+        "import handoff",
+        "from handoff.projections import queries",
+        "import handoff.api as api",
+        "from ledger import events",
         "from datetime import datetime\nx = datetime.now()",
         "import datetime\nx = datetime.datetime.utcnow()",
         "from datetime import date\nx = date.today()",
-        "import ledger\nx = ledger.time.time()",
+        "import handoff.ledger.events as ev\nx = ev.time.time()",
         "m = __import__('os')",
         "import importlib\nm = importlib.import_module('sqlite3')",
     ],
@@ -135,8 +151,9 @@ def test_the_checker_catches_impure_code(source: str) -> None:
     "source",
     [
         "from datetime import datetime, timezone\nx = datetime.fromtimestamp(0, tz=timezone.utc)",
-        "from ledger import events as ev",
-        "from ledger.store import Recorded",
+        "from handoff.ledger import events as ev",
+        "from handoff.ledger.store import Recorded",
+        "from handoff.reducers import transitions as T",
         "from . import transitions as T",
         "import msgspec",
         "now = 5\nx = now",
@@ -151,8 +168,8 @@ def test_the_library_does_not_need_hypothesis() -> None:
     """Only tests import reducers/testing.py; the library runs without hypothesis installed."""
     code = (
         "import sys\n"
-        "import handoff, reducers.checkpoint, reducers.decide, reducers.stall, reducers.delivery\n"
-        "import reducers.transitions, reducers.commands\n"
+        "import handoff, handoff.reducers.checkpoint, handoff.reducers.decide, handoff.reducers.stall\n"
+        "import handoff.reducers.delivery, handoff.reducers.transitions, handoff.reducers.commands\n"
         "leaked = sorted(m for m in sys.modules if m.split('.')[0] in ('hypothesis', 'pytest'))\n"
         "assert not leaked, leaked\n"
     )
@@ -177,17 +194,31 @@ LOADED_FORBIDDEN = frozenset({
     "random", "_random", "secrets",                           # randomness
     "tempfile", "shutil", "glob",                             # files
 })
-#: The project's own modules a reducer may load: the event types, the errors and the
-#: envelopes (``ledger.store`` holds the interface and the hash chain, not a backend).
-PROJECT_ALLOWED = frozenset({"ledger", "ledger.errors", "ledger.events", "ledger.store"})
+#: The project's own modules a reducer may load: the namespace packages (whose
+#: ``__init__`` loads only the errors), the event types, the errors and the envelopes
+#: (``handoff.ledger.store`` holds the interface and the hash chain, not a backend).
+PROJECT_ALLOWED = frozenset({"handoff", "handoff.ledger", "handoff.ledger.errors", "handoff.ledger.events",
+                             "handoff.ledger.store"})
 #: Installed (third-party) packages a reducer may load: the event codec and what it needs.
 THIRD_PARTY_ALLOWED = frozenset({"msgspec", "typing_extensions"})
 
 _PROBE = r"""
 import json, sys, traceback
 
-root, purelib, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+root, purelib, layout, names = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4:]
 first_importer = {}
+
+
+class Layout:
+    # The installed names over the repository's directories (pyproject.toml's package-dir),
+    # as the editable install's finder maps them; without site, nothing else would.
+    def find_spec(self, name, path=None, target=None):
+        where = layout.get(name)
+        if where is None:
+            return None
+        import importlib.util
+        return importlib.util.spec_from_file_location(
+            name, where + "/__init__.py", submodule_search_locations=[where])
 
 
 class Watch:
@@ -199,6 +230,7 @@ class Watch:
         return None
 
 
+sys.meta_path.insert(0, Layout())
 sys.meta_path.insert(0, Watch())
 import importlib
 for name in names:
@@ -224,24 +256,32 @@ def loaded_by(modules: list[str], *, extra_path: Path | None = None) -> dict[str
         path.insert(0, str(extra_path))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     root = str(extra_path if extra_path is not None else ROOT)
-    proc = subprocess.run([sys.executable, "-S", "-c", _PROBE, root, purelib, *modules], env=env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-S", "-c", _PROBE, root, purelib, json.dumps(_layout()), *modules],
+                          env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    import json
-
     return {k: tuple(v) for k, v in json.loads(proc.stdout).items()}
 
 
-def load_violations(loaded: dict[str, tuple[str, str]], *, own_prefixes: tuple[str, ...] = ("reducers",)) -> list[str]:
+def _layout() -> dict[str, str]:
+    """pyproject.toml's package-dir: installed name -> the repository directory it maps."""
+    import tomllib
+
+    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return {name: str(ROOT / d) for name, d in dirs.items()}
+
+
+def load_violations(loaded: dict[str, tuple[str, str]], *,
+                    own_prefixes: tuple[str, ...] = ("handoff.reducers",)) -> list[str]:
     """What in ``loaded`` a pure module must not load, each with the line that loaded it."""
     found: list[str] = []
     reported: set[str] = set()
     for name, (kind, by) in sorted(loaded.items()):
         top = name.split(".")[0]
-        if top in reported and top not in own_prefixes and kind != "project":
+        own = any(name == p or name.startswith(p + ".") for p in own_prefixes)
+        if top in reported and not own and kind != "project":
             continue  # one line per package is enough
         before = len(found)
-        if kind == "project" and top not in own_prefixes and name not in PROJECT_ALLOWED:
+        if kind == "project" and not own and name not in PROJECT_ALLOWED:
             found.append(f"{name} (a project module above the event types), loaded from {by}")
         elif kind == "installed" and top not in THIRD_PARTY_ALLOWED:
             found.append(f"{name} (an installed package the reducers do not need), loaded from {by}")
@@ -253,7 +293,8 @@ def load_violations(loaded: dict[str, tuple[str, str]], *, own_prefixes: tuple[s
 
 
 def _module_name(path: Path) -> str:
-    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    """reducers/decide.py -> handoff.reducers.decide, the name it is installed under."""
+    return "handoff." + ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
 
 
 @pytest.mark.parametrize("path", pure_modules(), ids=lambda p: p.name)
@@ -270,8 +311,8 @@ def test_the_load_check_sees_what_the_source_check_cannot(tmp_path: Path) -> Non
     pkg = tmp_path / "fakepure"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "helper.py").write_text("import importlib\nstore = importlib.import_module('ledger.' + 'sqlite')\n")
-    (pkg / "fold.py").write_text("from ledger import events\nfrom . import helper\n")
+    (pkg / "helper.py").write_text("import importlib\nstore = importlib.import_module('handoff.ledger.' + 'sqlite')\n")
+    (pkg / "fold.py").write_text("from handoff.ledger import events\nfrom . import helper\n")
     assert violations((pkg / "fold.py").read_text()) == []
     found = load_violations(loaded_by(["fakepure.fold"], extra_path=tmp_path), own_prefixes=("fakepure",))
     assert any(f.startswith("sqlite3 ") for f in found), found
@@ -279,7 +320,7 @@ def test_the_load_check_sees_what_the_source_check_cannot(tmp_path: Path) -> Non
 
 
 def test_the_load_check_allows_the_event_types() -> None:
-    assert load_violations(loaded_by(["ledger.events", "ledger.store", "ledger.errors"])) == []
+    assert load_violations(loaded_by(["handoff.ledger.events", "handoff.ledger.store", "handoff.ledger.errors"])) == []
 
 
 def test_the_kit_lives_outside_the_pure_package() -> None:

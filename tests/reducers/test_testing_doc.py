@@ -13,8 +13,8 @@ from pathlib import Path
 from hypothesis.stateful import RuleBasedStateMachine
 
 from handoff.testing import RULE_GROUPS, LedgerMachine
-from reducers import commands as C
-from reducers import transitions as T
+from handoff.reducers import commands as C
+from handoff.reducers import transitions as T
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "testing.md").read_text(encoding="utf-8")

@@ -15,11 +15,11 @@ import os
 import pytest
 
 from handoff import Actor
-from ledger import errors as E
-from ledger import events as ev
-from reducers import commands as C
-from reducers import transitions as T
-from reducers.checkpoint import fold
+from handoff.ledger import errors as E
+from handoff.ledger import events as ev
+from handoff.reducers import commands as C
+from handoff.reducers import transitions as T
+from handoff.reducers.checkpoint import fold
 
 from .helpers import OPERATOR, OWNER, bring, execute, log, new_ledger, refused
 
