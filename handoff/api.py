@@ -444,6 +444,11 @@ class Ledger:
     def _token_for(self, run_id: str, cmd: C.Command, actor: Actor, token: str | None) -> LeaseToken | None:
         """The checked token of a command's lease; a worker's leased command without one is refused."""
         check_run_id(run_id)
+        if run_id.startswith(WATCHER_PREFIX):
+            # A watcher's own stream holds its beats (append_stream); a run opened there
+            # would make that watcher's every pass fail, switching it off.
+            raise InvalidInput(f"run ids starting with {WATCHER_PREFIX!r} are the watchdogs' own streams; "
+                               f"choose another id than {run_id[:80]!r}", field="run_id")
         check_text(cmd, "")
         number = getattr(cmd, "lease", None)
         if token is not None:
@@ -1056,13 +1061,30 @@ class Ledger:
         and write bits, or 0600 when there is no file."""
         return files.copy_mode(None if self.store.path == ":memory:" else self.store.path)
 
+    def _not_the_ledger(self, target: str, given: object, field: str, verb: str) -> None:
+        """Refuse to write a copy over the ledger itself or one of the files SQLite keeps
+        beside it (-wal, -shm, -journal): replacing the WAL silently drops every commit
+        still in it."""
+        src = self.store.path
+        if not src or src == ":memory:" or "://" in src:
+            return
+        base = os.path.abspath(src)
+        names = {base, *(base + x for x in _SIDE)}
+        same = target in names or any(
+            os.path.exists(n) and os.path.exists(target) and os.path.samefile(n, target) for n in names)
+        if same:
+            raise InvalidInput(f"{field}: {given} is the ledger itself or one of its files ({os.path.basename(base)}, "
+                               f"its -wal, -shm or -journal); {verb} to another name", field=field)
+
     def export_to(self, path: str | os.PathLike[str], run_ids: list[str] | None = None) -> dict[str, Any]:
         """``export`` into a file, atomically, with the ledger's mode (see ``ledger.files``).
 
         Returns ``{"output", "events", "runs"}``. On any refusal the file at ``path`` is as
-        it was: a symbolic link there is refused (InvalidInput), never followed.
+        it was: a symbolic link there is refused (InvalidInput), never followed, and so is
+        the ledger itself or one of its side files.
         """
         target = files.check_target(path, "output")
+        self._not_the_ledger(target, path, "output", "export")
         counts = {"events": 0}
         seen: set[str] = set()
         run_of = msgspec.json.Decoder(_RunOf)
@@ -1087,13 +1109,9 @@ class Ledger:
         "positions", "head", "bytes", "runs"}``: ``head`` is the copy's head digest.
         """
         target = files.check_target(dest, "dest")
+        self._not_the_ledger(target, dest, "dest", "back it up")
         src = self.store.path
-        if src != ":memory:" and os.path.abspath(src) in (target, *(target[: -len(x)] for x in _SIDE if target.endswith(x))):
-            raise InvalidInput(f"dest: {dest} is the ledger itself or one of its files; back it up "
-                               "to another name", field="dest")
         if os.path.exists(target):
-            if src != ":memory:" and os.path.exists(src) and os.path.samefile(src, target):
-                raise InvalidInput(f"dest: {dest} is the ledger itself; back it up to another name", field="dest")
             if not replace:
                 raise InvalidInput(f"dest: {dest} already exists; pass --replace (replace=True) to "
                                    "overwrite it, or name a new file", field="dest")
@@ -1151,6 +1169,7 @@ class Ledger:
         Returns ``head()`` plus ``"path"`` and ``"previous"`` (the digest replaced, or None).
         """
         target = files.check_target(path, "path")
+        self._not_the_ledger(target, path, "path", "write the head digest")
         previous = None
         if os.path.exists(target):
             raw = _read_small(target, 4097, "path")

@@ -518,15 +518,17 @@ class PostgresStore(EventStore):
                 raise StaleLease.superseded(run_id, lease, current, head.lease_holder if head else None,
                                             max_lease if max_lease is not None else 0)
 
-    def _find_duplicate(self, run_id: str, key: str, digest: bytes) -> AppendResult | None:
+    def _find_duplicate(self, run_id: str, key: str, digest: bytes, actor: str) -> AppendResult | None:
         row = self._x(
-            "SELECT seq, position, idem_digest, batch_size FROM events WHERE run_id=%s AND idem_key=%s",
+            "SELECT seq, position, idem_digest, batch_size, actor FROM events WHERE run_id=%s AND idem_key=%s",
             (run_id, key),
         ).fetchone()
         if row is None:
             return None
-        seq, position, stored, size = row
-        if _b(stored) != digest:
+        seq, position, stored, size, by = row
+        # The digest covers the actor; the second test stops an imported line whose digest
+        # was copied from another actor's request (see ledger/sqlite.py).
+        if _b(stored) != digest or by != actor:
             raise IdempotencyConflict(
                 f"idempotency key {key!r} was already used on run {run_id} (seq {seq}) for a "
                 "different request; use a new key for a new request",
@@ -648,7 +650,7 @@ class PostgresStore(EventStore):
             try:
                 head, max_lease = self._lock_run(run_id)
                 if idempotency_key:
-                    dup = self._find_duplicate(run_id, idempotency_key, digest)  # type: ignore[arg-type]
+                    dup = self._find_duplicate(run_id, idempotency_key, digest, actor_s)  # type: ignore[arg-type]
                     if dup is not None:
                         ok = True
                         return dup
@@ -690,7 +692,7 @@ class PostgresStore(EventStore):
             try:
                 head, max_lease = self._lock_run(run_id)
                 if idempotency_key:
-                    dup = self._find_duplicate(run_id, idempotency_key, digest)  # type: ignore[arg-type]
+                    dup = self._find_duplicate(run_id, idempotency_key, digest, actor_s)  # type: ignore[arg-type]
                     if dup is not None:
                         ok = True
                         return dup, self._state(run_id, aggregate, head)

@@ -40,6 +40,7 @@ class _Store:
         self._pg = store
         self._conn = _Conn(store)
         self.max_payload = store.max_payload
+        self._clock = store._clock
 
     def _head_locked(self, run_id: str) -> tuple[Head | None, int]:
         return self._pg._head_row(run_id)

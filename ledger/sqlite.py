@@ -173,19 +173,22 @@ def _explain(exc: sqlite3.Error, doing: str, path: str) -> LedgerError:
 #: Nothing this library wrote predates 2000, and later than 9999 cannot be printed.
 IMPORT_MIN_US = 946_684_800_000_000
 IMPORT_MAX_US = 253_402_300_799_999_999
-#: How far a run's clock may step back between two of its events in an import (µs): a day,
-#: room for a wall clock corrected by hand or NTP, not for back-dating history.
-IMPORT_MAX_STEP_BACK_US = 86_400_000_000
+#: How far after the importing store's "now" an imported event may be dated (µs): ten
+#: minutes of clock difference between the host that wrote it and this one.
+IMPORT_MAX_AHEAD_US = 600_000_000
 #: Rows buffered before one executemany; runs whose fold is kept warm during an import.
 IMPORT_ROWS = 1000
 IMPORT_RUNS = 4096
 
 
-def check_imported_envelope(rec: Recorded, last_us: int | None, max_payload: int) -> None:
-    """What a live write guarantees about an envelope, required of an imported one."""
+def check_imported_envelope(rec: Recorded, max_payload: int, now_us: int | None = None) -> None:
+    """What a live write guarantees about an envelope, required of an imported one.
+
+    ``now_us`` (the importing store's clock): no event can have been written later than
+    now, give or take ``IMPORT_MAX_AHEAD_US`` of clock difference between hosts."""
     where = f"run {rec.run_id} seq {rec.seq}"
     try:
-        check_actor(Actor.parse(rec.actor))
+        actor = check_actor(Actor.parse(rec.actor))
     except InvalidInput as exc:
         raise InvalidInput(f"{where}: actor {rec.actor[:60]!r} is not valid ({exc.message})", field="actor") from None
     if rec.lease is not None and rec.lease < 1:
@@ -193,9 +196,16 @@ def check_imported_envelope(rec: Recorded, last_us: int | None, max_payload: int
     if rec.lease is not None and not rec.actor.startswith("worker:"):
         raise InvalidInput(f"{where}: only a worker writes under a lease, not {rec.actor[:60]}", field="lease")
     try:
-        check_idempotency_key(rec.idempotency_key)
+        check_idempotency_key(rec.idempotency_key, actor)  # the watchdog's keys stay the watchdog's
     except InvalidInput as exc:
         raise InvalidInput(f"{where}: {exc.message}", field="idempotency_key") from None
+    if now_us is not None and rec.recorded_us > now_us + IMPORT_MAX_AHEAD_US:
+        raise InvalidInput(
+            f"{where}: recorded_us {rec.recorded_us} is {(rec.recorded_us - now_us) // 1_000_000} s after "
+            "now by this ledger's clock; history cannot come from the future (a heartbeat dated ahead "
+            "would keep a dead worker looking alive). Check the exporting host's clock",
+            field="recorded_us",
+        )
     if not 1 <= rec.schema_version <= ev.SCHEMA_VERSION:
         raise InvalidInput(
             f"{where}: schema_version {rec.schema_version} is not one this version writes or reads "
@@ -214,20 +224,13 @@ def check_imported_envelope(rec: Recorded, last_us: int | None, max_payload: int
             "the export was edited or its clock was wrong",
             field="recorded_us",
         )
-    if last_us is not None and rec.recorded_us < last_us - IMPORT_MAX_STEP_BACK_US:
-        raise InvalidInput(
-            f"{where}: recorded_us steps back {(last_us - rec.recorded_us) // 1_000_000} s from the "
-            "event before it, more than the one day an import allows; the history was reordered "
-            "or back-dated",
-            field="recorded_us",
-        )
 
 
 class _Cursor:
     """Where one run stands during an import: its head as it will be written, and its fold."""
 
     __slots__ = ("seq", "hash", "lease", "holder", "max_lease", "first_position", "last_position",
-                 "stored_seq", "last_us", "state", "dirty", "digest", "digest_moved")
+                 "stored_seq", "state", "dirty", "digest", "digest_moved", "granted_here")
 
 
 class _Import:
@@ -267,12 +270,9 @@ class _Import:
         cur.first_position = head.first_position if head else None
         cur.last_position = head.last_position if head else None
         cur.stored_seq = cur.seq
-        cur.last_us = None
-        if head is not None:
-            row = self.conn.execute("SELECT recorded_us FROM events WHERE run_id=? AND seq=?",
-                                    (run_id, head.last_seq)).fetchone()
-            cur.last_us = row[0] if row else None
         cur.digest, cur.digest_moved = None, False
+        # The current lease, if any, was granted by this ledger: only its token proves it.
+        cur.granted_here = cur.lease is not None
         cur.state = None
         if self.aggregate is not None and head is not None:
             cur.state = self.store._state_locked(run_id, self.aggregate, head)
@@ -300,7 +300,7 @@ class _Import:
                 f"ledger's run is at seq {cur.seq}); nothing was imported",
                 field="import",
             )
-        check_imported_envelope(r, cur.last_us, self.store.max_payload)
+        check_imported_envelope(r, self.store.max_payload, self.store._clock())
         event = ev.decode(r.payload)
         if r.schema_version == ev.SCHEMA_VERSION and ev.encode(event) != r.payload:
             # A live write stores the canonical encoding; anything else (a duplicated key,
@@ -349,7 +349,7 @@ class _Import:
             if self.aggregate.lean:
                 stored = Step(run_id, r.seq, r.type, r.recorded_us, event)  # type: ignore[assignment]
             cur.state = self.aggregate.evolve(cur.state, stored)
-        cur.seq, cur.hash, cur.last_us, cur.dirty = r.seq, r.hash, r.recorded_us, True
+        cur.seq, cur.hash, cur.dirty = r.seq, r.hash, True
         cur.last_position = pos
         if cur.first_position is None:
             cur.first_position = pos
@@ -359,7 +359,16 @@ class _Import:
 
     def _fence(self, cur: _Cursor, r: Recorded, event: ev.Event) -> None:
         """The store's own fencing, as on a live append: a worker writes under the current
-        lease, and lease numbers only grow."""
+        lease, and lease numbers only grow. And one rule a live write does not need: an
+        import writes nothing under a lease this ledger granted before it, since a write
+        under it must show the lease's token and an import has none to show."""
+        if r.lease is not None and r.lease == cur.lease and cur.granted_here:
+            raise StaleLease(
+                f"run {r.run_id} seq {r.seq} is written under lease {r.lease}, which this ledger granted "
+                f"to {cur.holder}: a write under it must carry that lease's token, and an import carries "
+                "none. The holder writes it live; import a run continued elsewhere into a new ledger",
+                lease=r.lease, current_lease=cur.lease, why="imported_under_a_live_lease",
+            )
         if r.lease is not None and r.lease != cur.lease:
             raise StaleLease(
                 f"run {r.run_id} seq {r.seq} was written under lease {r.lease}, but the run's lease "
@@ -375,6 +384,7 @@ class _Import:
                     lease=event.lease, current_lease=cur.lease,
                 )
             cur.lease, cur.holder, cur.max_lease = event.lease, event.worker, event.lease
+            cur.granted_here = False  # granted by the imported history itself
             # The grant's digest, as a live claim sets it: the holder's token works here too.
             cur.digest, cur.digest_moved = event.token_digest or None, True
         elif isinstance(event, (ev.LeaseReleased, ev.LeaseRevoked)):
@@ -567,7 +577,15 @@ class SqliteStore(EventStore):
                     fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
                     os.close(fd)
                 except FileExistsError:
-                    pass
+                    if os.path.islink(path) and not os.path.exists(path):
+                        # O_EXCL does not follow a link; SQLite would, creating the file
+                        # at the link's target with the umask's mode instead of 0600.
+                        raise InvalidInput(
+                            f"{path} is a symbolic link to {os.readlink(path)!r}, which does not "
+                            "exist; a new ledger is not created through a link. Name the real "
+                            "path, or create the ledger there first",
+                            field="db",
+                        ) from None
                 except OSError as exc:
                     raise StoreUnavailable(
                         f"cannot create the ledger {path}: {exc.strerror}; check the directory",
@@ -872,17 +890,20 @@ class SqliteStore(EventStore):
             raise StaleLease.wrong_token(run_id, token.lease)
 
     def _find_duplicate(
-        self, run_id: str, key: str, digest: bytes
+        self, run_id: str, key: str, digest: bytes, actor: str
     ) -> AppendResult | None:
         row = self._conn.execute(
-            "SELECT seq, position, idem_digest, batch_size FROM events "
+            "SELECT seq, position, idem_digest, batch_size, actor FROM events "
             "WHERE run_id=? AND idem_key=?",
             (run_id, key),
         ).fetchone()
         if row is None:
             return None
-        seq, position, stored, size = row
-        if stored != digest:
+        seq, position, stored, size, by = row
+        # The digest covers the actor, so for anything this library wrote the second test
+        # adds nothing; it stops an imported line whose digest was copied from another
+        # actor's request from answering that actor's live command as "already done".
+        if stored != digest or by != actor:
             raise IdempotencyConflict(
                 f"idempotency key {key!r} was already used on run {run_id} (seq {seq}) for a "
                 "different request; use a new key for a new request",
@@ -1166,7 +1187,7 @@ class SqliteStore(EventStore):
             ok = False
             try:
                 if idempotency_key:
-                    dup = self._find_duplicate(run_id, idempotency_key, digest)  # type: ignore[arg-type]
+                    dup = self._find_duplicate(run_id, idempotency_key, digest, actor_s)  # type: ignore[arg-type]
                     if dup is not None:
                         ok = True
                         return dup
@@ -1303,7 +1324,7 @@ class SqliteStore(EventStore):
             try:
                 head, max_lease = self._head_locked(run_id)
                 if idempotency_key:
-                    dup = self._find_duplicate(run_id, idempotency_key, digest)  # type: ignore[arg-type]
+                    dup = self._find_duplicate(run_id, idempotency_key, digest, actor_s)  # type: ignore[arg-type]
                     if dup is not None:
                         ok = True
                         return dup, self._state_locked(run_id, aggregate, head)

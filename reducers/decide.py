@@ -174,14 +174,15 @@ def _claim(cp: Checkpoint, c: C.Claim, ctx: Context) -> list[ev.Event]:
         raise LeaseHeld(
             f"run {cp.run_id} is already held by worker {worker} under lease {cp.lease}. If "
             "that is this worker, keep using the token its claim printed, or release with it "
-            "before claiming again; if the token is lost, the owner or watchdog must revoke "
-            f"lease {cp.lease} ('handoff revoke {cp.run_id}') before a new claim",
+            "before claiming again; if the token is lost, wait for the watchdog to revoke "
+            f"lease {cp.lease} once it stops beating, or ask the run's owner or an operator",
             lease=cp.lease, same_worker=True,
         )
     if cp.lease is not None:
         raise LeaseHeld(
             f"run {cp.run_id} is held by {cp.worker} under lease {cp.lease}; wait for it to "
-            "release, or have the owner or watchdog revoke it ('handoff revoke')",
+            "release, or for the watchdog to revoke it if it stops beating. A worker does not "
+            "revoke another worker's lease; that is for the run's owner or an operator",
             lease=cp.lease,
         )
     if not isinstance(c.token_digest, str) or not _HEX_DIGEST.fullmatch(c.token_digest):

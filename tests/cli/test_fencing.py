@@ -173,7 +173,25 @@ def test_a_worker_reclaiming_its_own_run_is_not_told_to_wait_for_itself(h):
     assert "keep using the token" in own["message"] and "wait for it" not in own["message"]
     other = json.loads(h("claim", "r1", "--worker", "w2", "--json", code=1).stderr)["error"]
     assert "wait for it to release" in other["message"]
+    # A second worker is not handed the command that would take the run from its holder.
+    assert "handoff revoke" not in own["message"] + other["message"]
+    assert "does not revoke another worker's lease" in other["message"]
     assert log_rows(h.db) == before
+
+
+def test_nobody_opens_a_run_on_a_watchers_stream(h):
+    """A run opened at watcher:NAME made that watcher's every pass fail (switching it off);
+    those ids are the watchdogs' own streams, refused to every command."""
+    h("init")
+    h("watch", "--once", "--name", "wd")
+    before = log_rows(h.db)
+    err = json.loads(h("open", "--goal", "g", "--target", "chat:x", "--owner", "a", "--run-id", "watcher:wd",
+                       "--json", code=2).stderr)["error"]
+    assert err["type"] == "InvalidInput" and "watchdogs' own streams" in err["message"]
+    with h.ledger() as lg, pytest.raises(E.InvalidInput):
+        lg.open(run_id="watcher:other", goal="g", target="chat:x", owner="a")
+    assert log_rows(h.db) == before
+    h("watch", "--once", "--name", "wd")  # still works
 
 
 # --- the watchdog's keys ------------------------------------------------------------------

@@ -143,6 +143,27 @@ def test_a_device_or_directory_as_output_is_refused(tmp_path):
     assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
 
 
+def test_no_copy_is_written_over_the_ledger_or_its_wal(tmp_path):
+    """Replacing the ledger with its export, or its WAL with anything, loses the ledger or
+    every commit still in the WAL: export, backup and head --write all refuse it."""
+    db = str(tmp_path / "l.db")
+    _ledger_with_runs(db, 2)
+    holder = Ledger(db)  # keeps the WAL (with the last commits) in place while others write
+    try:
+        before = _events(db)
+        for args in (["export", "--all", "-o", db], ["export", "--all", "-o", db + "-wal"],
+                     ["backup", db + "-wal"], ["head", "--write", db + "-shm"],
+                     ["export", "--all", "-o", os.path.join(str(tmp_path), ".", "l.db")]):
+            res = _cli(db, *args)
+            assert res.exit_code == 2 and "the ledger itself or one of its files" in res.output, (args, res.output)
+        with pytest.raises(InvalidInput):
+            holder.export_to(db + "-journal")
+        assert _events(db) == before
+    finally:
+        holder.close()
+    assert _events(db) == before
+
+
 def test_a_failed_export_leaves_the_old_file_and_no_temporary(tmp_path):
     db, out = str(tmp_path / "l.db"), tmp_path / "all.jsonl"
     _ledger_with_runs(db, 1)

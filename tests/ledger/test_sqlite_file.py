@@ -545,3 +545,15 @@ def test_execute_folds_the_rows_it_wrote_exactly_as_a_reader_sees_them(db_path):
     )
     assert list(state) == list(s.read_run("x"))
     s.close()
+
+
+def test_a_ledger_is_not_created_through_a_dangling_link(tmp_path):
+    """SQLite would follow a link to a missing file and create it with the umask's mode
+    (0644) instead of 0600, wherever the link points: refused, nothing created."""
+    victim = tmp_path / "elsewhere" / "victim.db"
+    victim.parent.mkdir()
+    link = tmp_path / "link.db"
+    link.symlink_to(victim)
+    with pytest.raises(InvalidInput, match="symbolic link"):
+        SqliteStore(str(link))
+    assert not victim.exists() and sorted(os.listdir(victim.parent)) == []
