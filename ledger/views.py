@@ -193,6 +193,16 @@ class ViewStore(ViewWriter):
         (column names, ``ORDINAL`` allowed), after the keyset ``after`` (values of the
         order columns), at most ``limit``. Without ``order`` the order is the backend's."""
 
+    def select_joined(self, table: str, columns: Sequence[str], other: str, other_columns: Sequence[str],
+                      *, key: str = "run_id", **filters: Any) -> list[tuple[Any, ...]]:
+        """``select`` on ``table`` (same filters), each row followed by ``other_columns`` of the
+        row of ``other`` whose one-column primary key ``key`` equals the row's ``key``; rows
+        with no such row are left out. This default makes two lookups; a backend may answer
+        it in one statement."""
+        picked = self.select(table, (key, *columns), **filters)
+        found = self.get_many(other, [r[0] for r in picked], other_columns) if picked else {}
+        return [(*r[1:], *found[r[0]]) for r in picked if r[0] in found]
+
     def pages(
         self, table: str, columns: Sequence[str], *, order: Sequence[str], page: int = 1000, **filters: Any
     ) -> Iterator[tuple[Any, ...]]:

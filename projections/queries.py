@@ -51,13 +51,10 @@ def due_run_ids(store: EventStore, now_us: int) -> list[str]:
 
 
 def stall_candidates(store: EventStore, now_us: int) -> list[Checkpoint]:
-    """The due runs' checkpoints: the stall index's range scan, then the packets by key."""
-    with store.read_transaction():  # one snapshot for both lookups
-        due = due_run_ids(store, now_us)
-        if not due:
-            return []
-        packets = store.views.get_many("checkpoints", due, _PACKET)
-    return [decode_checkpoint(packets[run_id][0]) for run_id in due if run_id in packets]
+    """The due runs' checkpoints: the stall index's range scan joined to the packets by key."""
+    rows = store.views.select_joined("stall_watch", (), "checkpoints", _PACKET, key="run_id", where={"live": 1},
+                                     between=("next_deadline_us", None, now_us))
+    return [decode_checkpoint(blob) for (blob,) in rows]
 
 
 _DELIVERY = ("run_id", "target", "status", "key", "receipt", "attempts", "attempted_us", "ambiguous_after_us")

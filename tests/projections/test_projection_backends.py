@@ -168,6 +168,23 @@ def test_get_and_get_many(vocab):
     assert len(many) == 20
 
 
+def test_select_joined_pairs_each_row_with_the_other_tables_row_by_key(vocab, backend_store):
+    """Rows of one view with their row of another by primary key (the stall scan: due
+    rows with their packets), under the same filters, in the same order."""
+    other = TableSpec("vocab_other", columns(k="text!", label="text!"), pk=("k",))
+    handle = vocab.table(other)
+    with backend_store.write_transaction("preparing a test view") as txn:
+        vocab.prepare({"vocab": (VOCAB, 1), "other": (other, 1)})
+        for i in range(0, 20, 3):  # only some rows have a partner
+            txn.views.sync_one(handle, {"k": f"k{i:02d}", "label": f"L{i}"})
+    got = vocab.select_joined("vocab_test", ("k", "n"), "vocab_other", ("label",), key="k",
+                              where={"flag": 1}, between=("n", None, 15), order=("k",))
+    want = [(r["k"], r["n"], f"L{int(r['k'][1:])}") for r in ROWS
+            if r["flag"] == 1 and r["n"] is not None and r["n"] <= 15 and int(r["k"][1:]) % 3 == 0]
+    assert got == want and want
+    assert vocab.select_joined("vocab_test", ("k",), "vocab_other", ("label",), key="k", where={"s": "none"}) == []
+
+
 def test_select_filters(vocab):
     k = lambda **f: keys(vocab.select("vocab_test", ("k",), order=("k",), **f))  # noqa: E731
     assert k(where={"s": "odd"}) == [r["k"] for r in ROWS if r["s"] == "odd"]
