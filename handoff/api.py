@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from handoff.ledger import anchor, files, portable
+from handoff.ledger.files import check_path
 from handoff.ledger import events as ev
 from handoff.ledger.backends import open_store
 from handoff.ledger.errors import (
@@ -109,19 +110,6 @@ def check_filter(value: object, field: str) -> str | None:
     if not isinstance(value, str):
         raise InvalidInput(f"{field} must be text, got {type(value).__name__}", field=field)
     return check_utf8(value, field)
-
-
-def check_path(path: object, field: str = "path") -> str:
-    """A ledger file name: text or a path object, not empty, without NUL bytes."""
-    try:
-        p = os.fspath(path)  # type: ignore[arg-type]
-    except TypeError:
-        raise InvalidInput(f"{field} must be a file path, got {type(path).__name__}", field=field) from None
-    if isinstance(p, bytes):
-        p = os.fsdecode(p)
-    if not p or "\x00" in p:
-        raise InvalidInput(f"{field} must be a non-empty file path without NUL bytes", field=field)
-    return p
 
 
 class Preview(msgspec.Struct, frozen=True):

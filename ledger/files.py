@@ -36,11 +36,8 @@ def copy_mode(source: str | None) -> int:
     return stat.S_IMODE(st.st_mode) & 0o666
 
 
-def check_target(path: object, field: str) -> str:
-    """A file name handoff may write to: not a link, a directory or a device; its directory exists.
-
-    Returns the absolute path. Every refusal is ``InvalidInput`` naming ``field``.
-    """
+def check_path(path: object, field: str = "path") -> str:
+    """A file name as given: text or a path object, not empty, without NUL bytes."""
     try:
         p = os.fspath(path)  # type: ignore[arg-type]
     except TypeError:
@@ -49,6 +46,15 @@ def check_target(path: object, field: str) -> str:
         p = os.fsdecode(p)
     if not p or "\x00" in p:
         raise InvalidInput(f"{field} must be a non-empty file path without NUL bytes", field=field)
+    return p
+
+
+def check_target(path: object, field: str) -> str:
+    """A file name handoff may write to: not a link, a directory or a device; its directory exists.
+
+    Returns the absolute path. Every refusal is ``InvalidInput`` naming ``field``.
+    """
+    p = check_path(path, field)
     full = os.path.abspath(p)
     parent = os.path.dirname(full)
     if not os.path.isdir(parent):

@@ -105,6 +105,16 @@ _COLUMNS = (
 )
 
 
+#: A run's head after a write (new run or existing): the one statement both the live
+#: append and the import keep it with.
+_UPSERT_HEAD = (
+    "INSERT INTO heads (run_id, last_seq, last_hash, lease, lease_holder, max_lease, "
+    "first_position, last_position) VALUES (?,?,?,?,?,?,?,?) "
+    "ON CONFLICT(run_id) DO UPDATE SET last_seq=excluded.last_seq, "
+    "last_hash=excluded.last_hash, lease=excluded.lease, "
+    "lease_holder=excluded.lease_holder, max_lease=excluded.max_lease, "
+    "last_position=excluded.last_position"
+)
 _INSERT_FIRST = (
     "INSERT INTO events (position, run_id, seq, type, actor, lease, idem_key, idem_digest, "
     "batch_size, recorded_us, schema_version, payload, prev_hash, hash, global_hash) "
@@ -404,12 +414,7 @@ class _Import:
             if not cur.dirty:
                 continue
             self.conn.execute(
-                "INSERT INTO heads (run_id, last_seq, last_hash, lease, lease_holder, max_lease, "
-                "first_position, last_position) VALUES (?,?,?,?,?,?,?,?) "
-                "ON CONFLICT(run_id) DO UPDATE SET last_seq=excluded.last_seq, "
-                "last_hash=excluded.last_hash, lease=excluded.lease, "
-                "lease_holder=excluded.lease_holder, max_lease=excluded.max_lease, "
-                "last_position=excluded.last_position",
+                _UPSERT_HEAD,
                 (run_id, cur.seq, bytearray(cur.hash), cur.lease, cur.holder, cur.max_lease,
                  cur.first_position, cur.last_position),
             )
@@ -1003,12 +1008,7 @@ class SqliteStore(EventStore):
             else:
                 conn.executemany(_INSERT_FIRST, rows[1:])
         conn.execute(
-            "INSERT INTO heads (run_id, last_seq, last_hash, lease, lease_holder, max_lease, "
-            "first_position, last_position) VALUES (?,?,?,?,?,?,?,?) "
-            "ON CONFLICT(run_id) DO UPDATE SET last_seq=excluded.last_seq, "
-            "last_hash=excluded.last_hash, lease=excluded.lease, "
-            "lease_holder=excluded.lease_holder, max_lease=excluded.max_lease, "
-            "last_position=excluded.last_position",
+            _UPSERT_HEAD,
             (run_id, seq, bytearray(prev), cur_lease, holder, max_lease, first_position, last_pos + n),
         )
         if digest_moved:
