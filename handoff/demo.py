@@ -123,7 +123,9 @@ class _Story:
         self.say(f"\n[{time.monotonic() - self.t0:4.1f}s] {text}")
 
     def handoff(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "handoff.cli", "--db", self.db, *args]
+        # -P: the current directory is not put on the child's path, so a checkout's own
+        # handoff/ folder (the README runs the demo from one) cannot shadow the install.
+        return [sys.executable, "-P", "-m", "handoff.cli", "--db", self.db, *args]
 
     def shell(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run a real 'handoff' command and show it as a user would type it."""
@@ -140,7 +142,7 @@ class _Story:
         proc = subprocess.Popen(
             # Beats five times per timeout: a loaded machine must not make a live worker look dead.
             self.handoff("run", "--run", run, "--worker", worker, "--heartbeat-every", str(HEARTBEAT_TIMEOUT / 5),
-                         "--", sys.executable, "-c", snippet, self.files),
+                         "--", sys.executable, "-P", "-c", snippet, self.files),
             env=self.env, stdout=log, stderr=subprocess.STDOUT,
         )
         log.close()

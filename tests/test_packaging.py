@@ -55,6 +55,10 @@ def test_the_wheel_installs_one_name_and_runs_beside_a_package_named_ledger(tmp_
     assert "delivered" in demo.stdout
     verify = run(str(env_dir / "bin" / "handoff"), "--db", str(work / "demo.db"), "verify", cwd=work, env=env)
     assert verify.returncode == 0
+    # The README's first command runs the demo from the checkout itself, whose handoff/
+    # folder (without the layers mapped into it) must not shadow the installed package.
+    demo = run(str(env_dir / "bin" / "handoff"), "--db", str(tmp_path / "from-checkout.db"), "demo", cwd=ROOT, env=env)
+    assert "delivered" in demo.stdout
 
 
 def _pip_knows_python() -> bool:
