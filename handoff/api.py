@@ -1286,11 +1286,18 @@ def import_into(
     refused with ``TargetAppeared`` and nothing of it stays behind). A failed import
     removes only the private file it made.
     """
-    path = check_path(path)
+    from handoff.ledger.backends import parse
+
+    given = check_path(path)
     busy_timeout_s = check_seconds(busy_timeout_s, "busy_timeout")
-    if os.path.lexists(path):
-        with Ledger(path, synchronous=synchronous, busy_timeout_s=busy_timeout_s) as lg:
+    address = parse(given)
+    if address.backend != "sqlite" or address.location == ":memory:" or os.path.lexists(address.location):
+        # A server's database (one transaction there is the whole of it), a memory store,
+        # or a ledger file that exists: imported into in place, nothing to publish.
+        with Ledger(given, synchronous=synchronous, busy_timeout_s=busy_timeout_s) as lg:
             return lg.import_lines(lines)
+    path = address.location
+    synchronous = synchronous or address.options.get("synchronous")
     import tempfile
 
     directory = os.path.dirname(os.path.abspath(path))

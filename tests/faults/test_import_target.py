@@ -148,3 +148,13 @@ def test_the_last_step_never_replaces_a_name_that_exists(tmp_path):
     assert target.read_bytes() == b"someone else's" and private.read_bytes() == b"x"
     assert files._rename_noreplace(str(private), str(tmp_path / "free"))
     assert (tmp_path / "free").read_bytes() == b"x" and not private.exists()
+
+
+def test_an_address_is_imported_into_where_it_points(tmp_path):
+    """sqlite:///path names the file (built under a private name and published, as a
+    plain path is); a PostgreSQL address is imported into in one server transaction."""
+    lines = _export(tmp_path)
+    target = tmp_path / "by-address.db"
+    assert import_into(f"sqlite://{target}?synchronous=NORMAL", lines)["imported"] == len(lines)
+    assert _runs(str(target)) == {"r1": 3} and _leftovers(str(target)) == []
+    assert not any("sqlite:" in name for name in os.listdir(tmp_path))

@@ -3,6 +3,8 @@ entry in tests/backends.py (tests/ledger/test_store_conformance.py collects it).
 
 from __future__ import annotations
 
+import os
+
 from handoff.ledger.postgres import PostgresStore
 from tests.pg import fresh_url
 
@@ -46,3 +48,19 @@ def test_the_log_refuses_update_delete_and_truncate_even_for_its_owner():
             conn.execute("ALTER TABLE events DISABLE TRIGGER events_no_delete")
         assert list(pg.read_all()) == before
         assert [p.kind for p in pg.verify()] == ["trigger_disabled"]
+
+
+def test_import_into_a_postgresql_address_imports_there(tmp_path):
+    """handoff import --db postgresql://... imports in one server transaction; no file is
+    built or published anywhere (the private-file path is for a SQLite file only)."""
+    from handoff import Ledger, import_into
+
+    with Ledger(str(tmp_path / "src.db")) as src:
+        src.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
+        src.claim("r1", "w1")
+        lines = list(src.export())
+    url = fresh_url()
+    assert import_into(url, lines) == {"imported": 2, "skipped": 0, "runs": 1}
+    with Ledger(url) as dst:
+        assert dst.checkpoint("r1").worker == "w1" and dst.verify() == []
+    assert sorted(os.listdir(tmp_path)) == ["src.db"]
