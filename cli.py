@@ -1543,6 +1543,32 @@ def import_(file: Any, as_json: bool) -> None:
                            f"{counts['skipped']} were already here")
 
 
+@main.command("copy")
+@click.argument("src", metavar="SRC")
+@click.argument("dst", metavar="DST")
+@click.option("--run", "runs", multiple=True, metavar="RUN", help="Copy only this run (repeatable; a fork brings its parents).")
+@json_option
+def copy_(src: str, dst: str, runs: tuple[str, ...], as_json: bool) -> None:
+    """Copy a ledger (or some runs) from SRC to DST, then prove the copy.
+
+    SRC and DST are ledger addresses, as --db takes them: a SQLite file (or sqlite:///PATH)
+    or postgresql://USER@HOST:PORT/DB, either way round. The events go through the same
+    checks as 'import' (all or nothing; into a file that does not exist yet, the ledger
+    appears only when the copy succeeded); then DST must verify clean and fold every
+    copied run to exactly what SRC folds it to, or the command exits 4 naming the run.
+    Copying twice changes nothing the second time. --db is not used.
+
+    \b
+    Example:
+        handoff copy handoff.db postgresql://handoff@db.internal:5432/ledger
+    """
+    from handoff.api import copy_ledger
+
+    doc = copy_ledger(src, dst, run_ids=list(runs) or None, busy_timeout_s=_state().busy_timeout)
+    _emit(doc, as_json, f"copied {doc['imported']} events of {doc['runs']} runs from {doc['src']} to {doc['dst']} "
+                        f"({doc['skipped']} were already there); {doc['checked']} runs fold the same on both")
+
+
 @main.command("contract-schema")
 @json_option
 def contract_schema(as_json: bool) -> None:
@@ -1834,6 +1860,9 @@ altered append-only trigger, and makes doctor exit 4.
 itself and the hashes hex; with `-o FILE --json` it prints `{"output", "events", "runs"}`.
 **backup**: `{"path", "positions", "head", "bytes", "runs"}`: the copy's absolute path, its
 last position, its head digest, its size and its number of streams.
+**copy**: `{"imported", "skipped", "runs", "src", "dst", "checked"}`: the import's counts,
+both addresses as the stores name them (no password), and how many runs were folded on
+both sides and found identical. A copy that does not verify or fold the same exits 4.
 **import**: `{"imported", "skipped", "runs"}` (events written, events already present,
 runs in the file). A line that does not decode, breaks its run's chain, does not match
 its hash or is malformed (actor, time, size, a repeated key) refuses the whole import with

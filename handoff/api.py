@@ -23,7 +23,7 @@ from handoff.ledger.files import check_path
 from handoff.ledger import events as ev
 from handoff.ledger.backends import open_store
 from handoff.ledger.errors import (
-    ClaimAlreadyMade, HeadAnchorBroken, HistoryRefused, InvalidInput, LedgerError, StaleLease, StoreUnavailable,
+    ClaimAlreadyMade, DamageFound, HeadAnchorBroken, HistoryRefused, InvalidInput, LedgerError, StaleLease, StoreUnavailable,
     TargetAppeared, UnknownRun,
 )
 from handoff.ledger.store import (
@@ -1272,6 +1272,38 @@ def init_ledger(path: str | os.PathLike[str], *, busy_timeout_s: float = 5.0) ->
 
 
 # --- importing into a file that does not exist yet ------------------------------------
+
+
+def copy_ledger(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, run_ids: list[str] | None = None,
+                busy_timeout_s: float = 5.0) -> dict[str, Any]:
+    """Copy runs (all by default) from the ledger at ``src`` to the one at ``dst``, any two
+    addresses (a SQLite file and a PostgreSQL database, either way round), then prove it.
+
+    The events stream from ``src``'s export into ``import_into(dst)``: the same rules and
+    all-or-nothing as ``handoff import``, memory flat. Afterwards ``dst`` must verify clean
+    and fold every copied run to exactly the checkpoint ``src`` folds it to; otherwise
+    ``DamageFound`` (exit 4) names the run. Returns the import's counts plus ``"src"``,
+    ``"dst"`` (addresses as the stores show them, no password) and ``"checked"`` (runs
+    compared).
+    """
+    src_s, dst_s = check_path(src, "src"), check_path(dst, "dst")
+    with Ledger(src_s, create=False, busy_timeout_s=busy_timeout_s) as source:
+        counts = import_into(dst_s, source.export(run_ids), busy_timeout_s=busy_timeout_s)
+        with Ledger(dst_s, create=False, busy_timeout_s=busy_timeout_s) as target:
+            problems = target.verify()
+            if problems:
+                raise DamageFound(f"the copy in {target.store.path} does not verify: {problems[0].message}",
+                                  problems=len(problems))
+            checked = 0
+            wanted = None if run_ids is None else set(run_ids)
+            for head in source.store.list_runs():
+                if wanted is not None and head.run_id not in wanted:
+                    continue
+                if source.store.fold(head.run_id, AGGREGATE) != target.store.fold(head.run_id, AGGREGATE):
+                    raise DamageFound(f"run {head.run_id} folds differently in {target.store.path} than in "
+                                      f"{source.store.path} after the copy", run_id=head.run_id)
+                checked += 1
+            return {**counts, "src": source.store.path, "dst": target.store.path, "checked": checked}
 
 
 def import_into(
