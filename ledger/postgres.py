@@ -76,7 +76,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 S = TypeVar("S")
 
 #: Layout version of the database schema (tables, indexes, triggers), kept in handoff_meta.
-PG_SCHEMA_VERSION = 1
+PG_SCHEMA_VERSION = 2
 FORMAT_NAME = "handoff-ledger"
 PAGE = 1000
 _TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
@@ -122,6 +122,17 @@ APPEND_ONLY_TRIGGERS = {
     "FOR EACH STATEMENT EXECUTE FUNCTION handoff_refuse_change()",
 }
 
+#: Who wrote each event, said by the server: whatever an INSERT sends for ``db_role``,
+#: the row keeps the session's role (a client cannot name another). verify checks it too.
+STAMP_FUNCTION = (
+    "CREATE FUNCTION handoff_stamp_role() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+    "NEW.db_role := session_user; RETURN NEW; END $$"
+)
+ROLE_TRIGGERS = {
+    "events_stamp_role": "CREATE TRIGGER events_stamp_role BEFORE INSERT ON events "
+    "FOR EACH ROW EXECUTE FUNCTION handoff_stamp_role()",
+}
+
 _SCHEMA = [
     "CREATE TABLE handoff_meta (key text PRIMARY KEY, value text NOT NULL)",
     # The log. db_role is the role that inserted the row, filled in by the server.
@@ -143,11 +154,15 @@ _SCHEMA = [
     "CREATE INDEX heads_first ON heads (first_position)",
     REFUSE_FUNCTION,
     *APPEND_ONLY_TRIGGERS.values(),
+    STAMP_FUNCTION,
+    *ROLE_TRIGGERS.values(),
 ]
 
 #: Migrations from an older schema version: {from_version: [statements]}. Run in one
 #: transaction under the tail lock by the first writable open; none exist yet.
-MIGRATIONS: dict[int, list[str]] = {}
+MIGRATIONS: dict[int, list[str]] = {
+    1: [STAMP_FUNCTION, *ROLE_TRIGGERS.values()],  # 2: db_role stamped by a trigger, not a default
+}
 
 
 def global_link(prev_global: bytes, position: int, event_hash: bytes) -> bytes:
@@ -991,11 +1006,12 @@ class PostgresStore(EventStore):
         out = []
         advice = ("Someone changed the database behind the store; check the log against a head "
                   "digest kept elsewhere, and restore from a backup")
-        for name, sql in APPEND_ONLY_TRIGGERS.items():
+        for name, sql in {**APPEND_ONLY_TRIGGERS, **ROLE_TRIGGERS}.items():
             if name not in have:
+                what = ("events can be changed or deleted without any error" if name in APPEND_ONLY_TRIGGERS
+                        else "a client can now write any role into db_role")
                 out.append(Problem("trigger_missing", None, None, None,
-                                   f"the append-only trigger {name} is gone: events can be changed or "
-                                   f"deleted without any error. {advice}"))
+                                   f"the trigger {name} is gone: {what}. {advice}"))
                 continue
             defn, enabled = have[name]
             if _norm(defn) != _norm(sql):
@@ -1006,12 +1022,13 @@ class PostgresStore(EventStore):
                 out.append(Problem("trigger_disabled", None, None, None,
                                    f"the append-only trigger {name} is disabled (ALTER TABLE ... DISABLE "
                                    f"TRIGGER or session_replication_role): it refuses nothing. {advice}"))
-        row = self._x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_refuse_change' "
-                       "AND pronamespace = current_schema()::regnamespace").fetchone()
-        body = REFUSE_FUNCTION.split("$$")[1]
-        if row is None or _norm(row[0]) != _norm(body):
-            out.append(Problem("trigger_altered", None, None, None,
-                               f"the function the append-only triggers call was changed or dropped. {advice}"))
+        for fn, create in (("handoff_refuse_change", REFUSE_FUNCTION), ("handoff_stamp_role", STAMP_FUNCTION)):
+            row = self._x("SELECT prosrc FROM pg_proc WHERE proname = %s "
+                          "AND pronamespace = current_schema()::regnamespace", (fn,)).fetchone()
+            if row is None or _norm(row[0]) != _norm(create.split("$$")[1]):
+                out.append(Problem("trigger_altered", None, None, None,
+                                   f"the function {fn}, which the ledger's triggers call, was changed or "
+                                   f"dropped. {advice}"))
         return out
 
     def append_only_problems(self) -> list[Problem]:
