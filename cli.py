@@ -260,13 +260,20 @@ def key_option(f: Any) -> Any:
                         help="Idempotency key: repeating the same command with it writes nothing new.")(f)
 
 
+def _printable(text: str) -> str:
+    """Text with any undecodable byte of a file name (a lone surrogate) shown as \\xNN."""
+    if _undecodable(text) is None:
+        return text
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def _emit(doc: dict[str, Any], as_json: bool, text: str | None) -> None:
     if as_json:
         import json
 
-        click.echo(json.dumps(doc, indent=2, ensure_ascii=False, default=str))
+        click.echo(_printable(json.dumps(doc, indent=2, ensure_ascii=False, default=str)))
     elif text is not None:
-        click.echo(text)
+        click.echo(_printable(text))
 
 
 def _report(out: Any, as_json: bool, did: str, **extra: Any) -> None:
@@ -1567,6 +1574,50 @@ def copy_(src: str, dst: str, runs: tuple[str, ...], as_json: bool) -> None:
     doc = copy_ledger(src, dst, run_ids=list(runs) or None, busy_timeout_s=_state().busy_timeout)
     _emit(doc, as_json, f"copied {doc['imported']} events of {doc['runs']} runs from {doc['src']} to {doc['dst']} "
                         f"({doc['skipped']} were already there); {doc['checked']} runs fold the same on both")
+
+
+@main.command("roles")
+@click.option("--sql", "as_sql", is_flag=True, help="Print the SQL that creates the roles and grants (required).")
+@click.option("--prefix", default="handoff", show_default=True, metavar="NAME",
+              help="Role names are NAME_writer, NAME_watchdog and NAME_auditor.")
+@json_option
+def roles(as_sql: bool, prefix: str, as_json: bool) -> None:
+    """Print the least-privilege roles of a PostgreSQL ledger as SQL, for its owner to run.
+
+    Three group roles (NOLOGIN), for the schema the --db address opens: NAME_writer
+    (workers, the CLI: open, claim, append) and NAME_watchdog (reads and appends) may
+    INSERT into the log and keep the heads, tail and view tables, but never UPDATE,
+    DELETE or TRUNCATE the log; NAME_auditor may only read (status, log, verify, export).
+    None may create tables: 'rebuild' stays with the ledger's owner, and refuses any
+    other role with exit 3. Run the SQL once as the owner, after 'init' (it is
+    idempotent), then make login roles members: GRANT NAME_writer TO worker1.
+    This command itself changes nothing. See docs/postgres.md, roles. With --json:
+    {"schema": ..., "roles": {"writer": NAME_writer, ...}, "sql": ...}.
+
+    \b
+    Example:
+        handoff --db postgresql://owner@db:5432/ledger roles --sql | psql postgresql://owner@db:5432/ledger
+    """
+    from handoff.ledger.backends import open_store, parse
+    from handoff.ledger.errors import InvalidInput
+
+    if not as_sql:
+        raise click.UsageError("say what to print: handoff roles --sql")
+    st = _state()
+    if parse(st.db).backend != "postgresql":
+        raise InvalidInput(
+            f"roles are for a PostgreSQL ledger, and {st.db} is an SQLite file: its access is "
+            "the file's permissions", field="db")
+    with open_store(st.db, readonly=True, create=False, busy_timeout_s=st.busy_timeout) as store:
+        schema = store.schema_name()
+    from handoff.ledger.postgres import roles_sql
+
+    sql = roles_sql(schema, prefix)
+    if as_json:
+        _emit({"schema": schema, "roles": {g: f"{prefix}_{g}" for g in ("writer", "watchdog", "auditor")},
+               "sql": sql}, True, None)
+    else:
+        click.echo(sql, nl=False)
 
 
 @main.command("contract-schema")

@@ -1065,6 +1065,15 @@ class PostgresStore(EventStore):
 
     # --- the rest of the interface ---------------------------------------------------
 
+    def schema_name(self) -> str:
+        """The database schema the ledger lives in (the session's current schema)."""
+        with self._lock, self._mapped("reading the schema name"):
+            return str(self._x("SELECT current_schema()").fetchone()[0])
+
+    def roles_sql(self, prefix: str = "handoff") -> str:
+        """``roles_sql`` for this ledger's schema."""
+        return roles_sql(self.schema_name(), prefix)
+
     @property
     def views(self) -> Any:
         if self._views is None:
@@ -1142,3 +1151,101 @@ class PostgresTransaction(Transaction):
     @property
     def views(self) -> Any:
         return self._store.views
+
+
+# --- least-privilege roles ---------------------------------------------------------------
+
+_ROLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
+#: The tables of the ledger proper. Every other table in the schema is a view table or a
+#: projection's tracking/version table, which appends keep inline.
+_LEDGER_TABLES = ("events", "heads", "ledger_tail", "handoff_meta")
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def roles_sql(schema: str, prefix: str = "handoff") -> str:
+    """The SQL that creates the ledger's least-privilege group roles in ``schema``.
+
+    Three NOLOGIN roles (``<prefix>_writer``, ``<prefix>_watchdog``, ``<prefix>_auditor``);
+    make LOGIN roles members of them (``GRANT handoff_writer TO worker_host1``). Writer and
+    watchdog may append (INSERT on ``events``, never UPDATE, DELETE or TRUNCATE; the
+    heads, tail and view tables kept inline); the auditor only reads. None may create
+    tables, so a projection rebuild (shadow tables swapped in) stays the owner's. Run it
+    as the role that owns the ledger, after ``handoff init``: the default privileges it
+    sets apply to the tables that role creates later (a rebuild's, a new projection's).
+    Idempotent: running it twice changes nothing.
+    """
+    if not _ROLE_NAME.fullmatch(prefix):
+        raise InvalidInput(f"a role prefix is lower-case letters, digits and _, not {prefix!r}", field="prefix")
+    if not schema or "\x00" in schema:
+        raise InvalidInput(f"{schema!r} is not a schema name", field="schema")
+    s = _quote_ident(schema)
+    writer, watchdog, auditor = (f"{prefix}_{r}" for r in ("writer", "watchdog", "auditor"))
+    appenders = f"{writer}, {watchdog}"
+    everyone = f"{writer}, {watchdog}, {auditor}"
+    lit = "'" + f"{s}.events".replace("'", "''") + "'"
+    out = [
+        f"-- handoff-ledger least-privilege roles for schema {schema} (docs/postgres.md, roles).",
+        "-- Run as the role that owns the ledger's tables, after 'handoff init'.",
+        "BEGIN;",
+    ]
+    for role, what in ((writer, "workers and the CLI: open, claim, append"),
+                       (watchdog, "the watchdog: reads and appends (expiries, stalls)"),
+                       (auditor, "auditors and dashboards: reads only")):
+        out += [
+            f"-- {role}: {what}",
+            "DO $$ BEGIN",
+            f"  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN",
+            f"    CREATE ROLE {role} NOLOGIN;",
+            "  END IF;",
+            "END $$;",
+        ]
+    out += [
+        "DO $$ BEGIN",
+        f"  EXECUTE format('GRANT CONNECT ON DATABASE %I TO {everyone}', current_database());",
+        "END $$;",
+        f"GRANT USAGE ON SCHEMA {s} TO {everyone};",
+        # View tables, tracking and version tables: whatever the schema holds besides the ledger.
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {s} TO {appenders};",
+        f"GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {auditor};",
+        f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {appenders};",
+        # The ledger proper: exactly what an append needs.
+        *(f"REVOKE ALL ON {s}.{t} FROM {appenders};" for t in _LEDGER_TABLES),
+        f"GRANT SELECT, INSERT ON {s}.events TO {appenders};",
+        f"GRANT SELECT, INSERT, UPDATE ON {s}.heads, {s}.ledger_tail TO {appenders};",
+        f"GRANT SELECT ON {s}.handoff_meta TO {appenders};",
+        # Tables the owner creates later (a rebuild's swapped-in tables, a new projection).
+        f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {appenders};",
+        f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT SELECT ON TABLES TO {auditor};",
+        f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT USAGE ON SEQUENCES TO {appenders};",
+        # Belt and braces: the log is never changed, whoever granted what before.
+        f"REVOKE UPDATE, DELETE, TRUNCATE ON {s}.events FROM {everyone};",
+        f"REVOKE CREATE ON SCHEMA {s} FROM {everyone};",
+        f"-- check: SELECT has_table_privilege('{writer}', {lit}, 'DELETE');  -- false",
+        "COMMIT;",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def rebuild_refusal(store: PostgresStore) -> str | None:
+    """Why this session may not rebuild projections (None if it may): a rebuild creates
+    shadow tables and drops and renames the old ones, which needs CREATE on the schema
+    and ownership of the view tables."""
+    row = store._x(
+        "SELECT current_user, current_schema(), has_schema_privilege(current_schema(), 'CREATE'), "
+        "(SELECT count(*) FROM pg_tables WHERE schemaname = current_schema() "
+        " AND tablename <> ALL(%s) AND NOT pg_has_role(tableowner, 'USAGE'))",
+        (list(_LEDGER_TABLES),),
+    ).fetchone()
+    user, schema, may_create, foreign = row
+    if may_create and not foreign:
+        return None
+    return (
+        f"rebuilding projections creates, drops and renames tables, and the role {user} "
+        + ("has no CREATE on the schema " + str(schema) if not may_create else
+           f"does not own {foreign} of the view tables in the schema {schema}")
+        + f" on {store.path}; nothing was changed. A role with CREATE on the schema that owns "
+        "its tables (the one that ran 'handoff init') must run it (docs/postgres.md, roles)"
+    )

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidInput
+from .errors import InvalidInput, StoreUnavailable
 from .views import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewStore
 
 if TYPE_CHECKING:
@@ -220,6 +220,11 @@ class PostgresViewStore(ViewStore):
     # --- rebuild ----------------------------------------------------------------------
 
     def create_shadows(self, specs: Sequence[TableSpec]) -> list[Table]:
+        from .postgres import rebuild_refusal
+
+        why = rebuild_refusal(self._store)
+        if why is not None:  # a writer or auditor role: typed, before any psycopg error
+            raise StoreUnavailable(why)
         out = []
         for spec in specs:
             tmp = _ident(spec.name) + "__new"
