@@ -165,7 +165,7 @@ def test_the_checker_allows_pure_code(source: str) -> None:
 
 
 def test_the_library_does_not_need_hypothesis() -> None:
-    """Only tests import reducers/testing.py; the library runs without hypothesis installed."""
+    """Only tests import the kit (handoff/testing); the library runs without hypothesis installed."""
     code = (
         "import sys\n"
         "import handoff, handoff.reducers.checkpoint, handoff.reducers.decide, handoff.reducers.stall\n"
