@@ -1562,7 +1562,8 @@ def copy_(src: str, dst: str, runs: tuple[str, ...], as_json: bool) -> None:
     or postgresql://USER@HOST:PORT/DB, either way round. The events go through the same
     checks as 'import' (all or nothing; into a file that does not exist yet, the ledger
     appears only when the copy succeeded); then DST must verify clean and fold every
-    copied run to exactly what SRC folds it to, or the command exits 4 naming the run.
+    copied run to exactly what SRC folds it to, or the command exits 4 naming the run
+    (what was imported stays: exit 4 says DST cannot be trusted as a copy).
     Copying twice changes nothing the second time. --db is not used.
 
     \b

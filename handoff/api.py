@@ -1282,7 +1282,8 @@ def copy_ledger(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, run
     The events stream from ``src``'s export into ``import_into(dst)``: the same rules and
     all-or-nothing as ``handoff import``, memory flat. Afterwards ``dst`` must verify clean
     and fold every copied run to exactly the checkpoint ``src`` folds it to; otherwise
-    ``DamageFound`` (exit 4) names the run. Returns the import's counts plus ``"src"``,
+    ``DamageFound`` (exit 4) names the run (what was imported stays: the error says the
+    destination cannot be trusted as a copy, it does not undo the import). Returns the import's counts plus ``"src"``,
     ``"dst"`` (addresses as the stores show them, no password) and ``"checked"`` (runs
     compared).
     """

@@ -1186,8 +1186,11 @@ def roles_sql(schema: str, prefix: str = "handoff") -> str:
     appenders = f"{writer}, {watchdog}"
     everyone = f"{writer}, {watchdog}, {auditor}"
     lit = "'" + f"{s}.events".replace("'", "''") + "'"
+    # The name in a comment line: a control character (a newline) would end the comment and
+    # turn the rest of a crafted schema name into SQL.
+    shown = re.sub(r"[\x00-\x1f\x7f]", "?", schema)
     out = [
-        f"-- handoff-ledger least-privilege roles for schema {schema} (docs/postgres.md, roles).",
+        f"-- handoff-ledger least-privilege roles for schema {shown} (docs/postgres.md, roles).",
         "-- Run as the role that owns the ledger's tables, after 'handoff init'.",
         "BEGIN;",
     ]

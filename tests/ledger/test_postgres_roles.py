@@ -173,3 +173,16 @@ def test_a_writers_rebuild_is_refused_typed_and_the_owners_keeps_the_grants(role
         assert lg.verify() == []
     with Ledger(roles.url("auditor")) as lg:
         assert lg.checkpoint("r3").worker == "w3"
+
+
+def test_a_schema_name_cannot_end_the_comment_and_add_sql():
+    """A schema named with a newline is shown in the script's comment without it; in the
+    statements it only appears quoted."""
+    from handoff.ledger.postgres import roles_sql
+
+    name = 's\nDROP TABLE events; --'
+    sql = roles_sql(name, "handoff")
+    first = sql.splitlines()[0]
+    assert first.startswith("-- ") and "s?DROP TABLE events" in first  # one comment line
+    # Everywhere else the name is a quoted identifier: the newline stays inside the quotes.
+    assert sql.count(name) == sql.count(f'"{name}"') > 0
