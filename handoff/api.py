@@ -1019,7 +1019,8 @@ class Ledger:
             streams = 1
         return {"ok": not problems and not diffs, "run_id": run_id, "events": events, "streams": streams,
                 "problems": problems, "projections": diffs, "anchors": len(anchors),
-                "skipped": list(VERIFY_RUN_SKIPS) if run_id is not None else []}
+                "skipped": list(VERIFY_RUN_SKIPS) if run_id is not None else [],
+                "db_roles": self.store.db_role_counts(run_id)}
 
     def export(self, run_ids: list[str] | None = None) -> Iterator[bytes]:
         """Each event as one JSON line (docs/cli.md), in global order; forks bring their parents.
@@ -1039,8 +1040,21 @@ class Ledger:
                     first = next(iter(self.store.read_run(rid, until_seq=1)), None)
                     fork = first.event if first is not None else None
                     rid = fork.parent if isinstance(fork, ev.RunForked) else None
-        for rec, digest, size in self.store.read_for_export(wanted):
-            yield portable.to_line(rec, digest, size)
+        # Who inserted each event, where the server says it (PostgreSQL), a page at a time.
+        page: list[tuple[Recorded, bytes | None, int]] = []
+        for item in self.store.read_for_export(wanted):
+            page.append(item)
+            if len(page) == 1000:
+                yield from self._export_page(page)
+                page = []
+        yield from self._export_page(page)
+
+    def _export_page(self, page: list[Any]) -> Iterator[bytes]:
+        if not page:
+            return
+        roles = self.store.db_roles(page[0][0].position, page[-1][0].position)
+        for rec, digest, size in page:
+            yield portable.to_line(rec, digest, size, roles.get(rec.position))
 
     # --- copies and head digests (docs/reliability.md, "Copies and anchors") ----------
 

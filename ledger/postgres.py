@@ -725,6 +725,22 @@ class PostgresStore(EventStore):
         conn.execute(f"LISTEN {notify_channel(schema)}")
         self._listener = conn
 
+    def db_roles(self, first_position: int, last_position: int) -> dict[int, str]:
+        with self._lock, self._mapped("reading who wrote the events"):
+            return dict(self._x(
+                "SELECT o.position, e.db_role FROM ledger_order o JOIN events e ON e.id = o.event_id "
+                "WHERE o.position BETWEEN %s AND %s", (first_position, last_position),
+            ).fetchall())
+
+    def db_role_counts(self, run_id: str | None = None) -> dict[str, int]:
+        with self._lock, self._mapped("reading who wrote the events"):
+            if run_id is None:
+                rows = self._x("SELECT db_role, count(*) FROM events GROUP BY db_role ORDER BY db_role")
+            else:
+                rows = self._x("SELECT db_role, count(*) FROM events WHERE run_id=%s GROUP BY db_role "
+                               "ORDER BY db_role", (run_id,))
+            return {r: n for r, n in rows}
+
     def unsealed_count(self) -> int:
         with self._lock, self._mapped("counting unsealed events"):
             return self._x("SELECT count(*) FROM unsealed").fetchone()[0]

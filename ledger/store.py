@@ -531,6 +531,16 @@ class EventStore(abc.ABC):
         """How many events and streams the ledger holds."""
         return {"events": self.last_position(), "runs": self.count_runs()}
 
+    def db_roles(self, first_position: int, last_position: int) -> dict[int, str]:
+        """The database role that inserted each event in the positions given, as the
+        server recorded it ({} here: where there is no server, the actor is all there is,
+        and it is self-declared). ``log``, ``export`` and ``verify`` show it."""
+        return {}
+
+    def db_role_counts(self, run_id: str | None = None) -> dict[str, int]:
+        """How many events each database role inserted (the whole ledger, or one run)."""
+        return {}
+
     def wait_for_events(self, after_position: int, timeout_s: float) -> int:
         """Wait until the ledger holds an event after ``after_position``, or ``timeout_s``
         passes; return the last position either way. What a tailing reader (``log
