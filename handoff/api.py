@@ -380,6 +380,7 @@ class Ledger:
         store: EventStore | None = None,
     ) -> None:
         self.clock = clock or now_us
+        self._holders: dict[tuple[str, int], str] = {}
         if store is not None:
             if not isinstance(store, EventStore):
                 raise InvalidInput(f"store must be an EventStore, got {type(store).__name__}", field="store")
@@ -634,18 +635,30 @@ class Ledger:
         if not text.isdigit():
             return None
         number = int(text)
+        # A lease number names one grant of one run for good: its holder is looked up once
+        # per process (a read before the write: a round trip on a server).
+        known = self._holders.get((run_id, number))
+        if known is not None:
+            return known
         try:
             head = self.store.head(run_id)
         except LedgerError:  # a malformed run id: the write itself will say so
             return None
         if head is None:
             return None
+        holder = None
         if head.lease_holder and head.lease == number:
-            return head.lease_holder
-        for rec in self.store.read_run(run_id):
-            if rec.type == "lease_granted" and rec.event.lease == number:  # type: ignore[attr-defined]
-                return rec.event.worker  # type: ignore[attr-defined]
-        return None
+            holder = head.lease_holder
+        else:
+            for rec in self.store.read_run(run_id):
+                if rec.type == "lease_granted" and rec.event.lease == number:  # type: ignore[attr-defined]
+                    holder = rec.event.worker  # type: ignore[attr-defined]
+                    break
+        if holder is not None:
+            if len(self._holders) > 4096:
+                self._holders.clear()
+            self._holders[(run_id, number)] = holder
+        return holder
 
     def _actor(self, run_id: str, token: LeaseToken | None, actor: Actor | None, by: str | None,
                worker: str | None = None) -> Actor:

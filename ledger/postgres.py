@@ -112,6 +112,15 @@ _UPSERT_HEAD = (
     "lease_holder=excluded.lease_holder, max_lease=excluded.max_lease, "
     "last_position=excluded.last_position"
 )
+#: A repeated key's earlier batch: its first seq and write id, the request's digest, size
+#: and actor, and every event's write id and position (null while waiting to be sealed).
+_DUPLICATE = (
+    "SELECT d.seq, d.id, d.idem_digest, d.batch_size, d.actor, "
+    "array_agg(e.id ORDER BY e.seq), array_agg(o.position ORDER BY e.seq) FROM events d "
+    "JOIN events e ON e.run_id = d.run_id AND e.seq BETWEEN d.seq AND d.seq + d.batch_size - 1 "
+    "LEFT JOIN ledger_order o ON o.event_id = e.id "
+    "WHERE d.run_id=%s AND d.idem_key=%s GROUP BY d.seq, d.id, d.idem_digest, d.batch_size, d.actor"
+)
 _HEAD_SELECT = (
     "SELECT run_id, last_seq, last_hash, lease, lease_holder, first_position, "
     "last_position, max_lease, lease_digest FROM heads WHERE run_id=%s"
@@ -771,11 +780,12 @@ class PostgresStore(EventStore):
                                             max_lease if max_lease is not None else 0)
 
     def _duplicate(self, run_id: str, key: str, digest: bytes, actor: str,
-                   row: Sequence[Any] | None) -> tuple[int, int, list[int]] | None:
-        """The earlier batch a repeated key names: (first seq, last seq, its write ids)."""
+                   row: Sequence[Any] | None) -> tuple[int, int, list[int], list[int | None]] | None:
+        """The earlier batch a repeated key names: (first seq, last seq, its write ids,
+        their positions, None where one still waits to be sealed)."""
         if row is None:
             return None
-        seq, first_id, stored, size, by = row
+        seq, first_id, stored, size, by, ids, positions = row
         # The digest covers the actor; the second test stops an imported line whose digest
         # was copied from another actor's request (see ledger/sqlite.py).
         if _b(stored) != digest or by != actor:
@@ -784,11 +794,7 @@ class PostgresStore(EventStore):
                 "different request; use a new key for a new request",
                 run_id=run_id, seq=seq,
             )
-        ids = [r[0] for r in self._x(
-            "SELECT id FROM events WHERE run_id=%s AND seq BETWEEN %s AND %s ORDER BY seq",
-            (run_id, seq, seq + size - 1),
-        )]
-        return seq, seq + size - 1, ids
+        return seq, seq + size - 1, list(ids), list(positions)
 
     def _positions_of(self, ids: Sequence[int]) -> tuple[int, ...]:
         """The ledger positions of these write ids, sealing them first if they still wait
@@ -950,10 +956,7 @@ class PostgresStore(EventStore):
                     conn.execute("SELECT pg_advisory_xact_lock_shared(%s, %s), pg_advisory_xact_lock(%s, %s)",
                                  (_LEDGER_NS, _MAINTENANCE, _RUN_LOCK_NS, self._run_key(run_id)))
                     c_head = conn.execute(_HEAD_SELECT + " FOR UPDATE", (run_id,))
-                    c_dup = conn.execute(
-                        "SELECT seq, id, idem_digest, batch_size, actor FROM events WHERE run_id=%s AND idem_key=%s",
-                        (run_id, idempotency_key),
-                    ) if idempotency_key else None
+                    c_dup = conn.execute(_DUPLICATE, (run_id, idempotency_key)) if idempotency_key else None
                     c_id = conn.execute("SELECT nextval('events_id_seq')")
                     c_steps = conn.execute(
                         "SELECT seq, type, recorded_us, payload, hash FROM events WHERE run_id=%s AND seq>=%s "
@@ -962,11 +965,16 @@ class PostgresStore(EventStore):
                 head, max_lease, lease_digest = _head(c_head.fetchone(), digest=True)
                 dup = (self._duplicate(run_id, idempotency_key, digest, actor, c_dup.fetchone())  # type: ignore[arg-type]
                        if c_dup is not None else None)
-                if dup is not None:
+                if dup is not None:  # nothing to write: end the transaction (the second round trip)
+                    state = None
+                    if aggregate is not None:
+                        state = (self._state_from(run_id, aggregate, head, cached, c_steps.fetchall())
+                                 if c_steps is not None else _MISSING)
                     self._finish(True, doing)
                     done = True
-                    positions = self._positions_of(dup[2])
-                    state = self._state(run_id, aggregate, head) if aggregate is not None else None
+                    if state is _MISSING:
+                        state = self._state(run_id, aggregate, head)  # type: ignore[arg-type]
+                    positions = (tuple(dup[3]) if None not in dup[3] else self._positions_of(dup[2]))
                     return AppendResult(run_id, "duplicate", dup[0], dup[1], positions), state
                 if token is not None:
                     self._check_token(run_id, head, max_lease, token, lease_digest)
