@@ -1375,6 +1375,9 @@ def verify(run: str | None, expect_head: tuple[str, ...], as_json: bool) -> None
                        + (f"; the ledger still holds {len(expect_head)} head digest(s)" if expect_head else ""))
             if skipped:
                 click.echo("not checked: " + "; ".join(skipped))
+            if doc["db_roles"]:  # the server's word on who inserted the events (PostgreSQL)
+                click.echo("written by database roles: "
+                           + ", ".join(f"{role} ({n} events)" for role, n in doc["db_roles"].items()))
         else:
             if probs:
                 click.echo(R.table(["PROBLEM", "RUN", "SEQ", "POSITION", "DETAIL"],
@@ -1892,11 +1895,14 @@ action), `duplicate` (already recorded), `failed` (it would be refused, a key ta
 another request included; `reason` says why) or `skipped` (the run moved on).
 
 **verify**: `{"ok", "run_id", "events", "streams", "problems": [{"kind", "run_id",
-"seq", "position", "message"}], "projections": [difference, ...], "anchors", "skipped"}`.
+"seq", "position", "message"}], "projections": [difference, ...], "anchors", "skipped",
+"db_roles"}`.
 Ledger-wide problems (`global_chain`, `position_gap`, `head_anchor`, `trigger_missing`,
 `trigger_altered`) are reported with or without RUN; `run_id` is null for the last three.
 `anchors` counts the `--expect-head` digests checked; `skipped` lists, in words, what a
-`verify RUN` did not look at (empty for the whole ledger).
+`verify RUN` did not look at (empty for the whole ledger). `db_roles`: how many events
+each database role inserted, as the PostgreSQL server recorded it (`{}` on SQLite, where
+the actor is self-declared).
 **head**: `{"digest", "position", "global_hash", "path", "previous"}`: `digest` is
 `POSITION:HASH`; with `--write`, `path` is the file written and `previous` the digest it
 held before (null when new).
@@ -1909,7 +1915,9 @@ altered append-only trigger, and makes doctor exit 4.
 **export** writes JSON Lines, one event per line: `{"run_id", "seq", "type", "actor",
 "lease", "idempotency_key", "recorded_us", "schema_version", "payload", "prev_hash",
 "hash", "position", "idempotency_digest", "batch_size"}`, `payload` being the event
-itself and the hashes hex; with `-o FILE --json` it prints `{"output", "events", "runs"}`.
+itself and the hashes hex, plus `"db_role"` on PostgreSQL (the role the server recorded
+inserting the event; an import reads it and ignores it: the importing role is recorded);
+with `-o FILE --json` it prints `{"output", "events", "runs"}`.
 **backup**: `{"path", "positions", "head", "bytes", "runs"}`: the copy's absolute path, its
 last position, its head digest, its size and its number of streams.
 **copy**: `{"imported", "skipped", "runs", "src", "dst", "checked"}`: the import's counts,

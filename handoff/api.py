@@ -380,6 +380,7 @@ class Ledger:
         store: EventStore | None = None,
     ) -> None:
         self.clock = clock or now_us
+        self._holders: dict[tuple[str, int], str] = {}
         if store is not None:
             if not isinstance(store, EventStore):
                 raise InvalidInput(f"store must be an EventStore, got {type(store).__name__}", field="store")
@@ -634,18 +635,30 @@ class Ledger:
         if not text.isdigit():
             return None
         number = int(text)
+        # A lease number names one grant of one run for good: its holder is looked up once
+        # per process (a read before the write: a round trip on a server).
+        known = self._holders.get((run_id, number))
+        if known is not None:
+            return known
         try:
             head = self.store.head(run_id)
         except LedgerError:  # a malformed run id: the write itself will say so
             return None
         if head is None:
             return None
+        holder = None
         if head.lease_holder and head.lease == number:
-            return head.lease_holder
-        for rec in self.store.read_run(run_id):
-            if rec.type == "lease_granted" and rec.event.lease == number:  # type: ignore[attr-defined]
-                return rec.event.worker  # type: ignore[attr-defined]
-        return None
+            holder = head.lease_holder
+        else:
+            for rec in self.store.read_run(run_id):
+                if rec.type == "lease_granted" and rec.event.lease == number:  # type: ignore[attr-defined]
+                    holder = rec.event.worker  # type: ignore[attr-defined]
+                    break
+        if holder is not None:
+            if len(self._holders) > 4096:
+                self._holders.clear()
+            self._holders[(run_id, number)] = holder
+        return holder
 
     def _actor(self, run_id: str, token: LeaseToken | None, actor: Actor | None, by: str | None,
                worker: str | None = None) -> Actor:
@@ -1019,7 +1032,8 @@ class Ledger:
             streams = 1
         return {"ok": not problems and not diffs, "run_id": run_id, "events": events, "streams": streams,
                 "problems": problems, "projections": diffs, "anchors": len(anchors),
-                "skipped": list(VERIFY_RUN_SKIPS) if run_id is not None else []}
+                "skipped": list(VERIFY_RUN_SKIPS) if run_id is not None else [],
+                "db_roles": self.store.db_role_counts(run_id)}
 
     def export(self, run_ids: list[str] | None = None) -> Iterator[bytes]:
         """Each event as one JSON line (docs/cli.md), in global order; forks bring their parents.
@@ -1039,8 +1053,21 @@ class Ledger:
                     first = next(iter(self.store.read_run(rid, until_seq=1)), None)
                     fork = first.event if first is not None else None
                     rid = fork.parent if isinstance(fork, ev.RunForked) else None
-        for rec, digest, size in self.store.read_for_export(wanted):
-            yield portable.to_line(rec, digest, size)
+        # Who inserted each event, where the server says it (PostgreSQL), a page at a time.
+        page: list[tuple[Recorded, bytes | None, int]] = []
+        for item in self.store.read_for_export(wanted):
+            page.append(item)
+            if len(page) == 1000:
+                yield from self._export_page(page)
+                page = []
+        yield from self._export_page(page)
+
+    def _export_page(self, page: list[Any]) -> Iterator[bytes]:
+        if not page:
+            return
+        roles = self.store.db_roles(page[0][0].position, page[-1][0].position)
+        for rec, digest, size in page:
+            yield portable.to_line(rec, digest, size, roles.get(rec.position))
 
     # --- copies and head digests (docs/reliability.md, "Copies and anchors") ----------
 

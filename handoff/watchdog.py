@@ -350,10 +350,13 @@ def watch_forever(
         raise InvalidInput(f"watcher name must be text, got {type(name).__name__}", field="watcher")
     check_run_id(WATCHER_PREFIX + name, "watcher")
     sightings = Sightings()
+    store = ledger.store
     while not should_stop():
         started = time.monotonic()
         now = ledger.clock()
+        seen = -1  # unknown: the first wait below reads where the log ends
         try:
+            seen = store.last_position()
             actions = watch_once(ledger, name=name, now_us=now, interval_s=interval_s, on_action=on_action,
                                  sightings=sightings, mono_s=started)
         except LedgerError as exc:
@@ -363,9 +366,22 @@ def watch_forever(
         else:
             if on_pass is not None:
                 on_pass(now, actions)
+        # Sleep until the interval is over, or wake early when new events arrive (a new
+        # run, a claim, a close can move a deadline), but never pass more often than
+        # once a second: the store's wait is LISTEN/NOTIFY on PostgreSQL, a poll here.
         deadline = started + interval_s
+        soonest = started + min(interval_s, 1.0)
         while not should_stop() and time.monotonic() < deadline:
-            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+            left = deadline - time.monotonic()
+            try:
+                last = store.wait_for_events(max(seen, 0), max(0.0, min(0.25, left)))
+            except LedgerError:  # an unreachable store: the next pass reports it
+                time.sleep(max(0.0, min(0.25, left)))
+                continue
+            if seen < 0:
+                seen = last
+            elif last > seen and time.monotonic() >= soonest:
+                break
 
 
 __all__ = ["Action", "Sightings", "action_key", "default_name", "stall_window", "watch_once", "watch_forever", "iso"]

@@ -21,9 +21,7 @@ from .store import GENESIS_HASH, Recorded, chain_hash, check_run_id
 Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 
-class ExportedEvent(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The shape of one exported line (documented in docs/cli.md)."""
-
+class _Line(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     run_id: str
     seq: Int64
     type: str
@@ -40,20 +38,32 @@ class ExportedEvent(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     batch_size: Int64 = 1
 
 
+class ExportedEvent(_Line, frozen=True, forbid_unknown_fields=True):
+    """The shape of one exported line (documented in docs/cli.md).
+
+    ``db_role``: the database role that inserted the event, as the PostgreSQL server
+    recorded it (absent from SQLite's exports, so those lines read as every earlier
+    version wrote them). Shown, never imported: the importing session's role is the one
+    that inserts the copy."""
+
+    db_role: str | None = None
+
+
 _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder(ExportedEvent)
 
 
-def to_line(rec: Recorded, digest: bytes | None = None, batch_size: int = 1) -> bytes:
-    return _enc.encode(
-        ExportedEvent(
-            run_id=rec.run_id, seq=rec.seq, type=rec.type, actor=rec.actor, lease=rec.lease,
-            idempotency_key=rec.idempotency_key, recorded_us=rec.recorded_us,
-            schema_version=rec.schema_version, payload=msgspec.Raw(rec.payload),
-            prev_hash=rec.prev_hash.hex(), hash=rec.hash.hex(), position=rec.position,
-            idempotency_digest=digest.hex() if digest else None, batch_size=batch_size,
-        )
+def to_line(rec: Recorded, digest: bytes | None = None, batch_size: int = 1, db_role: str | None = None) -> bytes:
+    fields = dict(
+        run_id=rec.run_id, seq=rec.seq, type=rec.type, actor=rec.actor, lease=rec.lease,
+        idempotency_key=rec.idempotency_key, recorded_us=rec.recorded_us,
+        schema_version=rec.schema_version, payload=msgspec.Raw(rec.payload),
+        prev_hash=rec.prev_hash.hex(), hash=rec.hash.hex(), position=rec.position,
+        idempotency_digest=digest.hex() if digest else None, batch_size=batch_size,
     )
+    if db_role is None:  # the line as every earlier version wrote it (and can read)
+        return _enc.encode(_Line(**fields))
+    return _enc.encode(ExportedEvent(**fields, db_role=db_role))
 
 
 def _unhex(value: str, field: str, lineno: int) -> bytes:
@@ -129,5 +139,6 @@ def parse_lines(lines: Iterable[bytes | str]) -> Iterator[tuple[int, Recorded, b
         ), idem_digest, e.batch_size
 
 
-def as_dict(rec: Recorded, digest: bytes | None = None, batch_size: int = 1) -> dict[str, Any]:
-    return msgspec.json.decode(to_line(rec, digest, batch_size))
+def as_dict(rec: Recorded, digest: bytes | None = None, batch_size: int = 1,
+            db_role: str | None = None) -> dict[str, Any]:
+    return msgspec.json.decode(to_line(rec, digest, batch_size, db_role))

@@ -76,21 +76,32 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 S = TypeVar("S")
 
 #: Layout version of the database schema (tables, indexes, triggers), kept in handoff_meta.
-PG_SCHEMA_VERSION = 2
+PG_SCHEMA_VERSION = 3
 FORMAT_NAME = "handoff-ledger"
 PAGE = 1000
 _TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
 _MISSING = object()
 #: Advisory lock namespace (the first key of pg_advisory_xact_lock(int, int)) for runs.
 _RUN_LOCK_NS = 0x48414E44  # "HAND"
+#: Ledger-wide advisory locks (namespace _LEDGER_NS): every write holds MAINTENANCE shared
+#: (a rebuild, an import or a migration holds it exclusive, so it sees no write half done);
+#: every write that keeps views holds VIEWS shared, and a decision that reads a view (an
+#: owner's load) holds it exclusive; SEAL is held by whoever seals (handoff_seal).
+_LEDGER_NS = 0x484C4447  # "HLDG"
+_MAINTENANCE, _VIEWS, _SEAL = 1, 2, 3
+#: Write ids come from a sequence in blocks of this size: one nextval per write, taken in
+#: its first round trip, numbers the write's events (more blocks for a larger batch).
+ID_BLOCK = 1024
 
 _COLUMNS = (
-    "run_id, seq, position, type, actor, lease, idem_key, recorded_us, "
-    "schema_version, payload, prev_hash, hash"
+    "e.run_id, e.seq, {pos}, e.type, e.actor, e.lease, e.idem_key, e.recorded_us, "
+    "e.schema_version, e.payload, e.prev_hash, e.hash"
 )
+_SEALED_COLUMNS = _COLUMNS.format(pos="o.position")
+_RUN_COLUMNS = _COLUMNS.format(pos="coalesce(o.position, 0)")
 _INSERT = (
-    "INSERT INTO events (position, run_id, seq, type, actor, lease, idem_key, idem_digest, "
-    "batch_size, recorded_us, schema_version, payload, prev_hash, hash, global_hash) "
+    "INSERT INTO events (id, run_id, seq, type, actor, lease, idem_key, idem_digest, "
+    "batch_size, recorded_us, schema_version, payload, prev_hash, hash, viewed) "
     "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
 )
 _UPSERT_HEAD = (
@@ -101,9 +112,30 @@ _UPSERT_HEAD = (
     "lease_holder=excluded.lease_holder, max_lease=excluded.max_lease, "
     "last_position=excluded.last_position"
 )
+#: A repeated key's earlier batch: its first seq and write id, the request's digest, size
+#: and actor, and every event's write id and position (null while waiting to be sealed).
+_DUPLICATE = (
+    "SELECT d.seq, d.id, d.idem_digest, d.batch_size, d.actor, "
+    "array_agg(e.id ORDER BY e.seq), array_agg(o.position ORDER BY e.seq) FROM events d "
+    "JOIN events e ON e.run_id = d.run_id AND e.seq BETWEEN d.seq AND d.seq + d.batch_size - 1 "
+    "LEFT JOIN ledger_order o ON o.event_id = e.id "
+    "WHERE d.run_id=%s AND d.idem_key=%s GROUP BY d.seq, d.id, d.idem_digest, d.batch_size, d.actor"
+)
+_HEAD_SELECT = (
+    "SELECT run_id, last_seq, last_hash, lease, lease_holder, first_position, "
+    "last_position, max_lease, lease_digest FROM heads WHERE run_id=%s"
+)
+#: A head as the interface shows it: its span in ledger positions (the heads table keeps
+#: write ids; 0 for an event still waiting for its position).
+_PUBLIC_HEAD = (
+    "SELECT h.run_id, h.last_seq, h.last_hash, h.lease, h.lease_holder, "
+    "coalesce(f.position, 0), coalesce(l.position, 0) FROM heads h "
+    "LEFT JOIN ledger_order f ON f.event_id = h.first_position "
+    "LEFT JOIN ledger_order l ON l.event_id = h.last_position"
+)
 _RUNS_SINCE = (
-    "SELECT run_id FROM heads WHERE run_id IN "
-    "(SELECT run_id FROM events WHERE position > %s) ORDER BY first_position"
+    "SELECT h.run_id FROM heads h WHERE h.run_id IN (SELECT e.run_id FROM ledger_order o "
+    "JOIN events e ON e.id = o.event_id WHERE o.position > %s) ORDER BY h.first_position"
 )
 
 #: The function and triggers that make the log append-only, exactly as created. verify
@@ -121,6 +153,15 @@ APPEND_ONLY_TRIGGERS = {
     "events_no_truncate": "CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON events "
     "FOR EACH STATEMENT EXECUTE FUNCTION handoff_refuse_change()",
 }
+#: The ledger order is append-only too: a sealed position is never moved.
+ORDER_TRIGGERS = {
+    "ledger_order_no_update": "CREATE TRIGGER ledger_order_no_update BEFORE UPDATE ON ledger_order "
+    "FOR EACH ROW EXECUTE FUNCTION handoff_refuse_change()",
+    "ledger_order_no_delete": "CREATE TRIGGER ledger_order_no_delete BEFORE DELETE ON ledger_order "
+    "FOR EACH ROW EXECUTE FUNCTION handoff_refuse_change()",
+    "ledger_order_no_truncate": "CREATE TRIGGER ledger_order_no_truncate BEFORE TRUNCATE ON ledger_order "
+    "FOR EACH STATEMENT EXECUTE FUNCTION handoff_refuse_change()",
+}
 
 #: Who wrote each event, said by the server: whatever an INSERT sends for ``db_role``,
 #: the row keeps the session's role (a client cannot name another). verify checks it too.
@@ -133,37 +174,124 @@ ROLE_TRIGGERS = {
     "FOR EACH ROW EXECUTE FUNCTION handoff_stamp_role()",
 }
 
+#: Sealing (docs/postgres.md, "Order"): committed events wait in ``unsealed`` until a
+#: sealer gives them the next gap-free positions and the ledger-wide chain, in the order
+#: of their write ids, under the SEAL lock, which it holds to its commit. ``wait`` false:
+#: seal only if nobody else is sealing (a writer tries this inside its own transaction);
+#: true: wait for the lock. Returns the positions of ``mine`` that are sealed (all of
+#: them, unless ``wait`` was false and the lock was taken). SECURITY DEFINER: a reader
+#: that finds unsealed events may seal them (the order is a pure function of what has
+#: committed; nobody can choose it), without the right to write the order itself.
+SEAL_FUNCTION = """CREATE FUNCTION handoff_seal(wait boolean, mine bigint[])
+RETURNS TABLE (event_id bigint, event_position bigint) LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = {schema}, pg_temp AS $$
+DECLARE
+  tpos bigint; g bytea; start bigint; r record;
+BEGIN
+  IF cardinality(mine) > 0 AND (SELECT count(*) FROM ledger_order o WHERE o.event_id = ANY(mine))
+     = cardinality(mine) THEN
+    RETURN QUERY SELECT o.event_id, o.position FROM ledger_order o WHERE o.event_id = ANY(mine);
+    RETURN;
+  END IF;
+  IF wait THEN
+    PERFORM pg_advisory_xact_lock({ns}, {seal});
+  ELSIF NOT pg_try_advisory_xact_lock({ns}, {seal}) THEN
+    RETURN;
+  END IF;
+  SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t;
+  start := tpos;
+  FOR r IN SELECT u.event_id AS id, e.hash FROM unsealed u JOIN events e ON e.id = u.event_id
+           ORDER BY u.event_id LOOP
+    tpos := tpos + 1;
+    g := sha256(g || int8send(tpos) || r.hash);
+    INSERT INTO ledger_order (position, event_id, global_hash) VALUES (tpos, r.id, g);
+  END LOOP;
+  IF tpos > start THEN
+    DELETE FROM unsealed u USING ledger_order o
+      WHERE o.event_id = u.event_id AND o.position > start;
+    UPDATE ledger_tail SET position = tpos, global_hash = g;
+    PERFORM pg_notify('{channel}', '');
+  END IF;
+  RETURN QUERY SELECT o.event_id, o.position FROM ledger_order o WHERE o.event_id = ANY(mine);
+END $$"""
+
+
+def seal_function(schema: str) -> str:
+    """The seal function as created in ``schema`` (its search_path is pinned there)."""
+    return SEAL_FUNCTION.format(schema=_quote_ident(schema), ns=_LEDGER_NS, seal=_SEAL,
+                                channel=notify_channel(schema))
+
+
+def notify_channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel a ledger's sealers signal on: an empty wake-up, sent
+    once per seal that gave out positions (not once per write: a notifying commit takes
+    a lock shared by the whole cluster; docs/postgres.md, "Wake-ups")."""
+    return "handoff_" + hashlib.sha256(schema.encode()).hexdigest()[:16]
+
+
 _SCHEMA = [
     "CREATE TABLE handoff_meta (key text PRIMARY KEY, value text NOT NULL)",
-    # The log. db_role is the role that inserted the row, filled in by the server.
+    f"CREATE SEQUENCE events_id_seq INCREMENT BY {ID_BLOCK}",
+    # The log. id: the write id (insertion order within a run; not the ledger order).
+    # db_role: the role that inserted the row, filled in by the server. viewed: the write
+    # kept the inline views (an append by a store without them leaves catch-up work).
     "CREATE TABLE events ("
-    " position bigint PRIMARY KEY, run_id text COLLATE \"C\" NOT NULL, seq bigint NOT NULL,"
+    " id bigint PRIMARY KEY, run_id text COLLATE \"C\" NOT NULL, seq bigint NOT NULL,"
     " type text NOT NULL, actor text NOT NULL, lease bigint, idem_key text, idem_digest bytea,"
     " batch_size integer NOT NULL, recorded_us bigint NOT NULL, schema_version integer NOT NULL,"
     " payload bytea NOT NULL, prev_hash bytea NOT NULL, hash bytea NOT NULL,"
-    " global_hash bytea NOT NULL, db_role text NOT NULL DEFAULT session_user,"
+    " db_role text NOT NULL DEFAULT session_user, viewed boolean NOT NULL DEFAULT false,"
     " CONSTRAINT events_run_seq UNIQUE (run_id, seq))",
     "CREATE UNIQUE INDEX events_idem ON events (run_id, idem_key) WHERE idem_key IS NOT NULL",
-    # One row: the last position and the ledger-wide hash there. Locked by every append
-    # from its insert to its commit: the order positions become visible in.
+    "CREATE INDEX events_unviewed ON events (id) WHERE NOT viewed",
+    # The ledger order: each committed event's gap-free position and the ledger-wide
+    # chain there, written by the sealer behind the writers.
+    "CREATE TABLE ledger_order (position bigint PRIMARY KEY, event_id bigint NOT NULL UNIQUE,"
+    " global_hash bytea NOT NULL)",
+    # Committed events waiting for a position.
+    "CREATE TABLE unsealed (event_id bigint PRIMARY KEY)",
+    # One row: the last sealed position and the ledger-wide hash there (moved by sealers).
     "CREATE TABLE ledger_tail (one boolean PRIMARY KEY DEFAULT true CHECK (one),"
     " position bigint NOT NULL, global_hash bytea NOT NULL)",
+    # first_position / last_position: the run's first and last write ids.
     "CREATE TABLE heads (run_id text COLLATE \"C\" PRIMARY KEY, last_seq bigint NOT NULL,"
     " last_hash bytea NOT NULL, lease bigint, lease_holder text, max_lease bigint NOT NULL,"
     " first_position bigint NOT NULL, last_position bigint NOT NULL, lease_digest text)",
     "CREATE INDEX heads_first ON heads (first_position)",
     REFUSE_FUNCTION,
     *APPEND_ONLY_TRIGGERS.values(),
+    *ORDER_TRIGGERS.values(),
     STAMP_FUNCTION,
     *ROLE_TRIGGERS.values(),
 ]
 
-#: Migrations from an older schema version: {from_version: [statements]}. Run in one
-#: transaction under the tail lock by the first writable open; none exist yet.
+#: Migrations from an older schema version: {from_version: [statements]}, run in one
+#: transaction by the first writable open, every write excluded. "{seal}" stands for the
+#: seal function in the ledger's schema.
 MIGRATIONS: dict[int, list[str]] = {
     1: [STAMP_FUNCTION, *ROLE_TRIGGERS.values()],  # 2: db_role stamped by a trigger, not a default
+    # 3: positions sealed behind the writers. The positions so far become the ledger
+    # order (and the write ids: ids and positions agree for every event sealed so far).
+    2: [
+        "ALTER TABLE events RENAME COLUMN position TO id",
+        "CREATE TABLE ledger_order (position bigint PRIMARY KEY, event_id bigint NOT NULL UNIQUE,"
+        " global_hash bytea NOT NULL)",
+        "INSERT INTO ledger_order SELECT id, id, global_hash FROM events",
+        "ALTER TABLE events DROP COLUMN global_hash",
+        "ALTER TABLE events ADD COLUMN viewed boolean NOT NULL DEFAULT true",
+        "ALTER TABLE events ALTER COLUMN viewed SET DEFAULT false",
+        "CREATE INDEX events_unviewed ON events (id) WHERE NOT viewed",
+        "CREATE TABLE unsealed (event_id bigint PRIMARY KEY)",
+        f"CREATE SEQUENCE events_id_seq INCREMENT BY {ID_BLOCK}",
+        "SELECT setval('events_id_seq', (SELECT coalesce(max(id), 0) + 1 FROM events), false)",
+        *ORDER_TRIGGERS.values(),
+        "{seal}",
+        # Tracking rows gain the write-id mark (ids and positions agree so far).
+        "DO $$ BEGIN IF to_regclass('projection_positions') IS NOT NULL THEN "
+        "ALTER TABLE projection_positions ADD COLUMN IF NOT EXISTS id_mark bigint NOT NULL DEFAULT 0; "
+        "UPDATE projection_positions SET id_mark = position; END IF; END $$",
+    ],
 }
-
 
 def global_link(prev_global: bytes, position: int, event_hash: bytes) -> bytes:
     """The ledger-wide chain, as on SQLite: each event's hash bound to its position and to
@@ -242,6 +370,35 @@ def _rec(r: Sequence[Any]) -> Recorded:
     return Recorded(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], _b(r[9]), _b(r[10]), _b(r[11]))
 
 
+def _head(row: Sequence[Any] | None, *, digest: bool = False) -> Any:
+    """(Head or None, highest lease[, token digest]) from a _HEAD_SELECT row."""
+    if row is None:
+        return (None, 0, None) if digest else (None, 0)
+    head = Head(row[0], row[1], _b(row[2]), row[3], row[4], row[5], row[6])
+    return (head, row[7], row[8]) if digest else (head, row[7])
+
+
+def _done(cur: Any) -> str | None:
+    """The command tag a pipelined statement finished with (COMMIT, or ROLLBACK when the
+    server rolled back a failed transaction)."""
+    try:
+        return cur.statusmessage
+    except Exception:  # no result: the statement never ran
+        return None
+
+
+def _decode_steps(run_id: str, rows: Sequence[Sequence[Any]]) -> list[Step] | None:
+    """Steps from (seq, type, recorded_us, payload, ...) rows, or None when a payload does
+    not decode to its type (the caller then reads the run the slow way, which says why)."""
+    try:
+        events = ev.decode_many([_b(r[3]) for r in rows])
+        if not all(_TAGS[type(e)] == r[1] for r, e in zip(rows, events)):
+            return None
+    except (msgspec.ValidationError, msgspec.DecodeError, TypeError, UnicodeDecodeError, KeyError):
+        return None
+    return [Step(run_id, r[0], r[1], r[2], e) for r, e in zip(rows, events)]
+
+
 class PostgresStore(EventStore):
     """An EventStore in a PostgreSQL database (``postgresql://user@host:port/dbname``).
 
@@ -285,8 +442,10 @@ class PostgresStore(EventStore):
         self._txn = PostgresTransaction(self)
         self._views: Any = None
         self._in_txn = False
-        self._writing = False  # inside a write transaction (views read in it lock the tail)
-        self._tail: tuple[int, bytes] | None = None  # the tail, once locked in this transaction
+        self._writing = False  # inside a write transaction (a view read in it locks the views)
+        self._exclusive = False  # inside a write_transaction (every other write excluded)
+        self._views_locked = False
+        self._listener: Any = None  # LISTENing connection, opened by the first wait_for_events
         self._conn: Any = None
         #: True when this open created the ledger's schema (``handoff init`` reports it).
         self.created_schema = False
@@ -380,6 +539,7 @@ class PostgresStore(EventStore):
                 return
             for sql in _SCHEMA:
                 conn.execute(sql)
+            conn.execute(seal_function(conn.execute("SELECT current_schema()").fetchone()[0]))
             conn.execute(
                 "INSERT INTO handoff_meta VALUES ('format', %s), ('schema_version', %s), "
                 "('created_us', %s)",
@@ -394,86 +554,112 @@ class PostgresStore(EventStore):
             raise
 
     def _migrate(self, from_version: int) -> None:
-        """Bring an older schema up to this version, in one transaction (the hook for later
-        versions: add statements to MIGRATIONS)."""
-        with self.write_transaction("migrating the ledger schema"):
-            version = int(self._x("SELECT value FROM handoff_meta WHERE key='schema_version'").fetchone()[0])
-            while version < PG_SCHEMA_VERSION:
-                steps = MIGRATIONS.get(version)
-                if steps is None:
-                    raise SchemaTooNew(f"no migration from schema {version} is known")
-                for sql in steps:
-                    self._x(sql)
-                version += 1
-            self._x("UPDATE handoff_meta SET value=%s WHERE key='schema_version'", (str(version),))
+        """Bring an older schema up to this version, in one transaction that excludes every
+        write (the hook for later versions: add statements to MIGRATIONS)."""
+        with self._lock:
+            self._begin("migrating the ledger schema", exclusive=True, seal=False)
+            ok = False
+            try:
+                version = int(self._x("SELECT value FROM handoff_meta WHERE key='schema_version'").fetchone()[0])
+                schema = self._x("SELECT current_schema()").fetchone()[0]
+                while version < PG_SCHEMA_VERSION:
+                    steps = MIGRATIONS.get(version)
+                    if steps is None:
+                        raise SchemaTooNew(f"no migration from schema {version} is known")
+                    for sql in steps:
+                        self._x(seal_function(schema) if sql == "{seal}" else sql)
+                    version += 1
+                self._x("UPDATE handoff_meta SET value=%s WHERE key='schema_version'", (str(version),))
+                ok = True
+            except psycopg.Error as exc:
+                raise _explain(exc, "migrating the ledger schema", self.path) from exc
+            finally:
+                self._finish(ok, "migrating the ledger schema")
 
     # --- transactions ----------------------------------------------------------------
 
-    def _begin(self, doing: str, *, tail: bool = False) -> None:
+    def _begin(self, doing: str, *, exclusive: bool = False, seal: bool = True) -> None:
+        """BEGIN a write. ``exclusive``: wait until no write is in flight and hold every
+        ledger-wide lock to the commit (rebuilds, catch-up, imports, migrations), with the
+        order sealed up to date first."""
         if self.readonly:
             raise StoreUnavailable(f"the ledger {self.path} was opened read-only; {doing} refused")
         with self._mapped(doing):
-            self._ready().execute("BEGIN")
-        self._in_txn = True
-        self._writing = True
-        self._tail = None
-        if tail:
-            self._lock_tail(doing)
+            conn = self._ready()
+            conn.execute("BEGIN")
+            self._in_txn = True
+            self._writing = True
+            self._exclusive = exclusive
+            try:
+                if exclusive:
+                    conn.execute(
+                        "SELECT pg_advisory_xact_lock(%s, %s), pg_advisory_xact_lock(%s, %s), "
+                        "pg_advisory_xact_lock(%s, %s)",
+                        (_LEDGER_NS, _MAINTENANCE, _LEDGER_NS, _VIEWS, _LEDGER_NS, _SEAL),
+                    )
+                    if seal:
+                        conn.execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+                else:
+                    conn.execute("SELECT pg_advisory_xact_lock_shared(%s, %s)", (_LEDGER_NS, _MAINTENANCE))
+            except BaseException:
+                self._finish(False, doing)
+                raise
 
     def _finish(self, ok: bool, doing: str) -> None:
         conn = self._conn
         self._in_txn = False
         self._writing = False
-        self._tail = None
+        self._exclusive = False
+        self._views_locked = False
         if ok:
             try:
-                conn.execute("COMMIT")
+                cur = conn.execute("COMMIT")
             except psycopg.Error as exc:
                 if conn.broken or conn.closed or isinstance(exc, psycopg.OperationalError):
-                    # The COMMIT may have reached the server and landed before the line broke.
-                    raise OutcomeUnknown(
-                        f"the connection to {self.path} was lost while committing ({doing}): the "
-                        "write may or may not be stored. Retry with the same idempotency key (a "
-                        "stored write answers 'duplicate'), or read the run to see",
-                        cause=str(exc),
-                    ) from exc
+                    raise self._unknown(doing, exc) from exc
                 raise _explain(exc, doing, self.path) from exc
+            if cur.statusmessage != "COMMIT":  # the server rolled back a failed transaction
+                raise StoreUnavailable(f"PostgreSQL rolled back the transaction while {doing} on "
+                                       f"{self.path}; nothing was written. Retry")
         elif conn is not None and not conn.closed and not conn.broken:
             try:
                 conn.execute("ROLLBACK")
             except psycopg.Error:
                 conn.close()
 
-    def _lock_tail(self, doing: str = "appending") -> tuple[int, bytes]:
-        """Lock the ledger's tail row (held to the commit) and return it."""
-        if self._tail is None:
-            with self._mapped(doing):
-                row = self._x("SELECT position, global_hash FROM ledger_tail FOR UPDATE").fetchone()
-            self._tail = (row[0], _b(row[1]))
-        return self._tail
+    def _unknown(self, doing: str, exc: BaseException) -> OutcomeUnknown:
+        return OutcomeUnknown(
+            f"the connection to {self.path} was lost while committing ({doing}): the write may "
+            "or may not be stored. Retry with the same idempotency key (a stored write answers "
+            "'duplicate'), or read the run to see",
+            cause=str(exc),
+        )
+
+    def _lock_views(self) -> None:
+        """A view read inside a write: wait for every write keeping views to end, and keep
+        new ones out until this one commits (an owner's load then counts only settled runs)."""
+        if not self._views_locked:
+            self._x("SELECT pg_advisory_xact_lock(%s, %s)", (_LEDGER_NS, _VIEWS))
+            self._views_locked = True
+
+    def _run_key(self, run_id: str) -> int:
+        return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "big", signed=True)
 
     def _lock_run(self, run_id: str) -> tuple[Head | None, int]:
         """Lock the run (also one that does not exist yet) and read its head."""
-        key = int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "big", signed=True)
-        self._x("SELECT pg_advisory_xact_lock(%s, %s)", (_RUN_LOCK_NS, key))
+        self._x("SELECT pg_advisory_xact_lock(%s, %s)", (_RUN_LOCK_NS, self._run_key(run_id)))
         return self._head_row(run_id, lock=True)
 
     def _head_row(self, run_id: str, *, lock: bool = False) -> tuple[Head | None, int]:
-        row = self._x(
-            "SELECT run_id, last_seq, last_hash, lease, lease_holder, first_position, "
-            "last_position, max_lease FROM heads WHERE run_id=%s" + (" FOR UPDATE" if lock else ""),
-            (run_id,),
-        ).fetchone()
-        if row is None:
-            return None, 0
-        return Head(row[0], row[1], _b(row[2]), row[3], row[4], row[5], row[6]), row[7]
+        row = self._x(_HEAD_SELECT + (" FOR UPDATE" if lock else ""), (run_id,)).fetchone()
+        return _head(row)
 
     @contextlib.contextmanager
     def write_transaction(self, doing: str) -> Iterator[PostgresTransaction]:
-        """BEGIN, the ledger's tail locked (writers wait, as under SQLite's write lock) ...
-        COMMIT, or ROLLBACK on any exception."""
+        """BEGIN with every write excluded (as under SQLite's write lock) ... COMMIT, or
+        ROLLBACK on any exception."""
         with self._lock:
-            self._begin(doing, tail=True)
+            self._begin(doing, exclusive=True)
             ok = False
             try:
                 yield self._txn
@@ -504,15 +690,75 @@ class PostgresStore(EventStore):
                         with contextlib.suppress(psycopg.Error):
                             conn.execute("ROLLBACK")
 
+    # --- sealing ---------------------------------------------------------------------
+
+    def seal(self) -> int:
+        """Give every committed event its ledger position now (writers do this themselves
+        after each commit; a reader calls it when it finds events still waiting). Returns
+        the last sealed position."""
+        with self._lock, self._mapped("sealing the ledger order"):
+            if self._in_txn:
+                raise StoreUnavailable("seal() cannot run inside another transaction of this store")
+            self._ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+            return self._x("SELECT position FROM ledger_tail").fetchone()[0]
+
+    def wait_for_events(self, after_position: int, timeout_s: float) -> int:
+        """Sleep on the ledger's NOTIFY channel (a connection of its own, LISTENing), with
+        a poll at least every second as the fallback: a lost notification only delays."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            with self._lock, self._mapped("waiting for events"):
+                if self._listener is None or self._listener.closed or self._listener.broken:
+                    self._listen()
+                last = self._x("SELECT position FROM ledger_tail").fetchone()[0]
+                if last <= after_position and not self._in_txn and \
+                        self._x("SELECT EXISTS (SELECT 1 FROM unsealed)").fetchone()[0]:
+                    self._ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+                    last = self._x("SELECT position FROM ledger_tail").fetchone()[0]
+            left = deadline - time.monotonic()
+            if last > after_position or left <= 0:
+                return last
+            try:
+                for _ in self._listener.notifies(timeout=min(left, 1.0), stop_after=1):
+                    pass
+            except psycopg.Error:
+                self._listener = None  # reconnect next time round; the poll covers the gap
+
+    def _listen(self) -> None:
+        with contextlib.suppress(Exception):
+            if self._listener is not None:
+                self._listener.close()
+        conn = psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, int(self.connect_timeout_s)),
+                               application_name="handoff-ledger-listen")
+        schema = conn.execute("SELECT current_schema()").fetchone()[0]
+        conn.execute(f"LISTEN {notify_channel(schema)}")
+        self._listener = conn
+
+    def db_roles(self, first_position: int, last_position: int) -> dict[int, str]:
+        with self._lock, self._mapped("reading who wrote the events"):
+            return dict(self._x(
+                "SELECT o.position, e.db_role FROM ledger_order o JOIN events e ON e.id = o.event_id "
+                "WHERE o.position BETWEEN %s AND %s", (first_position, last_position),
+            ).fetchall())
+
+    def db_role_counts(self, run_id: str | None = None) -> dict[str, int]:
+        with self._lock, self._mapped("reading who wrote the events"):
+            if run_id is None:
+                rows = self._x("SELECT db_role, count(*) FROM events GROUP BY db_role ORDER BY db_role")
+            else:
+                rows = self._x("SELECT db_role, count(*) FROM events WHERE run_id=%s GROUP BY db_role "
+                               "ORDER BY db_role", (run_id,))
+            return {r: n for r, n in rows}
+
+    def unsealed_count(self) -> int:
+        with self._lock, self._mapped("counting unsealed events"):
+            return self._x("SELECT count(*) FROM unsealed").fetchone()[0]
+
     # --- writing ---------------------------------------------------------------------
 
-    def _lease_digest(self, run_id: str) -> str | None:
-        row = self._x("SELECT lease_digest FROM heads WHERE run_id=%s", (run_id,)).fetchone()
-        return None if row is None else row[0]
-
-    def _check_token(self, run_id: str, head: Head | None, max_lease: int, token: LeaseToken) -> None:
+    def _check_token(self, run_id: str, head: Head | None, max_lease: int, token: LeaseToken,
+                     digest: str | None) -> None:
         self._check_fence(run_id, head, None, token.lease, max_lease)
-        digest = self._lease_digest(run_id)
         if digest is None:
             raise StaleLease.untokened(run_id, token.lease)
         if not token.matches(digest):
@@ -533,14 +779,13 @@ class PostgresStore(EventStore):
                 raise StaleLease.superseded(run_id, lease, current, head.lease_holder if head else None,
                                             max_lease if max_lease is not None else 0)
 
-    def _find_duplicate(self, run_id: str, key: str, digest: bytes, actor: str) -> AppendResult | None:
-        row = self._x(
-            "SELECT seq, position, idem_digest, batch_size, actor FROM events WHERE run_id=%s AND idem_key=%s",
-            (run_id, key),
-        ).fetchone()
+    def _duplicate(self, run_id: str, key: str, digest: bytes, actor: str,
+                   row: Sequence[Any] | None) -> tuple[int, int, list[int], list[int | None]] | None:
+        """The earlier batch a repeated key names: (first seq, last seq, its write ids,
+        their positions, None where one still waits to be sealed)."""
         if row is None:
             return None
-        seq, position, stored, size, by = row
+        seq, first_id, stored, size, by, ids, positions = row
         # The digest covers the actor; the second test stops an imported line whose digest
         # was copied from another actor's request (see ledger/sqlite.py).
         if _b(stored) != digest or by != actor:
@@ -549,9 +794,13 @@ class PostgresStore(EventStore):
                 "different request; use a new key for a new request",
                 run_id=run_id, seq=seq,
             )
-        # A batch's positions: those of its seqs (contiguous here, as every batch is
-        # inserted under the tail lock in one piece).
-        return AppendResult(run_id, "duplicate", seq, seq + size - 1, tuple(range(position, position + size)))
+        return seq, seq + size - 1, list(ids), list(positions)
+
+    def _positions_of(self, ids: Sequence[int]) -> tuple[int, ...]:
+        """The ledger positions of these write ids, sealing them first if they still wait
+        (outside any transaction)."""
+        rows = dict(self._x("SELECT event_id, event_position FROM handoff_seal(true, %s)", (list(ids),)).fetchall())
+        return tuple(rows[i] for i in ids if i in rows)
 
     def _check_fork(self, run_id: str, seq: int, fork: ev.RunForked) -> None:
         if seq != 1:
@@ -573,12 +822,24 @@ class PostgresStore(EventStore):
                 field="parent_seq",
             )
 
-    def _insert_locked(
+    def _ids(self, base: int, n: int) -> list[int]:
+        """Write ids for a batch of ``n`` events: the block taken with the write's first
+        round trip, and more blocks for a batch larger than one (rare: a long stream)."""
+        ids = list(range(base, base + min(n, ID_BLOCK)))
+        if n > ID_BLOCK:
+            blocks = -(-(n - ID_BLOCK) // ID_BLOCK)
+            for (b,) in self._x("SELECT nextval('events_id_seq') FROM generate_series(1, %s)", (blocks,)):
+                ids.extend(range(b, b + ID_BLOCK))
+            ids = ids[:n]
+        return ids
+
+    def _rows(
         self, run_id: str, head: Head | None, max_lease: int, batch: Sequence[ev.Event],
         encoded: list[tuple[str, bytes]], actor: str, lease: int | None, key: str | None,
-        digest: bytes | None, written: list[Recorded] | None = None,
-    ) -> tuple[AppendResult, Head]:
-        """Check the batch's lease moves, then lock the tail, chain, insert and move the head."""
+        digest: bytes | None, ids: list[int],
+    ) -> tuple[list[tuple[Any, ...]], Head, tuple[int, str | None, str | None, bool], list[Recorded]]:
+        """Check the batch's lease moves and build its rows, the new head and what the
+        fold sees (Recorded.position is the write id until the order is sealed)."""
         seq = head.last_seq if head else 0
         prev = head.last_hash if head else GENESIS_HASH
         cur_lease = head.lease if head else None
@@ -586,12 +847,18 @@ class PostgresStore(EventStore):
         token_digest: str | None = None
         digest_moved = False
         now = self._clock()
-        hashes = []
-        for (tag, payload), event in zip(encoded, batch):
+        n = len(encoded)
+        viewed = bool(self._hooks)
+        rows: list[tuple[Any, ...]] = []
+        written: list[Recorded] = []
+        for i, ((tag, payload), event) in enumerate(zip(encoded, batch)):
             seq += 1
-            k = key if len(hashes) == 0 else None
+            k = key if i == 0 else None
             h = chain_hash(prev, run_id, seq, tag, actor, lease, k, now, ev.SCHEMA_VERSION, payload)
-            hashes.append((seq, k, prev, h))
+            rows.append((ids[i], run_id, seq, tag, actor, lease, k, digest if (i == 0 and k) else None,
+                         n, now, ev.SCHEMA_VERSION, payload, prev, h, viewed))
+            written.append(Recorded(run_id, seq, ids[i], tag, actor, lease, k, now, ev.SCHEMA_VERSION,
+                                    payload, prev, h))
             prev = h
             if isinstance(event, ev.LeaseGranted):
                 if event.lease <= max_lease:
@@ -609,33 +876,175 @@ class PostgresStore(EventStore):
                     token_digest, digest_moved = None, True
             elif isinstance(event, ev.RunForked):
                 self._check_fork(run_id, seq, event)
-        # Everything above ran without the ledger-wide lock; from here to the commit the
-        # tail is held, so positions become visible in the order they were taken.
-        last_pos, gprev = self._lock_tail()
-        first_position = head.first_position if head else last_pos + 1
-        n = len(encoded)
-        rows = []
-        for i, ((tag, payload), (s, k, p, h)) in enumerate(zip(encoded, hashes)):
-            pos = last_pos + 1 + i
-            gprev = global_link(gprev, pos, h)
-            rows.append((pos, run_id, s, tag, actor, lease, k, digest if (i == 0 and k) else None,
-                         n, now, ev.SCHEMA_VERSION, payload, p, h, gprev))
-        with self._conn.cursor() as cur:
-            if n == 1:
-                cur.execute(_INSERT, rows[0])
-            else:
-                cur.executemany(_INSERT, rows)
-            cur.execute("UPDATE ledger_tail SET position=%s, global_hash=%s", (last_pos + n, gprev))
-            cur.execute(_UPSERT_HEAD, (run_id, seq, prev, cur_lease, holder, max_lease,
-                                       first_position, last_pos + n))
-            if digest_moved:
-                cur.execute("UPDATE heads SET lease_digest=%s WHERE run_id=%s", (token_digest, run_id))
-        self._tail = (last_pos + n, gprev)
-        if written is not None:
-            written.extend(Recorded(r[1], r[2], r[0], r[3], r[4], r[5], r[6], r[9], r[10], r[11], r[12], r[13])
-                           for r in rows)
-        result = AppendResult(run_id, "committed", seq - n + 1, seq, tuple(range(last_pos + 1, last_pos + n + 1)))
-        return result, Head(run_id, seq, prev, cur_lease, holder, first_position, last_pos + n)
+        first = head.first_position if head else ids[0]
+        new_head = Head(run_id, seq, prev, cur_lease, holder, first, ids[-1])
+        return rows, new_head, (max_lease, token_digest, None, digest_moved), written
+
+    def _commit_rows(self, conn: Any, rows: list[tuple[Any, ...]], new_head: Head,
+                     fence: tuple[int, str | None, str | None, bool], hooks: Callable[[], Any],
+                     doing: str) -> tuple[Any, tuple[int, ...] | None]:
+        """The write's second round trip, pipelined: insert, queue for sealing, move the
+        head, keep the views, try to seal (when nobody else is), COMMIT, and make sure the
+        write is sealed. Returns what the hooks returned and the positions (None when the
+        write committed but its positions could not be read: it will be sealed by the
+        next writer or reader)."""
+        max_lease, token_digest, _, digest_moved = fence
+        ids = [r[0] for r in rows]
+        run_id = new_head.run_id
+        committed = False
+        commit_cur = seal_cur = after_cur = None
+        try:
+            with conn.pipeline():
+                with conn.cursor() as cur:
+                    if len(rows) == 1:
+                        cur.execute(_INSERT, rows[0])
+                    else:
+                        cur.executemany(_INSERT, rows)
+                conn.execute("INSERT INTO unsealed SELECT unnest(%s::bigint[])", (ids,))
+                conn.execute(_UPSERT_HEAD, (run_id, new_head.last_seq, new_head.last_hash, new_head.lease,
+                                            new_head.lease_holder, max_lease, new_head.first_position,
+                                            new_head.last_position))
+                if digest_moved:
+                    conn.execute("UPDATE heads SET lease_digest=%s WHERE run_id=%s", (token_digest, run_id))
+                if self._hooks:
+                    conn.execute("SELECT pg_advisory_xact_lock_shared(%s, %s)", (_LEDGER_NS, _VIEWS))
+                out = hooks()
+                seal_cur = conn.execute("SELECT event_id, event_position FROM handoff_seal(false, %s)", (ids,))
+                self._in_txn = self._writing = False
+                commit_cur = conn.execute("COMMIT")
+                after_cur = conn.execute("SELECT event_id, event_position FROM handoff_seal(true, %s)", (ids,))
+        except psycopg.Error as exc:
+            self._in_txn = self._writing = False
+            committed = commit_cur is not None and _done(commit_cur) == "COMMIT"
+            if not committed:
+                if commit_cur is not None and (conn.broken or conn.closed or isinstance(exc, psycopg.OperationalError)):
+                    raise self._unknown(doing, exc) from exc
+                if not (conn.closed or conn.broken):
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise _explain(exc, doing, self.path) from exc
+            return out, None  # committed; sealing it failed (a lock timeout): it waits in line
+        if _done(commit_cur) != "COMMIT":
+            raise StoreUnavailable(f"PostgreSQL rolled back the transaction while {doing} on "
+                                   f"{self.path}; nothing was written. Retry")
+        got = dict(seal_cur.fetchall()) if seal_cur is not None else {}
+        if len(got) < len(ids):
+            got.update(after_cur.fetchall())
+        return out, tuple(got[i] for i in ids if i in got) if len(got) >= len(ids) else None
+
+    def _write(
+        self, run_id: str, aggregate: Aggregate[Any] | None, actor: str, idempotency_key: str | None,
+        digest: bytes | None, token: LeaseToken | None, plan: Callable[..., Any], doing: str,
+    ) -> tuple[AppendResult, Any]:
+        """One write in two round trips. The first (pipelined): BEGIN, the ledger's shared
+        lock, the run's lock and head, the key's earlier batch, a block of write ids, and
+        the run's events since the cached fold. Then, with no round trip: fencing, the fold,
+        ``plan`` (it returns the events to write and the lease they go under, or a
+        finished result). The second: _commit_rows."""
+        if self.readonly:
+            raise StoreUnavailable(f"the ledger {self.path} was opened read-only; {doing} refused")
+        conn = self._ready()
+        lean = aggregate is not None and aggregate.lean
+        cached = self._cache.get((id(aggregate), run_id)) if aggregate is not None else None
+        after = cached[1] if cached is not None and cached[0] is aggregate else 0
+        done = False
+        try:
+            with self._mapped(doing):
+                with conn.pipeline():
+                    conn.execute("BEGIN")
+                    self._in_txn = self._writing = True
+                    conn.execute("SELECT pg_advisory_xact_lock_shared(%s, %s), pg_advisory_xact_lock(%s, %s)",
+                                 (_LEDGER_NS, _MAINTENANCE, _RUN_LOCK_NS, self._run_key(run_id)))
+                    c_head = conn.execute(_HEAD_SELECT + " FOR UPDATE", (run_id,))
+                    c_dup = conn.execute(_DUPLICATE, (run_id, idempotency_key)) if idempotency_key else None
+                    c_id = conn.execute("SELECT nextval('events_id_seq')")
+                    c_steps = conn.execute(
+                        "SELECT seq, type, recorded_us, payload, hash FROM events WHERE run_id=%s AND seq>=%s "
+                        "ORDER BY seq", (run_id, after),
+                    ) if lean else None
+                head, max_lease, lease_digest = _head(c_head.fetchone(), digest=True)
+                dup = (self._duplicate(run_id, idempotency_key, digest, actor, c_dup.fetchone())  # type: ignore[arg-type]
+                       if c_dup is not None else None)
+                if dup is not None:  # nothing to write: end the transaction (the second round trip)
+                    state = None
+                    if aggregate is not None:
+                        state = (self._state_from(run_id, aggregate, head, cached, c_steps.fetchall())
+                                 if c_steps is not None else _MISSING)
+                    self._finish(True, doing)
+                    done = True
+                    if state is _MISSING:
+                        state = self._state(run_id, aggregate, head)  # type: ignore[arg-type]
+                    positions = (tuple(dup[3]) if None not in dup[3] else self._positions_of(dup[2]))
+                    return AppendResult(run_id, "duplicate", dup[0], dup[1], positions), state
+                if token is not None:
+                    self._check_token(run_id, head, max_lease, token, lease_digest)
+                base = c_id.fetchone()[0]
+                state: Any = None
+                if aggregate is not None:
+                    state = (self._state_from(run_id, aggregate, head, cached, c_steps.fetchall())
+                             if c_steps is not None else _MISSING)
+                    if state is _MISSING:
+                        state = self._state(run_id, aggregate, head)
+                planned = plan(head, max_lease, state)
+                if isinstance(planned, AppendResult):
+                    self._finish(True, doing)
+                    done = True
+                    return planned, state
+                events, lease_n = planned
+                encoded = encode_events(events, self.max_payload)
+                ids = self._ids(base, len(encoded))
+                rows, new_head, fence, written = self._rows(
+                    run_id, head, max_lease, events, encoded, actor, lease_n, idempotency_key, digest, ids,
+                )
+                forking = head is None and isinstance(events[0], ev.RunForked)
+
+                def hooks() -> Any:
+                    if aggregate is not None and not forking:
+                        new_state = aggregate.evolve_all(state, written)
+                        known = [(aggregate, new_state)]
+                    else:
+                        new_state, known = _MISSING, []
+                    folded = self._run_hooks(run_id, new_head, known)
+                    return new_state, folded
+
+                (new_state, folded), positions = self._commit_rows(conn, rows, new_head, fence, hooks, doing)
+                done = True
+        finally:
+            if not done and self._in_txn:
+                self._finish(False, doing)
+        if folded[0] is not None:
+            self._remember_all(run_id, folded)
+        if aggregate is not None:
+            if new_state is _MISSING:
+                new_state = next((st for agg, st in folded[1] if agg is aggregate), _MISSING)
+            if new_state is _MISSING:
+                new_state = self._state(run_id, aggregate, new_head)
+            self._remember(aggregate, run_id, new_head.last_seq, new_head.last_hash, new_state)
+        first = new_head.last_seq - len(rows) + 1
+        return AppendResult(run_id, "committed", first, new_head.last_seq, positions or ()), new_state
+
+    def _state_from(self, run_id: str, aggregate: Aggregate[S], head: Head | None,
+                    cached: tuple[Any, int, bytes, Any] | None, rows: list[Sequence[Any]]) -> Any:
+        """The fold at the locked head from the steps the first round trip brought, or
+        _MISSING when they are not enough (a fork's lineage, a cached fold off the chain)."""
+        if head is None:
+            return aggregate.initial(run_id)
+        if cached is not None and cached[0] is aggregate and cached[1] > 0:
+            if not rows or rows[0][0] != cached[1] or _b(rows[0][4]) != cached[2]:
+                return _MISSING
+            state, rows = cached[3], rows[1:]
+        else:
+            if rows and rows[0][1] == "run_forked":
+                return _MISSING
+            state = aggregate.initial(run_id)
+        if not rows:
+            return state if (cached is not None and cached[1] == head.last_seq) else _MISSING
+        if rows[-1][0] != head.last_seq:
+            return _MISSING
+        steps = _decode_steps(run_id, rows)
+        if steps is None:
+            return _MISSING
+        return aggregate.evolve_all(state, steps)
 
     def append(
         self, run_id: str, events: Sequence[ev.Event], *, actor: Actor,
@@ -656,39 +1065,17 @@ class PostgresStore(EventStore):
             raise InvalidInput("expected_seq must be a whole number >= 0", field="expected_seq")
         token = LeaseToken.parse(lease) if lease is not None else None
         lease_n = token.lease if token is not None else None
-        encoded = encode_events(events, self.max_payload)
+        encoded = encode_events(events, self.max_payload)  # refuse a bad batch before any round trip
         actor_s = str(actor)
         digest = request_digest(actor_s, lease_n, [p for _, p in encoded]) if idempotency_key else None
+
+        def plan(head: Head | None, max_lease: int, state: Any) -> Any:
+            self._check_fence(run_id, head, expected_seq, None)
+            return events, lease_n
+
         with self._lock:
-            self._begin("appending")
-            ok = False
-            try:
-                head, max_lease = self._lock_run(run_id)
-                if idempotency_key:
-                    dup = self._find_duplicate(run_id, idempotency_key, digest, actor_s)  # type: ignore[arg-type]
-                    if dup is not None:
-                        ok = True
-                        return dup
-                self._check_fence(run_id, head, expected_seq, None)
-                if token is not None:
-                    self._check_token(run_id, head, max_lease, token)
-                forking = head is None and isinstance(events[0], ev.RunForked)
-                before = [] if forking else [(agg, self._state(run_id, agg, head)) for agg, _ in self._hooks]
-                written: list[Recorded] = []
-                result, new_head = self._insert_locked(
-                    run_id, head, max_lease, events, encoded, actor_s, lease_n, idempotency_key, digest,
-                    written=written,
-                )
-                folded = self._run_hooks(
-                    run_id, new_head, [(agg, agg.evolve_all(state, written)) for agg, state in before]
-                )
-                ok = True
-            except psycopg.Error as exc:
-                raise _explain(exc, "appending", self.path) from exc
-            finally:
-                self._finish(ok, "committing an append")
-            self._remember_all(run_id, folded)
-            return result
+            result, _ = self._write(run_id, None, actor_s, idempotency_key, digest, token, plan, "appending")
+        return result
 
     def execute(
         self, run_id: str, aggregate: Aggregate[S], decide: Callable[[S, Head | None], Decision], *,
@@ -701,53 +1088,24 @@ class PostgresStore(EventStore):
         token = LeaseToken.parse(lease) if lease is not None else None
         actor_s = str(actor)
         digest = request_digest(actor_s, None, [digest_of or b""]) if idempotency_key else None
-        with self._lock:
-            self._begin("appending")
-            ok = False
-            try:
-                head, max_lease = self._lock_run(run_id)
-                if idempotency_key:
-                    dup = self._find_duplicate(run_id, idempotency_key, digest, actor_s)  # type: ignore[arg-type]
-                    if dup is not None:
-                        ok = True
-                        return dup, self._state(run_id, aggregate, head)
-                if token is not None:
-                    self._check_token(run_id, head, max_lease, token)
-                state = self._state(run_id, aggregate, head)
-                decision = decide(state, head)
-                if not decision.events:
-                    ok = True
-                    seq = head.last_seq if head else 0
-                    return AppendResult(run_id, "unchanged", seq, seq, ()), state
-                if decision.lease is not None and (token is None or token.lease != decision.lease):
-                    raise StaleLease(
-                        f"a write under lease {decision.lease} of run {run_id} must carry that "
-                        "lease's token (the one its claim printed); nothing was written",
-                        run_id=run_id, lease=decision.lease, why="no_token",
-                    )
-                self._check_fence(run_id, head, None, decision.lease, max_lease)
-                encoded = encode_events(decision.events, self.max_payload)
-                written: list[Recorded] = []
-                result, new_head = self._insert_locked(
-                    run_id, head, max_lease, decision.events, encoded, actor_s,
-                    decision.lease, idempotency_key, digest, written=written,
+
+        def plan(head: Head | None, max_lease: int, state: Any) -> Any:
+            decision = decide(state, head)
+            if not decision.events:
+                seq = head.last_seq if head else 0
+                return AppendResult(run_id, "unchanged", seq, seq, ())
+            if decision.lease is not None and (token is None or token.lease != decision.lease):
+                raise StaleLease(
+                    f"a write under lease {decision.lease} of run {run_id} must carry that "
+                    "lease's token (the one its claim printed); nothing was written",
+                    run_id=run_id, lease=decision.lease, why="no_token",
                 )
-                if head is None:
-                    new_state = self._state(run_id, aggregate, new_head)
-                else:
-                    new_state = aggregate.evolve_all(state, written)
-                folded = self._run_hooks(run_id, new_head, [(aggregate, new_state)])
-                if folded[0] is None:
-                    folded = (new_head, [])
-                ok = True
-            except psycopg.Error as exc:
-                raise _explain(exc, "appending", self.path) from exc
-            finally:
-                self._finish(ok, "committing a command")
-            if all(a is not aggregate for a, _ in folded[1]):
-                folded[1].append((aggregate, new_state))
-            self._remember_all(run_id, folded)
-            return result, new_state
+            self._check_fence(run_id, head, None, decision.lease, max_lease)
+            return decision.events, decision.lease
+
+        with self._lock:
+            return self._write(run_id, aggregate, actor_s, idempotency_key, digest, token, plan,
+                               "committing a command")
 
     # --- hooks and the fold cache ----------------------------------------------------
 
@@ -758,8 +1116,6 @@ class PostgresStore(EventStore):
                    ) -> tuple[Head | None, list[tuple[Aggregate[Any], Any]]]:
         if not self._hooks:
             return None, []
-        # Views are shared by every run: keep them under the tail lock like SQLite's writer.
-        self._lock_tail()
         folded = []
         for aggregate, hook in self._hooks:
             state = next((st for agg, st in known if agg is aggregate), _MISSING)
@@ -806,12 +1162,15 @@ class PostgresStore(EventStore):
     # --- reading ---------------------------------------------------------------------
 
     def _read_run_page(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Recorded]:
-        sql = f"SELECT {_COLUMNS} FROM events WHERE run_id=%s AND seq>%s"
+        # An event committed but not sealed yet reads with position 0 (the reader seals
+        # and reads again when it can: _iter_run).
+        sql = (f"SELECT {_RUN_COLUMNS} FROM events e LEFT JOIN ledger_order o ON o.event_id = e.id "
+               "WHERE e.run_id=%s AND e.seq>%s")
         args: list[Any] = [run_id, after_seq]
         if until_seq is not None:
-            sql += " AND seq<=%s"
+            sql += " AND e.seq<=%s"
             args.append(until_seq)
-        return [_rec(r) for r in self._x(sql + " ORDER BY seq", args)]
+        return [_rec(r) for r in self._x(sql + " ORDER BY e.seq", args)]
 
     def _steps(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Step]:
         sql = "SELECT seq, type, recorded_us, payload FROM events WHERE run_id=%s AND seq>%s"
@@ -820,14 +1179,11 @@ class PostgresStore(EventStore):
             sql += " AND seq<=%s"
             args.append(until_seq)
         rows = self._x(sql + " ORDER BY seq", args).fetchall()
-        try:
-            events = ev.decode_many([_b(r[3]) for r in rows])
-            intact = all(_TAGS[type(e)] == r[1] for r, e in zip(rows, events))
-        except (msgspec.ValidationError, msgspec.DecodeError, TypeError, UnicodeDecodeError):
-            intact = False
-        if not intact:
+        steps = _decode_steps(run_id, rows)
+        if steps is None:
             events = [rec.event for rec in self._read_run_page(run_id, after_seq, until_seq)]
-        return [Step(run_id, seq, type_, at_us, event) for (seq, type_, at_us, _), event in zip(rows, events)]
+            steps = [Step(run_id, seq, type_, at_us, event) for (seq, type_, at_us, _), event in zip(rows, events)]
+        return steps
 
     def _lineage_steps(self, run_id: str, until_seq: int | None) -> Iterator[Step]:
         cursor = 0
@@ -867,6 +1223,9 @@ class PostgresStore(EventStore):
             stop = cursor + PAGE if until_seq is None else min(cursor + PAGE, until_seq)
             with self._lock, self._mapped("reading"):
                 page = self._read_run_page(run_id, cursor, stop)
+                if not self._in_txn and any(r.position == 0 for r in page):
+                    self._ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+                    page = self._read_run_page(run_id, cursor, stop)
             yield from page
             if len(page) < stop - cursor:
                 return
@@ -882,32 +1241,44 @@ class PostgresStore(EventStore):
 
     def _iter_all(self, after_position: int, until_position: int | None, page: int) -> Iterator[Recorded]:
         cursor = after_position
+        sealed = False
         while True:
-            sql = f"SELECT {_COLUMNS} FROM events WHERE position>%s"
+            sql = (f"SELECT {_SEALED_COLUMNS} FROM ledger_order o JOIN events e ON e.id = o.event_id "
+                   "WHERE o.position>%s")
             args: list[Any] = [cursor]
             if until_position is not None:
-                sql += " AND position<=%s"
+                sql += " AND o.position<=%s"
                 args.append(until_position)
-            sql += " ORDER BY position LIMIT %s"
+            sql += " ORDER BY o.position LIMIT %s"
             args.append(page)
             with self._lock, self._mapped("reading"):
                 rows = self._x(sql, args).fetchall()
-            if not rows:
-                return
             for r in rows:
                 yield _rec(r)
-            cursor = rows[-1][2]
-            if len(rows) < page:
-                return
+            if rows:
+                cursor = rows[-1][2]
+            if len(rows) == page or (until_position is not None and cursor >= until_position):
+                continue
+            with self._lock, self._mapped("reading"):
+                if sealed or self._in_txn or not self._x("SELECT EXISTS (SELECT 1 FROM unsealed)").fetchone()[0]:
+                    return
+                # Committed events wait for their positions (their writer died between its
+                # commit and its seal, or is sealing now): seal them, and read on.
+                self._ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+            sealed = True
 
     def read_for_export(self, run_ids: Sequence[str] | None = None) -> Iterator[tuple[Recorded, bytes | None, int]]:
         wanted = None if run_ids is None else set(run_ids)
         cursor = 0
+        with self._lock, self._mapped("exporting"):
+            if not self._in_txn:
+                self._ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
         while True:
             with self._lock, self._mapped("exporting"):
                 rows = self._x(
-                    f"SELECT {_COLUMNS}, idem_digest, batch_size FROM events WHERE position>%s "
-                    "ORDER BY position LIMIT %s", (cursor, PAGE),
+                    f"SELECT {_SEALED_COLUMNS}, e.idem_digest, e.batch_size FROM ledger_order o "
+                    "JOIN events e ON e.id = o.event_id WHERE o.position>%s "
+                    "ORDER BY o.position LIMIT %s", (cursor, PAGE),
                 ).fetchall()
             if not rows:
                 return
@@ -919,28 +1290,47 @@ class PostgresStore(EventStore):
     def head(self, run_id: str) -> Head | None:
         check_run_id(run_id)
         with self._lock, self._mapped("reading a run's head"):
-            return self._head_row(run_id)[0]
+            return self._public_head(run_id)
+
+    def _public_head(self, run_id: str) -> Head | None:
+        row = self._x(_PUBLIC_HEAD + " WHERE h.run_id=%s", (run_id,)).fetchone()
+        if row is not None and not row[6] and not self._in_txn:
+            self._ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+            row = self._x(_PUBLIC_HEAD + " WHERE h.run_id=%s", (run_id,)).fetchone()
+        return None if row is None else Head(row[0], row[1], _b(row[2]), row[3], row[4], row[5], row[6])
 
     def list_runs(self, *, prefix: str | None = None) -> Iterator[Head]:
-        sql = "SELECT run_id, last_seq, last_hash, lease, lease_holder, first_position, last_position FROM heads"
+        return self._list_runs(prefix, public=True)
+
+    def _list_runs(self, prefix: str | None, *, public: bool) -> Iterator[Head]:
+        """Heads in the order runs began; ``public``: spans in ledger positions (sealing
+        first what still waits), else in write ids (verify compares those with the log)."""
+        if public and not self._in_txn:
+            with self._lock, self._mapped("listing runs"):
+                if self._x("SELECT EXISTS (SELECT 1 FROM unsealed)").fetchone()[0]:
+                    self._ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+        sql = (_PUBLIC_HEAD if public else
+               "SELECT run_id, last_seq, last_hash, lease, lease_holder, first_position, last_position, "
+               "first_position FROM heads h")
         cursor: tuple[Any, ...] | None = None
         while True:
             terms, args = [], []
             if prefix:
-                terms.append("run_id >= %s AND run_id < %s")
+                terms.append("h.run_id >= %s AND h.run_id < %s")
                 args += [prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)]
             if cursor is not None:
-                terms.append("(first_position, run_id) > (%s, %s)")
+                terms.append("(h.first_position, h.run_id) > (%s, %s)")
                 args += list(cursor)
-            q = sql + (" WHERE " + " AND ".join(terms) if terms else "")
-            q += " ORDER BY first_position, run_id LIMIT %s"
+            q = sql.replace("SELECT ", "SELECT h.first_position, ", 1)
+            q += (" WHERE " + " AND ".join(terms) if terms else "")
+            q += " ORDER BY h.first_position, h.run_id LIMIT %s"
             with self._lock, self._mapped("listing runs"):
                 rows = self._x(q, [*args, PAGE]).fetchall()
             for r in rows:
-                yield Head(r[0], r[1], _b(r[2]), r[3], r[4], r[5], r[6])
+                yield Head(r[1], r[2], _b(r[3]), r[4], r[5], r[6], r[7])
             if len(rows) < PAGE:
                 return
-            cursor = (rows[-1][5], rows[-1][0])
+            cursor = (rows[-1][0], rows[-1][1])
 
     def count_runs(self) -> int:
         with self._lock, self._mapped("counting runs"):
@@ -963,7 +1353,7 @@ class PostgresStore(EventStore):
         from .postgres_import import PgImport
 
         with self._lock:
-            self._begin("importing", tail=True)
+            self._begin("importing", exclusive=True)
             ok = False
             try:
                 run = PgImport(self, aggregate, admit)
@@ -997,18 +1387,20 @@ class PostgresStore(EventStore):
             name: (defn, enabled)
             for name, defn, enabled in self._x(
                 "SELECT t.tgname, pg_get_triggerdef(t.oid), t.tgenabled FROM pg_trigger t "
-                "WHERE t.tgrelid = 'events'::regclass AND NOT t.tgisinternal"
+                "WHERE t.tgrelid IN ('events'::regclass, 'ledger_order'::regclass) AND NOT t.tgisinternal"
             )
         }
         schema = self._x("SELECT current_schema()").fetchone()[0]
-        have = {n: (d.replace(f" ON {schema}.events ", " ON events ").replace(f'"{schema}".', ""), e)
+        have = {n: (d.replace(f" ON {schema}.events ", " ON events ")
+                    .replace(f" ON {schema}.ledger_order ", " ON ledger_order ").replace(f'"{schema}".', ""), e)
                 for n, (d, e) in have.items()}
         out = []
         advice = ("Someone changed the database behind the store; check the log against a head "
                   "digest kept elsewhere, and restore from a backup")
-        for name, sql in {**APPEND_ONLY_TRIGGERS, **ROLE_TRIGGERS}.items():
+        for name, sql in {**APPEND_ONLY_TRIGGERS, **ORDER_TRIGGERS, **ROLE_TRIGGERS}.items():
             if name not in have:
                 what = ("events can be changed or deleted without any error" if name in APPEND_ONLY_TRIGGERS
+                        else "sealed positions can be moved or deleted without any error" if name in ORDER_TRIGGERS
                         else "a client can now write any role into db_role")
                 out.append(Problem("trigger_missing", None, None, None,
                                    f"the trigger {name} is gone: {what}. {advice}"))
@@ -1045,7 +1437,7 @@ class PostgresStore(EventStore):
         if position == 0:
             return None
         with self._lock, self._mapped("reading the ledger-wide chain"):
-            row = self._x("SELECT global_hash FROM events WHERE position=%s", (position,)).fetchone()
+            row = self._x("SELECT global_hash FROM ledger_order WHERE position=%s", (position,)).fetchone()
         return None if row is None else _b(row[0])
 
     def backup_to(self, path: str) -> tuple[int, bytes, int]:
@@ -1056,6 +1448,7 @@ class PostgresStore(EventStore):
 
         dst = SqliteStore(path)
         try:
+            self.seal()
             with self.read_transaction():
                 dst.import_records(self.read_for_export())
             position, ghash = dst.ledger_head()
@@ -1102,14 +1495,16 @@ class PostgresStore(EventStore):
             "synchronous_commit": facts.get("synchronous_commit"),
             "fsync": facts.get("fsync"),
             "lock_timeout_ms": int(self.busy_timeout_s * 1000),
-            "order": "positions taken under the ledger_tail row lock, held to commit (docs/postgres.md)",
+            "order": "positions sealed behind the writers, in commit order (docs/postgres.md)",
+            "unsealed": self.unsealed_count(),
         }
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None:
-                with contextlib.suppress(Exception):
-                    self._conn.close()
+            for conn in (self._conn, self._listener):
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.close()
 
 
 def _norm(sql: str) -> str:
@@ -1125,7 +1520,10 @@ class PostgresTransaction(Transaction):
         self._store = store
 
     def head(self, run_id: str) -> Head | None:
-        return self._store._head_row(run_id)[0]
+        store = self._store
+        if store._writing and not store._exclusive:
+            return store._head_row(run_id)[0]  # inside a write: its span in write ids, as its hooks see it
+        return store._public_head(run_id)
 
     def state(self, run_id: str, aggregate: Aggregate[S], head: Head | None | object = _MISSING) -> S:
         store = self._store
@@ -1137,15 +1535,19 @@ class PostgresTransaction(Transaction):
         return self._store.fold(run_id, aggregate)
 
     def runs_since(self, position: int) -> list[str]:
+        """Runs with events after a write id (the views' cursor on this backend)."""
         return [r[0] for r in self._store._x(_RUNS_SINCE, (position,))]
 
     def count_runs(self, *, begun_by: int | None = None) -> int:
         x = self._store._x
         if begun_by is None:
             return x("SELECT count(*) FROM heads").fetchone()[0]
-        return x("SELECT count(*) FROM heads WHERE first_position <= %s", (begun_by,)).fetchone()[0]
+        return x("SELECT count(*) FROM heads h JOIN ledger_order o ON o.event_id = h.first_position "
+                 "WHERE o.position <= %s", (begun_by,)).fetchone()[0]
 
     def last_position(self) -> int:
+        """The last sealed position. Inside write_transaction every write is excluded and
+        everything committed was sealed when it began: no event can still appear below it."""
         return self._store._x("SELECT position FROM ledger_tail").fetchone()[0]
 
     @property
@@ -1158,7 +1560,7 @@ class PostgresTransaction(Transaction):
 _ROLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 #: The tables of the ledger proper. Every other table in the schema is a view table or a
 #: projection's tracking/version table, which appends keep inline.
-_LEDGER_TABLES = ("events", "heads", "ledger_tail", "handoff_meta")
+_LEDGER_TABLES = ("events", "heads", "ledger_tail", "ledger_order", "unsealed", "handoff_meta")
 
 
 def _quote_ident(name: str) -> str:
@@ -1217,14 +1619,16 @@ def roles_sql(schema: str, prefix: str = "handoff") -> str:
         # The ledger proper: exactly what an append needs.
         *(f"REVOKE ALL ON {s}.{t} FROM {appenders};" for t in _LEDGER_TABLES),
         f"GRANT SELECT, INSERT ON {s}.events TO {appenders};",
-        f"GRANT SELECT, INSERT, UPDATE ON {s}.heads, {s}.ledger_tail TO {appenders};",
+        f"GRANT SELECT, INSERT, UPDATE ON {s}.heads TO {appenders};",
+        f"GRANT SELECT ON {s}.ledger_tail, {s}.ledger_order TO {appenders};",
+        f"GRANT SELECT, INSERT ON {s}.unsealed TO {appenders};",
         f"GRANT SELECT ON {s}.handoff_meta TO {appenders};",
         # Tables the owner creates later (a rebuild's swapped-in tables, a new projection).
         f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {appenders};",
         f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT SELECT ON TABLES TO {auditor};",
         f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT USAGE ON SEQUENCES TO {appenders};",
         # Belt and braces: the log is never changed, whoever granted what before.
-        f"REVOKE UPDATE, DELETE, TRUNCATE ON {s}.events FROM {everyone};",
+        f"REVOKE UPDATE, DELETE, TRUNCATE ON {s}.events, {s}.ledger_order FROM {everyone};",
         f"REVOKE CREATE ON SCHEMA {s} FROM {everyone};",
         f"-- check: SELECT has_table_privilege('{writer}', {lit}, 'DELETE');  -- false",
         "COMMIT;",

@@ -21,6 +21,31 @@ if TYPE_CHECKING:
 PAGE = 10_000
 
 
+def _walk(store: PostgresStore, run_id: str | None) -> Iterator[tuple[Recorded, int]]:
+    """Every event with its write id: the sealed ones in ledger order, then those
+    committed but still waiting for a position (position 0), in write-id order. A run's
+    events come in seq order either way (a later seq is never sealed before an earlier)."""
+    from .postgres import _RUN_COLUMNS, _rec
+
+    x = store._x
+    base = (f"SELECT {_RUN_COLUMNS}, e.id FROM events e LEFT JOIN ledger_order o ON o.event_id = e.id ")
+    if run_id is not None:
+        for r in x(base + "WHERE e.run_id = %s ORDER BY e.seq", (run_id,)):
+            yield _rec(r), r[12]
+        return
+    cursor = 0
+    while True:
+        rows = x(base.replace("LEFT JOIN", "JOIN") + "WHERE o.position > %s ORDER BY o.position LIMIT %s",
+                 (cursor, PAGE)).fetchall()
+        for r in rows:
+            yield _rec(r), r[12]
+        if len(rows) < PAGE:
+            break
+        cursor = rows[-1][2]
+    for r in x(base + "WHERE o.position IS NULL ORDER BY e.id"):
+        yield _rec(r), r[12]
+
+
 def verify_snapshot(store: PostgresStore, run_id: str | None,
                     progress: Callable[[int, int], None] | None) -> list[Problem]:
     from .postgres import _b, global_link
@@ -32,17 +57,16 @@ def verify_snapshot(store: PostgresStore, run_id: str | None,
     spans: dict[str, tuple[int, int]] = {}
     fences: dict[str, tuple[int | None, str | None, int]] = {}
     digests: dict[str, str | None] = {}
-    total = x("SELECT coalesce(max(position), 0) FROM events").fetchone()[0]
+    total = x("SELECT position FROM ledger_tail").fetchone()[0]
     expected_pos = None
-    source: Iterator[Recorded] = store.read_run(run_id) if run_id is not None else store.read_all()
-    for rec in source:
-        if run_id is None:
+    for rec, wid in _walk(store, run_id):
+        if run_id is None and rec.position:
             if expected_pos is not None and rec.position != expected_pos:
                 problems.append(Problem("position_gap", rec.run_id, rec.seq, rec.position,
                                         f"positions jump from {expected_pos - 1} to {rec.position}: "
                                         "events are missing"))
             expected_pos = rec.position + 1
-        if progress is not None and rec.position % 10_000 == 0:
+        if progress is not None and rec.position and rec.position % 10_000 == 0:
             progress(rec.position, total)
         if rec.run_id in broken:
             continue
@@ -68,7 +92,7 @@ def verify_snapshot(store: PostgresStore, run_id: str | None,
             continue
         seen[rec.run_id] = (rec.seq, rec.hash)
         span = spans.get(rec.run_id)
-        spans[rec.run_id] = (rec.position if span is None else span[0], rec.position)
+        spans[rec.run_id] = (wid if span is None else span[0], wid)
         if rec.type in ("lease_granted", "lease_released", "lease_revoked"):
             lease, holder, top = fences.get(rec.run_id, (None, None, 0))
             e = ev.decode(rec.payload)
@@ -85,14 +109,21 @@ def verify_snapshot(store: PostgresStore, run_id: str | None,
     gaps = run_id is not None
     chain_ok = True
     while chain_ok:
-        rows = x("SELECT position, run_id, seq, hash, global_hash FROM events WHERE position > %s "
-                 "ORDER BY position LIMIT %s", (cursor, PAGE)).fetchall()
+        rows = x("SELECT o.position, e.run_id, e.seq, e.hash, o.global_hash FROM ledger_order o "
+                 "LEFT JOIN events e ON e.id = o.event_id WHERE o.position > %s "
+                 "ORDER BY o.position LIMIT %s", (cursor, PAGE)).fetchall()
         for position, rid, seq, h, g in rows:
             if gaps and position != cursor + 1:
                 problems.append(Problem("position_gap", rid, seq, position,
                                         f"positions jump from {cursor} to {position}: events are missing"))
                 gaps = False
             cursor = position
+            if h is None:
+                problems.append(Problem("position_gap", None, None, position,
+                                        f"position {position} names an event that is not in the log: "
+                                        "an event was removed behind the store"))
+                chain_ok = False
+                break
             if _b(g) != global_link(prev, position, _b(h)):
                 problems.append(Problem("global_chain", rid, seq, position,
                                         "the ledger-wide chain breaks here: events were reordered, moved "
@@ -108,7 +139,17 @@ def verify_snapshot(store: PostgresStore, run_id: str | None,
                                 f"the ledger_tail row says position {tail_pos}, the log ends at {cursor}: "
                                 "events were removed or the tail was edited behind the store"))
 
-    heads = {h.run_id: h for h in store.list_runs()} if run_id is None else (
+    # Every event is either sealed or waiting for its position, never neither.
+    lost = x("SELECT e.run_id, e.seq FROM events e WHERE NOT EXISTS (SELECT 1 FROM ledger_order o "
+             "WHERE o.event_id = e.id) AND NOT EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = e.id) "
+             + ("AND e.run_id = %s " if run_id is not None else "") + "LIMIT 1",
+             (run_id,) if run_id is not None else None).fetchone()
+    if lost is not None:
+        problems.append(Problem("unordered", lost[0], lost[1], None,
+                                f"event {lost[0]} seq {lost[1]} has no ledger position and is not waiting "
+                                "for one: the ledger order was edited behind the store"))
+
+    heads = {h.run_id: h for h in store._list_runs(None, public=False)} if run_id is None else (
         {run_id: h} if (h := store._head_row(run_id)[0]) else {})
     for rid, (last_seq, last_hash) in seen.items():
         if rid in broken:
@@ -121,7 +162,7 @@ def verify_snapshot(store: PostgresStore, run_id: str | None,
             continue
         if (h.first_position, h.last_position) != spans[rid]:
             problems.append(Problem("head_mismatch", rid, last_seq, None,
-                                    f"the heads table places the run at positions {h.first_position}-"
+                                    f"the heads table places the run at write ids {h.first_position}-"
                                     f"{h.last_position}, the log at {spans[rid][0]}-{spans[rid][1]}: the "
                                     "heads row was edited behind the store"))
             continue

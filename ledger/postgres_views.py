@@ -6,8 +6,10 @@ so a row keeps its ordinal. The partial "due" index is a real partial index. A r
 fills shadow tables and swaps them in (drop, rename, index) inside one transaction.
 Every method runs on the store's connection under its lock; writes run inside a
 transaction the store opened. A view read inside a write transaction first takes the
-ledger's tail lock, so a decision that reads a view (an owner's load) cannot race
-another write that changes it.
+ledger's views lock exclusively (every write that keeps views holds it shared), so a
+decision that reads a view (an owner's load) cannot race another write that changes it.
+Positions here are write ids (ledger/postgres.py): the tracking rows and a view row's
+``last_position`` hold them.
 """
 
 from __future__ import annotations
@@ -64,11 +66,12 @@ def index_sql(spec: TableSpec, ix: Index) -> str:
 class Table:
     """One view table and the statements that keep it, built once."""
 
-    __slots__ = ("delete_key", "delete_run", "npk", "order", "spec", "select_run",
+    __slots__ = ("delete_key", "delete_run", "name", "npk", "order", "spec", "select_run",
                  "update", "upsert", "upsert_changed", "values")
 
     def __init__(self, spec: TableSpec, table: str) -> None:
         self.spec = spec
+        self.name = table
         cols = list(spec.column_names)
         rest = [c for c in cols if c not in spec.pk]
         words = spec.indexed_columns()
@@ -142,7 +145,11 @@ class PostgresViewStore(ViewStore):
 
     def prepare(self, views: Mapping[str, tuple[TableSpec, int]]) -> None:
         x = self._x
-        x(f"CREATE TABLE IF NOT EXISTS {TRACKING} (name text PRIMARY KEY, position bigint NOT NULL)")
+        # id_mark: the last write id when the position was set (ledger/postgres.py: every
+        # write below it had committed), the point from which lagging() looks for writes
+        # that did not keep the views.
+        x(f"CREATE TABLE IF NOT EXISTS {TRACKING} (name text PRIMARY KEY, position bigint NOT NULL,"
+          " id_mark bigint NOT NULL DEFAULT 0)")
         x(f"CREATE TABLE IF NOT EXISTS {VERSIONS} (name text PRIMARY KEY, version bigint NOT NULL)")
         existing = self._table_names()
         for name, (spec, version) in views.items():
@@ -150,24 +157,38 @@ class PostgresViewStore(ViewStore):
                 x(create_sql(spec, spec.name))
                 for ix in spec.indexes:
                     x(index_sql(spec, ix))
-                self._put(TRACKING, name, 0)
+                self._put(TRACKING, name, 0)  # built over an empty log, or marked unbuilt below
+                x(f"UPDATE {TRACKING} SET id_mark = -1 WHERE name = %s AND EXISTS (SELECT 1 FROM events)",
+                  (name,))
                 self._put(VERSIONS, name, version)
-        for name in self._outdated(views):
-            x(f"UPDATE {TRACKING} SET position = 0 WHERE name = %s", (name,))
+        for name in self._outdated(views):  # made anew: another version may have other columns
+            spec = views[name][0]
+            x(f"DROP TABLE IF EXISTS {_ident(spec.name)}")
+            x(create_sql(spec, spec.name))
+            for ix in spec.indexes:
+                x(index_sql(spec, ix))
+            x(f"UPDATE {TRACKING} SET position = 0, id_mark = -1 WHERE name = %s", (name,))
             self._put(VERSIONS, name, views[name][1])
 
     def _put(self, table: str, name: str, value: int) -> None:
-        col = "position" if table == TRACKING else "version"
-        self._x(f"INSERT INTO {table} VALUES (%s, %s) ON CONFLICT (name) DO UPDATE SET {col}=excluded.{col}",
+        if table == TRACKING:
+            self._x(f"INSERT INTO {TRACKING} (name, position, id_mark) VALUES (%s, %s, "
+                    "(SELECT coalesce(max(id), 0) FROM events)) ON CONFLICT (name) DO UPDATE SET "
+                    "position=excluded.position, id_mark=excluded.id_mark", (name, value))
+            return
+        self._x(f"INSERT INTO {table} VALUES (%s, %s) ON CONFLICT (name) DO UPDATE SET version=excluded.version",
                 (name, value))
 
     def positions(self) -> dict[str, int]:
         with self._store._lock, self._store._mapped("reading the views"):
             # A ledger no projection was ever prepared in has no tracking table: no
             # positions, not a driver error (the interface promises typed errors only).
-            if self._x("SELECT to_regclass(%s)", (TRACKING,)).fetchone()[0] is None:
-                return {}
-            return dict(self._x(f"SELECT name, position FROM {TRACKING}").fetchall())
+            return {n: pos for n, (pos, _) in self._effective(self._tracking()).items()}
+
+    def _tracking(self) -> dict[str, tuple[int, int]]:
+        if self._x("SELECT to_regclass(%s)", (TRACKING,)).fetchone()[0] is None:
+            return {}
+        return {n: (p, m) for n, p, m in self._x(f"SELECT name, position, id_mark FROM {TRACKING}")}
 
     def table(self, spec: TableSpec) -> Table:
         t = self._tables.get(spec.name)
@@ -178,25 +199,25 @@ class PostgresViewStore(ViewStore):
 
     # --- writing ----------------------------------------------------------------------
 
+    # Inside a write these statements are pipelined with the append (its second round
+    # trip): none of them reads a result, so none costs a round trip of its own. A row
+    # that did not change is left alone (the WHERE of upsert_changed).
+
     def sync_one(self, table: Table, row: Mapping[str, Any]) -> None:
-        if table.update is None or not self._x(table.update, row).rowcount:
-            self._x(table.upsert_changed, row)
+        self._x(table.upsert_changed, row)
 
     def sync_many(self, table: Table, run_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        stored = [_row(r) for r in self._x(table.select_run, (run_id,)).fetchall()]
-        wants = [tuple(table.values(row)) for row in rows]
-        if sorted(stored, key=repr) == sorted(wants, key=repr):
-            return
         n = table.npk
-        have = {r[:n]: r for r in stored}
-        for key in have.keys() - {w[:n] for w in wants}:
-            self._x(table.delete_key, key)
-        for row, want in zip(rows, wants):
-            old = have.get(want[:n])
-            if old is None:
-                self._x(table.upsert, row)
-            elif old != want:
-                self.sync_one(table, row)
+        keys = [tuple(table.values(row))[:n] for row in rows]
+        if keys:
+            cols = ", ".join(table.spec.pk)
+            one = "(" + ", ".join(["%s"] * n) + ")"
+            self._x(f"DELETE FROM {table.name} WHERE run_id=%s AND ({cols}) NOT IN ({', '.join([one] * len(keys))})",
+                    [run_id, *(v for k in keys for v in k)])
+        else:
+            self._x(table.delete_run, (run_id,))
+        for row in rows:
+            self._x(table.upsert_changed, row)
 
     def fill(self, table: Table, run_id: str, rows: Sequence[Mapping[str, Any]], *, many: bool) -> None:
         if many:
@@ -206,16 +227,36 @@ class PostgresViewStore(ViewStore):
                 cur.executemany(table.upsert, rows)
 
     def advance(self, names: Sequence[str], last_position: int, run_id: str) -> None:
-        self._x(
-            f"UPDATE {TRACKING} SET position=%s WHERE name = ANY(%s) "
-            f"AND NOT EXISTS (SELECT 1 FROM events WHERE position > {TRACKING}.position "
-            f"AND position <= %s AND run_id <> %s)",
-            (last_position, list(names), last_position, run_id),
-        )
+        """Nothing to write: a row every write moved would be one lock every commit on
+        every host waits for. Each event says instead whether its write kept the views
+        (``events.viewed``); a projection is behind only where one did not (lagging)."""
+
+    def _effective(self, tracking: Mapping[str, tuple[int, int]]) -> dict[str, tuple[int, bool]]:
+        """{name: (position, behind?)}: behind when it was never built over a non-empty
+        log, or when a write after its mark did not keep the views; otherwise current up
+        to the ledger's last position."""
+        x = self._x
+        last = x("SELECT position FROM ledger_tail").fetchone()[0]
+        out = {}
+        for name, (pos, mark) in tracking.items():
+            if mark < 0:  # never built over the events it has now
+                out[name] = (pos, True)
+                continue
+            # Current up to just before the first event written without views since the mark.
+            first = x("SELECT min(coalesce(o.position, %s)) FROM events e LEFT JOIN ledger_order o "
+                      "ON o.event_id = e.id WHERE NOT e.viewed AND e.id > %s", (last + 1, mark)).fetchone()[0]
+            out[name] = (max(pos, first - 1), True) if first is not None else (max(pos, last), False)
+        return out
+
+    def lagging(self, names: Iterable[str], last_position: int) -> dict[str, int]:
+        wanted = set(names)
+        with self._store._lock, self._store._mapped("reading the views"):
+            tracking = self._tracking()
+            return {n: pos for n, (pos, behind) in self._effective(tracking).items() if n in wanted and behind}
 
     def set_positions(self, positions: Mapping[str, int]) -> None:
         for n, pos in positions.items():
-            self._x(f"UPDATE {TRACKING} SET position=%s WHERE name=%s", (pos, n))
+            self._put(TRACKING, n, pos)
 
     # --- rebuild ----------------------------------------------------------------------
 
@@ -255,8 +296,8 @@ class PostgresViewStore(ViewStore):
     def _run(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
         store = self._store
         with store._lock, store._mapped("reading the views"):
-            if store._writing:
-                store._lock_tail("reading the views")
+            if store._writing and not store._exclusive:
+                store._lock_views()
             return [_row(r) for r in store._x(sql, args).fetchall()]
 
     def _pk(self, table: str) -> tuple[str, ...]:

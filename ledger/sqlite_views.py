@@ -159,7 +159,14 @@ class SqliteViewStore(ViewStore):
         # Views kept by another version (or before versions were recorded, 1): back
         # to position 0, so the catch-up that follows refolds every run into rows
         # of this version, in its own transaction, however many processes open.
+        # The table is made anew: another version may have other columns, and every row
+        # is derived anyway.
         for name in self._outdated(views):
+            spec = views[name][0]
+            conn.execute(f"DROP TABLE IF EXISTS {_ident(spec.name)}")
+            conn.execute(create_sql(spec, spec.name))
+            for ix in spec.indexes:
+                conn.execute(index_sql(spec, ix))
             conn.execute(f"UPDATE {TRACKING} SET position = 0 WHERE name = ?", (name,))
             conn.execute(f"INSERT OR REPLACE INTO {VERSIONS} VALUES (?, ?)", (name, views[name][1]))
 

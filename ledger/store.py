@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import hmac
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
@@ -529,6 +530,29 @@ class EventStore(abc.ABC):
     def counts(self) -> dict[str, int]:
         """How many events and streams the ledger holds."""
         return {"events": self.last_position(), "runs": self.count_runs()}
+
+    def db_roles(self, first_position: int, last_position: int) -> dict[int, str]:
+        """The database role that inserted each event in the positions given, as the
+        server recorded it ({} here: where there is no server, the actor is all there is,
+        and it is self-declared). ``log``, ``export`` and ``verify`` show it."""
+        return {}
+
+    def db_role_counts(self, run_id: str | None = None) -> dict[str, int]:
+        """How many events each database role inserted (the whole ledger, or one run)."""
+        return {}
+
+    def wait_for_events(self, after_position: int, timeout_s: float) -> int:
+        """Wait until the ledger holds an event after ``after_position``, or ``timeout_s``
+        passes; return the last position either way. What a tailing reader (``log
+        --follow``, ``watch``) sleeps on. Here: a poll every 50 ms; a backend that can be
+        told about commits (PostgreSQL's LISTEN/NOTIFY) wakes sooner and polls less."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            last = self.last_position()
+            left = deadline - time.monotonic()
+            if last > after_position or left <= 0:
+                return last
+            time.sleep(min(0.05, left))
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -145,6 +145,13 @@ class ViewStore(ViewWriter):
     @abc.abstractmethod
     def positions(self) -> dict[str, int]: ...
 
+    def lagging(self, names: Iterable[str], last_position: int) -> dict[str, int]:
+        """The projections among ``names`` that catch-up must refold, each with the
+        position to refold after. Here: those whose tracking row is behind the log's
+        ``last_position``; a backend that marks each write instead overrides it."""
+        wanted = set(names)
+        return {n: pos for n, pos in self.positions().items() if n in wanted and pos < last_position}
+
     @abc.abstractmethod
     def table(self, spec: TableSpec) -> Any:
         """A handle for writing ``spec``'s table (statements prepared once)."""

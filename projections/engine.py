@@ -70,13 +70,16 @@ def _owner_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
 PROJECTIONS: tuple[Projection, ...] = (
     Projection(
         name="checkpoints",
-        version=2,  # 2: the packet keeps the latest evidence record of each kind
+        # 2: the packet keeps the latest evidence record of each kind; 3: no last_position
+        # column (the run's position lives in the heads table alone; on PostgreSQL a write
+        # learns its position only after its commit)
+        version=3,
         spec=TableSpec(
             "checkpoints",
             columns(
                 run_id="text!", state="text!", terminal="int!", owner="text!", target="text!",
                 worker="text", lease="int", progress_seq="int!", last_seq="int!",
-                last_position="int!", updated_us="int", fork_parent="text", packet="blob!",
+                updated_us="int", fork_parent="text", packet="blob!",
             ),
             pk=("run_id",),
             indexes=(
@@ -219,8 +222,7 @@ class Projector:
         """
         store = self.store
         refolded = 0
-        last = store.last_position()
-        behind = {n: pos for n, pos in self.positions().items() if n in set(self._names) and pos < last}
+        behind = self._views.lagging(self._names, store.last_position())
         if not behind:
             return 0
         since = min(behind.values())
@@ -285,7 +287,8 @@ class Projector:
         chunk: list[str] = []
         for head in store.list_runs():
             if head.first_position > start:
-                break  # runs begun since the rebuild started: the swap folds those
+                continue  # begun since the rebuild started: the swap folds those (heads come in
+                # the order runs began, which on PostgreSQL may differ a little from positions)
             chunk.append(head.run_id)
             if len(chunk) == batch:
                 flush(chunk)

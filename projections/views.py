@@ -92,7 +92,6 @@ def checkpoint_row(cp: Checkpoint, last_position: int) -> dict[str, Any]:
         "lease": cp.lease,
         "progress_seq": cp.progress_seq,
         "last_seq": cp.last_seq,
-        "last_position": last_position,
         "updated_us": cp.last_event_us,
         "fork_parent": cp.fork_parent,
         "packet": encode_checkpoint(cp),

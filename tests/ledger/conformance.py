@@ -1109,7 +1109,14 @@ class StoreConformance:
         store.attach(Count(), hook)
         self.fill(store, "a", 2)
         store.execute("a", Count(), up_to(3), actor=W1)
-        assert seen == [("a", 2, 2, 2), ("a", 3, 3, 3)]
+        # The hook sees its own write: the fold after it, and a head that agrees with the
+        # position it is given. That position is the ledger position where the backend
+        # knows it before the commit (SQLite), the write id where positions are sealed
+        # after the commit (PostgreSQL: docs/postgres.md, "Order"); it grows either way.
+        assert [(r, st) for r, st, _, _ in seen] == [("a", 2), ("a", 3)]
+        assert all(pos == head_pos for _, _, pos, head_pos in seen)
+        assert seen[0][2] < seen[1][2]
+        assert store.head("a").last_position == store.last_position() == 3
 
     def test_failing_inline_hook_rolls_the_append_back(self, store):
         self.fill(store, "a", 1)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 
+import pytest
+from pathlib import Path
+
 from handoff.ledger.postgres import PostgresStore
 from tests.pg import fresh_url
 
@@ -80,14 +83,14 @@ def test_db_role_is_said_by_the_server_not_the_client():
         with psycopg.connect(url) as conn:
             role = conn.execute("SELECT session_user").fetchone()[0]
             assert conn.execute("SELECT db_role FROM events").fetchone()[0] == role
-            # A client that inserts with a forged db_role (a copy of row 1 at a new
-            # position, rolled back) gets the server's word for it anyway.
+            # A client that inserts with a forged db_role (a copy of row 1 under a new
+            # write id, rolled back) gets the server's word for it anyway.
             conn.execute(
-                "INSERT INTO events (position, run_id, seq, type, actor, lease, idem_key, idem_digest, batch_size,"
-                " recorded_us, schema_version, payload, prev_hash, hash, global_hash, db_role)"
-                " SELECT 2, run_id, 2, type, actor, lease, idem_key, idem_digest, batch_size, recorded_us,"
-                " schema_version, payload, prev_hash, hash, global_hash, 'someone_else' FROM events")
-            assert conn.execute("SELECT db_role FROM events WHERE position = 2").fetchone()[0] == role
+                "INSERT INTO events (id, run_id, seq, type, actor, lease, idem_key, idem_digest, batch_size,"
+                " recorded_us, schema_version, payload, prev_hash, hash, viewed, db_role)"
+                " SELECT id + 1, run_id, 2, type, actor, lease, idem_key, idem_digest, batch_size, recorded_us,"
+                " schema_version, payload, prev_hash, hash, viewed, 'someone_else' FROM events")
+            assert conn.execute("SELECT db_role FROM events WHERE seq = 2").fetchone()[0] == role
             conn.rollback()
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("DROP TRIGGER events_stamp_role ON events")
@@ -95,21 +98,57 @@ def test_db_role_is_said_by_the_server_not_the_client():
         assert len(problems) == 1 and "db_role" in problems[0].message
 
 
-def test_a_schema_1_ledger_is_migrated_to_stamp_db_role():
-    """A ledger made before the stamping trigger (schema 1) gets it on a writable open."""
+FIXTURE_V2 = Path(__file__).parent / "fixtures" / "postgres_schema2.sql"
+
+
+def _load_schema2(drop_stamp: bool = False) -> str:
+    """A new schema holding the schema-2 fixture (as 4b13904 wrote it); its address."""
     import psycopg
 
-    from handoff.ledger import events as ev
-    from handoff.ledger.store import Actor
-
     url = fresh_url()
-    PostgresStore(url).close()
-    with psycopg.connect(url, autocommit=True) as conn:  # back to what schema 1 created
-        conn.execute("DROP TRIGGER events_stamp_role ON events")
-        conn.execute("DROP FUNCTION handoff_stamp_role()")
-        conn.execute("UPDATE handoff_meta SET value = '1' WHERE key = 'schema_version'")
-    with PostgresStore(url) as pg:
-        pg.append("r", [ev.HeartbeatRecorded()], actor=Actor("worker", "w"))
-        assert pg.verify() == []
+    schema = url.rsplit("search_path%3D", 1)[1]
+    sql = FIXTURE_V2.read_text().replace("__SCHEMA__", schema).replace(f"CREATE SCHEMA {schema};", "")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql)
+        if drop_stamp:  # back to what schema 1 created
+            conn.execute(f"DROP TRIGGER events_stamp_role ON {schema}.events")
+            conn.execute(f"DROP FUNCTION {schema}.handoff_stamp_role()")
+            conn.execute(f"UPDATE {schema}.handoff_meta SET value = '1' WHERE key = 'schema_version'")
+    return url
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_ledger_is_migrated_and_keeps_every_position_and_hash(version):
+    """Schema 1 (no db_role trigger) and 2 (positions under a tail lock) are brought to 3
+    (positions sealed behind the writers) by a writable open: the order, both chains and
+    every fold stay, the views need no refold, and new writes continue the order."""
+    import psycopg
+
+    from handoff.api import Ledger
+
+    url = _load_schema2(drop_stamp=version == 1)
+    with PostgresStore(url, readonly=True) as old:  # read-only: no migration, reads as it was
+        pass
     with psycopg.connect(url) as conn:
-        assert conn.execute("SELECT value FROM handoff_meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+        before = conn.execute("SELECT position, run_id, seq, hash, global_hash FROM events ORDER BY position").fetchall()
+        tail = conn.execute("SELECT position, global_hash FROM ledger_tail").fetchone()
+    with Ledger(url) as lg:
+        assert lg.store.diagnostics()["schema_version"] == 3
+        assert [(r.position, r.run_id, r.seq, r.hash) for r in lg.store.read_all()] == [
+            (p, r, s, bytes(h)) for p, r, s, h, _ in before]
+        assert lg.store.ledger_head() == (tail[0], bytes(tail[1]))
+        assert lg.store.global_hash_at(10) == bytes(before[-1][4])
+        spans: dict[str, list[int]] = {}
+        for p, r, *_ in before:
+            spans.setdefault(r, []).append(p)
+        assert [(h.run_id, h.first_position, h.last_position) for h in lg.store.list_runs()] == [
+            (r, min(ps), max(ps)) for r, ps in spans.items()]
+        assert lg.verify() == [] and lg.check() == []
+        assert lg.checkpoint("r1").state == "executing" and lg.checkpoint("r2").last_seq == 3
+        lg.open(goal="After the upgrade", target="chat:#ops", owner="carol", run_id="r3")
+        assert lg.store.head("r3").first_position == 11
+        assert lg.verify() == [] and lg.check() == []
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT value FROM handoff_meta WHERE key = 'schema_version'").fetchone()[0] == "3"
+        assert {r[0] for r in conn.execute("SELECT DISTINCT db_role FROM events")} == {
+            conn.execute("SELECT session_user").fetchone()[0]}

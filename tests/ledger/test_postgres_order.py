@@ -1,7 +1,8 @@
 """Order for readers and concurrency on PostgreSQL, with real processes over TCP.
 
-- A writer that has taken its place and stalls before COMMIT holds back every later
-  write: a reader never sees a later event without the stalled one before it; it waits.
+- A writer that stalls before COMMIT holds back nobody, and a reader never skips it:
+  positions are given when a commit is sealed, so its event comes after those that
+  committed first.
 - Writer processes on distinct and shared runs plus two tailing readers: seqs contiguous
   per run, no position skipped or repeated by any reader, every acknowledged append
   stored exactly once, verify clean. Bounded by default; bigger under --slow.
@@ -50,38 +51,63 @@ def url():
     return u
 
 
-def test_a_writer_stalled_before_commit_holds_back_every_later_event(url, tmp_path):
+def test_a_writer_stalled_before_commit_never_makes_a_reader_skip(url, tmp_path):
+    """Writer A inserts and stalls before COMMIT; B writes and commits after it. Positions
+    are given at sealing, after a commit, so B is not held back and a reader tailing the
+    log sees B; when A commits it is sealed after B, and no position a reader has passed
+    is ever filled in or changed afterwards."""
     with PostgresStore(url) as store:
         store.append("before", [ev.HeartbeatRecorded()], actor=W)  # position 1
         stalled, go = tmp_path / "stalled", tmp_path / "go"
         a = agent("staller", url, "run-a", str(stalled), str(go))
+        b = None
         try:
-            wait_for(stalled, a)
-            assert stalled.read_text() == "2", "A took position 2 and now sits before its COMMIT"
+            wait_for(stalled, a)  # A has inserted its event and sits before its COMMIT
             b = agent("one", url, "run-b", str(tmp_path / "b.json"))
-            time.sleep(1.0)
-            # B decided and now waits for A: it has not committed, and nothing after
-            # position 1 is visible to a reader, however often it looks.
-            assert b.poll() is None, "B committed while A was still open"
-            for _ in range(20):
-                assert [r.position for r in store.read_all(after_position=1)] == []
-                assert store.last_position() == 1
+            assert b.wait(30) == 0, b.communicate()  # B is not held back by A
+            assert json.loads((tmp_path / "b.json").read_text()) == [2]
+            seen = [(r.position, r.run_id) for r in store.read_all()]
+            assert seen == [(1, "before"), (2, "run-b")]
+            for _ in range(20):  # however often a reader looks, A is not there yet
+                assert [r.run_id for r in store.read_all(after_position=2)] == []
+                assert store.last_position() == 2
+            assert store.head("run-a") is None
             go.touch()
             assert a.wait(30) == 0, a.communicate()
-            assert b.wait(30) == 0, b.communicate()
         finally:
             go.touch()
-            for p in (a, locals().get("b")):
+            for p in (a, b):
                 if p is not None and p.poll() is None:
                     p.kill()
-        seen = [(r.position, r.run_id) for r in store.read_all(after_position=1)]
-        assert seen == [(2, "run-a"), (3, "run-b")]
-        assert json.loads((tmp_path / "b.json").read_text()) == [3]
+        # The tailing reader's next page starts where it stopped and finds A there.
+        assert [(r.position, r.run_id) for r in store.read_all(after_position=2)] == [(3, "run-a")]
+        assert [(r.position, r.run_id) for r in store.read_all()] == seen + [(3, "run-a")]
+        assert store.head("run-a").last_position == 3
         assert store.verify() == []
 
 
+def test_events_committed_but_not_sealed_are_sealed_by_the_next_reader(url):
+    """A writer that dies between its commit and its seal leaves its events waiting; the
+    next reader (here a read-only handle, as an auditor's) seals them, in commit order."""
+    import psycopg
+
+    with PostgresStore(url) as store:
+        store.append("a", [ev.HeartbeatRecorded()], actor=W)
+    with psycopg.connect(url, autocommit=True) as conn:  # what a writer killed after COMMIT leaves
+        conn.execute("INSERT INTO events (id, run_id, seq, type, actor, batch_size, recorded_us, "
+                     "schema_version, payload, prev_hash, hash, viewed) SELECT nextval('events_id_seq'), "
+                     "run_id, 2, type, actor, 1, recorded_us, schema_version, payload, hash, hash, true "
+                     "FROM events WHERE run_id = 'a' AND seq = 1")
+        conn.execute("INSERT INTO unsealed SELECT max(id) FROM events")
+    with PostgresStore(url, readonly=True) as reader:
+        assert reader.unsealed_count() == 1
+        assert [(r.run_id, r.seq, r.position) for r in reader.read_all()] == [("a", 1, 1), ("a", 2, 2)]
+        assert reader.unsealed_count() == 0
+        assert reader.ledger_head()[0] == 2
+
+
 def test_writer_processes_and_tailing_readers_agree(url, tmp_path):
-    writers, each = (16, 150) if FULL else (8, 40)
+    writers, each = (16, 150) if FULL else (16, 15)
     total = writers * each
     shared = "shared-1,shared-2"
     procs, outs = [], []

@@ -77,7 +77,8 @@ def _events(url: str) -> list[tuple]:
     import psycopg
 
     with psycopg.connect(url) as conn:
-        return conn.execute("SELECT * FROM events ORDER BY position").fetchall()
+        return conn.execute("SELECT e.id, e.run_id, e.seq, e.hash, o.position, o.global_hash, e.db_role "
+                            "FROM events e LEFT JOIN ledger_order o ON o.event_id = e.id ORDER BY e.id").fetchall()
 
 
 def test_roles_sql_names_the_schema_and_never_grants_changes_to_the_log():
@@ -86,7 +87,9 @@ def test_roles_sql_names_the_schema_and_never_grants_changes_to_the_log():
     sql = roles_sql("ledger", "acme")
     assert "CREATE ROLE acme_writer NOLOGIN" in sql and "CREATE ROLE acme_auditor NOLOGIN" in sql
     assert 'GRANT SELECT, INSERT ON "ledger".events TO acme_writer, acme_watchdog;' in sql
-    assert 'REVOKE UPDATE, DELETE, TRUNCATE ON "ledger".events FROM acme_writer, acme_watchdog, acme_auditor;' in sql
+    assert ('REVOKE UPDATE, DELETE, TRUNCATE ON "ledger".events, "ledger".ledger_order FROM acme_writer, '
+            'acme_watchdog, acme_auditor;') in sql
+    assert 'GRANT SELECT ON "ledger".ledger_tail, "ledger".ledger_order TO acme_writer, acme_watchdog;' in sql
     with pytest.raises(Exception, match="prefix"):
         roles_sql("ledger", "Robert'); DROP TABLE events;--")
 
@@ -129,7 +132,9 @@ def test_a_writer_cannot_update_delete_or_truncate_the_log(roles):
     with psycopg.connect(roles.url("writer"), autocommit=True) as conn:
         for sql in ("UPDATE events SET actor = 'worker:x'", "DELETE FROM events", "TRUNCATE events",
                     "ALTER TABLE events DISABLE TRIGGER events_no_delete", "DROP TABLE events",
-                    "CREATE TABLE sneaky (x int)"):
+                    "CREATE TABLE sneaky (x int)", "UPDATE ledger_order SET position = position + 1",
+                    "DELETE FROM ledger_order", "INSERT INTO ledger_order VALUES (999, 1, '')",
+                    "UPDATE ledger_tail SET position = 0", "DELETE FROM unsealed"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(sql)
     assert _events(roles.owner) == before

@@ -128,5 +128,5 @@ def test_views_kept_by_an_older_fold_are_refolded_on_the_next_writable_open(tmp_
         assert [e["outcome"] for e in rw.status("r1")["evidence"]] == ["pass"]
         assert rw.status("r1")["delivery"]["status"] == "ready"
     conn = sqlite3.connect(path)
-    assert dict(conn.execute("SELECT name, version FROM projection_versions"))["checkpoints"] == 2
+    assert dict(conn.execute("SELECT name, version FROM projection_versions"))["checkpoints"] == 3
     conn.close()

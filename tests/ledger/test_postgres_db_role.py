@@ -1,0 +1,52 @@
+"""Who wrote each event, said by the server, shown by export and verify (PostgreSQL);
+on SQLite nothing is claimed that the file cannot back."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from handoff.api import Ledger
+from handoff.cli import main
+from handoff.ledger import portable
+from tests.pg import fresh_url
+
+
+def _fill(address: str) -> None:
+    with Ledger(address) as lg:
+        lg.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
+        lg.claim("r1", "w1")
+
+
+def test_export_and_verify_show_the_role_the_server_recorded():
+    import psycopg
+
+    url = fresh_url()
+    _fill(url)
+    with psycopg.connect(url) as conn:
+        role = conn.execute("SELECT session_user").fetchone()[0]
+    with Ledger(url) as lg:
+        raw = list(lg.export())
+        lines = [json.loads(x) for x in raw]
+        assert lines and {x["db_role"] for x in lines} == {role}
+        assert lg.verify_report()["db_roles"] == {role: len(lines)}
+        assert lg.verify_report("r1")["db_roles"] == {role: len(lines)}
+    out = CliRunner().invoke(main, ["--db", url, "verify"])
+    assert out.exit_code == 0 and f"written by database roles: {role} ({len(lines)} events)" in out.output
+    # An export carrying db_role imports elsewhere; the copy records its own importer.
+    other = fresh_url()
+    with Ledger(other) as dst:
+        dst.import_lines(raw)
+        assert {json.loads(x)["db_role"] for x in dst.export()} == {role}
+
+
+def test_sqlite_exports_read_as_before_and_claim_no_role(tmp_path):
+    path = str(tmp_path / "l.db")
+    _fill(path)
+    with Ledger(path) as lg:
+        lines = list(lg.export())
+        assert all(b"db_role" not in x for x in lines)
+        assert lg.verify_report()["db_roles"] == {}
+    parsed = list(portable.parse_lines(lines))
+    assert len(parsed) == len(lines)
