@@ -130,7 +130,7 @@ _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d2330;background:#fff}
 header{padding:14px 20px;background:#1d2330;color:#fff}header h1{margin:0;font-size:19px}
 header p{margin:4px 0 0;color:#c9d1e0}main{display:grid;grid-template-columns:minmax(0,1fr) 430px;gap:16px;padding:16px 20px}
-section h2,aside h2{font-size:15px;margin:0 0 8px}#summary dl{display:grid;grid-template-columns:260px 1fr;gap:4px 14px;margin:0}
+section{margin-bottom:16px}section h2,aside h2{font-size:15px;margin:0 0 8px}#summary dl{display:grid;grid-template-columns:260px 1fr;gap:4px 14px;margin:0}
 #summary dt{font-weight:600}#summary dd{margin:0}a.proof{margin-left:6px;font-size:12px;color:#2456c7;cursor:pointer}
 #timeline{display:block;margin:14px 0;border:1px solid #d8dde8;background:#fbfcfe}
 .lane-bg{fill:transparent}.lane:nth-child(odd) .lane-bg{fill:#f2f4f9}.lane-title{font-size:12px;fill:#333}

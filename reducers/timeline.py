@@ -249,8 +249,8 @@ class _Builder:
                 after.progress_seq != self.stall_progress or after.terminal or after.lease is None):
             self.end(("stalled", None), rec)
             self.stall_progress = None
-        if after.terminal:
-            for what in [w for w in self.open if w[0] in ("lease", "unavailable")]:
+        if after.terminal:  # a lease's release follows in the same batch and closes its span
+            for what in [w for w in self.open if w[0] == "unavailable"]:
                 self.end(what, rec)
 
     def judged(self, rec: Recorded, classification: str, before: ckp.Checkpoint) -> None:
@@ -263,7 +263,8 @@ class _Builder:
                 self.begin(("stalled", None), "watchdog", "window-stalled", rec.seq, since,
                            f"stalled: progress_seq {w.progress_seq} not moving (judged at seq {rec.seq})")
                 self.stall_progress = before.progress_seq
-                self.stall_flagged = [rec.seq]
+                self.stall_flagged = []
+            self.stall_flagged.append(rec.seq)
         elif classification == "unavailable" and ("unavailable", None) not in self.open:
             since = w.last_heartbeat_us or w.lease_since_us or rec.recorded_us
             self.begin(("unavailable", None), "watchdog", "window-unavailable", rec.seq, since,
