@@ -1948,7 +1948,8 @@ def demo(db: str | None, quiet: bool) -> None:
     recorded progress; worker-a, paused and resumed, tries a late write and is refused;
     another run keeps heart-beating without progress and is flagged stalled; the
     result is verified, reviewed by its owner and delivered once, and a retried delivery
-    is a no-op. The ledger is left behind for you to explore.
+    is a no-op. The ledger is left behind for you to explore, and the main run's incident
+    report (handoff report) is written into the demo's files folder.
 
     \b
     Example:
