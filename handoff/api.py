@@ -1271,7 +1271,8 @@ class Ledger:
         if as_of_us is not None and as_of_us < first.recorded_us:
             raise InvalidInput(f"run {run_id} did not exist yet at that time; it begins at "
                                f"{iso(first.recorded_us)}", field="as_of")
-        beats = self._watcher_beats(first.recorded_us, as_of_us)
+        last = next(self.store.read_run(run_id, after_seq=head.last_seq - 1))
+        beats = self._watcher_beats(first.recorded_us, as_of_us if as_of_us is not None else last.recorded_us)
         return timeline.build(self.store.history(run_id), run_id, summarize=summarize, last_seq=head.last_seq,
                               at_seq=at_seq, as_of_us=as_of_us, watcher_beats=beats)
 
@@ -1369,9 +1370,11 @@ class Ledger:
                 follow: bool, poll_s: float, should_stop: Callable[[], bool] | None) -> Iterator[Recorded]:
         import heapq
 
+        seen = dict.fromkeys(runs, 0)  # with --run: the last seq read of each stream
         while True:
             if runs:
-                streams = [(r for r in self.store.read_run(run) if r.position > after) for run in dict.fromkeys(runs)]
+                streams = [(r for r in self.store.read_run(run, after_seq=last) if r.position > after)
+                           for run, last in seen.items()]
                 source: Iterator[Recorded] = heapq.merge(*streams, key=lambda r: r.position)
             else:
                 source = self.store.read_all(after_position=after, until_position=until)
@@ -1379,6 +1382,8 @@ class Ledger:
                 if until is not None and rec.position > until:
                     return
                 after = rec.position
+                if runs:
+                    seen[rec.run_id] = rec.seq
                 if wanted(rec):
                     yield rec
             if not follow or (until is not None and after >= until) or (should_stop is not None and should_stop()):
