@@ -370,6 +370,13 @@ def _stream_jsonl(items: Any, *, flush_each: bool = False) -> int:
     return n
 
 
+#: Free-text CSV columns (what a worker or an operator wrote) and the first characters that
+#: make a spreadsheet read a cell as a formula: such a cell gets a leading ' (the data
+#: column keeps the event exactly).
+CSV_FREE_TEXT = frozenset({"key", "summary"})
+CSV_FORMULA_STARTS = frozenset("=+-@\t\r")
+
+
 def _stream_csv(items: Any, *, flush_each: bool = False) -> int:
     """CSV with a header line: the columns of a log row, ``data`` as compact JSON."""
     import csv
@@ -381,10 +388,18 @@ def _stream_csv(items: Any, *, flush_each: bool = False) -> int:
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
     n = 0
+
+    def cell(c: str, v: Any) -> Any:
+        if v is None:
+            return ""
+        if c == "data":
+            return json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+        if c in CSV_FREE_TEXT and isinstance(v, str) and v[:1] in CSV_FORMULA_STARTS:
+            return "'" + v  # a spreadsheet would run it as a formula; shown as text instead
+        return v
+
     for item in items:
-        writer.writerow(["" if item.get(c) is None else
-                         json.dumps(item[c], ensure_ascii=False, separators=(",", ":")) if c == "data" else item[c]
-                         for c in columns])
+        writer.writerow([cell(c, item.get(c)) for c in columns])
         n += 1
         if flush_each or n % TABLE_WINDOW == 0:
             click.echo(buf.getvalue(), nl=False)
@@ -1141,7 +1156,9 @@ _ACROSS = ("since", "until", "runs", "follow")
                    "until interrupted (Ctrl-C) or --limit is reached.")
 @json_option
 @click.option("--jsonl", "as_jsonl", is_flag=True, help="Print one JSON object per event, one per line.")
-@click.option("--csv", "as_csv", is_flag=True, help="Print CSV with a header line ('data' holds the event as JSON).")
+@click.option("--csv", "as_csv", is_flag=True,
+              help="Print CSV with a header line ('data' holds the event as JSON; a key or summary that "
+                   "begins with = + - or @ gets a leading ' so a spreadsheet shows it as text).")
 def log(run: str | None, after_seq: int | None, since: Any, until: Any, types: tuple[str, ...],
         actors: tuple[str, ...], runs: tuple[str, ...], no_heartbeats: bool, limit: int, follow: bool,
         as_json: bool, as_jsonl: bool, as_csv: bool) -> None:
@@ -1196,9 +1213,12 @@ def log(run: str | None, after_seq: int | None, since: Any, until: Any, types: t
 
     with _ledger() as lg:
         if run is not None:
+            from handoff.api import actor_filter
+
+            by = actor_filter(actors)
             source = (r for r in lg.log(run, after_seq=after_seq or 0)
                       if (not types or r.type in types) and not (no_heartbeats and r.type == "heartbeat_recorded")
-                      and (not actors or r.actor in actors or r.actor.partition(":")[2] in actors))
+                      and by(r.actor))
             items = rows(source, "seq", R.log_row)
             head, headers, cells = {"run_id": run}, R.LOG_HEADERS, R.log_cells
         else:

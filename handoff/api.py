@@ -112,6 +112,16 @@ def check_filter(value: object, field: str) -> str | None:
     return check_utf8(value, field)
 
 
+def actor_filter(actors: tuple[str, ...] | list[str]) -> Callable[[str], bool]:
+    """Whether a recorded actor (``kind:name``) is one of ``actors``: each given as
+    ``kind:name``, or as a name alone (any kind). No actors: every actor matches."""
+    exact = {a for a in actors if ":" in a}
+    names = {a for a in actors if ":" not in a}
+    if not actors:
+        return lambda actor: True
+    return lambda actor: actor in exact or actor.partition(":")[2] in names
+
+
 class Preview(msgspec.Struct, frozen=True):
     """What a command would do (``Ledger.preview``): ``would_commit`` these events,
     ``unchanged`` (nothing to add), or ``duplicate`` (its key was already used for it)."""
@@ -1354,12 +1364,11 @@ class Ledger:
             raise InvalidInput(f"no event type {unknown[0]!r}; the types are: {', '.join(sorted(ev.EVENT_TYPES))}",
                                field="type")
         check_seconds(poll_s, "poll_s", low=0.01, high=3600)
-        names = {a for a in actors if ":" not in a}
-        exact = {a for a in actors if ":" in a}
+        by = actor_filter(actors)
 
         def wanted(rec: Recorded) -> bool:
             return ((not types or rec.type in types)
-                    and (not actors or rec.actor in exact or rec.actor.partition(":")[2] in names)
+                    and by(rec.actor)
                     and (since_us is None or rec.recorded_us >= since_us)
                     and (until_us is None or rec.recorded_us <= until_us))
 

@@ -322,8 +322,13 @@ def html_report(tl: Timeline, *, as_of: str | None = None, db_hint: str = "") ->
 # --- Markdown --------------------------------------------------------------------------
 
 
+_MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_[]<>|"})
+
+
 def _md(text: object) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """Ledger text on one line with Markdown's active characters escaped: a goal or a
+    detail cannot become a link, an image that fetches, HTML or a table cell break."""
+    return " ".join(str(text).split()).translate(_MD_SPECIAL)
 
 
 def markdown_report(tl: Timeline, *, as_of: str | None = None) -> str:
@@ -331,11 +336,11 @@ def markdown_report(tl: Timeline, *, as_of: str | None = None) -> str:
     runs of heartbeats become one row, and at most ``MD_ROWS`` rows are listed."""
     p = tl.final_packet
     cut = as_of or f"the end of the log (seq {tl.last_seq})"
-    lines = [f"# Incident report: run `{_md(tl.run_id)}`", "",
+    lines = [f"# Incident report: run `{tl.run_id}`", "",
              f"{_md(p['goal'])}; owner {_md(p['owner'])}, target {_md(p['target'])}. As the ledger stood at "
              f"{_md(cut)}, {iso(tl.end_us, ms=True)}.", ""]
     if tl.fork:
-        lines += [f"Forked from `{_md(tl.fork['parent'])}` at its seq {tl.fork['parent_seq']}.", ""]
+        lines += [f"Forked from `{tl.fork['parent']}` at its seq {tl.fork['parent_seq']}.", ""]
     lines += ["## Summary", ""]
     for a in tl.answers:
         proof = f" (proof: {', '.join(f'seq {s}' for s in a.proof)})" if a.proof else ""

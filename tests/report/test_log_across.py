@@ -227,3 +227,18 @@ def test_status_says_what_it_hides_and_how_to_see_it(tmp_path):
     with Ledger(h.db, clock=clock) as lg:
         lg.close_run("b", "bob", "cancelled")
     assert h("status").stdout.splitlines()[:1] == ["no runs that are not terminal match"]
+
+
+def test_csv_shows_a_formula_as_text_and_keeps_the_event_exact(tmp_path):
+    h = Handoff(str(tmp_path / "ledger.db"))
+    with Ledger(h.db) as lg:
+        lg.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
+        lease = lg.claim("r1", "w1")
+        lg.transition("r1", lease, "planning", worker="w1")
+        lg.transition("r1", lease, "executing", worker="w1", key="@SUM(A1)")
+        lg.effect_start("r1", lease, '=HYPERLINK("http://127.0.0.1:9")', "a send", worker="w1")
+    rows = {r["type"]: r for r in csv.DictReader(io.StringIO(h("log", "--csv", "--run", "r1").stdout))}
+    effect = rows["side_effect_started"]
+    assert effect["summary"].startswith("'=HYPERLINK") and rows["state_changed"]["key"] == "'@SUM(A1)"
+    assert json.loads(effect["data"])["key"] == '=HYPERLINK("http://127.0.0.1:9")'  # the event, exactly
+    assert effect["actor"] == "worker:w1" and rows["lease_granted"]["summary"] == "w1 holds lease 1"

@@ -88,6 +88,7 @@ def test_the_file_gets_the_ledgers_permissions_and_a_default_name(tmp_path, monk
 def test_markdown_summary_lists_each_answer_with_its_proof(tmp_path):
     h, run = _ledger(tmp_path)
     md = h("report", run, "--format", "md", "-o", "-").stdout
+    assert "<script>" not in md and "\\<script\\>" in md  # the goal's markup, escaped
     with Ledger(h.db) as lg:
         answers = lg.report(run).answers
     for a in answers:
@@ -136,3 +137,17 @@ def test_the_library_refuses_the_same_way(tmp_path):
         with refused(lg.store, InvalidInput, "at"):
             lg.report(run, at_seq=0)
     assert not (tmp_path / "x.pdf").exists()
+
+
+def test_markdown_cannot_carry_a_link_an_image_or_html_from_the_ledger(tmp_path):
+    h = Handoff(str(tmp_path / "ledger.db"))
+    with Ledger(h.db) as lg:
+        lg.open(run_id="r1", goal="![seen](http://127.0.0.1:9/track.png)", target="chat:#ops", owner="alice")
+        lease = lg.claim("r1", "w1")
+        lg.transition("r1", lease, "planning", worker="w1")
+        lg.progress("r1", lease, "plan_committed", "[click](http://127.0.0.1:9/) <img src=x> a|b", worker="w1")
+    md = h("report", "r1", "--format", "md", "-o", "-").stdout
+    assert not re.search(r"(?<!\\)[<\[]", md.split("## Timeline")[1].replace("|---|", ""))  # all escaped
+    assert "!\\[seen\\](http://127.0.0.1:9/track.png)" in md and "a\\|b" in md
+    row = next(line for line in md.splitlines() if "| progress_recorded |" in line)
+    assert row.count(" | ") == 4  # the detail's pipe did not add a column
