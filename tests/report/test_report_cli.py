@@ -17,6 +17,7 @@ import pytest
 from handoff import Ledger, report
 from handoff.ledger.errors import InvalidInput, UnknownRun
 from handoff.reducers import timeline
+from handoff.reducers.checkpoint import iso
 from tests.cli.conftest import Handoff
 from tests.ledger.conformance import assert_unchanged, refused, snapshot
 
@@ -151,3 +152,17 @@ def test_markdown_cannot_carry_a_link_an_image_or_html_from_the_ledger(tmp_path)
     assert "!\\[seen\\](http://127.0.0.1:9/track.png)" in md and "a\\|b" in md
     row = next(line for line in md.splitlines() if "| progress_recorded |" in line)
     assert row.count(" | ") == 4  # the detail's pipe did not add a column
+
+
+def test_at_and_as_of_draw_the_run_as_it_stood(tmp_path):
+    h, run = _ledger(tmp_path)
+    with Ledger(h.db) as lg:
+        revoked = next(r for r in lg.log(run) if r.type == "lease_revoked")
+    at = h.json("report", run, "--at", str(revoked.seq), "-o", str(tmp_path / "at.html"))
+    assert at["last_seq"] == revoked.seq and at["as_of"] == f"seq {revoked.seq}"
+    when = iso(revoked.recorded_us)
+    by_time = h.json("report", run, "--as-of", when, "-o", str(tmp_path / "as-of.html"))
+    assert by_time["last_seq"] >= revoked.seq and by_time["end"] == when and by_time["as_of"].startswith(when)
+    page = (tmp_path / "at.html").read_text()
+    assert f"as the ledger stood at seq {revoked.seq}" in page and 'class="ev span lease-revoked' in page
+    assert 'class="ev span delivery-' not in page  # the delivery came later
