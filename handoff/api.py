@@ -1258,7 +1258,6 @@ class Ledger:
             raise UnknownRun(f"no run {run_id} in {self.store.path}")
         return self.store.read_run(run_id, after_seq=after_seq)
 
-
     # --- incident reconstruction: the report, reading across runs, diff ----------------
 
     def report(self, run_id: str, *, at_seq: int | None = None, as_of_us: int | None = None) -> Any:
@@ -1325,8 +1324,8 @@ class Ledger:
                 e = rec.event
                 if isinstance(e, ev.WatchdogObserved):
                     beats = out.setdefault(e.watcher, [])
-                    if beats and beats[-1][0] < from_us:
-                        beats.pop()  # only the last beat before the run began matters
+                    if rec.recorded_us < from_us and beats:
+                        beats.pop()  # of the beats before the run began, only the last one matters
                     beats.append((rec.recorded_us, e.interval_s))
         for beats in out.values():
             beats.sort()

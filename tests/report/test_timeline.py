@@ -15,6 +15,7 @@ from handoff import Ledger
 from handoff.reducers import timeline
 from handoff.render import summarize
 from handoff.testing import as_records, events
+from handoff.watchdog import watch_once
 
 from .story import Clock, incident
 
@@ -34,6 +35,20 @@ def test_the_packet_after_each_event_is_what_replay_prints(tmp_path):
         assert any("delta" in p for p in tl.packets) and "delta" not in tl.packets[0]
         for rec, packet in zip(tl.records, packets):
             assert packet == lg.status(run, at_seq=rec["seq"]), f"seq {rec['seq']}"
+
+
+def test_a_watcher_that_beat_before_the_run_covers_its_first_events_as_replay_says(tmp_path):
+    clock = Clock()
+    with Ledger(str(tmp_path / "ledger.db"), clock=clock) as lg:
+        watch_once(lg, name="ops", now_us=clock(), interval_s=20)  # the story's watchdog, before any run
+        clock.advance(1)
+        run = incident(lg, clock, tmp_path)
+        tl = lg.report(run)
+        packets = timeline.undelta(tl.packets)
+        covered = [p["monitored"]["covered"] for p in packets]
+        assert covered[0] is True  # the early watcher's beat, one second before the contract
+        for rec, packet in zip(tl.records, packets):
+            assert packet["monitored"] == lg.status(run, at_seq=rec["seq"])["monitored"], rec["seq"]
 
 
 def test_every_event_is_drawn_once_in_its_lane(tmp_path):
