@@ -145,6 +145,7 @@ class _Builder:
         self.stall_flagged: list[int] = []
         self.confirmations = 0
         self.recoveries: list[tuple[int, str, str]] = []
+        self.progress_seq = 0  # the run's own event that last advanced progress (a fork's may be its origin's)
         self.observations = 0
 
     # --- spans --------------------------------------------------------------------
@@ -169,10 +170,12 @@ class _Builder:
     # --- the rules: one event, with the checkpoint before and after it ------------
 
     def add(self, rec: Recorded, e: ev.Event, before: ckp.Checkpoint, after: ckp.Checkpoint, summary: str) -> None:
-        if before.state != after.state or rec.type == "handoff_opened":
+        if before.state != after.state or rec.type == "handoff_opened" or ("state", None) not in self.open:
             self.end(("state", None), rec)
             self.begin(("state", None), "state", f"state-{after.state}", rec.seq, rec.recorded_us, after.state)
             self.state_seq = rec.seq
+        if after.watch.last_progress is not before.watch.last_progress:
+            self.progress_seq = rec.seq
         match e:
             case ev.HandoffOpened():
                 self.proof["owner"] = [rec.seq]
@@ -381,7 +384,7 @@ def answers(b: _Builder, cp: ckp.Checkpoint, p: dict[str, Any], end_us: int) -> 
     else:
         progress = (f"{lp.kind} (progress_seq {lp.seq}) at {ckp.iso(lp.at_us, ms=True)}, "
                     f"{_ago(end_us - lp.at_us)} before the end of the log")
-        proof = (lp.event_seq,) if lp.event_seq and lp.at_us >= (cp.opened_us or 0) else ()
+        proof = (b.progress_seq,) if b.progress_seq and lp.event_seq == b.progress_seq else ()
     out.append(Answer("progress", "When was the last progress?", progress, proof))
     stall_open = ("stalled", None) in b.open
     if stall_open:

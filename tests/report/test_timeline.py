@@ -143,6 +143,12 @@ def test_a_fork_draws_its_own_events_and_names_its_origin(tmp_path):
         assert tl.fork == {"parent": run, "parent_seq": 20, "seq": 1}
         assert [r["seq"] for r in tl.records] == [1] and tl.records[0]["type"] == "run_forked"
         assert timeline.undelta(tl.packets)[0] == lg.status(child, at_seq=1)
+        # Its state lane starts at the fork, in the state it inherited; the last progress
+        # was its origin's, so no event of this run can prove it.
+        (band,) = [i for i in tl.items if i.lane == "state" and i.kind.startswith("state-")]
+        assert band.seq == 1 and band.label == lg.checkpoint(run, at_seq=20).state
+        answers = {a.id: a for a in tl.answers}
+        assert answers["progress"].proof == () and answers["state"].proof == (1,)
 
 
 @settings(max_examples=60, deadline=None)
