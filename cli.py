@@ -353,8 +353,8 @@ def _stream_json(head: dict[str, Any], key: str, items: Any, tail: Any = None) -
     return n
 
 
-def _stream_jsonl(items: Any) -> int:
-    """One compact JSON document per line."""
+def _stream_jsonl(items: Any, *, flush_each: bool = False) -> int:
+    """One compact JSON document per line (each written at once with ``flush_each``, for --follow)."""
     import json
 
     n = 0
@@ -362,11 +362,51 @@ def _stream_jsonl(items: Any) -> int:
     for item in items:
         out.append(json.dumps(item, ensure_ascii=False, default=str))
         n += 1
-        if len(out) >= TABLE_WINDOW:
+        if len(out) >= (1 if flush_each else TABLE_WINDOW):
             click.echo("\n".join(out))
             out.clear()
     if out:
         click.echo("\n".join(out))
+    return n
+
+
+#: Free-text CSV columns (what a worker or an operator wrote) and the first characters that
+#: make a spreadsheet read a cell as a formula: such a cell gets a leading ' (the data
+#: column keeps the event exactly).
+CSV_FREE_TEXT = frozenset({"key", "summary"})
+CSV_FORMULA_STARTS = frozenset("=+-@\t\r")
+
+
+def _stream_csv(items: Any, *, flush_each: bool = False) -> int:
+    """CSV with a header line: the columns of a log row, ``data`` as compact JSON."""
+    import csv
+    import io
+    import json
+
+    columns = ["position", "at", "run_id", "seq", "actor", "lease", "type", "key", "summary", "data"]
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    n = 0
+
+    def cell(c: str, v: Any) -> Any:
+        if v is None:
+            return ""
+        if c == "data":
+            return json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+        if c in CSV_FREE_TEXT and isinstance(v, str) and v[:1] in CSV_FORMULA_STARTS:
+            return "'" + v  # a spreadsheet would run it as a formula; shown as text instead
+        return v
+
+    for item in items:
+        writer.writerow([cell(c, item.get(c)) for c in columns])
+        n += 1
+        if flush_each or n % TABLE_WINDOW == 0:
+            click.echo(buf.getvalue(), nl=False)
+            sys.stdout.flush()
+            buf.seek(0)
+            buf.truncate()
+    click.echo(buf.getvalue(), nl=False)
     return n
 
 
@@ -1020,6 +1060,9 @@ def status(run: str | None, states: tuple[str, ...], owner: str | None, include_
            now: int | None, limit: int, after: str | None, as_json: bool) -> None:
     """Show one run's checkpoint packet, or a table of the runs that are not terminal.
 
+    The table leaves out runs that ended (delivered, no-op, cancelled, failed) and its
+    last line says how many it left out; --all (or --state naming an end state) lists them.
+
     The packet is everything the next actor needs: state, contract, lease, progress,
     blockers, artifacts, evidence, pending side effects, review, delivery, health and
     whether a live watcher really covers the run.
@@ -1051,8 +1094,11 @@ def status(run: str | None, states: tuple[str, ...], owner: str | None, include_
         else:
             items, nxt, more = lg.iter_runs(**filters), None, 0
         rows = (R.run_row(cp, stall.classify(cp, now_us=when)) for cp in items)
+        # What the listing leaves out, and how to see it: ended runs, unless asked for.
+        hidden = 0 if include_terminal or states else lg.terminal_count(owner=owner)
         if as_json:
-            _stream_json({"now": R.iso(when)}, "runs", rows, lambda: {"next": nxt, "more": more})
+            _stream_json({"now": R.iso(when)}, "runs", rows,
+                         lambda: {"next": nxt, "more": more, "hidden_terminal": hidden})
             return
         n = _stream_table(["RUN", "STATE", "OWNER", "WORKER", "LEASE", "PROGRESS", "HEALTH", "UPDATED"],
                           ([r["run_id"], r["state"], r["owner"], r["worker"], r["lease"], r["progress_seq"],
@@ -1061,59 +1107,151 @@ def status(run: str | None, states: tuple[str, ...], owner: str | None, include_
         click.echo("no runs" + ("" if include_terminal else " that are not terminal")
                    + (f" after {after}" if after else "") + " match")
     _more_line(more, nxt)
+    if hidden:
+        ended = f"{DELIVERED}, {', '.join(d.replace('_', '-') for d in CLOSE_DISPOSITIONS)}"
+        click.echo(f"({hidden} run{'s' if hidden != 1 else ''} that ended ({ended}) "
+                   f"{'are' if hidden != 1 else 'is'} not shown; add --all to list them, or give a run: "
+                   "handoff status RUN)")
+
+
+class PositionOrTime(click.ParamType):
+    """A global position (a whole number) or an ISO 8601 time: ("position", n) or ("time", µs)."""
+
+    name = "POSITION|TIME"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        text = str(value).strip()
+        if text.isdigit():
+            return ("position", int(text))
+        return ("time", ISO_TIME.convert(text, param, ctx))
+
+
+POSITION_OR_TIME = PositionOrTime()
+#: Options of 'handoff log' that read across the ledger, refused with RUN.
+_ACROSS = ("since", "until", "runs", "follow")
 
 
 @main.command()
-@run_argument
-@click.option("--after", "after_seq", type=click.IntRange(min=0), default=0, help="Only events after this seq.")
+@click.argument("run", metavar="[RUN]", required=False)
+@click.option("--after", "after_seq", type=click.IntRange(min=0), default=None,
+              help="With RUN: only events after this seq.")
+@click.option("--since", type=POSITION_OR_TIME, default=None,
+              help="Without RUN: from this position (a whole number) or time (ISO 8601) on, inclusive.")
+@click.option("--until", type=POSITION_OR_TIME, default=None,
+              help="Without RUN: up to this position or time, inclusive.")
 @click.option("--type", "types", multiple=True, help="Only events of this type (repeatable), e.g. lease_revoked.")
+@click.option("--actor", "actors", multiple=True,
+              help="Only events written by this actor (repeatable): kind:name (worker:w1, watchdog:ops) or a "
+                   "name alone.")
+@click.option("--run", "runs", multiple=True, metavar="RUN",
+              help="Without RUN: only this run's events (repeatable; a watcher's stream is watcher:NAME).")
 @click.option("--no-heartbeats", is_flag=True, help="Leave heartbeat_recorded events out.")
 @click.option("--limit", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Print at most this many events (0: all); the last line (or 'next' in --json) gives "
-                   "the --after SEQ that continues.")
+              help="Print at most this many events (0: all); the last line (or 'next' in --json) says where the "
+                   "next page starts (--after SEQ with RUN, --since POSITION without).")
+@click.option("--follow", is_flag=True,
+              help="Without RUN: after the last event, wait for new ones and print them as they are written, "
+                   "until interrupted (Ctrl-C) or --limit is reached.")
 @json_option
 @click.option("--jsonl", "as_jsonl", is_flag=True, help="Print one JSON object per event, one per line.")
-def log(run: str, after_seq: int, types: tuple[str, ...], no_heartbeats: bool, limit: int, as_json: bool,
-        as_jsonl: bool) -> None:
-    """Print a run's timeline: seq, time, actor, lease, type and a one-line summary.
+@click.option("--csv", "as_csv", is_flag=True,
+              help="Print CSV with a header line ('data' holds the event as JSON; a key or summary that "
+                   "begins with = + - or @ gets a leading ' so a spreadsheet shows it as text).")
+def log(run: str | None, after_seq: int | None, since: Any, until: Any, types: tuple[str, ...],
+        actors: tuple[str, ...], runs: tuple[str, ...], no_heartbeats: bool, limit: int, follow: bool,
+        as_json: bool, as_jsonl: bool, as_csv: bool) -> None:
+    """Print a run's timeline, or (without RUN) events across the whole ledger.
 
-    Events come oldest first and are printed as they are read, so a run of any length
-    takes the same memory; columns are sized from the first rows.
+    With RUN: seq, time, actor, lease, type and a one-line summary, oldest first (a
+    fork's own events; 'replay' and 'report' fold its origin's too).
+
+    Without RUN: every stream's events in position order (the order they were written),
+    with the run and seq of each; narrow with --since/--until (a position or a time),
+    --type, --actor and --run, or keep reading with --follow. An incident that spans
+    several runs reads here in one listing.
+
+    Events are printed as they are read, so a log of any length takes the same memory;
+    table columns are sized from the first rows. --csv, --jsonl and --json suit
+    spreadsheets and scripts (--json is one document, so it cannot --follow).
 
     \b
     Example:
         handoff log $RUN --no-heartbeats
         handoff log $RUN --type lease_granted --type lease_revoked --json
-        handoff log $RUN --limit 500 --after 1000 --jsonl
+        handoff log --since 2026-05-01T12:00:00Z --until 2026-05-01T13:00:00Z --no-heartbeats
+        handoff log --run $RUN --run $FORK --actor watchdog:ops --csv > watchdog.csv
+        handoff log --follow --type recovery_decided --jsonl
     """
     from handoff import render as R
 
-    if as_json and as_jsonl:
-        raise click.UsageError("give --json or --jsonl, not both")
+    if sum((as_json, as_jsonl, as_csv)) > 1:
+        raise click.UsageError("choose one output: --json, --jsonl or --csv, not both (or all three)")
+    if run is not None:
+        given = [f"--{n}" for n, v in (("since", since), ("until", until), ("run", runs), ("follow", follow)) if v]
+        if given:
+            raise click.UsageError(f"{', '.join(given)} read across the ledger: leave out RUN (and use "
+                                   f"--run {run} to keep to this run), or use --after SEQ with RUN")
+    elif after_seq is not None:
+        raise click.UsageError("--after is a seq within one run: give RUN, or use --since POSITION across the ledger")
+    if follow and as_json:
+        raise click.UsageError("--json prints one document, which a --follow never finishes; use --jsonl or --csv")
+    last: list[int] = []  # the seq (or position) of the last event printed: where a next page starts
+    nxt: list[int] = []
+    stop = {"flag": False}
+
+    def rows(records: Any, key: str, make: Any) -> Any:
+        for i, rec in enumerate(records):
+            if limit and i == limit:
+                nxt.append(last[-1])
+                return
+            last[:] = [getattr(rec, key)]
+            yield make(rec)
+            if follow and limit and i + 1 == limit:
+                return  # a follow would otherwise wait for one event more only to learn there is one
+
     with _ledger() as lg:
-        matching = (r for r in lg.log(run, after_seq=after_seq)
-                    if (not types or r.type in types) and not (no_heartbeats and r.type == "heartbeat_recorded"))
-        last: list[int] = []  # the seq of the last event printed: where a next page starts
-        nxt: list[int] = []
+        if run is not None:
+            from handoff.api import actor_filter
 
-        def rows() -> Any:
-            for i, rec in enumerate(matching):
-                if limit and i == limit:
-                    nxt.append(last[-1])
-                    return
-                last[:] = [rec.seq]
-                yield R.log_row(rec)
-
-        if as_jsonl:
-            _stream_jsonl(rows())
-        elif as_json:
-            _stream_json({"run_id": run}, "events", rows(), lambda: {"next": nxt[0] if nxt else None})
+            by = actor_filter(actors)
+            source = (r for r in lg.log(run, after_seq=after_seq or 0)
+                      if (not types or r.type in types) and not (no_heartbeats and r.type == "heartbeat_recorded")
+                      and by(r.actor))
+            items = rows(source, "seq", R.log_row)
+            head, headers, cells = {"run_id": run}, R.LOG_HEADERS, R.log_cells
         else:
-            n = _stream_table(R.LOG_HEADERS, (R.log_cells(r) for r in rows()))
-            if not n:
-                click.echo(f"{run}: no events match")
+            import signal
+
+            if follow:
+                def _stop(signum: int, frame: Any) -> None:
+                    stop["flag"] = True
+
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    signal.signal(sig, _stop)
+            bounds: dict[str, Any] = {}
+            for name, value in (("since", since), ("until", until)):
+                if value is not None:
+                    bounds[f"{name}_{'position' if value[0] == 'position' else 'us'}"] = value[1]
+            source = (r for r in lg.events(**bounds, types=types, actors=actors, runs=runs, follow=follow,
+                                           should_stop=lambda: stop["flag"])
+                      if not (no_heartbeats and r.type == "heartbeat_recorded"))
+            items = rows(source, "position", R.ledger_row)
+            head, headers, cells = {}, R.LEDGER_LOG_HEADERS, R.ledger_log_cells
+        if as_csv:
+            n = _stream_csv(items, flush_each=follow)
+        elif as_jsonl:
+            n = _stream_jsonl(items, flush_each=follow)
+        elif as_json:
+            n = _stream_json(head, "events", items, lambda: {"next": (nxt[0] + (0 if run else 1)) if nxt else None})
+        else:
+            n = _stream_table(headers, (cells(r) for r in items), window=1 if follow else TABLE_WINDOW)
+            if not n and not follow:
+                click.echo(f"{run}: no events match" if run else "no events match")
             if nxt:
-                click.echo(f"... more events follow; for the next page, repeat the command with --after {nxt[0]}")
+                more = f"--after {nxt[0]}" if run else f"--since {nxt[0] + 1}"
+                click.echo(f"... more events follow; for the next page, repeat the command with {more}")
 
 
 @main.command()
@@ -1143,6 +1281,101 @@ def replay(run: str, at_seq: int | None, as_of: int | None, as_json: bool) -> No
     else:
         when = f"seq {at_seq}" if at_seq is not None else f"{R.iso(as_of)} (seq {p['last_seq']})"
         click.echo(f"{run} as it stood at {when}:\n" + R.format_packet(p))
+
+
+@main.command()
+@run_argument
+@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False, allow_dash=True),
+              help="Where to write it (default: RUN-report.html, or RUN-report.md with --format md; - for "
+                   "stdout). Written whole under a private name with the ledger file's permissions, then moved "
+                   "into place; a symbolic link there is refused.")
+@click.option("--format", "fmt", type=click.Choice(["html", "md"]), default="html", show_default=True,
+              help="html: the whole report, one self-contained file; md: the summary and a compact timeline.")
+@click.option("--at", "at_seq", type=click.IntRange(min=1), default=None, help="Draw the run as it stood at this seq.")
+@click.option("--as-of", "as_of", type=ISO_TIME, default=None, help="Draw the run as it stood at this time (ISO 8601).")
+@json_option
+def report(run: str, output: str | None, fmt: str, at_seq: int | None, as_of: int | None, as_json: bool) -> None:
+    """Write an incident report of RUN: a summary and its timeline, as one HTML file.
+
+    The summary answers where the run stands (state, owner and target), who holds the
+    lease, when progress last moved and how long before the end of the log, whether and
+    since when it is stalled, what the watchdog did, and whether the result was delivered
+    (where, with what receipt, exactly once); each answer links to the events that prove it.
+
+    The timeline draws lanes over wall-clock time: states, each worker's lease, heartbeats
+    apart from progress, the watchdog's windows and actions, blockers, side effects,
+    artifacts and evidence, review and delivery. Selecting any event shows its whole
+    record and the checkpoint packet as it stood right after it.
+
+    The file makes no network request when opened (styles, script and graphics are inline
+    and its content policy forbids fetching), so it can be attached to a ticket and read
+    offline or printed. A long run stays small: heartbeats are drawn in bins past 600,
+    and past 3,000 events they are kept as seq and time only. --format md writes the
+    summary and a compact timeline for a ticket or a chat thread. With --json, prints
+    {"run_id", "path", "format", "bytes", "last_seq", "end", "as_of"}.
+
+    \b
+    Example:
+        handoff report $RUN -o report.html
+        handoff report $RUN --at 12 -o before-the-revocation.html
+        handoff report $RUN --format md -o - | less
+    """
+    if at_seq is not None and as_of is not None:
+        raise click.UsageError("give --at SEQ or --as-of TIME, not both")
+    st = _state()
+    to_stdout = output == "-"
+    if as_json and to_stdout:
+        raise click.UsageError("--json prints a summary of the file written; with -o - stdout carries the report itself")
+    path = None if to_stdout else (output or f"{run}-report.{fmt}")
+    with _ledger() as lg:
+        # The store names itself without any password its address may hold.
+        hint = "" if st.db == "handoff.db" else f"--db {_quote_arg(lg.store.path)} "
+        doc = lg.write_report(run, path, fmt=fmt, at_seq=at_seq, as_of_us=as_of, db_hint=hint)
+    if to_stdout:
+        click.echo(doc.pop("text"), nl=False)
+        return
+    _emit(doc, as_json, f"{run}: report of seq 1-{doc['last_seq']} written to {doc['path']} ({doc['bytes']} bytes)")
+
+
+def _quote_arg(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+@main.command()
+@click.argument("run_a", metavar="RUN_A")
+@click.argument("run_b", metavar="RUN_B")
+@json_option
+def diff(run_a: str, run_b: str, as_json: bool) -> None:
+    """Compare two runs: where their histories part, and what differs after that.
+
+    Meant for a fork and its origin, or two attempts at the same goal. The histories are
+    aligned step by step (a fork's inherited events first; heartbeats left out, and a
+    lease grant's token digest ignored). The first step that differs is named in each run
+    (seq, event type, the fields that differ); then the runs' ends are compared: state
+    reached, progress, artifacts by sha256, evidence and delivery.
+
+    Exit codes follow diff(1): 0 the runs are the same, 1 they differ, 2 and up trouble
+    (a run that does not exist is a usage error here, 2; a store problem 3). With --json:
+    {"run_a", "run_b", "same", "compared", "heartbeats", "common_steps",
+    "first_divergence", "after"} (docs/cli.md).
+
+    \b
+    Example:
+        handoff diff $RUN $FORK
+        handoff diff attempt-1 attempt-2 --json
+    """
+    from handoff.ledger.errors import InvalidInput, UnknownRun
+    from handoff import render as R
+
+    with _ledger() as lg:
+        try:
+            doc = lg.diff(run_a, run_b)
+        except UnknownRun as exc:  # diff's convention: 1 means "different", so a missing run is trouble
+            raise InvalidInput(exc.message, field="run") from None
+    _emit(doc, as_json, None if as_json else R.format_diff(doc))
+    click.get_current_context().exit(0 if doc["same"] else 1)
 
 
 @main.command()
@@ -1738,7 +1971,8 @@ def demo(db: str | None, quiet: bool) -> None:
     recorded progress; worker-a, paused and resumed, tries a late write and is refused;
     another run keeps heart-beating without progress and is flagged stalled; the
     result is verified, reviewed by its owner and delivered once, and a retried delivery
-    is a no-op. The ledger is left behind for you to explore.
+    is a no-op. The ledger is left behind for you to explore, and the main run's incident
+    report (handoff report) is written into the demo's files folder.
 
     \b
     Example:
@@ -1873,11 +2107,30 @@ log (`handoff log`). `delivery.status` is one of `not_ready`, `ready`, `attempte
 intervals.
 
 **status** (no RUN): `{"now", "runs": [{"run_id", "state", "owner", "target", "worker",
-"lease", "progress_seq", "health", "action", "updated_at", "goal"}]}`.
+"lease", "progress_seq", "health", "action", "updated_at", "goal"}], "next", "more",
+"hidden_terminal"}`; `hidden_terminal` counts the runs that ended and were left out (0
+with `--all` or `--state`).
 
 **log**: `{"run_id", "events": [{"seq", "position", "at", "actor", "lease", "type",
 "key", "summary", "data"}]}`; `data` is the event's own fields (with its `type`);
 `actor` is `kind:name` (`worker:w1`, `owner:alice`, `watchdog:ops`, `operator:bob`).
+**log** without RUN: `{"events": [{"run_id", "seq", "position", ...}], "next"}`, the same
+rows with their run, in position order; `next` is the `--since POSITION` of the next page
+(null when none). `--jsonl` prints the rows one per line; `--csv` prints a header line
+`position,at,run_id,seq,actor,lease,type,key,summary,data` (`data` as compact JSON).
+
+**report**: `{"run_id", "path", "format", "bytes", "last_seq", "end", "as_of"}`: the file
+written, its size, the last seq drawn, the time the story ends at, and `--at`/`--as-of`
+in words (null for the whole log). docs/incident-report.md shows the report itself.
+
+**diff**: `{"run_a", "run_b", "same", "compared": {"a", "b"}, "heartbeats": {"a", "b"},
+"common_steps", "first_divergence", "after"}`. `first_divergence` is null when the runs
+are the same, else `{"step", "a", "b", "what", "differs": [{"field", "a", "b"}]}`, `a`
+and `b` being `{"run_id", "seq", "type", "at"}` (null for a run that ended before that
+step); `after` is `{"state": {"a", "b"}, "progress_seq": {"a", "b"}, "artifacts":
+{"only_a", "only_b", "changed", "same"} (paths, compared by sha256), "evidence": {kind:
+{"a", "b"}} (kinds whose latest outcome differs), "delivery": {"a", "b"} ({"status",
+"key", "receipt", "attempts"}), "events_after": {"a", "b"} (counts by type)}`.
 
 **stalls**: `{"now", "stalls": [{"run_id", "state", "classification", "action",
 "reason", "worker", "lease", "last_heartbeat_at", "progress_seq", "last_progress":
@@ -1965,6 +2218,8 @@ def exit_code_table() -> str:
         meaning = next(EXIT_MEANINGS[t.__name__] for t in types if t.__name__ in EXIT_MEANINGS)
         names = ", ".join(f"`{t.__name__}`" for t in types if t.__name__ != "LedgerError")
         lines.append(f"| {code} | {meaning} | {names} |")
+    lines += ["", "`diff` follows diff(1) instead: 0 the two runs are the same, 1 they differ, 2 and up "
+              "trouble (a run that does not exist is a usage error there, 2; a store problem 3)."]
     return "\n".join(lines)
 
 

@@ -3,7 +3,8 @@
 Scenarios live one module per area and register themselves on import: ``store``
 (SqliteStore appends and reads), ``commands`` (the Ledger's durable command path and
 batched appends, beside eventsourcing and LangGraph), ``folds`` (one run's state from its
-log), ``projections`` (full rebuild with peak RSS, status lookup and stall scan at
+log), ``reports`` (an incident report of a 100,000-event run), ``projections``
+(full rebuild with peak RSS, status lookup and stall scan at
 100,000 runs), ``cli`` (``handoff progress`` as a process; its module is
 ``cli_startup.py``, since ``cli.py`` would shadow the top-level ``cli`` module) and
 ``concurrency`` (8 writer processes). ``--only AREA`` selects one. To
@@ -26,6 +27,7 @@ AREAS: tuple[str, ...] = (
     "benchmarks.store",
     "benchmarks.commands",
     "benchmarks.folds",
+    "benchmarks.reports",
     "benchmarks.projections",
     "benchmarks.cli_startup",
     "benchmarks.concurrency",

@@ -43,7 +43,7 @@ from handoff.ledger.store import (
 from handoff.reducers import admit as admission
 from handoff.reducers import commands as C
 from handoff.reducers import stall
-from handoff.reducers.checkpoint import AGGREGATE, Checkpoint, packet
+from handoff.reducers.checkpoint import AGGREGATE, Checkpoint, iso, packet
 from handoff.reducers.decide import Context, decide
 from handoff.projections import Projector, queries
 
@@ -110,6 +110,16 @@ def check_filter(value: object, field: str) -> str | None:
     if not isinstance(value, str):
         raise InvalidInput(f"{field} must be text, got {type(value).__name__}", field=field)
     return check_utf8(value, field)
+
+
+def actor_filter(actors: tuple[str, ...] | list[str]) -> Callable[[str], bool]:
+    """Whether a recorded actor (``kind:name``) is one of ``actors``: each given as
+    ``kind:name``, or as a name alone (any kind). No actors: every actor matches."""
+    exact = {a for a in actors if ":" in a}
+    names = {a for a in actors if ":" not in a}
+    if not actors:
+        return lambda actor: True
+    return lambda actor: actor in exact or actor.partition(":")[2] in names
 
 
 class Preview(msgspec.Struct, frozen=True):
@@ -1275,6 +1285,163 @@ class Ledger:
             raise UnknownRun(f"no run {run_id} in {self.store.path}")
         return self.store.read_run(run_id, after_seq=after_seq)
 
+    # --- incident reconstruction: the report, reading across runs, diff ----------------
+
+    def report(self, run_id: str, *, at_seq: int | None = None, as_of_us: int | None = None) -> Any:
+        """The run's timeline (``reducers.timeline.Timeline``), as the ledger stood at
+        ``at_seq`` or ``as_of_us`` if given; ``handoff.report`` draws it as HTML or Markdown."""
+        from handoff.reducers import timeline
+        from handoff.render import summarize
+
+        check_run_id(run_id)
+        if at_seq is not None and as_of_us is not None:
+            raise InvalidInput("give a seq or a time to draw the report at, not both", field="at")
+        if at_seq is not None:
+            check_seq(at_seq, "at", low=1)
+        if as_of_us is not None:
+            check_time_us(as_of_us, "as_of")
+        head = self.store.head(run_id)
+        if head is None:
+            raise UnknownRun(f"no run {run_id} in {self.store.path}; list runs with 'handoff status --all'")
+        first = next(self.store.read_run(run_id, until_seq=1))
+        if as_of_us is not None and as_of_us < first.recorded_us:
+            raise InvalidInput(f"run {run_id} did not exist yet at that time; it begins at "
+                               f"{iso(first.recorded_us)}", field="as_of")
+        last = next(self.store.read_run(run_id, after_seq=head.last_seq - 1))
+        beats = self._watcher_beats(first.recorded_us, as_of_us if as_of_us is not None else last.recorded_us)
+        return timeline.build(self.store.history(run_id), run_id, summarize=summarize, last_seq=head.last_seq,
+                              at_seq=at_seq, as_of_us=as_of_us, watcher_beats=beats)
+
+    def write_report(self, run_id: str, path: str | os.PathLike[str] | None = None, *, fmt: str = "html",
+                     at_seq: int | None = None, as_of_us: int | None = None, db_hint: str = "") -> dict[str, Any]:
+        """Draw ``report`` (``handoff.report``: "html" or "md") and write it to ``path``
+        atomically, with the ledger's permission bits (a report holds what the ledger holds);
+        a symbolic link there, or the ledger itself, is refused. Without ``path`` nothing is
+        written and the document is returned under "text". Returns ``{"run_id", "path",
+        "format", "bytes", "last_seq", "end", "as_of"}`` (``handoff report --json``)."""
+        from handoff import report as rp
+
+        if fmt not in rp.FORMATS:
+            raise InvalidInput(f"report format must be one of {', '.join(rp.FORMATS)}, got {str(fmt)[:40]!r}",
+                               field="format")
+        target = None
+        if path is not None:
+            target = files.check_target(path, "output")
+            self._not_the_ledger(target, path, "output", "report")
+        tl = self.report(run_id, at_seq=at_seq, as_of_us=as_of_us)
+        cut = (f"seq {tl.last_seq}" if at_seq is not None else
+               f"{iso(as_of_us)} (seq {tl.last_seq})" if as_of_us is not None else None)
+        text = rp.render(tl, fmt, as_of=cut, db_hint=db_hint)
+        data = text.encode("utf-8")
+        doc: dict[str, Any] = {"run_id": run_id, "path": target, "format": fmt, "bytes": len(data),
+                               "last_seq": tl.last_seq, "end": iso(tl.end_us), "as_of": cut}
+        if target is None:
+            doc["text"] = text
+        else:
+            files.atomic_write(target, [data], mode=self.copy_mode(), field="output")
+        return doc
+
+    def _watcher_beats(self, from_us: int, until_us: int | None) -> dict[str, list[tuple[int, float]]]:
+        """Every watcher's beats from the last one before ``from_us`` on, in time order."""
+        out: dict[str, list[tuple[int, float]]] = {}
+        for head in self.store.list_runs(prefix=WATCHER_PREFIX):
+            for rec in self.store.read_run(head.run_id):
+                if until_us is not None and rec.recorded_us > until_us:
+                    break
+                e = rec.event
+                if isinstance(e, ev.WatchdogObserved):
+                    beats = out.setdefault(e.watcher, [])
+                    if rec.recorded_us < from_us and beats:
+                        beats.pop()  # of the beats before the run began, only the last one matters
+                    beats.append((rec.recorded_us, e.interval_s))
+        for beats in out.values():
+            beats.sort()
+        return out
+
+    def events(
+        self, *, since_position: int | None = None, until_position: int | None = None,
+        since_us: int | None = None, until_us: int | None = None, types: tuple[str, ...] = (),
+        actors: tuple[str, ...] = (), runs: tuple[str, ...] = (), follow: bool = False, poll_s: float = 0.5,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> Iterator[Recorded]:
+        """Events across the ledger in position order, filtered; read a page at a time, so
+        memory stays flat whatever the size of the log. Bounds are inclusive. An actor
+        filter is ``kind:name``, or a name alone (any kind). ``runs`` reads only those
+        streams (merged by position). With ``follow``, waits for new events (polling every
+        ``poll_s``) until ``should_stop()`` is true or ``until_position`` is passed."""
+        for field, value in (("since", since_position), ("until", until_position)):
+            if value is not None:
+                check_seq(value, field)
+        for field, value in (("since", since_us), ("until", until_us)):
+            if value is not None:
+                check_time_us(value, field)
+        for group, values in (("type", types), ("actor", actors), ("run", runs)):
+            if not isinstance(values, (tuple, list)):
+                raise InvalidInput(f"{group} filters must be a tuple or list of text, got {type(values).__name__}",
+                                   field=group)
+            for value in values:
+                check_filter(value, group)
+        for r in runs:
+            check_run_id(r, "run")
+            if self.store.head(r) is None:
+                raise UnknownRun(f"no run {r} in {self.store.path}; list runs with 'handoff status --all'")
+        unknown = [t for t in types if t not in ev.EVENT_TYPES]
+        if unknown:
+            raise InvalidInput(f"no event type {unknown[0]!r}; the types are: {', '.join(sorted(ev.EVENT_TYPES))}",
+                               field="type")
+        check_seconds(poll_s, "poll_s", low=0.01, high=3600)
+        by = actor_filter(actors)
+
+        def wanted(rec: Recorded) -> bool:
+            return ((not types or rec.type in types)
+                    and by(rec.actor)
+                    and (since_us is None or rec.recorded_us >= since_us)
+                    and (until_us is None or rec.recorded_us <= until_us))
+
+        after = (since_position - 1) if since_position else 0
+        return self._events(after, until_position, runs, wanted, follow, poll_s, should_stop)
+
+    def _events(self, after: int, until: int | None, runs: tuple[str, ...], wanted: Callable[[Recorded], bool],
+                follow: bool, poll_s: float, should_stop: Callable[[], bool] | None) -> Iterator[Recorded]:
+        import heapq
+
+        seen = dict.fromkeys(runs, 0)  # with --run: the last seq read of each stream
+        while True:
+            if runs:
+                streams = [(r for r in self.store.read_run(run, after_seq=last) if r.position > after)
+                           for run, last in seen.items()]
+                source: Iterator[Recorded] = heapq.merge(*streams, key=lambda r: r.position)
+            else:
+                source = self.store.read_all(after_position=after, until_position=until)
+            for rec in source:
+                if until is not None and rec.position > until:
+                    return
+                after = rec.position
+                if runs:
+                    seen[rec.run_id] = rec.seq
+                if wanted(rec):
+                    yield rec
+            if not follow or (until is not None and after >= until) or (should_stop is not None and should_stop()):
+                return
+            time.sleep(poll_s)
+            if should_stop is not None and should_stop():
+                return
+
+    def terminal_count(self, *, owner: str | None = None) -> int:
+        """How many runs have ended: what a listing of live runs leaves out."""
+        check_filter(owner, "owner")
+        return queries.count_terminal(self.store, owner=owner)
+
+    def diff(self, run_a: str, run_b: str) -> dict[str, Any]:
+        """Align two runs' histories and name the first divergence, then what differs after
+        it (``reducers.diff.compare``; its keys are ``handoff diff --json``'s)."""
+        from handoff.reducers import diff
+
+        for field, run in (("run_a", run_a), ("run_b", run_b)):
+            check_run_id(run, field)
+            if self.store.head(run) is None:
+                raise UnknownRun(f"no run {run} in {self.store.path}; list runs with 'handoff status --all'")
+        return diff.compare(self.store.history(run_a), self.store.history(run_b), run_a, run_b)
 
 # --- creating a ledger -------------------------------------------------------------------
 

@@ -348,6 +348,13 @@ class _Story:
         out(f"  handoff --db {_quote(db)} status {REPORT}")
         out(f"  handoff --db {_quote(db)} log {REPORT} --no-heartbeats")
         out(f"  handoff --db {_quote(db)} replay {REPORT} --at {revoked}")
+        out(f"  handoff --db {_quote(db)} log --since 1 --no-heartbeats      # every run, in the order written")
+        # The story ends where an incident review starts: the report, drawn by the same
+        # renderer as 'handoff report', in the demo's own folder.
+        doc = lg.write_report(REPORT, self.path(f"{REPORT}.html"), db_hint=f"--db {_quote(db)} ")
+        shown = os.path.relpath(doc["path"])
+        out(f"\nThe incident report of {REPORT} is in {shown if not shown.startswith('..') else doc['path']} "
+            f"({doc['bytes'] // 1024} KiB, one self-contained file): open it in a browser.")
 
 
 def _quote(arg: str) -> str:

@@ -25,7 +25,7 @@ from handoff.reducers.checkpoint import iso
 __all__ = [
     "iso", "iso_ms", "one_line", "cells", "table_lines", "table", "summarize", "format_packet",
     "LOG_HEADERS", "log_row", "log_rows", "log_cells", "format_log", "write_doc", "delivery_doc",
-    "run_row", "stall_row", "action_doc",
+    "run_row", "stall_row", "action_doc", "LEDGER_LOG_HEADERS", "ledger_row", "ledger_log_cells", "format_diff",
 ]
 
 
@@ -196,6 +196,21 @@ def log_row(rec: Any) -> dict[str, Any]:
     }
 
 
+#: The columns of 'handoff log' without RUN: every stream, in position order.
+LEDGER_LOG_HEADERS = ["POSITION", "TIME", "RUN", "SEQ", "ACTOR", "LEASE", "TYPE", "SUMMARY"]
+
+
+def ledger_row(rec: Any) -> dict[str, Any]:
+    """One stored event as a row of 'handoff log' without RUN: ``log_row`` with its run."""
+    return {"run_id": rec.run_id, **log_row(rec)}
+
+
+def ledger_log_cells(row: dict[str, Any], width: int = 60) -> list[Any]:
+    """A ``ledger_row`` as the cells of ``LEDGER_LOG_HEADERS``."""
+    return [row["position"], iso_ms(row["at"]), row["run_id"], row["seq"], row["actor"], row["lease"], row["type"],
+            one_line(row["summary"], width)]
+
+
 def log_rows(records: Iterable[Any]) -> list[dict[str, Any]]:
     return [log_row(rec) for rec in records]
 
@@ -256,3 +271,37 @@ def action_doc(a: Any) -> dict[str, Any]:
     """One watchdog action (``handoff.watchdog.Action``)."""
     return {"run_id": a.run_id, "classification": a.classification, "action": a.action, "outcome": a.outcome,
             "key": a.key, "progress_seq": a.progress_seq, "lease": a.lease, "reason": a.reason, "seq": a.seq}
+
+
+def format_diff(doc: dict[str, Any]) -> str:
+    """``Ledger.diff``'s document as short lines: the first divergence, then what differs."""
+    a, b = doc["run_a"], doc["run_b"]
+    head = (f"a = {a}, b = {b}: {doc['compared']['a']} and {doc['compared']['b']} events compared "
+            f"(heartbeats left out: {doc['heartbeats']['a']} and {doc['heartbeats']['b']})")
+    first = doc["first_divergence"]
+    if first is None:
+        return head + "\nthe same: every step matches"
+    lines = [head, f"the same for {doc['common_steps']} step(s); first divergence at step {first['step']}: {first['what']}"]
+    for side in ("a", "b"):
+        w = first[side]
+        lines.append(f"  {side}: " + ("(no more events)" if w is None else
+                                      f"{w['run_id']} seq {w['seq']} {w['type']} at {iso_ms(w['at'])}"))
+    for d in first["differs"]:
+        lines.append(f"  {d['field']}: a {one_line(d['a'], 60)!s} | b {one_line(d['b'], 60)!s}")
+    af = doc["after"]
+    lines.append("after it:")
+    for key in ("state", "progress_seq"):
+        v = af[key]
+        lines.append(f"  {key}: a {v['a']}, b {v['b']}" + ("" if v["a"] != v["b"] else " (same)"))
+    arts = af["artifacts"]
+    lines.append(f"  artifacts: {len(arts['same'])} the same by sha256; changed: {', '.join(arts['changed']) or 'none'}; "
+                 f"only in a: {', '.join(arts['only_a']) or 'none'}; only in b: {', '.join(arts['only_b']) or 'none'}")
+    ev_diff = af["evidence"]
+    lines.append("  evidence: " + (", ".join(f"{k} a {v['a']} b {v['b']}" for k, v in ev_diff.items()) or "the same"))
+    da, db = af["delivery"]["a"], af["delivery"]["b"]
+    lines.append(f"  delivery: a {da['status']}" + (f" ({da['receipt']})" if da["receipt"] else "")
+                 + f", b {db['status']}" + (f" ({db['receipt']})" if db["receipt"] else ""))
+    for side in ("a", "b"):
+        counts = af["events_after"][side]
+        lines.append(f"  events after it in {side}: " + (", ".join(f"{n} {t}" for t, n in counts.items()) or "none"))
+    return "\n".join(lines)

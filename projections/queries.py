@@ -151,6 +151,15 @@ def count_runs_after(store: EventStore, after: Cursor | None = None, *, include_
     return store.views.count("checkpoints", where=where, order=(ORDINAL,), after=after)
 
 
+def count_terminal(store: EventStore, *, owner: str | None = None, target: str | None = None) -> int:
+    """How many runs have ended (what a listing without ``--all`` leaves out)."""
+    where: dict[str, Any] = {"terminal": 1}
+    for col, val in (("owner", owner), ("target", target)):
+        if val is not None:
+            where[col] = val
+    return store.views.count("checkpoints", where=where)
+
+
 def due_after(store: EventStore, now_us: int, after: Cursor | None = None) -> Iterator[Checkpoint]:
     """The runs the stall index says may need attention at ``now_us``, in listing order
     (``after``: a cursor of the stall_watch view, see ``cursor_of``).

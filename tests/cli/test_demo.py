@@ -42,6 +42,12 @@ def test_demo_plays_the_story_and_leaves_the_ledger(tmp_path):
     assert late == []  # worker-a's late write left no trace
     assert any(r.type == "recovery_decided" and r.event.action == "mark_stalled" for r in stuck)
     assert not (tmp_path / "ignored.db").exists()  # HANDOFF_DB is never the demo's target
+    # It ends with the incident report of its main run, drawn by 'handoff report''s renderer.
+    assert out.rstrip().splitlines()[-1].startswith("The incident report of demo-report is in "
+                                                     "story-files/demo-report.html")
+    page = (tmp_path / "story-files" / "demo-report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and 'data-lane="lease:worker-b"' in page
+    assert "lease-revoked" in page and "window-unavailable" in page
 
 
 def test_demo_refuses_to_overwrite_a_ledger_it_did_not_make(tmp_path):

@@ -34,7 +34,8 @@ def test_status_packet(h):
 def test_status_list_log_stalls(h):
     _setup(h)
     doc = h.json("status")
-    assert set(doc) == {"now", "runs", "next", "more"} and doc["next"] is None and doc["more"] == 0
+    assert set(doc) == {"now", "runs", "next", "more", "hidden_terminal"} and doc["next"] is None and doc["more"] == 0
+    assert doc["hidden_terminal"] == 0  # no run has ended here
     assert set(doc["runs"][0]) == {"run_id", "state", "owner", "target", "worker", "lease", "progress_seq",
                                    "health", "action", "updated_at", "goal"}
     log = h.json("log", "r1")
