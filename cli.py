@@ -383,7 +383,7 @@ def _stream_csv(items: Any, *, flush_each: bool = False) -> int:
     import io
     import json
 
-    columns = ["position", "at", "run_id", "seq", "actor", "lease", "type", "key", "summary", "data"]
+    columns = ["position", "at", "run_id", "seq", "actor", "lease", "type", "key", "summary", "data", "db_role"]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
@@ -1212,6 +1212,14 @@ def log(run: str | None, after_seq: int | None, since: Any, until: Any, types: t
                 return  # a follow would otherwise wait for one event more only to learn there is one
 
     with _ledger() as lg:
+        role_of = lg.db_role_of()
+        with_role = lg.store.records_roles
+
+        def add_role(make: Any) -> Any:
+            def made(rec: Any) -> dict[str, Any]:
+                return {**make(rec), "db_role": role_of(rec.position)}
+            return made
+
         if run is not None:
             from handoff.api import actor_filter
 
@@ -1219,7 +1227,7 @@ def log(run: str | None, after_seq: int | None, since: Any, until: Any, types: t
             source = (r for r in lg.log(run, after_seq=after_seq or 0)
                       if (not types or r.type in types) and not (no_heartbeats and r.type == "heartbeat_recorded")
                       and by(r.actor))
-            items = rows(source, "seq", R.log_row)
+            items = rows(source, "seq", add_role(R.log_row))
             head, headers, cells = {"run_id": run}, R.LOG_HEADERS, R.log_cells
         else:
             import signal
@@ -1237,8 +1245,11 @@ def log(run: str | None, after_seq: int | None, since: Any, until: Any, types: t
             source = (r for r in lg.events(**bounds, types=types, actors=actors, runs=runs, follow=follow,
                                            should_stop=lambda: stop["flag"])
                       if not (no_heartbeats and r.type == "heartbeat_recorded"))
-            items = rows(source, "position", R.ledger_row)
+            items = rows(source, "position", add_role(R.ledger_row))
             head, headers, cells = {}, R.LEDGER_LOG_HEADERS, R.ledger_log_cells
+        if with_role:  # the server's word on who inserted each event (PostgreSQL)
+            headers = [*headers, "DB ROLE"]
+            cells = (lambda c: lambda row: [*c(row), row["db_role"]])(cells)
         if as_csv:
             n = _stream_csv(items, flush_each=follow)
         elif as_jsonl:
@@ -2112,12 +2123,15 @@ intervals.
 with `--all` or `--state`).
 
 **log**: `{"run_id", "events": [{"seq", "position", "at", "actor", "lease", "type",
-"key", "summary", "data"}]}`; `data` is the event's own fields (with its `type`);
-`actor` is `kind:name` (`worker:w1`, `owner:alice`, `watchdog:ops`, `operator:bob`).
+"key", "summary", "data", "db_role"}]}`; `data` is the event's own fields (with its `type`);
+`actor` is `kind:name` (`worker:w1`, `owner:alice`, `watchdog:ops`, `operator:bob`), as
+the writer declared it; `db_role` is the database role the PostgreSQL server recorded
+inserting the event (null on SQLite, which has no server to say it; the table then has
+no DB ROLE column).
 **log** without RUN: `{"events": [{"run_id", "seq", "position", ...}], "next"}`, the same
 rows with their run, in position order; `next` is the `--since POSITION` of the next page
 (null when none). `--jsonl` prints the rows one per line; `--csv` prints a header line
-`position,at,run_id,seq,actor,lease,type,key,summary,data` (`data` as compact JSON).
+`position,at,run_id,seq,actor,lease,type,key,summary,data,db_role` (`data` as compact JSON).
 
 **report**: `{"run_id", "path", "format", "bytes", "last_seq", "end", "as_of"}`: the file
 written, its size, the last seq drawn, the time the story ends at, and `--at`/`--as-of`

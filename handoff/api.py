@@ -1367,8 +1367,9 @@ class Ledger:
         """Events across the ledger in position order, filtered; read a page at a time, so
         memory stays flat whatever the size of the log. Bounds are inclusive. An actor
         filter is ``kind:name``, or a name alone (any kind). ``runs`` reads only those
-        streams (merged by position). With ``follow``, waits for new events (polling every
-        ``poll_s``) until ``should_stop()`` is true or ``until_position`` is passed."""
+        streams (merged by position). With ``follow``, waits for new events (woken by the
+        store's ``wait_for_events``, asking ``should_stop`` at least every ``poll_s``) until
+        ``should_stop()`` is true or ``until_position`` is passed."""
         for field, value in (("since", since_position), ("until", until_position)):
             if value is not None:
                 check_seq(value, field)
@@ -1423,9 +1424,28 @@ class Ledger:
                     yield rec
             if not follow or (until is not None and after >= until) or (should_stop is not None and should_stop()):
                 return
-            time.sleep(poll_s)
+            # Sleep until the log grows (LISTEN/NOTIFY on PostgreSQL, a short poll on
+            # SQLite), at most poll_s, so should_stop is asked that often.
+            self.store.wait_for_events(after, poll_s)
             if should_stop is not None and should_stop():
                 return
+
+    def db_role_of(self) -> Callable[[int], str | None]:
+        """A lookup, position -> the database role that inserted the event there, reading
+        the store a thousand positions at a time (None where the backend records no role:
+        SQLite, whose actors are self-declared)."""
+        if not self.store.records_roles:
+            return lambda position: None
+        cache: dict[int, str] = {}
+
+        def role(position: int) -> str | None:
+            if position not in cache:
+                if len(cache) > 100_000:
+                    cache.clear()
+                cache.update(self.store.db_roles(position, position + 999))
+            return cache.get(position)
+
+        return role
 
     def terminal_count(self, *, owner: str | None = None) -> int:
         """How many runs have ended: what a listing of live runs leaves out."""

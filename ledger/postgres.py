@@ -408,6 +408,7 @@ class PostgresStore(EventStore):
     """
 
     backend = "postgresql"
+    records_roles = True
 
     def __init__(
         self,

@@ -531,6 +531,9 @@ class EventStore(abc.ABC):
         """How many events and streams the ledger holds."""
         return {"events": self.last_position(), "runs": self.count_runs()}
 
+    #: Whether the backend records the database role that inserted each event.
+    records_roles = False
+
     def db_roles(self, first_position: int, last_position: int) -> dict[int, str]:
         """The database role that inserted each event in the positions given, as the
         server recorded it ({} here: where there is no server, the actor is all there is,

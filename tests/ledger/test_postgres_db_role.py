@@ -50,3 +50,26 @@ def test_sqlite_exports_read_as_before_and_claim_no_role(tmp_path):
         assert lg.verify_report()["db_roles"] == {}
     parsed = list(portable.parse_lines(lines))
     assert len(parsed) == len(lines)
+
+
+def test_log_shows_the_role_the_server_recorded(tmp_path):
+    import psycopg
+
+    url = fresh_url()
+    _fill(url)
+    with psycopg.connect(url) as conn:
+        role = conn.execute("SELECT session_user").fetchone()[0]
+    runner = CliRunner()
+    for args in (["log", "r1", "--json"], ["log", "--json"]):
+        out = runner.invoke(main, ["--db", url, *args])
+        assert out.exit_code == 0, out.output
+        assert {e["db_role"] for e in json.loads(out.output)["events"]} == {role}
+    table = runner.invoke(main, ["--db", url, "log", "r1"])
+    assert "DB ROLE" in table.output and role in table.output
+    csv_out = runner.invoke(main, ["--db", url, "log", "--csv"])
+    assert csv_out.output.splitlines()[0].endswith(",db_role") and csv_out.output.splitlines()[1].endswith("," + role)
+    path = str(tmp_path / "l.db")
+    _fill(path)
+    out = runner.invoke(main, ["--db", path, "log", "r1", "--json"])
+    assert {e["db_role"] for e in json.loads(out.output)["events"]} == {None}
+    assert "DB ROLE" not in runner.invoke(main, ["--db", path, "log", "r1"]).output
