@@ -175,6 +175,38 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
+#: How long a statement may go without an answer from the server beyond its lock waits,
+#: by default, before the connection is given up (PostgresStore's ``reply_timeout_s``).
+DEFAULT_REPLY_TIMEOUT_S = 30.0
+
+
+if psycopg is not None:
+
+    class _GuardedConnection(psycopg.Connection):  # type: ignore[misc,name-defined]
+        """A connection that stops waiting for an answer after ``wait_limit_s``.
+
+        Without it a server that stops answering while the TCP connection stays up (a
+        partition behind a proxy or a NAT, a frozen server host) makes every call hang
+        for ever, and a COMMIT sent into that silence never reports that its outcome is
+        unknown. Past the limit the connection is closed (it is mid-protocol and cannot
+        be reused) and the wait raises OperationalError, which the store maps like any
+        lost connection: StoreUnavailable, or OutcomeUnknown during COMMIT.
+        """
+
+        wait_limit_s: float | None = None
+
+        def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+            limit = self.wait_limit_s if timeout is None else timeout
+            try:
+                return super().wait(gen, interval=interval, timeout=limit)
+            except pgerr._WaitTimeout:
+                with contextlib.suppress(Exception):
+                    self.pgconn.finish()
+                raise psycopg.OperationalError(
+                    f"no answer from the server within {limit:g}s; the connection was closed"
+                ) from None
+
+
 def is_driver_error(exc: BaseException) -> bool:
     """An error from psycopg itself (ledger.backends.is_driver_error asks)."""
     return psycopg is not None and isinstance(exc, psycopg.Error)
@@ -262,6 +294,7 @@ class PostgresStore(EventStore):
         create: bool = True,
         readonly: bool = False,
         connect_timeout_s: float = 5.0,
+        reply_timeout_s: float = DEFAULT_REPLY_TIMEOUT_S,
     ) -> None:
         if psycopg is None:
             from .errors import BackendUnavailable
@@ -274,9 +307,13 @@ class PostgresStore(EventStore):
         self.path = redact(url)
         self.busy_timeout_s = busy_timeout_s
         self.connect_timeout_s = connect_timeout_s
+        self.reply_timeout_s = reply_timeout_s
         self.max_payload = max_payload
         self.readonly = readonly
-        self._clock = clock or _now_us
+        #: With no clock given, time is the server's (see ``server_clock``): every host
+        #: that writes and the watchdog that judges health read the same clock.
+        self._clock = clock or self.server_clock
+        self._server_at: tuple[int, int] | None = None  # (server us, local monotonic ns) at connect
         self._lock = threading.RLock()
         self._cache: collections.OrderedDict[tuple[int, str], tuple[Any, int, bytes, Any]] = (
             collections.OrderedDict()
@@ -301,7 +338,7 @@ class PostgresStore(EventStore):
 
     def _connect(self) -> None:
         try:
-            conn = psycopg.connect(
+            conn = _GuardedConnection.connect(
                 self.url, autocommit=True, connect_timeout=max(1, int(self.connect_timeout_s)),
                 application_name="handoff-ledger",
             )
@@ -313,10 +350,36 @@ class PostgresStore(EventStore):
             # A session that dies inside a transaction must not hold a run or the tail.
             conn.execute("SET idle_in_transaction_session_timeout = 60000")
             conn.execute("SET default_transaction_isolation = 'read committed'")
+            # A statement waits at most for its lock (lock_timeout) and then for an answer.
+            conn.wait_limit_s = self.busy_timeout_s + self.reply_timeout_s
+            t0 = time.monotonic_ns()
+            server_us = conn.execute(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint").fetchone()[0]
+            t1 = time.monotonic_ns()
         except psycopg.Error as exc:
             conn.close()
             raise _explain(exc, "connecting", self.path) from exc
+        self._server_at = (int(server_us), (t0 + t1) // 2)
         self._conn = conn
+
+    def server_clock(self) -> int:
+        """Now by the server's clock, in microseconds since the epoch, with no round trip.
+
+        Read once per connection (the server's time at the middle of the round trip) and
+        advanced by this host's monotonic clock since, so this host's wall clock, however
+        wrong, plays no part. Health is judged on this one clock: heartbeats are stamped
+        with it by every worker, and the watchdog's "now" is read from it, so a worker and
+        a watchdog whose own clocks disagree by minutes still agree on how long a run has
+        been silent (docs/postgres.md, "Clocks").
+        """
+        if self._server_at is None:
+            return _now_us()
+        server_us, mono_ns = self._server_at
+        return server_us + (time.monotonic_ns() - mono_ns) // 1000
+
+    def clock(self) -> int:
+        """The store's "now": the server's clock unless a clock was injected."""
+        return self._clock()
 
     def _ready(self) -> Any:
         """The connection, reconnected if the last one was lost (outside a transaction)."""
