@@ -9,13 +9,16 @@
     actor FILE [SECONDS]
         the child under ``handoff run``: appends "<time.time()> <n>" to FILE every 20 ms
         (each line is one action on the world) until stopped
-    watch URL NAME OUT
-        one watchdog pass as watcher NAME; its actions as JSON lines in OUT
+    watch URL NAME OUT [GO]
+        one watchdog pass as watcher NAME (after the file GO exists); its actions in OUT
+    watchloop URL NAME OUT SECONDS INTERVAL
+        a watchdog pass every INTERVAL for SECONDS
     skewed SECONDS ROLE ARGS...
         ROLE with this process's wall clock SECONDS off (time.time and time.time_ns
         moved; the monotonic clock untouched): a host whose clock is wrong
-    beat URL RUN TOKEN SECONDS INTERVAL OUT
-        a worker that heartbeats RUN under TOKEN for SECONDS; one line per beat in OUT
+    beat URL RUN TOKEN SECONDS INTERVAL OUT [store|host]
+        a worker that heartbeats RUN under TOKEN for SECONDS; one line per beat in OUT;
+        ``host`` stamps them with this host's clock instead of the store's
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ def one(url: str, history: str, run: str, key: str, reply_timeout: str = "2") ->
     from .history import Recorder
 
     rec = Recorder(history, "one")
-    lg = _ledger(url, reply_timeout=float(reply_timeout))
+    lg = _ledger(url, reply_timeout=float(reply_timeout), busy=1.0)
     status = rec.call(run, key, lambda: lg.evidence(run, "check", "pass", "once", actor=OWNER, key=key))
     print(status, flush=True)
 
@@ -75,6 +78,9 @@ def one(url: str, history: str, run: str, key: str, reply_timeout: str = "2") ->
 def actor(path: str, seconds: str = "60") -> None:
     end = time.monotonic() + float(seconds)
     n = 0
+    if os.environ.get("HANDOFF_LEASE"):  # what a cut-off worker would go on writing with
+        with open(path + ".token", "w", encoding="utf-8") as f:
+            f.write(os.environ["HANDOFF_LEASE"])
     with open(path, "a", encoding="utf-8") as f:
         while time.monotonic() < end:
             f.write(f"{time.time():.6f} {n}\n")
@@ -83,21 +89,40 @@ def actor(path: str, seconds: str = "60") -> None:
             time.sleep(0.02)
 
 
-def watch(url: str, name: str, out: str) -> None:
+def watch(url: str, name: str, out: str, go: str = "") -> None:
     from handoff.watchdog import watch_once
 
     with _ledger(url) as lg:
+        while go and not os.path.exists(go):
+            time.sleep(0.001)
         acts = watch_once(lg, name=name)
     with open(out, "a", encoding="utf-8") as f:
         for a in acts:
             f.write(json.dumps({"run": a.run_id, "action": a.action, "outcome": a.outcome, "key": a.key}) + "\n")
 
 
-def beat(url: str, run: str, token: str, seconds: str, interval: str, out: str) -> None:
-    from handoff.ledger.errors import LedgerError
+def watchloop(url: str, name: str, out: str, seconds: str, interval: str) -> None:
+    """watch_once every INTERVAL for SECONDS (a watchdog on its own host)."""
+    from handoff.watchdog import watch_once
 
     end = time.monotonic() + float(seconds)
     with _ledger(url) as lg, open(out, "a", encoding="utf-8") as f:
+        while time.monotonic() < end:
+            for a in watch_once(lg, name=name):
+                f.write(json.dumps({"run": a.run_id, "action": a.action, "outcome": a.outcome}) + "\n")
+                f.flush()
+            time.sleep(float(interval))
+
+
+def beat(url: str, run: str, token: str, seconds: str, interval: str, out: str, clock: str = "store") -> None:
+    """Heartbeats; ``clock=host`` stamps them with this host's wall clock (the old way)."""
+    from handoff import Ledger
+    from handoff.api import now_us
+    from handoff.ledger.errors import LedgerError
+
+    end = time.monotonic() + float(seconds)
+    lg = Ledger(url, clock=now_us) if clock == "host" else _ledger(url)
+    with lg, open(out, "a", encoding="utf-8") as f:
         while time.monotonic() < end:
             try:
                 r = lg.heartbeat(run, token).result
@@ -118,7 +143,8 @@ def skewed(seconds: str, role: str, *args: str) -> None:
     ROLES[role](*args)
 
 
-ROLES = {"writer": writer, "one": one, "actor": actor, "watch": watch, "beat": beat, "skewed": skewed}
+ROLES = {"writer": writer, "one": one, "actor": actor, "watch": watch, "watchloop": watchloop, "beat": beat,
+         "skewed": skewed}
 
 if __name__ == "__main__":
     sys.path.insert(0, os.getcwd())
