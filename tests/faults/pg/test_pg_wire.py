@@ -1,0 +1,89 @@
+"""Matrix rows 2 and 3: a commit whose answer is lost, and writers' backends killed.
+
+Every client operation is recorded (invoked / ok / failed / unknown) by the client
+process itself, and tests/faults/pg/history.py's checker proves afterwards: no ok
+operation missing from the log, no failed one present, every unknown one resolved by
+its key, no event doubled, seqs contiguous, verify clean.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from handoff import Ledger
+from handoff.ledger.store import Actor
+from tests.faults.conftest import read_jsonl, scale
+
+from .conftest import pg_agent
+from .history import check, read_history
+
+OWNER = Actor("owner", "alice")
+
+
+def _retry(lg: Ledger):
+    def again(run: str, key: str):
+        # The same request as the writer's: the same text, the same key.
+        client, _, i = key.rpartition("-")
+        detail = "once" if client == "" or key.startswith("commit") else f"{client} {i}"
+        return lg.evidence(run, "check", "pass", detail, actor=OWNER, key=key)
+    return again
+
+
+@pytest.mark.parametrize("lands", [True, False], ids=["commit-reaches-server", "commit-lost-too"])
+def test_blackhole_during_commit_is_outcome_unknown_and_its_key_settles_it(pg_url, proxies, tmp_path, evidence, lands):
+    with Ledger(pg_url) as lg:
+        run = lg.open(goal="commit into the void", target="chat:#ops", owner="alice")
+        before = [r.position for r in lg.store.read_all()]
+    proxy = proxies(pg_url)
+    proxy.blackhole_after(b"COMMIT", deliver=lands)
+    hist = str(tmp_path / "history.jsonl")
+    p = pg_agent("one", proxy.url(pg_url), hist, run, "commit-1", "1")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert out.strip() == "unknown", (out, err)  # never "nothing written", never success
+    assert proxy.counts["triggered"] == 1
+    recs = read_jsonl(hist)
+    assert [r["status"] for r in recs] == ["invoked", "unknown"] and recs[1]["error"] == "OutcomeUnknown"
+    with Ledger(pg_url) as lg:
+        stored = [r for r in lg.store.read_all() if r.idempotency_key == "commit-1"]
+        assert len(stored) == (1 if lands else 0)
+        counts = check(lg, read_history([hist]), _retry(lg))
+        assert counts["unknown_landed" if lands else "unknown_retried_in"] == 1
+        assert len([r for r in lg.store.read_all()]) == len(before) + 1
+    evidence.add(f"pg_row2_blackhole_during_commit[{'lands' if lands else 'lost'}]", **counts)
+
+
+def test_writers_backends_terminated_repeatedly_lose_and_double_nothing(pg_url, tmp_path, procs, evidence):
+    writers = 4
+    per_writer = scale(40, 300)
+    with Ledger(pg_url) as lg:
+        runs = [lg.open(goal=f"run {i}", target="chat:#ops", owner="alice") for i in range(writers)]
+        shared = lg.open(goal="shared", target="chat:#ops", owner="alice")
+    hists = [str(tmp_path / f"h{i}.jsonl") for i in range(writers)]
+    for i in range(writers):
+        procs.append(pg_agent("writer", pg_url, hists[i], f"w{i}", f"{runs[i]},{shared}", per_writer))
+    import psycopg
+
+    rng = random.Random(13)
+    kills = 0
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        while any(p.poll() is None for p in procs):
+            time.sleep(rng.uniform(0.05, 0.25))
+            pids = [r[0] for r in admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND application_name = 'handoff-ledger'").fetchall()]
+            if pids:
+                pid = rng.choice(pids)
+                if admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]:
+                    kills += 1
+    for p in procs:
+        assert p.wait() == 0, p.stderr.read()
+    with Ledger(pg_url) as lg:
+        counts = check(lg, read_history(hists), _retry(lg))
+    assert counts["operations"] == writers * per_writer
+    assert counts["ok"] >= writers * per_writer - counts["unknown"]
+    assert kills >= 5, "too few backends were killed for the test to mean anything"
+    evidence.add("pg_row3_terminate_backend", writers=writers, kills=kills, **counts)
