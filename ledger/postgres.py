@@ -221,6 +221,17 @@ def redact(url: str) -> str:
     return re.sub(r"(password=)[^&\s]*", r"\1***", out)
 
 
+_REFUSED_AT_CONNECT = re.compile(
+    r"FATAL:\s+(database \S+ does not exist|role \S+ does not exist|password authentication failed"
+    r"|no pg_hba\.conf entry|permission denied for database|.*not permitted to log in)")
+_FULL_AT_CONNECT = re.compile(r"FATAL:\s+(sorry, too many clients|too many connections|remaining connection slots)")
+
+
+def _fatal(text: str) -> str:
+    """The server's own sentence out of libpq's "connection failed: ... FATAL: ..." text."""
+    return text.split("FATAL:", 1)[-1].strip()
+
+
 def _explain(exc: BaseException, doing: str, where: str) -> LedgerError:
     """Map a driver error to the library's own, in one place."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -254,6 +265,19 @@ def _explain(exc: BaseException, doing: str, where: str) -> LedgerError:
         return StoreUnavailable(
             f"the PostgreSQL server at {where} is out of resources ({text}) while {doing}; "
             "nothing was written. Retry later, or ask its operator",
+            cause=text,
+        )
+    if isinstance(exc, psycopg.OperationalError) and _REFUSED_AT_CONNECT.search(text):
+        # libpq reports these at connect without an SQLSTATE: only the server's text says.
+        return StoreUnavailable(
+            f"PostgreSQL refused the connection to {where} ({_fatal(text)}); check the database name, "
+            "the user and the password in the address",
+            cause=text,
+        )
+    if isinstance(exc, psycopg.OperationalError) and _FULL_AT_CONNECT.search(text):
+        return StoreUnavailable(
+            f"the PostgreSQL server at {where} is out of resources ({_fatal(text)}) while {doing}; "
+            "nothing was written. Retry later, or ask its operator (max_connections)",
             cause=text,
         )
     if isinstance(exc, psycopg.OperationalError):
