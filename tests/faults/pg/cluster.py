@@ -83,7 +83,10 @@ class PrivateCluster:
         if pid is None:
             return
         children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:  # a stale postmaster.pid: already gone
+            return
         for c in children:
             try:
                 os.kill(int(c), signal.SIGKILL)
