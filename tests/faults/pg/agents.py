@@ -12,12 +12,13 @@
     watch URL NAME OUT [GO]
         one watchdog pass as watcher NAME (after the file GO exists); its actions in OUT
     watchloop URL NAME OUT SECONDS INTERVAL
-        a watchdog pass every INTERVAL for SECONDS
+        a watchdog pass every INTERVAL for SECONDS, or until the file OUT.stop exists
     skewed SECONDS ROLE ARGS...
         ROLE with this process's wall clock SECONDS off (time.time and time.time_ns
         moved; the monotonic clock untouched): a host whose clock is wrong
     beat URL RUN TOKEN SECONDS INTERVAL OUT [store|host]
-        a worker that heartbeats RUN under TOKEN for SECONDS; one line per beat in OUT;
+        a worker that heartbeats RUN under TOKEN (``claim:NAME``: claims it first) for
+        SECONDS; one line per beat in OUT;
         ``host`` stamps them with this host's clock instead of the store's
 """
 
@@ -107,7 +108,7 @@ def watchloop(url: str, name: str, out: str, seconds: str, interval: str) -> Non
 
     end = time.monotonic() + float(seconds)
     with _ledger(url) as lg, open(out, "a", encoding="utf-8") as f:
-        while time.monotonic() < end:
+        while time.monotonic() < end and not os.path.exists(out + ".stop"):
             for a in watch_once(lg, name=name):
                 f.write(json.dumps({"run": a.run_id, "action": a.action, "outcome": a.outcome}) + "\n")
                 f.flush()
@@ -120,8 +121,10 @@ def beat(url: str, run: str, token: str, seconds: str, interval: str, out: str, 
     from handoff.api import now_us
     from handoff.ledger.errors import LedgerError
 
-    end = time.monotonic() + float(seconds)
     lg = Ledger(url, clock=now_us) if clock == "host" else _ledger(url)
+    if token.startswith("claim:"):  # claim here, so the first beat follows the claim at once
+        token = str(lg.claim(run, token[len("claim:"):]))
+    end = time.monotonic() + float(seconds)
     with lg, open(out, "a", encoding="utf-8") as f:
         while time.monotonic() < end:
             try:
