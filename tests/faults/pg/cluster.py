@@ -3,7 +3,8 @@
 Stopping a server hard is only allowed on a cluster nobody else uses, so the tests that
 do it make their own: ``initdb`` into a temporary directory, ``postgres`` on a free
 port, run as the ``postgres`` OS user when the tests run as root (initdb refuses root).
-It listens on 127.0.0.1 and keeps its socket in its own directory.
+It listens on 127.0.0.1 and keeps its socket in its own directory. The superuser
+``postgres`` is trusted; every other role must give its password (scram-sha-256).
 """
 
 from __future__ import annotations
@@ -56,6 +57,15 @@ class PrivateCluster:
             self._user = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
         self._run([f"{BIN}/initdb", "-D", self.data, "-U", "postgres", "--auth=trust", "-E", "UTF8",
                    "--no-sync", "--no-instructions"])
+        # The superuser is trusted (the tests administer the cluster as it); every other
+        # role must give its password, so a wrong one is refused as on a real server.
+        hba = os.path.join(self.data, "pg_hba.conf")
+        with open(hba, "w", encoding="utf-8") as f:
+            f.write("local all all trust\n"
+                    "host all postgres 127.0.0.1/32 trust\n"
+                    "host all all 127.0.0.1/32 scram-sha-256\n")
+        if self._user:
+            os.chown(hba, self._user["user"], self._user["group"])
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def _run(self, argv: list[str]) -> None:
