@@ -49,11 +49,15 @@ def _wrapper(db: str, actions: str) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True)
 
 
-def _fence_holds(lg: Ledger, actions: list[float], cut_at_wall: float) -> dict[str, object]:
-    """The checks both backends share; returns the evidence."""
+def _fence_holds(lg: Ledger, actions: list[float], cut_at_wall: float, back_at_wall: float) -> dict[str, object]:
+    """The checks both backends share; returns the evidence. ``cut_at_wall``: when the test
+    started cutting the wrapper off; ``back_at_wall``: when the ledger was reachable again.
+    A heartbeat recorded before ``back_at_wall`` is the last proof the watchdog saw (beats
+    still land between the order to cut and the cut itself); one recorded later is the
+    beat that waited through the outage."""
     (run,) = [h.run_id for h in lg.store.list_runs()]
     log = list(lg.log(run))
-    beats_before = [r.recorded_us for r in log if r.type == "heartbeat_recorded" and r.recorded_us / 1e6 < cut_at_wall]
+    beats_before = [r.recorded_us for r in log if r.type == "heartbeat_recorded" and r.recorded_us / 1e6 < back_at_wall]
     granted = [r.recorded_us for r in log if r.type == "lease_granted"]
     last_proof_us = max(beats_before + granted)
     could_revoke = last_proof_us / 1e6 + TIMEOUT_S
@@ -91,6 +95,7 @@ def test_sqlite_wrapper_stops_its_child_while_another_process_holds_the_lock(tmp
     wait_until(lambda: os.path.exists(marker), what="the lock being held")
     time.sleep(TIMEOUT_S * 2)  # held for twice the heartbeat timeout
     assert w.poll() is None or w.returncode == FENCED_EXIT
+    back_at = time.time()
     locker.send_signal(signal.SIGKILL)
     locker.wait()
     rc, doc, err = _finish(w)
@@ -99,7 +104,7 @@ def test_sqlite_wrapper_stops_its_child_while_another_process_holds_the_lock(tmp
     assert doc["silent_s"] >= TIMEOUT_S * 0.75
     assert "the child is stopped now" in err
     with Ledger(db) as lg:
-        ev = _fence_holds(lg, _actions(actions), cut_at)
+        ev = _fence_holds(lg, _actions(actions), cut_at, back_at)
     evidence.add("self_fence_sqlite", lock_held_s=TIMEOUT_S * 2, heartbeat_timeout_s=TIMEOUT_S,
                  exit=rc, silent_s=doc["silent_s"], signal=doc["signal"], **ev)
 
@@ -118,12 +123,13 @@ def test_postgres_wrapper_stops_its_child_while_its_proxy_blackholes(tmp_path, p
     proxy.blackhole()
     time.sleep(TIMEOUT_S * 2)
     assert w.poll() is None or w.returncode == FENCED_EXIT
+    back_at = time.time()
     proxy.heal()
     rc, doc, err = _finish(w)
     assert rc == FENCED_EXIT, err
     assert doc["fenced"] is True and doc["released"] is True
     with Ledger(url) as lg:
-        ev = _fence_holds(lg, _actions(actions), cut_at)
+        ev = _fence_holds(lg, _actions(actions), cut_at, back_at)
     evidence.add("self_fence_postgres", blackhole_s=TIMEOUT_S * 2, heartbeat_timeout_s=TIMEOUT_S,
                  exit=rc, silent_s=doc["silent_s"], signal=doc["signal"], proxy=proxy.counts, **ev)
 

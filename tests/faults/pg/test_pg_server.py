@@ -42,7 +42,7 @@ def _retry(lg: Ledger):
     not FULL, reason="the second way of stopping runs in the full matrix only (--slow)"))])
 def test_server_stopped_hard_and_restarted_during_appends(private_cluster, tmp_path, procs, evidence, how):
     url = _database(private_cluster, "restart_" + how.replace("-", "_"))
-    writers, per_writer = 4, scale(150, 600)
+    writers, per_writer = 4, scale(60, 600)
     with Ledger(url) as lg:
         runs = [lg.open(goal=f"run {i}", target="chat:#ops", owner="alice") for i in range(writers)]
         shared = lg.open(goal="shared", target="chat:#ops", owner="alice")
@@ -53,7 +53,7 @@ def test_server_stopped_hard_and_restarted_during_appends(private_cluster, tmp_p
     for _ in range(scale(1, 4)):
         # Crash while the writers are busy: once each has been acknowledged some more.
         seen = len(read_history(hists))
-        wait_until(lambda: len(read_history(hists)) >= seen + 40 or all(p.poll() is not None for p in procs),
+        wait_until(lambda: len(read_history(hists)) >= seen + 20 or all(p.poll() is not None for p in procs),
                    timeout=120, what="the writers appending")
         if all(p.poll() is not None for p in procs):
             break
