@@ -8,6 +8,7 @@ stop it in immediate mode, and fill its connection slots.
 
 from __future__ import annotations
 
+import os
 import time
 
 import psycopg
@@ -15,7 +16,7 @@ import pytest
 
 from handoff import Ledger
 from handoff.ledger.store import Actor
-from tests.faults.conftest import FULL, handoff, scale, wait_until
+from tests.faults.conftest import handoff, scale, wait_until
 
 from .conftest import pg_agent
 from .history import check, read_history
@@ -38,9 +39,10 @@ def _retry(lg: Ledger):
 
 
 @pytest.mark.slow  # scaled: bounded by default (one way, one restart), both ways and 4 restarts with --slow
-@pytest.mark.parametrize("how", ["sigkill-postmaster", pytest.param("stop-immediate", marks=pytest.mark.skipif(
-    not FULL, reason="the second way of stopping runs in the full matrix only (--slow)"))])
+@pytest.mark.parametrize("how", ["sigkill-postmaster", "stop-immediate"])
 def test_server_stopped_hard_and_restarted_during_appends(private_cluster, tmp_path, procs, evidence, how):
+    if how == "stop-immediate" and os.environ.get("HANDOFF_TEST_SCALE") != "full":
+        pytest.skip("the second way of stopping runs in the full matrix only (--slow)")
     url = _database(private_cluster, "restart_" + how.replace("-", "_"))
     writers, per_writer = 4, scale(60, 600)
     with Ledger(url) as lg:

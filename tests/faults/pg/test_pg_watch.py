@@ -28,7 +28,7 @@ def test_two_watchdogs_on_two_hosts_record_each_recovery_once(pg_url, tmp_path, 
     with Ledger(pg_url) as lg:
         runs = []
         for i in range(n):
-            run = lg.open(goal=f"dead worker {i}", target="chat:#ops", owner="alice", heartbeat_timeout_s=0.5)
+            run = lg.open(goal=f"dead worker {i}", target="chat:#ops", owner=f"owner{i}", heartbeat_timeout_s=0.5)
             lg.claim(run, f"w{i}")
             runs.append(run)
     time.sleep(0.8)  # every worker is now silent past its timeout
