@@ -87,3 +87,44 @@ def test_writers_backends_terminated_repeatedly_lose_and_double_nothing(pg_url, 
     assert counts["ok"] >= writers * per_writer - counts["unknown"]
     assert kills >= 5, "too few backends were killed for the test to mean anything"
     evidence.add("pg_row3_terminate_backend", writers=writers, kills=kills, **counts)
+
+
+def test_a_silent_server_is_given_up_after_the_reply_timeout_and_a_cut_after_reconnecting(pg_url, proxies, evidence):
+    """The other proxy modes, through the API in this process over real TCP: a read into a
+    blackhole fails typed after lock timeout + reply timeout (it used to wait for ever); a
+    cut connection fails typed and the next call reconnects; a slow link only slows."""
+    from handoff.ledger.errors import StoreUnavailable
+    from handoff.ledger.postgres import PostgresStore
+
+    with Ledger(pg_url) as lg:
+        run = lg.open(goal="wire", target="chat:#ops", owner="alice")
+    proxy = proxies(pg_url)
+    lg = Ledger(store=PostgresStore(proxy.url(pg_url), busy_timeout_s=0.3, reply_timeout_s=0.7))
+    try:
+        before = lg.checkpoint(run).last_seq
+        proxy.blackhole()
+        t = time.monotonic()
+        with pytest.raises(StoreUnavailable) as silent:
+            lg.checkpoint(run)
+        waited = time.monotonic() - t
+        assert 0.9 <= waited < 5, waited
+        assert "no answer from the server within 1s" in silent.value.message
+        proxy.pass_()
+        assert lg.evidence(run, "check", "pass", "after the silence", actor=OWNER, key="w1").result.outcome == "committed"
+        proxy.cut()
+        with pytest.raises(StoreUnavailable):
+            lg.evidence(run, "check", "pass", "into the cut", actor=OWNER, key="w2")
+        proxy.pass_()
+        assert lg.evidence(run, "check", "pass", "into the cut", actor=OWNER, key="w2").result.outcome == "committed"
+        proxy.delay(0.02)
+        t = time.monotonic()
+        assert lg.evidence(run, "check", "pass", "slowly", actor=OWNER, key="w3").result.outcome == "committed"
+        slow = time.monotonic() - t
+        assert slow >= 0.04
+        proxy.pass_()
+        assert lg.checkpoint(run).last_seq == before + 3
+        assert lg.verify() == []
+    finally:
+        lg.close()
+    evidence.add("pg_wire_proxy_modes", blackholed_read_gave_up_after_s=round(waited, 2),
+                 delayed_write_s=round(slow, 2), proxy=proxy.counts)
