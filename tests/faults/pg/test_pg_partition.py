@@ -18,11 +18,10 @@ import sys
 import time
 
 from handoff import Ledger
+from handoff.watchdog import watch_once
 from handoff.worker import FENCED_EXIT
-from tests.faults.conftest import ROOT, child_env, handoff, read_jsonl, wait_until
+from tests.faults.conftest import ROOT, child_env, handoff, wait_until
 from tests.support import executable
-
-from .conftest import pg_agent
 
 TIMEOUT_S = 2.0
 
@@ -52,15 +51,14 @@ def test_partitioned_lease_holder_is_fenced_out_and_learns_it(pg_url, proxies, p
 
     cut_at = time.time()
     proxy.blackhole()
-    # The watchdog is on the server's side of the partition: it revokes once the timeout passed.
-    watch_out = str(tmp_path / "watch.jsonl")
+    # The watchdog is on the server's side of the partition (this process, over its own
+    # connection): a pass every 0.1 s revokes once the timeout has passed.
+    with Ledger(pg_url) as wd:
+        def revoked() -> bool:
+            acts = watch_once(wd, name="wd-server-side")
+            return any(a.action == "revoke_lease" and a.outcome == "committed" for a in acts)
 
-    def revoked() -> bool:
-        p = pg_agent("watch", pg_url, "wd-server-side", watch_out)
-        p.communicate(timeout=60)
-        return any(a["action"] == "revoke_lease" and a["outcome"] == "committed" for a in read_jsonl(watch_out))
-
-    wait_until(revoked, timeout=30, what="the watchdog's revoke")
+        wait_until(lambda: revoked() or time.sleep(0.1), timeout=30, what="the watchdog's revoke")
     claim = handoff("claim", run, "--worker", "w2", db=pg_url)
     assert claim.returncode == 0, claim.stderr
     assert wrapper.poll() is None or wrapper.returncode == FENCED_EXIT  # still cut off, or fenced
