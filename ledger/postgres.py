@@ -371,8 +371,10 @@ class PostgresStore(EventStore):
         try:
             ms = max(1, int(self.busy_timeout_s * 1000))
             conn.execute(f"SET lock_timeout = {ms}")
-            # A session that dies inside a transaction must not hold a run or the tail.
-            conn.execute("SET idle_in_transaction_session_timeout = 60000")
+            # A session that dies or is cut off inside a transaction must not hold a run or
+            # the tail longer than the others wait for a lock: the server ends it once it
+            # has sat idle in its transaction that long (at least a second).
+            conn.execute(f"SET idle_in_transaction_session_timeout = {max(1000, ms)}")
             conn.execute("SET default_transaction_isolation = 'read committed'")
             # A statement waits at most for its lock (lock_timeout) and then for an answer.
             conn.wait_limit_s = self.busy_timeout_s + self.reply_timeout_s
