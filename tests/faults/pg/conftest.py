@@ -43,9 +43,6 @@ def proxies():
         p.close()
 
 
-_cluster: dict[str, Any] = {}
-
-
 @pytest.fixture(scope="session")
 def private_cluster():
     """A PostgreSQL cluster of this session's own, which tests may crash and restart."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import secrets
 
 import psycopg
-import pytest
 
 from handoff import Ledger
 from tests.faults.conftest import handoff

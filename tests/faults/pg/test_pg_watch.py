@@ -16,7 +16,7 @@ import time
 from collections import Counter
 
 from handoff import Ledger
-from tests.faults.conftest import read_jsonl, scale, wait_until
+from tests.faults.conftest import read_jsonl, scale
 
 from .conftest import pg_agent
 

@@ -128,3 +128,37 @@ def test_a_silent_server_is_given_up_after_the_reply_timeout_and_a_cut_after_rec
         lg.close()
     evidence.add("pg_wire_proxy_modes", blackholed_read_gave_up_after_s=round(waited, 2),
                  delayed_write_s=round(slow, 2), proxy=proxy.counts)
+
+
+def test_a_writer_cut_off_inside_its_transaction_holds_the_others_back_only_briefly(pg_url, proxies, tmp_path, evidence):
+    """Writer A is cut off after its transaction took its locks and before its COMMIT got
+    through (the proxy holds the COMMIT). Its server session sits idle in the transaction
+    holding them; the server ends it after A's own lock timeout (1 s here), so a write to
+    the same run and one to another run get through in seconds. It used to be 60 s, past
+    every other writer's lock timeout: one cut-off worker stopped the whole ledger."""
+    with Ledger(pg_url) as lg:
+        run_a = lg.open(goal="cut inside", target="chat:#ops", owner="alice")
+        run_b = lg.open(goal="bystander", target="chat:#ops", owner="alice")
+    proxy = proxies(pg_url)
+    proxy.blackhole_after(b"COMMIT", deliver=False)
+    hist = str(tmp_path / "history.jsonl")
+    a = pg_agent("one", proxy.url(pg_url), hist, run_a, "cut-inside", "20")
+    try:
+        deadline = time.monotonic() + 60
+        while proxy.counts["triggered"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert proxy.counts["triggered"] == 1
+        waited = {}
+        with Ledger(pg_url, busy_timeout_s=5) as lg:
+            for name, run in (("other run", run_b), ("same run", run_a)):
+                t = time.monotonic()
+                assert lg.evidence(run, "check", "pass", name, actor=OWNER, key=f"by-{run}").result.outcome == "committed"
+                waited[name] = round(time.monotonic() - t, 2)
+        assert max(waited.values()) < 4.5, waited
+    finally:
+        proxy.heal()
+        out, err = a.communicate(timeout=120)
+    assert out.strip() in ("unknown", "failed"), (out, err)  # never success
+    with Ledger(pg_url) as lg:
+        counts = check(lg, read_history([hist]), _retry(lg))
+    evidence.add("pg_wire_cut_inside_a_transaction", waited_s=waited, cut_writer=out.strip(), **counts)
