@@ -1934,11 +1934,14 @@ def doctor(as_json: bool) -> None:
               help="Seconds between heartbeats (default: a third of the heartbeat timeout).")
 @click.option("--grace", type=Seconds(min=0, max=86_400), default=5.0, show_default=True,
               help="Seconds between SIGTERM and SIGKILL when the child must stop.")
+@click.option("--fence-margin", type=Seconds(min=0, max=86_400), default=None,
+              help="Stop the child when no heartbeat was recorded for the heartbeat timeout less "
+                   "this many seconds (default: a quarter of the timeout).")
 @open_options(required=False)
 @json_option
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(join: str | None, worker: str, heartbeat_every: float | None, grace: float, as_json: bool,
-        cmd: tuple[str, ...], **p: Any) -> None:
+def run(join: str | None, worker: str, heartbeat_every: float | None, grace: float,
+        fence_margin: float | None, as_json: bool, cmd: tuple[str, ...], **p: Any) -> None:
     """Run CMD as a worker: open (or --run join) a run, claim it, heartbeat while CMD lives.
 
     CMD gets HANDOFF_DB, HANDOFF_RUN, HANDOFF_LEASE and HANDOFF_WORKER in its
@@ -1948,6 +1951,12 @@ def run(join: str | None, worker: str, heartbeat_every: float | None, grace: flo
     the lease released. If the lease is lost (revoked by the watchdog, the run closed),
     CMD is stopped and the wrapper says so and exits 1; otherwise it exits with CMD's
     status (128+N for signal N).
+
+    If no heartbeat can be recorded (the ledger is locked or out of reach) for the
+    heartbeat timeout less --fence-margin, timed on this host's monotonic clock, the
+    wrapper cannot know whether the watchdog gave the lease away: it stops CMD
+    (SIGTERM, then SIGKILL after the grace, at most half the margin), records that once
+    the ledger answers again if the lease is still its own, and exits 75.
 
     \b
     Example:
@@ -1962,7 +1971,7 @@ def run(join: str | None, worker: str, heartbeat_every: float | None, grace: flo
     st = _state()
     res = run_wrapped(st.db, list(cmd), worker=worker, run_id=join,
                       open_kwargs=None if join else _open_kwargs(p), heartbeat_s=heartbeat_every,
-                      grace_s=grace, busy_timeout_s=st.busy_timeout)
+                      grace_s=grace, busy_timeout_s=st.busy_timeout, fence_margin_s=fence_margin)
     if as_json:
         import msgspec
 
@@ -2200,8 +2209,9 @@ under a private name and appears only when the import succeeded; if a file appea
 meanwhile, the import is refused (`TargetAppeared`, exit 1) and that file is left alone.
 
 **run**: `{"run_id", "worker", "lease", "exit_code", "signal", "lease_lost",
-"lost_reason", "released", "recorded", "forwarded", "returncode"}`, after the child's
-own output.
+"lost_reason", "released", "fenced", "silent_s", "recorded", "forwarded", "returncode"}`,
+after the child's own output. `fenced` is true when the wrapper stopped the child because
+no heartbeat could be recorded in time (`silent_s` says for how long); it then exits 75.
 
 ## Commands
 """
@@ -2234,6 +2244,11 @@ def exit_code_table() -> str:
         lines.append(f"| {code} | {meaning} | {names} |")
     lines += ["", "`diff` follows diff(1) instead: 0 the two runs are the same, 1 they differ, 2 and up "
               "trouble (a run that does not exist is a usage error there, 2; a store problem 3)."]
+    from handoff.worker import FENCED_EXIT
+
+    lines.append(f"| {FENCED_EXIT} | `run` only: no heartbeat could be recorded for the heartbeat timeout less "
+                 "the fence margin, so the wrapper stopped its child before the watchdog could give the lease "
+                 "away (the ledger was locked or out of reach) | |")
     return "\n".join(lines)
 
 

@@ -391,6 +391,7 @@ class Ledger:
     ) -> None:
         self.clock = clock or now_us
         self._holders: dict[tuple[str, int], str] = {}
+        given_clock = clock
         if store is not None:
             if not isinstance(store, EventStore):
                 raise InvalidInput(f"store must be an EventStore, got {type(store).__name__}", field="store")
@@ -402,8 +403,12 @@ class Ledger:
             # for ``sqlite:///path?synchronous=...``; other backends refuse it.
             self.store = open_store(
                 path, readonly=readonly, create=create, busy_timeout_s=busy_timeout_s,
-                clock=self.clock, synchronous=synchronous,
+                clock=given_clock, synchronous=synchronous,
             )
+        if given_clock is None:
+            # A store with a clock of its own (PostgreSQL: the server's) is the one clock
+            # that stamps events and judges health; this host's wall clock is not asked.
+            self.clock = getattr(self.store, "clock", None) or now_us
         try:
             self.projector = Projector(self.store)
         except BaseException:

@@ -4,6 +4,13 @@ The child does the work and reports progress, artifacts and its result itself, t
 CLI or the Python API, with the run and lease handed to it in its environment. The wrapper
 only proves liveness. If the lease is lost (revoked, superseded, the run closed) the
 wrapper stops the child at once: a replaced worker must not go on acting on the world.
+
+It also fences itself. A wrapper that cannot record heartbeats (the ledger is locked, the
+network is cut) cannot learn that the watchdog gave its lease away; the only safe thing is
+to stop the child before the watchdog *could* have done so. The deadline is measured on
+the wrapper's own monotonic clock from the moment the last recorded heartbeat was sent,
+which is never later than the moment the ledger stamped it, so no clock of another host
+is trusted (docs/reliability.md, "A worker cut off from the ledger").
 """
 
 from __future__ import annotations
@@ -13,12 +20,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 
-from handoff.ledger.errors import InvalidInput, LedgerError, StaleLease, TerminalRun
+from handoff.ledger.errors import InvalidInput, LedgerError, StaleLease, TerminalRun, UnknownRun
 from handoff.ledger.store import Actor, LeaseToken
 from handoff.reducers import transitions as T
 
@@ -27,6 +35,10 @@ from .api import Ledger
 #: States in which a non-advancing "note" is accepted from the lease holder.
 _NOTE_STATES = T.WORKING | {T.BLOCKED, T.UNKNOWN}
 _SUBMITTED = frozenset({T.READY_FOR_REVIEW, T.SUCCEEDED})
+
+#: What ``handoff run`` exits with when it stopped its child because no heartbeat could be
+#: recorded for the heartbeat timeout less the fence margin (EX_TEMPFAIL: try again later).
+FENCED_EXIT = 75
 
 
 class WorkerResult(msgspec.Struct):
@@ -40,6 +52,8 @@ class WorkerResult(msgspec.Struct):
     lease_lost: bool = False
     lost_reason: str = ""
     released: bool = False  # the wrapper (or the child itself) gave the lease back
+    fenced: bool = False  # stopped because no heartbeat was recorded in time (exit FENCED_EXIT)
+    silent_s: float | None = None  # when fenced: seconds since the last recorded heartbeat was sent
     recorded: str = ""  # what was written about the end: "progress note", "evidence", ""
     forwarded: list[str] = msgspec.field(default_factory=list)
     returncode: int = 0  # what ``handoff run`` exits with
@@ -83,11 +97,18 @@ class _Beater(threading.Thread):
         self.lost_reason = ""
         self.released_by_child = False
         self._warned: set[str] = set()
+        #: Monotonic time the last recorded heartbeat (or the claim) was sent: the ledger
+        #: stamped it no earlier, so the watchdog's timeout cannot have started before it.
+        self.last_ok = time.monotonic()
+        self.fenced = False
+        self.silent_s = 0.0
 
     def run(self) -> None:
         while not self.stop.wait(self.interval_s):
+            sent = time.monotonic()
             try:
                 self.lg.heartbeat(self.run_id, self.token, worker=self.worker)
+                self.last_ok = sent
             except (StaleLease, TerminalRun) as exc:
                 self._lease_ended(exc)
                 return
@@ -126,12 +147,12 @@ class _Beater(threading.Thread):
             return None
         return found
 
-    def _stop_child(self) -> None:
+    def _stop_child(self, grace_s: float | None = None) -> None:
         if self.child.poll() is not None:
             return
         try:
             self.child.terminate()
-            self.child.wait(timeout=self.grace_s)
+            self.child.wait(timeout=self.grace_s if grace_s is None else grace_s)
         except subprocess.TimeoutExpired:
             self.child.kill()
         except ProcessLookupError:
@@ -148,6 +169,7 @@ def run_wrapped(
     heartbeat_s: float | None = None,
     grace_s: float = 5.0,
     busy_timeout_s: float = 5.0,
+    fence_margin_s: float | None = None,
     say: Callable[[str], None] | None = None,
 ) -> WorkerResult:
     """Open (or join) a run, claim it, run ``argv`` as a child and heartbeat while it lives.
@@ -157,21 +179,42 @@ def run_wrapped(
     forwarded to it. When it ends, the wrapper records how (a progress ``note`` while the
     run is being worked on, else ``worker_exit`` evidence) and releases the lease. When the
     lease is lost it stops the child and writes nothing: a fenced worker's word is void.
+
+    Self-fencing: when no heartbeat has been recorded for the run's heartbeat timeout less
+    ``fence_margin_s`` (default: a quarter of the timeout), by the wrapper's own monotonic
+    clock, the child is stopped (SIGTERM, then SIGKILL after the grace, cut to half the
+    margin so it is dead before the watchdog may revoke). The wrapper then waits up to
+    twice the heartbeat timeout for the ledger to answer, records the stop (a progress
+    ``note`` and a release) if the lease is still its own, and returns ``FENCED_EXIT``.
     """
     say = say or (lambda msg: print(f"handoff run: {msg}", file=sys.stderr, flush=True))
     if not argv:
         raise InvalidInput("give the command to run after '--', e.g. handoff run ... -- python agent.py",
                            field="cmd")
-    db = os.path.abspath(db)
+    if fence_margin_s is not None and not fence_margin_s >= 0:
+        raise InvalidInput(f"the fence margin must be 0 seconds or more, got {fence_margin_s!r}",
+                           field="fence_margin")
+    if "://" not in db:
+        db = os.path.abspath(db)
     with Ledger(db, busy_timeout_s=busy_timeout_s, create=run_id is None) as lg:
+        # The margin is checked against the run's heartbeat timeout before anything is written.
+        from handoff.ledger.events import Policy
+
+        timeout = ((open_kwargs or {}).get("heartbeat_timeout_s", Policy().heartbeat_timeout_s) if run_id is None
+                   else lg.checkpoint(run_id).policy.heartbeat_timeout_s)
+        _check_margin(fence_margin_s, timeout, run_id or "the new run")
         if run_id is None:
             run_id = lg.open(**(open_kwargs or {}))
             say(f"opened run {run_id}")
+        claimed_at = time.monotonic()
         token = lg.claim(run_id, worker)
         lease = token.lease  # the number, for what the wrapper says; the token goes only to the child
         cp = lg.checkpoint(run_id)
-        interval = heartbeat_s or max(0.05, min(cp.policy.heartbeat_timeout_s / 3, 30.0))
-        say(f"{worker} holds lease {lease} on {run_id}; heartbeat every {interval:g}s")
+        timeout = cp.policy.heartbeat_timeout_s
+        interval = heartbeat_s or max(0.05, min(timeout / 3, 30.0))
+        margin = timeout / 4 if fence_margin_s is None else fence_margin_s
+        say(f"{worker} holds lease {lease} on {run_id}; heartbeat every {interval:g}s; the child is "
+            f"stopped if no heartbeat is recorded for {timeout - margin:g}s")
         result = WorkerResult(run_id=run_id, worker=worker, lease=lease)
         env = dict(os.environ, HANDOFF_DB=db, HANDOFF_RUN=run_id, HANDOFF_LEASE=str(token), HANDOFF_WORKER=worker)
         # The child reports through 'handoff ...': make sure this installation's is found.
@@ -190,6 +233,7 @@ def run_wrapped(
             return result
 
         beater = _Beater(lg, run_id, token, worker, interval, child, grace_s, say)
+        beater.last_ok = claimed_at
 
         def forward(signum: int, frame: Any) -> None:
             if signum == signal.SIGINT and _foreground():
@@ -207,10 +251,12 @@ def run_wrapped(
                 handlers[sig] = signal.signal(sig, forward)
         beater.start()
         try:
-            rc = child.wait()
+            rc = _wait_or_fence(child, beater, timeout - margin, margin, grace_s, say)
         finally:
             beater.stop.set()
-            beater.join()
+            # A beat stuck on an unreachable ledger must not keep the wrapper: the fence
+            # path below waits for the ledger on its own terms.
+            beater.join(timeout=None if not beater.fenced else 0.1)
             for sig, old in handlers.items():
                 signal.signal(sig, old)
 
@@ -218,6 +264,11 @@ def run_wrapped(
             result.signal = _signame(-rc)
         else:
             result.exit_code = rc
+        if beater.fenced:
+            result.fenced, result.silent_s = True, round(beater.silent_s, 3)
+            result.returncode = FENCED_EXIT
+            _record_fence(lg, result, token, beater, max(2 * timeout, 2.0), interval, say)
+            return result
         if beater.lost:
             result.lease_lost, result.lost_reason = True, beater.lost_reason
             result.returncode = 1
@@ -226,6 +277,71 @@ def run_wrapped(
         result.returncode = rc if rc >= 0 else 128 - rc
         _record_end(lg, result, token, beater.released_by_child, say)
         return result
+
+
+def _check_margin(margin: float | None, timeout: float, run: str) -> None:
+    if margin is not None and not 0 <= margin < timeout:
+        raise InvalidInput(f"the fence margin ({margin:g}s) must be less than {run}'s heartbeat timeout "
+                           f"({timeout:g}s): the child would be stopped before it could do anything. Give a "
+                           "smaller --fence-margin, or leave it out (a quarter of the timeout)",
+                           field="fence_margin")
+
+
+def _wait_or_fence(child: subprocess.Popen[Any], beater: _Beater, limit_s: float, margin_s: float,
+                   grace_s: float, say: Callable[[str], None]) -> int:
+    """Wait for the child; stop it once no heartbeat was recorded for ``limit_s``."""
+    while True:
+        try:
+            return child.wait(timeout=0.02)
+        except subprocess.TimeoutExpired:
+            pass
+        if beater.lost or beater.fenced:
+            continue  # the child is being stopped; wait for it
+        silent = time.monotonic() - beater.last_ok
+        if silent >= limit_s:
+            beater.fenced, beater.silent_s = True, silent
+            grace = min(grace_s, margin_s / 2)
+            say(f"no heartbeat recorded on {beater.run_id} for {silent:.2f}s (limit {limit_s:g}s): the "
+                f"watchdog may soon give lease {beater.lease} away, so the child is stopped now "
+                f"(SIGTERM, then SIGKILL after {grace:g}s)")
+            beater._stop_child(grace)
+
+
+def _record_fence(lg: Ledger, result: WorkerResult, token: LeaseToken, beater: _Beater, wait_s: float,
+                  interval_s: float, say: Callable[[str], None]) -> None:
+    """After a fence: once the ledger answers, record why the child was stopped and give the
+    lease back, if it is still ours; if the watchdog took it meanwhile, record nothing."""
+    run_id, worker = result.run_id, result.worker
+    text = (f"child stopped by the wrapper ({result.describe()}): no heartbeat could be recorded for "
+            f"{result.silent_s:g}s, so it could no longer prove it held lease {result.lease}")
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            cp = lg.checkpoint(run_id)
+            if cp.lease != result.lease or cp.terminal:
+                result.lease_lost, result.lost_reason = True, f"lease {result.lease} ended while the ledger was out of reach"
+                say(f"the ledger answers again: {result.lost_reason}; nothing recorded (exit {FENCED_EXIT})")
+                return
+            if cp.state in _NOTE_STATES:
+                lg.progress(run_id, token, "note", text, worker=worker)
+                result.recorded = "progress note"
+            else:
+                result.recorded = "release reason"
+            lg.release(run_id, token, text, worker=worker)
+            result.released = True
+            say(f"the ledger answers again: recorded as {result.recorded} and lease {result.lease} "
+                f"released (exit {FENCED_EXIT})")
+            return
+        except (StaleLease, TerminalRun, UnknownRun) as exc:
+            result.lease_lost, result.lost_reason = True, exc.message
+            say(f"the ledger answers again: {exc.message}; nothing recorded (exit {FENCED_EXIT})")
+            return
+        except LedgerError as exc:
+            if time.monotonic() >= deadline:
+                say(f"the ledger did not answer within {wait_s:g}s after the fence ({exc.message}); "
+                    f"nothing recorded (exit {FENCED_EXIT})")
+                return
+            time.sleep(interval_s)
 
 
 def _record_end(lg: Ledger, result: WorkerResult, token: str, released_by_child: bool,

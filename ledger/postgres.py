@@ -303,6 +303,38 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
+#: How long a statement may go without an answer from the server beyond its lock waits,
+#: by default, before the connection is given up (PostgresStore's ``reply_timeout_s``).
+DEFAULT_REPLY_TIMEOUT_S = 30.0
+
+
+if psycopg is not None:
+
+    class _GuardedConnection(psycopg.Connection):  # type: ignore[misc,name-defined]
+        """A connection that stops waiting for an answer after ``wait_limit_s``.
+
+        Without it a server that stops answering while the TCP connection stays up (a
+        partition behind a proxy or a NAT, a frozen server host) makes every call hang
+        for ever, and a COMMIT sent into that silence never reports that its outcome is
+        unknown. Past the limit the connection is closed (it is mid-protocol and cannot
+        be reused) and the wait raises OperationalError, which the store maps like any
+        lost connection: StoreUnavailable, or OutcomeUnknown during COMMIT.
+        """
+
+        wait_limit_s: float | None = None
+
+        def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+            limit = self.wait_limit_s if timeout is None else timeout
+            try:
+                return super().wait(gen, interval=interval, timeout=limit)
+            except pgerr._WaitTimeout:
+                with contextlib.suppress(Exception):
+                    self.pgconn.finish()
+                raise psycopg.OperationalError(
+                    f"no answer from the server within {limit:g}s; the connection was closed"
+                ) from None
+
+
 def is_driver_error(exc: BaseException) -> bool:
     """An error from psycopg itself (ledger.backends.is_driver_error asks)."""
     return psycopg is not None and isinstance(exc, psycopg.Error)
@@ -315,6 +347,17 @@ def redact(url: str) -> str:
     """The address without its password, for messages and diagnostics."""
     out = _PASSWORD.sub(r"\1:***@", url)
     return re.sub(r"(password=)[^&\s]*", r"\1***", out)
+
+
+_REFUSED_AT_CONNECT = re.compile(
+    r"FATAL:\s+(database \S+ does not exist|role \S+ does not exist|password authentication failed"
+    r"|no pg_hba\.conf entry|permission denied for database|.*not permitted to log in)")
+_FULL_AT_CONNECT = re.compile(r"FATAL:\s+(sorry, too many clients|too many connections|remaining connection slots)")
+
+
+def _fatal(text: str) -> str:
+    """The server's own sentence out of libpq's "connection failed: ... FATAL: ..." text."""
+    return text.split("FATAL:", 1)[-1].strip()
 
 
 def _explain(exc: BaseException, doing: str, where: str) -> LedgerError:
@@ -350,6 +393,19 @@ def _explain(exc: BaseException, doing: str, where: str) -> LedgerError:
         return StoreUnavailable(
             f"the PostgreSQL server at {where} is out of resources ({text}) while {doing}; "
             "nothing was written. Retry later, or ask its operator",
+            cause=text,
+        )
+    if isinstance(exc, psycopg.OperationalError) and _REFUSED_AT_CONNECT.search(text):
+        # libpq reports these at connect without an SQLSTATE: only the server's text says.
+        return StoreUnavailable(
+            f"PostgreSQL refused the connection to {where} ({_fatal(text)}); check the database name, "
+            "the user and the password in the address",
+            cause=text,
+        )
+    if isinstance(exc, psycopg.OperationalError) and _FULL_AT_CONNECT.search(text):
+        return StoreUnavailable(
+            f"the PostgreSQL server at {where} is out of resources ({_fatal(text)}) while {doing}; "
+            "nothing was written. Retry later, or ask its operator (max_connections)",
             cause=text,
         )
     if isinstance(exc, psycopg.OperationalError):
@@ -420,6 +476,7 @@ class PostgresStore(EventStore):
         create: bool = True,
         readonly: bool = False,
         connect_timeout_s: float = 5.0,
+        reply_timeout_s: float = DEFAULT_REPLY_TIMEOUT_S,
     ) -> None:
         if psycopg is None:
             from .errors import BackendUnavailable
@@ -432,9 +489,13 @@ class PostgresStore(EventStore):
         self.path = redact(url)
         self.busy_timeout_s = busy_timeout_s
         self.connect_timeout_s = connect_timeout_s
+        self.reply_timeout_s = reply_timeout_s
         self.max_payload = max_payload
         self.readonly = readonly
-        self._clock = clock or _now_us
+        #: With no clock given, time is the server's (see ``server_clock``): every host
+        #: that writes and the watchdog that judges health read the same clock.
+        self._clock = clock or self.server_clock
+        self._server_at: tuple[int, int] | None = None  # (server us, local monotonic ns) at connect
         self._lock = threading.RLock()
         self._cache: collections.OrderedDict[tuple[int, str], tuple[Any, int, bytes, Any]] = (
             collections.OrderedDict()
@@ -461,7 +522,7 @@ class PostgresStore(EventStore):
 
     def _connect(self) -> None:
         try:
-            conn = psycopg.connect(
+            conn = _GuardedConnection.connect(
                 self.url, autocommit=True, connect_timeout=max(1, int(self.connect_timeout_s)),
                 application_name="handoff-ledger",
             )
@@ -470,13 +531,41 @@ class PostgresStore(EventStore):
         try:
             ms = max(1, int(self.busy_timeout_s * 1000))
             conn.execute(f"SET lock_timeout = {ms}")
-            # A session that dies inside a transaction must not hold a run or the tail.
-            conn.execute("SET idle_in_transaction_session_timeout = 60000")
+            # A session that dies or is cut off inside a transaction must not hold a run or
+            # the tail longer than the others wait for a lock: the server ends it once it
+            # has sat idle in its transaction that long (at least a second).
+            conn.execute(f"SET idle_in_transaction_session_timeout = {max(1000, ms)}")
             conn.execute("SET default_transaction_isolation = 'read committed'")
+            # A statement waits at most for its lock (lock_timeout) and then for an answer.
+            conn.wait_limit_s = self.busy_timeout_s + self.reply_timeout_s
+            t0 = time.monotonic_ns()
+            server_us = conn.execute(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint").fetchone()[0]
+            t1 = time.monotonic_ns()
         except psycopg.Error as exc:
             conn.close()
             raise _explain(exc, "connecting", self.path) from exc
+        self._server_at = (int(server_us), (t0 + t1) // 2)
         self._conn = conn
+
+    def server_clock(self) -> int:
+        """Now by the server's clock, in microseconds since the epoch, with no round trip.
+
+        Read once per connection (the server's time at the middle of the round trip) and
+        advanced by this host's monotonic clock since, so this host's wall clock, however
+        wrong, plays no part. Health is judged on this one clock: heartbeats are stamped
+        with it by every worker, and the watchdog's "now" is read from it, so a worker and
+        a watchdog whose own clocks disagree by minutes still agree on how long a run has
+        been silent (docs/postgres.md, "Clocks").
+        """
+        if self._server_at is None:
+            return _now_us()
+        server_us, mono_ns = self._server_at
+        return server_us + (time.monotonic_ns() - mono_ns) // 1000
+
+    def clock(self) -> int:
+        """The store's "now": the server's clock unless a clock was injected."""
+        return self._clock()
 
     def _ready(self) -> Any:
         """The connection, reconnected if the last one was lost (outside a transaction)."""
