@@ -1279,7 +1279,7 @@ class Ledger:
         """The events a write stands for: the ones it wrote, or for a replayed key the ones
         the first attempt wrote; empty when it wrote nothing (``unchanged``)."""
         r = out.result
-        if not r.positions:
+        if r.outcome == "unchanged":  # (a committed write's positions can still be on their way)
             return []
         return list(self.store.read_run(r.run_id, after_seq=r.first_seq - 1, until_seq=r.last_seq))
 

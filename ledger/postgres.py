@@ -188,8 +188,8 @@ SET search_path = {schema}, pg_temp AS $$
 DECLARE
   tpos bigint; g bytea; start bigint; r record;
 BEGIN
-  IF cardinality(mine) > 0 AND (SELECT count(*) FROM ledger_order o WHERE o.event_id = ANY(mine))
-     = cardinality(mine) THEN
+  IF NOT EXISTS (SELECT 1 FROM unsealed) OR (cardinality(mine) > 0 AND
+     (SELECT count(*) FROM ledger_order o WHERE o.event_id = ANY(mine)) = cardinality(mine)) THEN
     RETURN QUERY SELECT o.event_id, o.position FROM ledger_order o WHERE o.event_id = ANY(mine);
     RETURN;
   END IF;
@@ -201,19 +201,37 @@ BEGIN
   SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t;
   start := tpos;
   FOR r IN SELECT u.event_id AS id, e.hash FROM unsealed u JOIN events e ON e.id = u.event_id
+           WHERE NOT EXISTS (SELECT 1 FROM ledger_order o WHERE o.event_id = u.event_id)
            ORDER BY u.event_id LOOP
     tpos := tpos + 1;
     g := sha256(g || int8send(tpos) || r.hash);
     INSERT INTO ledger_order (position, event_id, global_hash) VALUES (tpos, r.id, g);
   END LOOP;
+  -- Everything queued that now has a position (an import's rows are queued and sealed
+  -- in one go) leaves the queue.
+  DELETE FROM unsealed u USING ledger_order o WHERE o.event_id = u.event_id;
   IF tpos > start THEN
-    DELETE FROM unsealed u USING ledger_order o
-      WHERE o.event_id = u.event_id AND o.position > start;
     UPDATE ledger_tail SET position = tpos, global_hash = g;
     PERFORM pg_notify('{channel}', '');
   END IF;
   RETURN QUERY SELECT o.event_id, o.position FROM ledger_order o WHERE o.event_id = ANY(mine);
 END $$"""
+
+
+#: Every inserted event joins the sealing queue, by a trigger (SECURITY DEFINER: a writer
+#: needs no right to the queue, so it can neither skip it nor jam it).
+QUEUE_FUNCTION = """CREATE FUNCTION handoff_queue() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = {schema}, pg_temp AS $$ BEGIN
+  INSERT INTO unsealed SELECT n.id FROM new_rows n; RETURN NULL;
+END $$"""
+QUEUE_TRIGGERS = {
+    "events_queue": "CREATE TRIGGER events_queue AFTER INSERT ON events REFERENCING NEW TABLE AS new_rows "
+    "FOR EACH STATEMENT EXECUTE FUNCTION handoff_queue()",
+}
+
+
+def queue_function(schema: str) -> str:
+    return QUEUE_FUNCTION.format(schema=_quote_ident(schema))
 
 
 def seal_function(schema: str) -> str:
@@ -286,10 +304,24 @@ MIGRATIONS: dict[int, list[str]] = {
         "SELECT setval('events_id_seq', (SELECT coalesce(max(id), 0) + 1 FROM events), false)",
         *ORDER_TRIGGERS.values(),
         "{seal}",
+        "{queue}",
+        *QUEUE_TRIGGERS.values(),
+        # Tables made here inherit the schema's default privileges, which the roles SQL
+        # of schema 2 set to SELECT, INSERT, UPDATE, DELETE for its appenders: nobody but
+        # the owner may change the order, the queue or the tail (the tail's UPDATE was a
+        # writer's right under schema 2). Readers keep SELECT.
+        "DO $$ DECLARE r record; BEGIN FOR r IN SELECT DISTINCT grantee FROM "
+        "information_schema.role_table_grants WHERE table_schema = current_schema() AND "
+        "table_name IN ('ledger_order', 'unsealed', 'ledger_tail') AND grantee <> current_user LOOP "
+        "EXECUTE format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON ledger_order, unsealed, ledger_tail "
+        "FROM %I', r.grantee); END LOOP; END $$",
+        "REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON ledger_order, unsealed, ledger_tail FROM PUBLIC",
         # Tracking rows gain the write-id mark (ids and positions agree so far).
         "DO $$ BEGIN IF to_regclass('projection_positions') IS NOT NULL THEN "
         "ALTER TABLE projection_positions ADD COLUMN IF NOT EXISTS id_mark bigint NOT NULL DEFAULT 0; "
-        "UPDATE projection_positions SET id_mark = position; END IF; END $$",
+        # A projection behind the log at the upgrade stays behind: marked unbuilt past its position.
+        "UPDATE projection_positions SET id_mark = CASE WHEN position < (SELECT position FROM ledger_tail) "
+        "THEN -1 ELSE position END; END IF; END $$",
     ],
 }
 
@@ -434,6 +466,10 @@ def _head(row: Sequence[Any] | None, *, digest: bool = False) -> Any:
     return (head, row[7], row[8]) if digest else (head, row[7])
 
 
+#: What _x returns while a write gathers its statements: there is no result to read yet.
+_GATHERED = None
+
+
 def _done(cur: Any) -> str | None:
     """The command tag a pipelined statement finished with (COMMIT, or ROLLBACK when the
     server rolled back a failed transaction)."""
@@ -507,6 +543,7 @@ class PostgresStore(EventStore):
         self._writing = False  # inside a write transaction (a view read in it locks the views)
         self._exclusive = False  # inside a write_transaction (every other write excluded)
         self._views_locked = False
+        self._gather: list[tuple[str, Any]] | None = None  # statements of a write's last round trip
         self._listener: Any = None  # LISTENing connection, opened by the first wait_for_events
         self._conn: Any = None
         #: True when this open created the ledger's schema (``handoff init`` reports it).
@@ -577,9 +614,24 @@ class PostgresStore(EventStore):
             conn = self._conn
         return conn
 
-    def _x(self, sql: str, args: Sequence[Any] | None = None) -> Any:
-        """Execute on the store's connection (inside whatever transaction is open)."""
+    def _x(self, sql: str, args: Any = None) -> Any:
+        """Execute on the store's connection (inside whatever transaction is open); while a
+        write gathers its second round trip (_commit_rows), gather instead."""
+        if self._gather is not None:
+            if sql.lstrip()[:6].upper() != "SELECT":
+                self._gather.append((sql, args))
+                return _GATHERED
+            # A read inside the write (a hook that reads the run back): it must see what
+            # was gathered, so that goes first, as one message of its own.
+            self._send_gathered()
         return self._ready().execute(sql, args, prepare=None)
+
+    def _send_gathered(self) -> None:
+        batch = self._gather
+        if batch:
+            cur = psycopg.ClientCursor(self._ready())
+            cur.execute(";\n".join(q if a is None else cur.mogrify(q, a) for q, a in batch))
+            del batch[:]
 
     @contextlib.contextmanager
     def _mapped(self, doing: str) -> Iterator[None]:
@@ -615,8 +667,14 @@ class PostgresStore(EventStore):
                     f"{self.path} was written by a newer handoff-ledger (schema {version}, this "
                     f"version reads up to {PG_SCHEMA_VERSION}); upgrade handoff-ledger"
                 )
-            if version < PG_SCHEMA_VERSION and may_create:
-                self._migrate(version)
+            if version < PG_SCHEMA_VERSION:
+                if self.readonly:
+                    raise StoreUnavailable(
+                        f"{self.path} holds a ledger of schema {version}, which this version reads only "
+                        f"after upgrading it to schema {PG_SCHEMA_VERSION}; a writable open does that "
+                        "(as the role that owns the ledger): run 'handoff --db URL init'"
+                    )
+                self._migrate(version)  # any writable open, not only init's
 
     def _create_schema(self) -> None:
         conn = self._conn
@@ -629,7 +687,11 @@ class PostgresStore(EventStore):
                 return
             for sql in _SCHEMA:
                 conn.execute(sql)
-            conn.execute(seal_function(conn.execute("SELECT current_schema()").fetchone()[0]))
+            schema = conn.execute("SELECT current_schema()").fetchone()[0]
+            conn.execute(seal_function(schema))
+            conn.execute(queue_function(schema))
+            for sql in QUEUE_TRIGGERS.values():
+                conn.execute(sql)
             conn.execute(
                 "INSERT INTO handoff_meta VALUES ('format', %s), ('schema_version', %s), "
                 "('created_us', %s)",
@@ -657,7 +719,8 @@ class PostgresStore(EventStore):
                     if steps is None:
                         raise SchemaTooNew(f"no migration from schema {version} is known")
                     for sql in steps:
-                        self._x(seal_function(schema) if sql == "{seal}" else sql)
+                        self._x(seal_function(schema) if sql == "{seal}" else
+                                queue_function(schema) if sql == "{queue}" else sql)
                     version += 1
                 self._x("UPDATE handoff_meta SET value=%s WHERE key='schema_version'", (str(version),))
                 ok = True
@@ -803,7 +866,7 @@ class PostgresStore(EventStore):
                 last = self._x("SELECT position FROM ledger_tail").fetchone()[0]
                 if last <= after_position and not self._in_txn and \
                         self._x("SELECT EXISTS (SELECT 1 FROM unsealed)").fetchone()[0]:
-                    self._ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+                    self._seal_quietly()
                     last = self._x("SELECT position FROM ledger_tail").fetchone()[0]
             left = deadline - time.monotonic()
             if last > after_position or left <= 0:
@@ -839,6 +902,18 @@ class PostgresStore(EventStore):
                 rows = self._x("SELECT db_role, count(*) FROM events WHERE run_id=%s GROUP BY db_role "
                                "ORDER BY db_role", (run_id,))
             return {r: n for r, n in rows}
+
+    def _seal_quietly(self) -> bool:
+        """A reader's seal of what waits, when it can: a read-only session (a role with
+        default_transaction_read_only, a standby) cannot, and a seal lock held past the
+        lock timeout is not worth more waiting. False then: the reader reads what is
+        sealed, and waits or polls for the rest, as for any commit still to come."""
+        try:
+            self._ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+            return True
+        except (pgerr.LockNotAvailable, pgerr.QueryCanceled, pgerr.ReadOnlySqlTransaction,
+                pgerr.InsufficientPrivilege, pgerr.UniqueViolation):
+            return False
 
     def unsealed_count(self) -> int:
         with self._lock, self._mapped("counting unsealed events"):
@@ -973,53 +1048,66 @@ class PostgresStore(EventStore):
     def _commit_rows(self, conn: Any, rows: list[tuple[Any, ...]], new_head: Head,
                      fence: tuple[int, str | None, str | None, bool], hooks: Callable[[], Any],
                      doing: str) -> tuple[Any, tuple[int, ...] | None]:
-        """The write's second round trip, pipelined: insert, queue for sealing, move the
-        head, keep the views, try to seal (when nobody else is), COMMIT, and make sure the
-        write is sealed. Returns what the hooks returned and the positions (None when the
-        write committed but its positions could not be read: it will be sealed by the
-        next writer or reader)."""
+        """The write's second round trip: ONE message (a simple query of several statements,
+        parameters bound here) that inserts, moves the head, keeps the views, tries to seal
+        when nobody else is, COMMITs, and makes sure the write is sealed.
+
+        One message, not a pipeline of several: the server runs none of it before it has
+        all of it, so a client that stalls or is cut off mid-send leaves its session idle
+        in the transaction the first round trip opened, which the server ends after the
+        idle timeout, freeing the run's lock (a pipeline would leave it 'active', waiting
+        for the rest, holding every lock with no timeout). Returns what the hooks returned
+        and the positions (None when the write committed but could not be sealed now: it
+        waits in the queue for the next writer or reader)."""
         max_lease, token_digest, _, digest_moved = fence
         ids = [r[0] for r in rows]
         run_id = new_head.run_id
-        committed = False
-        commit_cur = seal_cur = after_cur = None
+        batch: list[tuple[str, Any]] = [(_INSERT, row) for row in rows]
+        batch.append((_UPSERT_HEAD, (run_id, new_head.last_seq, new_head.last_hash, new_head.lease,
+                                     new_head.lease_holder, max_lease, new_head.first_position,
+                                     new_head.last_position)))
+        if digest_moved:
+            batch.append(("UPDATE heads SET lease_digest=%s WHERE run_id=%s", (token_digest, run_id)))
+        if self._hooks:
+            batch.append(("SELECT pg_advisory_xact_lock_shared(%s, %s)", (_LEDGER_NS, _VIEWS)))
+        self._gather = batch
         try:
-            with conn.pipeline():
-                with conn.cursor() as cur:
-                    if len(rows) == 1:
-                        cur.execute(_INSERT, rows[0])
-                    else:
-                        cur.executemany(_INSERT, rows)
-                conn.execute("INSERT INTO unsealed SELECT unnest(%s::bigint[])", (ids,))
-                conn.execute(_UPSERT_HEAD, (run_id, new_head.last_seq, new_head.last_hash, new_head.lease,
-                                            new_head.lease_holder, max_lease, new_head.first_position,
-                                            new_head.last_position))
-                if digest_moved:
-                    conn.execute("UPDATE heads SET lease_digest=%s WHERE run_id=%s", (token_digest, run_id))
-                if self._hooks:
-                    conn.execute("SELECT pg_advisory_xact_lock_shared(%s, %s)", (_LEDGER_NS, _VIEWS))
-                out = hooks()
-                seal_cur = conn.execute("SELECT event_id, event_position FROM handoff_seal(false, %s)", (ids,))
-                self._in_txn = self._writing = False
-                commit_cur = conn.execute("COMMIT")
-                after_cur = conn.execute("SELECT event_id, event_position FROM handoff_seal(true, %s)", (ids,))
+            out = hooks()  # the views' statements join the batch (they read no result)
+        finally:
+            self._gather = None
+        batch.append(("SELECT event_id, event_position FROM handoff_seal(false, %s::bigint[])", (ids,)))
+        batch.append(("COMMIT", None))
+        batch.append(("SELECT event_id, event_position FROM handoff_seal(true, %s::bigint[])", (ids,)))
+        cur = psycopg.ClientCursor(conn)
+        try:
+            sql = ";\n".join(q if a is None else cur.mogrify(q, a) for q, a in batch)
+        except BaseException:
+            self._in_txn = self._writing = False
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+            raise
+        results: list[list[Any]] = []
+        try:
+            cur.execute(sql)
+            while True:
+                results.append(cur.fetchall() if cur.description else [])
+                if not cur.nextset():
+                    break
         except psycopg.Error as exc:
             self._in_txn = self._writing = False
-            committed = commit_cur is not None and _done(commit_cur) == "COMMIT"
-            if not committed:
-                if commit_cur is not None and (conn.broken or conn.closed or isinstance(exc, psycopg.OperationalError)):
-                    raise self._unknown(doing, exc) from exc
-                if not (conn.closed or conn.broken):
-                    with contextlib.suppress(psycopg.Error):
-                        conn.execute("ROLLBACK")
+            if conn.closed or conn.broken:  # the message may have run to its COMMIT, or not at all
+                raise self._unknown(doing, exc) from exc
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                # It failed before its COMMIT: the transaction is aborted, nothing was written.
+                with contextlib.suppress(psycopg.Error):
+                    conn.execute("ROLLBACK")
                 raise _explain(exc, doing, self.path) from exc
-            return out, None  # committed; sealing it failed (a lock timeout): it waits in line
-        if _done(commit_cur) != "COMMIT":
-            raise StoreUnavailable(f"PostgreSQL rolled back the transaction while {doing} on "
-                                   f"{self.path}; nothing was written. Retry")
-        got = dict(seal_cur.fetchall()) if seal_cur is not None else {}
-        if len(got) < len(ids):
-            got.update(after_cur.fetchall())
+            return out, None  # committed; the seal after it failed (a lock timeout): it waits
+        finally:
+            self._in_txn = self._writing = False
+        got = dict(results[-3]) if len(results) >= 3 else {}
+        if len(got) < len(ids) and results:
+            got.update(results[-1])
         return out, tuple(got[i] for i in ids if i in got) if len(got) >= len(ids) else None
 
     def _write(
@@ -1100,8 +1188,13 @@ class PostgresStore(EventStore):
                 (new_state, folded), positions = self._commit_rows(conn, rows, new_head, fence, hooks, doing)
                 done = True
         finally:
-            if not done and self._in_txn:
-                self._finish(False, doing)
+            self._gather = None
+            if not done:
+                self._in_txn = self._writing = False
+                if not (conn.closed or conn.broken) and \
+                        conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
         if folded[0] is not None:
             self._remember_all(run_id, folded)
         if aggregate is not None:
@@ -1314,7 +1407,7 @@ class PostgresStore(EventStore):
             with self._lock, self._mapped("reading"):
                 page = self._read_run_page(run_id, cursor, stop)
                 if not self._in_txn and any(r.position == 0 for r in page):
-                    self._ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+                    self._seal_quietly()
                     page = self._read_run_page(run_id, cursor, stop)
             yield from page
             if len(page) < stop - cursor:
@@ -1354,7 +1447,7 @@ class PostgresStore(EventStore):
                     return
                 # Committed events wait for their positions (their writer died between its
                 # commit and its seal, or is sealing now): seal them, and read on.
-                self._ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+                self._seal_quietly()
             sealed = True
 
     def read_for_export(self, run_ids: Sequence[str] | None = None) -> Iterator[tuple[Recorded, bytes | None, int]]:
@@ -1362,7 +1455,7 @@ class PostgresStore(EventStore):
         cursor = 0
         with self._lock, self._mapped("exporting"):
             if not self._in_txn:
-                self._ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+                self._seal_quietly()
         while True:
             with self._lock, self._mapped("exporting"):
                 rows = self._x(
@@ -1385,7 +1478,7 @@ class PostgresStore(EventStore):
     def _public_head(self, run_id: str) -> Head | None:
         row = self._x(_PUBLIC_HEAD + " WHERE h.run_id=%s", (run_id,)).fetchone()
         if row is not None and not row[6] and not self._in_txn:
-            self._ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+            self._seal_quietly()
             row = self._x(_PUBLIC_HEAD + " WHERE h.run_id=%s", (run_id,)).fetchone()
         return None if row is None else Head(row[0], row[1], _b(row[2]), row[3], row[4], row[5], row[6])
 
@@ -1398,7 +1491,7 @@ class PostgresStore(EventStore):
         if public and not self._in_txn:
             with self._lock, self._mapped("listing runs"):
                 if self._x("SELECT EXISTS (SELECT 1 FROM unsealed)").fetchone()[0]:
-                    self._ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+                    self._seal_quietly()
         sql = (_PUBLIC_HEAD if public else
                "SELECT run_id, last_seq, last_hash, lease, lease_holder, first_position, last_position, "
                "first_position FROM heads h")
@@ -1487,10 +1580,11 @@ class PostgresStore(EventStore):
         out = []
         advice = ("Someone changed the database behind the store; check the log against a head "
                   "digest kept elsewhere, and restore from a backup")
-        for name, sql in {**APPEND_ONLY_TRIGGERS, **ORDER_TRIGGERS, **ROLE_TRIGGERS}.items():
+        for name, sql in {**APPEND_ONLY_TRIGGERS, **ORDER_TRIGGERS, **ROLE_TRIGGERS, **QUEUE_TRIGGERS}.items():
             if name not in have:
                 what = ("events can be changed or deleted without any error" if name in APPEND_ONLY_TRIGGERS
                         else "sealed positions can be moved or deleted without any error" if name in ORDER_TRIGGERS
+                        else "new events are no longer queued for a position" if name in QUEUE_TRIGGERS
                         else "a client can now write any role into db_role")
                 out.append(Problem("trigger_missing", None, None, None,
                                    f"the trigger {name} is gone: {what}. {advice}"))
@@ -1504,10 +1598,14 @@ class PostgresStore(EventStore):
                 out.append(Problem("trigger_disabled", None, None, None,
                                    f"the append-only trigger {name} is disabled (ALTER TABLE ... DISABLE "
                                    f"TRIGGER or session_replication_role): it refuses nothing. {advice}"))
-        for fn, create in (("handoff_refuse_change", REFUSE_FUNCTION), ("handoff_stamp_role", STAMP_FUNCTION)):
-            row = self._x("SELECT prosrc FROM pg_proc WHERE proname = %s "
+        definer = {"handoff_seal", "handoff_queue"}
+        for fn, create in (("handoff_refuse_change", REFUSE_FUNCTION), ("handoff_stamp_role", STAMP_FUNCTION),
+                           ("handoff_seal", seal_function(schema)), ("handoff_queue", queue_function(schema))):
+            row = self._x("SELECT prosrc, prosecdef, proconfig FROM pg_proc WHERE proname = %s "
                           "AND pronamespace = current_schema()::regnamespace", (fn,)).fetchone()
-            if row is None or _norm(row[0]) != _norm(create.split("$$")[1]):
+            pinned = row is not None and (fn not in definer or (
+                row[1] and any(c.startswith("search_path=") for c in (row[2] or []))))
+            if row is None or _norm(row[0]) != _norm(create.split("$$")[1]) or not pinned:
                 out.append(Problem("trigger_altered", None, None, None,
                                    f"the function {fn}, which the ledger's triggers call, was changed or "
                                    f"dropped. {advice}"))
@@ -1711,7 +1809,11 @@ def roles_sql(schema: str, prefix: str = "handoff") -> str:
         f"GRANT SELECT, INSERT ON {s}.events TO {appenders};",
         f"GRANT SELECT, INSERT, UPDATE ON {s}.heads TO {appenders};",
         f"GRANT SELECT ON {s}.ledger_tail, {s}.ledger_order TO {appenders};",
-        f"GRANT SELECT, INSERT ON {s}.unsealed TO {appenders};",
+        f"GRANT SELECT ON {s}.unsealed TO {appenders};",
+        # Sealing and queueing run as the owner (SECURITY DEFINER): callers need EXECUTE only.
+        f"REVOKE ALL ON FUNCTION {s}.handoff_seal(boolean, bigint[]), {s}.handoff_queue() FROM PUBLIC;",
+        f"GRANT EXECUTE ON FUNCTION {s}.handoff_seal(boolean, bigint[]) TO {everyone};",
+        f"GRANT EXECUTE ON FUNCTION {s}.handoff_queue() TO {appenders};",
         f"GRANT SELECT ON {s}.handoff_meta TO {appenders};",
         # Tables the owner creates later (a rebuild's swapped-in tables, a new projection).
         f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {appenders};",
@@ -1719,6 +1821,8 @@ def roles_sql(schema: str, prefix: str = "handoff") -> str:
         f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT USAGE ON SEQUENCES TO {appenders};",
         # Belt and braces: the log is never changed, whoever granted what before.
         f"REVOKE UPDATE, DELETE, TRUNCATE ON {s}.events, {s}.ledger_order FROM {everyone};",
+        f"REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON {s}.ledger_order, {s}.unsealed, {s}.ledger_tail "
+        f"FROM {everyone};",
         f"REVOKE CREATE ON SCHEMA {s} FROM {everyone};",
         f"-- check: SELECT has_table_privilege('{writer}', {lit}, 'DELETE');  -- false",
         "COMMIT;",

@@ -125,6 +125,11 @@ class AppendResult(msgspec.Struct, frozen=True):
       decide returned no events: a retried delivery attempt, an effect already settled);
       nothing was written, ``positions`` is empty and ``first_seq`` = ``last_seq`` = the
       run's last seq as it stood (0 for a run that does not exist).
+
+    ``positions`` are the events' ledger positions. On PostgreSQL they are given after
+    the commit (docs/postgres.md, "Order"); in the rare case that could not happen at
+    once (the seal lock held past the lock timeout) a committed write returns
+    ``positions=()``, and its events get theirs from the next writer or reader.
     """
 
     run_id: str

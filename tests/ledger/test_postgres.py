@@ -8,6 +8,7 @@ import os
 import pytest
 from pathlib import Path
 
+from handoff.ledger.errors import StoreUnavailable
 from handoff.ledger.postgres import PostgresStore
 from tests.pg import fresh_url
 
@@ -127,8 +128,8 @@ def test_an_older_ledger_is_migrated_and_keeps_every_position_and_hash(version):
     from handoff.api import Ledger
 
     url = _load_schema2(drop_stamp=version == 1)
-    with PostgresStore(url, readonly=True) as old:  # read-only: no migration, reads as it was
-        pass
+    with pytest.raises(StoreUnavailable, match="handoff --db URL init"):  # read-only: no migration
+        PostgresStore(url, readonly=True)
     with psycopg.connect(url) as conn:
         before = conn.execute("SELECT position, run_id, seq, hash, global_hash FROM events ORDER BY position").fetchall()
         tail = conn.execute("SELECT position, global_hash FROM ledger_tail").fetchone()

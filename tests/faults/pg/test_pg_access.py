@@ -107,12 +107,12 @@ def test_a_ledger_of_a_newer_schema_is_refused_and_left_alone(pg_url, evidence):
     with psycopg.connect(pg_url, autocommit=True) as c:
         # handoff_meta is documented (docs/postgres.md): the format mark and schema version.
         c.execute("UPDATE handoff_meta SET value = '99' WHERE key = 'schema_version'")
-        rows = c.execute("SELECT position, hash FROM events ORDER BY position").fetchall()
+        rows = c.execute("SELECT id, hash FROM events ORDER BY id").fetchall()
     for verb in (("status",), ("evidence", run, "--kind", "k", "--outcome", "pass", "--by", "alice"), ("init",)):
         r = cli(*verb, "--json", db=pg_url)
         assert r.returncode == 3 and '"SchemaTooNew"' in r.stderr, r.stderr
     with psycopg.connect(pg_url, autocommit=True) as c:
-        assert c.execute("SELECT position, hash FROM events ORDER BY position").fetchall() == rows
+        assert c.execute("SELECT id, hash FROM events ORDER BY id").fetchall() == rows
         assert c.execute("SELECT value FROM handoff_meta WHERE key = 'schema_version'").fetchone()[0] == "99"
     evidence.add("pg_access_newer_schema", error="SchemaTooNew")
 
