@@ -11,6 +11,10 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+#: What a PostgreSQL scenario may say instead of running, outside CI (under CI=true an
+#: unreachable server stops the benchmark run itself, and this test fails on its exit).
+PG_UNAVAILABLE = {"no server", "psycopg not installed"}
+
 
 def test_every_benchmark_scenario_runs_in_its_quick_size(tmp_path):
     done = subprocess.run(
@@ -22,7 +26,11 @@ def test_every_benchmark_scenario_runs_in_its_quick_size(tmp_path):
     assert report["mode"] == "quick"
     names = [s["scenario"] for s in report["scenarios"]]
     assert "append-single" in names and len(names) >= 5, names
+    assert "pg-command-single" in names and "pg-round-trips" in names, names
+    in_ci = os.environ.get("CI", "").lower() == "true"
     for scenario in report["scenarios"]:
         subject = scenario["sides"][0]
+        if scenario["area"] == "postgres" and not in_ci and subject["status"] in PG_UNAVAILABLE:
+            continue
         # A missing optional peer is fine ("peer not installed"); our own side must run.
         assert subject["status"] == "ok", (scenario["scenario"], subject["error"])
