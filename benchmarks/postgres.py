@@ -86,9 +86,15 @@ def _ledger(schema: Schema) -> Any:
 
 
 def _working_run(lg: Any, run_id: str, worker: str = "w1") -> str:
-    from .commands import working_run
-
-    return str(working_run(lg, run_id, worker))
+    """Open a run, claim it and move it to executing; return its lease token. Each run
+    has an owner of its own: an owner may hold only 10 active runs (the default cap),
+    and pg-writers-16 works 16 at once."""
+    owner = f"owner-{run_id}"
+    lg.open(goal="benchmark run", target="file:out/result.json", owner=owner, run_id=run_id)
+    lease = lg.claim(run_id, worker)
+    lg.transition(run_id, lease, "planning", worker=worker)
+    lg.transition(run_id, lease, "executing", worker=worker)
+    return str(lease)
 
 
 def _raw_conn(schema: Schema) -> Any:
