@@ -31,6 +31,7 @@ from handoff.ledger import events as ev
 from . import peers
 from .common import REPO, WORKER, expect, raw_decoder, raw_encoder, run_events
 from .harness import Ctx, Goal, Measured, Scenario, Side, Trial, register
+from .postgres_proxy import CountingProxy
 from .postgres_server import Schema, unavailable
 
 AREA = "postgres"
@@ -520,13 +521,11 @@ register(
 
 
 def _rt_handoff(ctx: Ctx) -> Trial:
-    from .postgres_proxy import CountingProxy
+    from handoff.api import Ledger
 
     each = ctx.params["each"]
     schema = Schema()
     proxy = CountingProxy(schema.url)
-    from handoff.api import Ledger
-
     lg = Ledger(proxy.url(schema.url))
     run_id = "run-rt"
     lease = _working_run(lg, run_id)
@@ -563,8 +562,6 @@ def _rt_handoff(ctx: Ctx) -> Trial:
 def _rt_raw(ctx: Ctx) -> Trial:
     import psycopg
 
-    from .postgres_proxy import CountingProxy
-
     n = ctx.params["n"]
     schema = Schema()
     _raw_conn(schema).close()
@@ -583,8 +580,6 @@ def _rt_raw(ctx: Ctx) -> Trial:
 
 
 def _rt_es(ctx: Ctx) -> Trial:
-    from .postgres_proxy import CountingProxy
-
     n = ctx.params["n"]
     schema = Schema()
     proxy = CountingProxy(schema.url)
@@ -683,12 +678,13 @@ def _notify_scenario(name: str, writers: int, per_full: int, per_quick: int, qui
             title=f"PostgreSQL: the cost of NOTIFY in the append transaction, {writers} writer"
                   f"{'s' if writers > 1 else ''}",
             measures=(
-                f"{writers} raw psycopg process{'es' if writers > 1 else ''}, each sending "
+                f"{writers} raw psycopg process{'es, each' if writers > 1 else ''} sending "
                 "BEGIN; INSERT; NOTIFY channel; COMMIT as one pipeline (one round trip) per "
                 "event, with one LISTEN session draining the channel. Reference: the same "
                 "without the NOTIFY. Ratio = with / without: what the notification costs "
                 "(NOTIFY takes a cluster-wide lock from its commit's pre-commit step to the "
-                f"end of the commit). --quick uses {quick_writers}."
+                f"end of the commit). --quick: {quick_writers} writer"
+                f"{'s' if quick_writers > 1 else ''}, {per_quick} events each."
             ),
             full={"n": writers * per_full, "writers": writers, "per_writer": per_full},
             quick={"n": quick_writers * per_quick, "writers": quick_writers, "per_writer": per_quick},
