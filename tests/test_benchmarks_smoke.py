@@ -34,3 +34,38 @@ def test_every_benchmark_scenario_runs_in_its_quick_size(tmp_path):
             continue
         # A missing optional peer is fine ("peer not installed"); our own side must run.
         assert subject["status"] == "ok", (scenario["scenario"], subject["error"])
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends: nothing listens
+
+
+def _bench_without_server(tmp_path, ci: str):
+    env = dict(os.environ, CI=ci,
+               HANDOFF_BENCH_PG=f"postgresql://postgres@127.0.0.1:{_closed_port()}/postgres")
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--quiet", "--json", "--dir", str(tmp_path),
+         "--only", "pg-command-single,pg-catch-up"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env,
+    )
+
+
+def test_without_a_server_the_postgres_scenarios_say_so_and_the_run_still_succeeds(tmp_path):
+    done = _bench_without_server(tmp_path, ci="")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["machine"]["postgresql"]["error"] == "no server"
+    for scenario in report["scenarios"]:
+        assert [s["status"] for s in scenario["sides"]][:2] == ["no server", "no server"], scenario
+        assert scenario["goal_met"] is None  # not measured, never judged
+
+
+def test_under_ci_an_unreachable_server_fails_the_benchmark_run(tmp_path):
+    done = _bench_without_server(tmp_path, ci="true")
+    assert done.returncode != 0
+    assert "CI=true" in done.stderr and "unreachable" in done.stderr, done.stderr[-2000:]
+    assert done.stdout == ""  # no report that could pass for a run
