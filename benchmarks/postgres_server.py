@@ -170,4 +170,15 @@ def describe_line(info: dict[str, Any]) -> str:
     if "error" in info:
         return f"postgresql: {info['server']}: {info['error']}"
     rest = ", ".join(f"{k}={info[k]}" for k in SETTINGS if k != "server_version")
-    return f"postgresql: {info['server_version']} at {info['server']}; {rest}"
+    line = f"postgresql: {info['server_version']} at {info['server']}; {rest}"
+    if not durable(info):
+        line += ("\nwarning: this server acknowledges commits before their WAL is flushed "
+                 "(synchronous_commit or fsync off): these are not durable figures, and the "
+                 "issue's goals are stated at synchronous_commit=on")
+    return line
+
+
+def durable(info: dict[str, Any]) -> bool:
+    """Whether a commit on this server returns only once its WAL is on disk (the
+    default), as every goal assumes."""
+    return info.get("fsync") == "on" and info.get("synchronous_commit") != "off"

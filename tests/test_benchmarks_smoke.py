@@ -69,3 +69,17 @@ def test_under_ci_an_unreachable_server_fails_the_benchmark_run(tmp_path):
     assert done.returncode != 0
     assert "CI=true" in done.stderr and "unreachable" in done.stderr, done.stderr[-2000:]
     assert done.stdout == ""  # no report that could pass for a run
+
+
+def test_the_report_warns_when_the_server_does_not_flush_before_it_acknowledges():
+    from benchmarks.postgres_server import describe_line, durable
+
+    base = {"server": "postgresql://x@h/db", "server_version": "15", "synchronous_commit": "on",
+            "fsync": "on", "wal_sync_method": "fdatasync", "full_page_writes": "on",
+            "commit_delay": "0", "wal_level": "replica", "shared_buffers": "128MB",
+            "max_connections": "100"}
+    assert durable(base) and "warning" not in describe_line(base)
+    assert durable(dict(base, synchronous_commit="local"))  # flushed here, not waited for replicas
+    for unsafe in (dict(base, synchronous_commit="off"), dict(base, fsync="off")):
+        assert not durable(unsafe)
+        assert "warning: this server acknowledges commits before their WAL is flushed" in describe_line(unsafe)
