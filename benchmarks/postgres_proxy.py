@@ -14,8 +14,9 @@ What it counts, per connection, summed over all connections through it:
   has sent something since the client last sent (a client burst that follows a server
   reply). A client that waits for each answer before it sends again makes one turn per
   request; a pipelined batch sent in one go, answered once, is one turn. The server
-  sends nothing until it gets a Sync, a Flush or a simple Query (it buffers its
-  replies), so a client that pipelines does not turn the direction mid-batch. The count
+  sends nothing until it gets a Sync, a Flush or a simple Query (it holds its replies
+  unless its output buffer fills), so a client that pipelines does not turn the
+  direction mid-batch. The count
   is an upper bound only for a client that sends the next batch while an earlier one's
   answer is already on its way (asynchronous pipelining, which nothing here does).
 - **ReadyForQuery** messages (``ready``, type ``Z``): one per Sync or simple Query the
