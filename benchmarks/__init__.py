@@ -7,7 +7,9 @@ log), ``reports`` (an incident report of a 100,000-event run), ``projections``
 (full rebuild with peak RSS, status lookup and stall scan at
 100,000 runs), ``cli`` (``handoff progress`` as a process; its module is
 ``cli_startup.py``, since ``cli.py`` would shadow the top-level ``cli`` module) and
-``concurrency`` (8 writer processes). ``--only AREA`` selects one. To
+``concurrency`` (8 writer processes) and ``postgres`` (the PostgreSQL backend beside raw
+psycopg and eventsourcing.postgres, in a database of the run's own; ``no server`` when
+there is none). ``--only AREA`` selects one. To
 add an area, write ``benchmarks/<area>.py`` calling ``harness.register(Scenario(...))``
 and add its module name to ``AREAS``. A peer side names the modules it needs in
 ``Side(requires=...)``; when they are not importable the report says "peer not
@@ -31,6 +33,7 @@ AREAS: tuple[str, ...] = (
     "benchmarks.projections",
     "benchmarks.cli_startup",
     "benchmarks.concurrency",
+    "benchmarks.postgres",
 )
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 
-from . import load
+from . import load, postgres_server
 from .common import DURABILITY
 from .harness import (
     RATIO_CONVENTION,
@@ -175,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         if (machine["load_avg_1m_at_start"] or 0) > 0.5 * (machine["cpus"] or 1):
             log(f"warning: load average {machine['load_avg_1m_at_start']} on {machine['cpus']} CPUs: "
                 "other work is running and the figures will be noisy")
+        if any(sc.area == "postgres" for sc in scenarios):
+            machine["postgresql"] = postgres_server.describe()
         results = [runner.run(sc) for sc in scenarios]
         machine["load_avg_1m_at_end"] = _load()
     total = time.perf_counter() - t0
@@ -206,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
           f"SQLite {machine['sqlite']}, msgspec {machine['msgspec']}; load average "
           f"{machine['load_avg_1m_at_start']} at start, {machine['load_avg_1m_at_end']} at end")
     print(f"durability: {DURABILITY} (scratch dir on {machine['filesystem']})")
+    if machine.get("postgresql"):
+        print(postgres_server.describe_line(machine["postgresql"]))
     units = "/".join(sorted({s.unit for s in scenarios if s.kind == "throughput"}))
     kinds = []
     if units:

@@ -92,6 +92,9 @@ class Side:
     requires: tuple[str, ...] = ()
     #: One line on what this side does differently, shown under the table.
     note: str = ""
+    #: Says why this side cannot run here (e.g. "no server"), or None when it can; the
+    #: report shows the reason in place of its figures and the run goes on.
+    unavailable: Callable[[], str | None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +188,7 @@ def percentile(xs: Sequence[float], q: float) -> float | None:
 class SideResult:
     name: str
     role: Literal["subject", "reference", "peer"]
-    status: Literal["ok", "peer not installed", "failed"]
+    status: str  # "ok", "peer not installed", "failed", or a side's own reason ("no server")
     samples: list[float]  # units per second, one per timed repeat
     missing: list[str]
     note: str
@@ -454,6 +457,8 @@ class Runner:
         ]:
             missing = missing_modules(side)
             status = "peer not installed" if missing else "ok"
+            if not missing and side.unavailable is not None:
+                status = side.unavailable() or "ok"
             sides.append((side, SideResult(side.name, role, status, [], missing, side.note)))  # type: ignore[arg-type]
         active = [(s, r) for s, r in sides if r.status == "ok"]
         for i in range(warmup + repeat):
@@ -544,8 +549,10 @@ def _rows(results: Sequence[ScenarioResult], quick: bool) -> list[list[str]]:
             ratio = res.ratio(other)
             if other.status != "ok":
                 status = other.status if not other.error else f"failed: {other.error[:60]}"
+                # A subject that could not run says why (e.g. "no server") in its own cell.
+                mine_cell = subj.status if first and subj.status != "ok" else ""
                 rows.append(
-                    [sc.name if first else "", "", "", other.name, status, "", "", "", ""]
+                    [sc.name if first else "", mine_cell, "", other.name, status, "", "", "", ""]
                 )
                 continue
             mine = [

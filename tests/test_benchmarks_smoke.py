@@ -11,6 +11,10 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+#: What a PostgreSQL scenario may say instead of running, outside CI (under CI=true an
+#: unreachable server stops the benchmark run itself, and this test fails on its exit).
+PG_UNAVAILABLE = {"no server", "psycopg not installed"}
+
 
 def test_every_benchmark_scenario_runs_in_its_quick_size(tmp_path):
     done = subprocess.run(
@@ -22,7 +26,60 @@ def test_every_benchmark_scenario_runs_in_its_quick_size(tmp_path):
     assert report["mode"] == "quick"
     names = [s["scenario"] for s in report["scenarios"]]
     assert "append-single" in names and len(names) >= 5, names
+    assert "pg-command-single" in names and "pg-round-trips" in names, names
+    in_ci = os.environ.get("CI", "").lower() == "true"
     for scenario in report["scenarios"]:
         subject = scenario["sides"][0]
+        if scenario["area"] == "postgres" and not in_ci and subject["status"] in PG_UNAVAILABLE:
+            continue
         # A missing optional peer is fine ("peer not installed"); our own side must run.
         assert subject["status"] == "ok", (scenario["scenario"], subject["error"])
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends: nothing listens
+
+
+def _bench_without_server(tmp_path, ci: str):
+    env = dict(os.environ, CI=ci,
+               HANDOFF_BENCH_PG=f"postgresql://postgres@127.0.0.1:{_closed_port()}/postgres")
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--quiet", "--json", "--dir", str(tmp_path),
+         "--only", "pg-command-single,pg-catch-up"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env,
+    )
+
+
+def test_without_a_server_the_postgres_scenarios_say_so_and_the_run_still_succeeds(tmp_path):
+    done = _bench_without_server(tmp_path, ci="")
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["machine"]["postgresql"]["error"] == "no server"
+    for scenario in report["scenarios"]:
+        assert [s["status"] for s in scenario["sides"]][:2] == ["no server", "no server"], scenario
+        assert scenario["goal_met"] is None  # not measured, never judged
+
+
+def test_under_ci_an_unreachable_server_fails_the_benchmark_run(tmp_path):
+    done = _bench_without_server(tmp_path, ci="true")
+    assert done.returncode != 0
+    assert "CI=true" in done.stderr and "unreachable" in done.stderr, done.stderr[-2000:]
+    assert done.stdout == ""  # no report that could pass for a run
+
+
+def test_the_report_warns_when_the_server_does_not_flush_before_it_acknowledges():
+    from benchmarks.postgres_server import describe_line, durable
+
+    base = {"server": "postgresql://x@h/db", "server_version": "15", "synchronous_commit": "on",
+            "fsync": "on", "wal_sync_method": "fdatasync", "full_page_writes": "on",
+            "commit_delay": "0", "wal_level": "replica", "shared_buffers": "128MB",
+            "max_connections": "100"}
+    assert durable(base) and "warning" not in describe_line(base)
+    assert durable(dict(base, synchronous_commit="local"))  # flushed here, not waited for replicas
+    for unsafe in (dict(base, synchronous_commit="off"), dict(base, fsync="off")):
+        assert not durable(unsafe)
+        assert "warning: this server acknowledges commits before their WAL is flushed" in describe_line(unsafe)
