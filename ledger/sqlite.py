@@ -528,19 +528,23 @@ class _GroupCommit:
 
     def submit(self, run_id: str, work: Callable[[], tuple[Any, Any, Any]]) -> tuple[Any, Any]:
         req = _Request(run_id, work)
-        with self._cv:
+        cv = self._cv
+        with cv:
             self._queue.append(req)
-            while self._leading and not req.done:
-                self._cv.wait()
-            if not req.done:
+            while not req.done:
+                if self._leading:
+                    cv.wait()
+                    continue
+                # No leader: this thread leads the next group (which may not reach this
+                # request when the queue is longer than LIMIT; then it leads again).
                 self._leading = True
-        if not req.done:
-            try:
-                self._lead()
-            finally:
-                with self._cv:
+                cv.release()
+                try:
+                    self._lead()
+                finally:
+                    cv.acquire()
                     self._leading = False
-                    self._cv.notify_all()
+                    cv.notify_all()
         if req.error is not None:
             raise req.error
         return req.value

@@ -130,6 +130,19 @@ def test_a_group_shares_one_commit(lg):
         assert lg.status(run_id)["progress_seq"] == lg.checkpoint(run_id).progress_seq
 
 
+def test_a_group_is_bounded_and_every_command_still_answered(lg):
+    """Past LIMIT commands the rest wait for the next group; a thread whose command was
+    left out of the group it led leads the next one, and is answered by that commit."""
+    tokens = {f"run-{i}": _working(lg, f"run-{i}") for i in range(6)}
+    lg.store._group.LIMIT = 2
+    first = _holding_progress(lg, "run-0", tokens["run-0"], "a0")
+    rest = [_progress(lg, r, t, "queued", "q") for r, t in tokens.items() if r != "run-0"]
+    results, commits = _in_groups(lg, first, rest)
+    assert [r.result.outcome for r in results] == ["committed"] * 6, results
+    assert len(commits) == 3  # 2 + 2 + 2
+    assert lg.check() == [] and lg.verify() == []
+
+
 def test_a_refused_command_rolls_back_alone(lg):
     tokens = {f"run-{i}": _working(lg, f"run-{i}") for i in range(3)}
     stale = tokens["run-1"]
