@@ -1585,45 +1585,6 @@ class SqliteStore(EventStore):
             if len(rows) < page:
                 return
 
-    def steps_in_order(
-        self, *, after_position: int = 0, until_position: int | None = None, page: int = 4 * PAGE
-    ) -> Iterator[Step]:
-        """Every event after a position up to another, in log order, as ``Step``s: the lean
-        fold's four columns read in one rowid scan and decoded a page at a time.
-
-        What a rebuild folds from: one pass over the log instead of one index lookup per
-        run. A payload that does not decode or does not match its type column raises
-        ``CorruptLedger`` naming its position, as ``Recorded.event`` does."""
-        cursor = after_position
-        tags = _TAGS
-        while True:
-            sql = "SELECT position, run_id, seq, type, recorded_us, payload FROM events WHERE position>?"
-            args: list[Any] = [cursor]
-            if until_position is not None:
-                sql += " AND position<=?"
-                args.append(until_position)
-            sql += " ORDER BY position LIMIT ?"
-            args.append(page)
-            with self._lock:
-                try:
-                    rows = self._conn.execute(sql, args).fetchall()
-                except sqlite3.Error as exc:
-                    raise _explain(exc, "reading", self.path) from exc
-            if not rows:
-                return
-            try:
-                events = ev.decode_many([r[5] for r in rows])
-                intact = all(tags[type(e)] == r[3] for r, e in zip(rows, events))
-            except (msgspec.ValidationError, msgspec.DecodeError, TypeError, UnicodeDecodeError):
-                intact = False
-            if not intact:
-                # One by one, whole: Recorded.event names the position of the damaged one.
-                events = [rec.event for rec in self._iter_all(cursor, rows[-1][0], page)]
-            yield from [Step(r[1], r[2], r[3], r[4], e) for r, e in zip(rows, events)]
-            cursor = rows[-1][0]
-            if len(rows) < page:
-                return
-
     def read_for_export(
         self, run_ids: Sequence[str] | None = None
     ) -> Iterator[tuple[Recorded, bytes | None, int]]:

@@ -245,12 +245,10 @@ class Projector:
     def rebuild(self, names: Iterable[str] | None = None, *, batch: int = 500, progress: Progress = None) -> dict[str, int]:
         """Drop and refold the named projections (all by default) from position 0.
 
-        Builds into fresh shadow tables, then swaps them in with one transaction. A
-        rebuild killed midway leaves the old tables untouched; the next one starts over.
-        The log is read once, in position order (``_fold_in_log_order``), and each run's
-        rows are written in batches in the order runs first appeared, the order inline
-        upkeep gave them. Memory stays flat in the size of the log: at most ``LIVE`` runs
-        are held at once. Returns {projection: rows written}.
+        Builds into fresh shadow tables, one run at a time and in batches (memory stays
+        flat in the size of the log), then swaps them in with one transaction. A rebuild
+        killed midway leaves the old tables untouched; the next one starts over.
+        Returns {projection: rows written}.
         """
         store = self.store
         vs = self._views
@@ -262,40 +260,41 @@ class Projector:
         with store.read_transaction() as txn:  # the runs this walk will fold: those begun by ``start``
             total = txn.count_runs(begun_by=start)
 
-        done = 0
-        ready: list[tuple[Checkpoint, int]] = []
-
-        def write(cp: Checkpoint, last_position: int) -> None:
-            ready.append((cp, last_position))
-            if len(ready) >= batch:
-                flush()
-
-        def flush() -> None:
-            nonlocal done
-            if not ready:
-                return
-            with store.write_transaction("rebuilding projections") as txn:
-                w = txn.views
-                for cp, last_position in ready:
-                    for p, t in fresh:
-                        _write(w, p, t, cp, last_position, fresh=True)
-            done += len(ready)
-            ready.clear()
-            if progress:
-                progress(min(done, total), total)
-
-        _fold_in_log_order(store, start, write)
-        flush()
-
-        with store.write_transaction("swapping in rebuilt projections") as txn:
+        def fold_and_write(txn: Transaction, run_ids: list[str]) -> None:
             w = txn.views
-            for run_id in txn.runs_since(start):
+            for run_id in run_ids:
                 head = txn.head(run_id)
                 if head is None:
                     continue
                 cp = txn.fold(run_id, AGGREGATE)
                 for p, t in fresh:
                     _write(w, p, t, cp, head.last_position, fresh=True)
+
+        # Heads are read a page at a time and runs folded in batches: memory stays flat in
+        # the number of runs as well as in the number of events.
+        done = 0
+
+        def flush(chunk: list[str]) -> None:
+            nonlocal done
+            with store.write_transaction("rebuilding projections") as txn:
+                fold_and_write(txn, chunk)
+            done += len(chunk)
+            if progress:
+                progress(min(done, total), total)
+
+        chunk: list[str] = []
+        for head in store.list_runs():
+            if head.first_position > start:
+                break  # runs begun since the rebuild started: the swap folds those
+            chunk.append(head.run_id)
+            if len(chunk) == batch:
+                flush(chunk)
+                chunk = []
+        if chunk:
+            flush(chunk)
+
+        with store.write_transaction("swapping in rebuilt projections") as txn:
+            fold_and_write(txn, txn.runs_since(start))
             return vs.swap_in(self._kept(chosen), txn.last_position())
 
     # --- check -------------------------------------------------------------------------
@@ -380,99 +379,3 @@ def _show(v: Any) -> Any:
     if isinstance(v, bytes):
         return f"<{len(v)} bytes>"
     return v
-
-
-#: Runs a rebuild holds at once (folding, or folded and waiting for an earlier run).
-LIVE = 2000
-#: Steps a held run buffers before they are folded into its state.
-STEPS_PER_FOLD = 1000
-
-
-class _Held:
-    """A run a rebuild has met in the log: its state so far, its steps not yet folded in,
-    the seq that completes it (None: it has events past the rebuild's start) and where its
-    last event is."""
-
-    __slots__ = ("last_position", "last_seq", "result", "state", "steps")
-
-    def __init__(self, state: Checkpoint, last_seq: int | None, last_position: int) -> None:
-        self.state, self.steps = state, []
-        self.last_seq, self.last_position = last_seq, last_position
-        self.result: Checkpoint | None = None
-
-
-def _steps(store: EventStore, until: int) -> Iterable[Any]:
-    """The log up to ``until`` in position order, as lean Steps: the store's own one-pass
-    scan when it has one (SQLite's ``steps_in_order``), else ``read_all`` decoded here."""
-    scan = getattr(store, "steps_in_order", None)
-    if scan is not None:
-        return scan(until_position=until)
-    from handoff.ledger.store import Step
-
-    return (Step(r.run_id, r.seq, r.type, r.recorded_us, r.event) for r in store.read_all(until_position=until))
-
-
-def _fold_in_log_order(store: EventStore, start: int, write: Callable[[Checkpoint, int], None]) -> None:
-    """Fold every run begun by ``start`` from one pass over the log, calling ``write`` for
-    each in the order runs first appeared.
-
-    A run is complete when the pass reaches the seq its head had at ``start``. Runs are
-    held in first-appearance order until complete and until every run before them is
-    written. Past ``LIVE`` held runs, or for a fork child (whose fold starts with its
-    parent's prefix), the earliest held run is folded whole from its own events instead
-    (``EventStore.fold``) and its remaining steps in the pass are skipped: memory stays
-    bounded however the runs interleave, and the result is the same fold.
-    """
-    held: dict[str, _Held] = {}  # insertion order = first appearance
-    apart: set[str] = set()  # runs folded whole; their steps in the pass are skipped
-
-    def fold_whole(run_id: str, h: _Held) -> None:
-        h.result = store.fold(run_id, AGGREGATE)
-        h.steps = []
-        apart.add(run_id)
-
-    def drain() -> None:
-        while held:
-            run_id, h = next(iter(held.items()))
-            if h.result is None:
-                if len(held) <= LIVE:
-                    return
-                head = store.head(run_id)
-                fold_whole(run_id, h)
-                h.last_position = head.last_position if head is not None else h.last_position
-            del held[run_id]
-            write(h.result, h.last_position)
-
-    for step in _steps(store, start):
-        run_id = step.run_id
-        h = held.get(run_id)
-        if h is None:
-            if run_id in apart:
-                continue
-            head = store.head(run_id)
-            if head is None:  # pragma: no cover - an event implies its head
-                continue
-            h = held[run_id] = _Held(AGGREGATE.initial(run_id),
-                                     head.last_seq if head.last_position <= start else None, head.last_position)
-            if step.type == "run_forked" or step.seq != 1:
-                fold_whole(run_id, h)
-                drain()
-                continue
-        elif h.result is not None:
-            continue  # folded whole already, waiting for an earlier run
-        h.steps.append(step)
-        if step.seq == h.last_seq:
-            h.result = AGGREGATE.evolve_all(h.state, h.steps)
-            h.steps = []
-            drain()
-        elif len(h.steps) >= STEPS_PER_FOLD:
-            h.state = AGGREGATE.evolve_all(h.state, h.steps)
-            h.steps = []
-        if len(held) > LIVE:
-            drain()
-    for h in held.values():  # runs with events after ``start``: the swap refolds them
-        if h.result is None:
-            h.result = AGGREGATE.evolve_all(h.state, h.steps)
-            h.steps = []
-    for h in held.values():
-        write(h.result, h.last_position)  # type: ignore[arg-type]

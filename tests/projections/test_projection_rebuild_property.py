@@ -75,25 +75,3 @@ RebuildEqualsInline.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestRebuildEqualsInline = RebuildEqualsInline.TestCase
-
-
-class RebuildHoldingFewRuns(RebuildEqualsInline):
-    """The same histories, with the one-pass rebuild squeezed: two runs held at once and
-    three steps buffered per run, so nearly every run is folded in several pieces or
-    evicted and folded whole, interleaved with forks (folded whole) and watcher streams.
-    The rows, their order and the indexes must come out the same."""
-
-    def __init__(self) -> None:
-        self._limits = (engine.LIVE, engine.STEPS_PER_FOLD)
-        engine.LIVE, engine.STEPS_PER_FOLD = 2, 3
-        super().__init__()
-
-    def teardown(self) -> None:
-        try:
-            super().teardown()
-        finally:
-            engine.LIVE, engine.STEPS_PER_FOLD = self._limits
-
-
-RebuildHoldingFewRuns.TestCase.settings = RebuildEqualsInline.TestCase.settings
-TestRebuildHoldingFewRuns = RebuildHoldingFewRuns.TestCase
