@@ -525,8 +525,17 @@ class _GroupCommit:
         self._cv = threading.Condition(threading.Lock())
         self._queue: list[_Request] = []
         self._leading = False
+        self._leader: int | None = None  # the thread running a group now
 
     def submit(self, run_id: str, work: Callable[[], tuple[Any, Any, Any]]) -> tuple[Any, Any]:
+        if self._leader == threading.get_ident():
+            # A guard or decide callback issuing a command: it would wait for the group it
+            # is running. Without group commit SQLite refuses the nested transaction.
+            raise StoreUnavailable(
+                f"a command on run {run_id} was issued from inside another command's "
+                f"transaction on {self._store.path} (a guard or decide callback calling the "
+                "Ledger); nothing was written. Issue it after that command has returned"
+            )
         req = _Request(run_id, work)
         cv = self._cv
         with cv:
@@ -537,13 +546,13 @@ class _GroupCommit:
                     continue
                 # No leader: this thread leads the next group (which may not reach this
                 # request when the queue is longer than LIMIT; then it leads again).
-                self._leading = True
+                self._leading, self._leader = True, threading.get_ident()
                 cv.release()
                 try:
                     self._lead()
                 finally:
                     cv.acquire()
-                    self._leading = False
+                    self._leading, self._leader = False, None
                     cv.notify_all()
         if req.error is not None:
             raise req.error

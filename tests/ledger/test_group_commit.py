@@ -190,6 +190,29 @@ def test_an_exception_in_one_command_leaves_the_others(lg):
     assert len(commits) == 1 and lg.check() == []
 
 
+def test_a_command_from_inside_a_command_is_refused_not_deadlocked(lg):
+    """A guard runs inside the group's transaction on the leading thread; a command it
+    issues would wait for that very group. It is refused, typed, and writes nothing."""
+    tokens = {f"run-{i}": _working(lg, f"run-{i}") for i in range(2)}
+    before = list(lg.store.read_run("run-1"))
+    inner: list[Exception] = []
+
+    def guard(cp) -> bool:
+        try:
+            lg.progress("run-1", tokens["run-1"], "tool_outcome", "nested", key="n1", worker="w1")
+        except StoreUnavailable as exc:
+            inner.append(exc)
+        return True
+
+    t = lease_token(tokens["run-0"])
+    out = lg.execute("run-0", C.Progress(lease=t.lease, kind="tool_outcome", detail="outer"),
+                     actor=Actor("worker", "w1"), guard=guard, token=t)
+    assert out.result.outcome == "committed"
+    assert len(inner) == 1 and "inside another command's transaction" in inner[0].message
+    assert list(lg.store.read_run("run-1")) == before
+    assert lg.check() == []
+
+
 def test_group_commit_needs_a_writable_sqlite_ledger(db_path, backend):
     Ledger(db_path).close()
     with pytest.raises(StoreUnavailable, match="read-only"):
