@@ -112,3 +112,89 @@ register(
     )
 )
 
+
+
+# --- group commit: 8 threads sharing one Ledger -------------------------------------------
+
+THREADS = 8
+
+
+def _threads(threads: int, group_commit: bool):
+    """``threads`` threads of one process, one Ledger between them, each issuing durable
+    ``progress`` commands (with keys) to its own run; released together by a barrier."""
+
+    def prepare(ctx: Ctx) -> Trial:
+        import threading
+
+        from handoff.api import Ledger
+
+        from .commands import working_run
+        from .common import SYNCHRONOUS, _check, expect
+
+        total = ctx.params["n"]
+        lg = Ledger(path_in(ctx.dir, "ledger.db"), synchronous=SYNCHRONOUS, group_commit=group_commit)
+        _check(lg.store._conn, "handoff-ledger")
+        runs = [(f"run-t{i}", working_run(lg, f"run-t{i}")) for i in range(THREADS)]
+        base = {run_id: lg.checkpoint(run_id).last_seq for run_id, _ in runs}
+        # One thread does the whole total round-robin over the same runs; more split it.
+        shares = [runs] if threads == 1 else [[r] for r in runs]
+        per = total // len(shares)
+        start = threading.Barrier(len(shares) + 1)
+        failures: list[BaseException] = []
+
+        def work(mine: list[tuple[str, Any]]) -> None:
+            progress = lg.progress
+            start.wait()
+            try:
+                for k in range(per):
+                    run_id, lease = mine[k % len(mine)]
+                    progress(run_id, lease, "tool_outcome", f"step {k}", key=f"k{k}", worker="w1")
+            except BaseException as exc:  # reported by check, never swallowed
+                failures.append(exc)
+
+        pool = [threading.Thread(target=work, args=(share,)) for share in shares]
+        for t in pool:
+            t.start()
+
+        def run() -> None:
+            start.wait()
+            for t in pool:
+                t.join()
+
+        def check() -> None:
+            if failures:
+                raise RuntimeError(f"a command failed: {failures[0]!r}")
+            expect("events written", sum(lg.checkpoint(r).last_seq - base[r] for r, _ in runs), total)
+
+        return Trial(run, check, lg.close)
+
+    return prepare
+
+
+register(
+    Scenario(
+        name="group-commit-8",
+        area=AREA,
+        title="8 threads on one Ledger(group_commit=True) vs one thread doing the same total",
+        measures=(
+            "8 threads of one process share one Ledger opened with group_commit=True, each "
+            "issuing durable Ledger.progress commands (with keys) to its own run, released "
+            "together: concurrent commands share a write transaction and its one fsync, each "
+            "in a savepoint of its own (fenced, deduplicated and decided alone). Reference: "
+            "one thread on a plain Ledger doing the same total round-robin over the 8 runs. "
+            "Peer: the same 8 threads on a plain Ledger (one transaction per command)."
+        ),
+        full={"n": THREADS * 500},
+        quick={"n": THREADS * 20},
+        subject=Side("handoff-ledger, 8 threads, group commit", _threads(THREADS, True),
+                     note="Ledger(group_commit=True): one commit per group of waiting commands"),
+        reference=Side("handoff-ledger, 1 thread", _threads(1, False),
+                       note="a plain Ledger, one commit per command"),
+        peers=(
+            Side("handoff-ledger, 8 threads, no group commit", _threads(THREADS, False),
+                 note="a plain Ledger shared by 8 threads: the store's lock serialises them"),
+        ),
+        goal=3.0,
+        unit="events",
+    )
+)

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
-import tempfile
 from collections.abc import Iterable, Iterator
 
 from .errors import InvalidInput, StoreUnavailable
@@ -123,6 +121,8 @@ def atomic_write(target: str, chunks: Iterable[bytes], *, mode: int, field: str 
     target = check_target(target, field)
     directory, name = os.path.split(target)
     try:
+        import tempfile  # here, not at the top: every short-lived CLI process imports this module
+
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
     except OSError as exc:
         raise _failed(target, exc) from exc
@@ -158,6 +158,8 @@ def private_dir(target: str) -> Iterator[str]:
     database): inside a 0700 directory nobody else can plant anything at those names.
     """
     try:
+        import tempfile
+
         d = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
                              dir=os.path.dirname(target))
     except OSError as exc:
@@ -165,6 +167,8 @@ def private_dir(target: str) -> Iterator[str]:
     try:
         yield d
     finally:
+        import shutil
+
         shutil.rmtree(d, ignore_errors=True)
 
 

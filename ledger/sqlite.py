@@ -492,6 +492,135 @@ def _unreadable_schema(path: str, exc: sqlite3.Error) -> LedgerError:
     return NotALedger(_not_a_ledger(path, f"SQLite cannot read it ({exc}) and it carries no ledger marker"))
 
 
+class _Request:
+    """One command waiting for a group commit: its work, then its answer or its error."""
+
+    __slots__ = ("done", "error", "folded", "run_id", "value", "work")
+
+    def __init__(self, run_id: str, work: Callable[[], tuple[Any, Any, Any]]) -> None:
+        self.run_id = run_id
+        self.work = work
+        self.done = False
+        self.error: BaseException | None = None
+        self.value: Any = None
+        self.folded: Any = None
+
+
+class _GroupCommit:
+    """Commands from many threads in one write transaction and one fsync.
+
+    The first thread to arrive leads: it takes the write lock, runs every queued command
+    in a savepoint of its own (a refused command rolls back to it alone, so each is still
+    fenced, deduplicated and decided on its own against the state the ones before it
+    left), picks up the commands that arrived meanwhile, and commits once. The others
+    wait for that commit; no caller hears "committed" before it. One leader at a time:
+    commands that arrive during a commit form the next group.
+    """
+
+    #: Commands per transaction at most, so a steady stream cannot hold one open forever.
+    LIMIT = 256
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+        self._cv = threading.Condition(threading.Lock())
+        self._queue: list[_Request] = []
+        self._leading = False
+        self._leader: int | None = None  # the thread running a group now
+
+    def submit(self, run_id: str, work: Callable[[], tuple[Any, Any, Any]]) -> tuple[Any, Any]:
+        if self._leader == threading.get_ident():
+            # A guard or decide callback issuing a command: it would wait for the group it
+            # is running. Without group commit SQLite refuses the nested transaction.
+            raise StoreUnavailable(
+                f"a command on run {run_id} was issued from inside another command's "
+                f"transaction on {self._store.path} (a guard or decide callback calling the "
+                "Ledger); nothing was written. Issue it after that command has returned"
+            )
+        req = _Request(run_id, work)
+        cv = self._cv
+        with cv:
+            self._queue.append(req)
+            while not req.done:
+                if self._leading:
+                    cv.wait()
+                    continue
+                # No leader: this thread leads the next group (which may not reach this
+                # request when the queue is longer than LIMIT; then it leads again).
+                self._leading, self._leader = True, threading.get_ident()
+                cv.release()
+                try:
+                    self._lead()
+                finally:
+                    cv.acquire()
+                    self._leading, self._leader = False, None
+                    cv.notify_all()
+        if req.error is not None:
+            raise req.error
+        return req.value
+
+    def _take(self, room: int) -> list[_Request]:
+        with self._cv:
+            batch, self._queue = self._queue[:room], self._queue[room:]
+        return batch
+
+    def _lead(self) -> None:
+        store = self._store
+        taken: list[_Request] = []
+        with store._lock:
+            try:
+                batch = self._take(self.LIMIT)
+                taken.extend(batch)
+                store._begin("appending")
+                ran: list[_Request] = []
+                while batch:
+                    for req in batch:
+                        self._run(req, ran)
+                        ran.append(req)
+                    batch = self._take(self.LIMIT - len(taken))
+                    taken.extend(batch)
+                # What a lone execute does after its body: commit, once for the group.
+                store._finish(True, "committing a group of commands")
+            except BaseException as exc:  # the begin or the commit failed: no command stands
+                if isinstance(exc, sqlite3.Error):
+                    exc = _explain(exc, "committing a group of commands", store.path)
+                if store._conn.in_transaction:
+                    store._conn.execute("ROLLBACK")
+                for req in taken:
+                    if req.error is None:
+                        req.error, req.value, req.folded = exc, None, None
+            else:
+                for req in taken:
+                    if req.error is None and req.folded is not None:
+                        store._remember_all(req.run_id, req.folded)
+        with self._cv:
+            for req in taken:
+                req.done = True
+            self._cv.notify_all()
+
+    def _run(self, req: _Request, ran: list[_Request]) -> None:
+        """One command in a savepoint of its own; ``ran``: the group's commands before it."""
+        conn = self._store._conn
+        conn.execute("SAVEPOINT handoff_command")
+        try:
+            result, state, folded = req.work()
+        except BaseException as exc:
+            req.error = exc
+            if conn.in_transaction:
+                conn.execute("ROLLBACK TO handoff_command")
+                conn.execute("RELEASE handoff_command")
+            else:
+                # SQLite rolled the whole transaction back (a full disk, an I/O error): the
+                # commands before this one went with it, so none of them is acknowledged,
+                # and a fresh transaction takes the rest of the group.
+                for earlier in ran:
+                    if earlier.error is None:
+                        earlier.error, earlier.value, earlier.folded = exc, None, None
+                self._store._begin("appending")
+            return
+        conn.execute("RELEASE handoff_command")
+        req.value, req.folded = (result, state), folded
+
+
 class SqliteStore(EventStore):
     """An EventStore in one SQLite file (or ``:memory:`` for tests and scratch work).
 
@@ -532,6 +661,7 @@ class SqliteStore(EventStore):
         self._db: Any = None
         self._commits_since_check = 0
         self._heads_indexed = False
+        self._group: _GroupCommit | None = None
         self.readonly = readonly
         self._conn = self._connect(create=create, readonly=readonly)
         try:
@@ -1318,59 +1448,80 @@ class SqliteStore(EventStore):
         digest = None
         if idempotency_key:
             digest = request_digest(actor_s, None, [digest_of or b""])
+        if self._group is not None:
+            return self._group.submit(
+                run_id, lambda: self._execute_locked(run_id, aggregate, decide, actor_s, idempotency_key, digest, token)
+            )
         with self._lock:
             self._begin("appending")
             ok = False
             try:
-                head, max_lease = self._head_locked(run_id)
-                if idempotency_key:
-                    dup = self._find_duplicate(run_id, idempotency_key, digest, actor_s)  # type: ignore[arg-type]
-                    if dup is not None:
-                        ok = True
-                        return dup, self._state_locked(run_id, aggregate, head)
-                if token is not None:
-                    self._check_token(run_id, head, max_lease, token)
-                state = self._state_locked(run_id, aggregate, head)
-                decision = decide(state, head)
-                if not decision.events:
-                    ok = True
-                    seq = head.last_seq if head else 0
-                    # Not "duplicate": no key was replayed; the command had nothing to add.
-                    return AppendResult(run_id, "unchanged", seq, seq, ()), state
-                if decision.lease is not None and (token is None or token.lease != decision.lease):
-                    # A number alone proves nothing: the write must have shown that lease's token.
-                    raise StaleLease(
-                        f"a write under lease {decision.lease} of run {run_id} must carry that "
-                        "lease's token (the one its claim printed); nothing was written",
-                        run_id=run_id, lease=decision.lease, why="no_token",
-                    )
-                self._check_fence(run_id, head, None, decision.lease, max_lease)
-                encoded = encode_events(decision.events, self.max_payload)
-                written: list[Recorded] = []
-                result, new_head = self._insert_locked(
-                    run_id, head, max_lease, decision.events, encoded, actor_s,
-                    decision.lease, idempotency_key, digest, written=written,
+                result, state, folded = self._execute_locked(
+                    run_id, aggregate, decide, actor_s, idempotency_key, digest, token
                 )
-                if head is None:
-                    # A new run: fold its whole lineage, so a fork child that this
-                    # command created starts from the parent's prefix.
-                    new_state = self._state_locked(run_id, aggregate, new_head)
-                else:
-                    new_state = aggregate.evolve_all(state, written)
-                folded = self._run_hooks(run_id, new_head, [(aggregate, new_state)])
-                if folded[0] is None:
-                    # The head new_state belongs to, as of this transaction: after COMMIT
-                    # another process may already have moved it past what new_state covers.
-                    folded = (new_head, [])
                 ok = True
-            except sqlite3.Error as exc:
-                raise _explain(exc, "appending", self.path) from exc
             finally:
                 self._finish(ok, "committing a command")
-            if all(a is not aggregate for a, _ in folded[1]):
-                folded[1].append((aggregate, new_state))
-            self._remember_all(run_id, folded)
-            return result, new_state
+            if folded is not None:
+                self._remember_all(run_id, folded)
+            return result, state
+
+    def _execute_locked(
+        self,
+        run_id: str,
+        aggregate: Aggregate[S],
+        decide: Callable[[S, Head | None], Decision],
+        actor_s: str,
+        idempotency_key: str | None,
+        digest: bytes | None,
+        token: LeaseToken | None,
+    ) -> tuple[AppendResult, S, tuple[Head | None, list[tuple[Aggregate[Any], Any]]] | None]:
+        """The body of ``execute`` inside an open write transaction: the result, the state
+        after it, and the folds to remember once the transaction commits (None: nothing new)."""
+        try:
+            head, max_lease = self._head_locked(run_id)
+            if idempotency_key:
+                dup = self._find_duplicate(run_id, idempotency_key, digest, actor_s)  # type: ignore[arg-type]
+                if dup is not None:
+                    return dup, self._state_locked(run_id, aggregate, head), None
+            if token is not None:
+                self._check_token(run_id, head, max_lease, token)
+            state = self._state_locked(run_id, aggregate, head)
+            decision = decide(state, head)
+            if not decision.events:
+                seq = head.last_seq if head else 0
+                # Not "duplicate": no key was replayed; the command had nothing to add.
+                return AppendResult(run_id, "unchanged", seq, seq, ()), state, None
+            if decision.lease is not None and (token is None or token.lease != decision.lease):
+                # A number alone proves nothing: the write must have shown that lease's token.
+                raise StaleLease(
+                    f"a write under lease {decision.lease} of run {run_id} must carry that "
+                    "lease's token (the one its claim printed); nothing was written",
+                    run_id=run_id, lease=decision.lease, why="no_token",
+                )
+            self._check_fence(run_id, head, None, decision.lease, max_lease)
+            encoded = encode_events(decision.events, self.max_payload)
+            written: list[Recorded] = []
+            result, new_head = self._insert_locked(
+                run_id, head, max_lease, decision.events, encoded, actor_s,
+                decision.lease, idempotency_key, digest, written=written,
+            )
+            if head is None:
+                # A new run: fold its whole lineage, so a fork child that this
+                # command created starts from the parent's prefix.
+                new_state = self._state_locked(run_id, aggregate, new_head)
+            else:
+                new_state = aggregate.evolve_all(state, written)
+            folded = self._run_hooks(run_id, new_head, [(aggregate, new_state)])
+        except sqlite3.Error as exc:
+            raise _explain(exc, "appending", self.path) from exc
+        if folded[0] is None:
+            # The head new_state belongs to, as of this transaction: after COMMIT
+            # another process may already have moved it past what new_state covers.
+            folded = (new_head, [])
+        if all(a is not aggregate for a, _ in folded[1]):
+            folded[1].append((aggregate, new_state))
+        return result, new_state, folded
 
     # --- reading -------------------------------------------------------------------
 
@@ -1837,6 +1988,16 @@ class SqliteStore(EventStore):
     @property
     def sqlite_version(self) -> str:
         return sqlite3.sqlite_version
+
+    def enable_group_commit(self) -> None:
+        """Let concurrent ``execute`` calls from this process's threads share one write
+        transaction and one fsync (see ``_GroupCommit``); each command is still fenced,
+        deduplicated and decided on its own. ``handoff.Ledger(group_commit=True)`` calls it."""
+        if self.readonly:
+            raise StoreUnavailable(f"the ledger {self.path} was opened read-only; group commit needs a writable one")
+        with self._lock:
+            if self._group is None:
+                self._group = _GroupCommit(self)
 
     def close(self) -> None:
         with self._lock:

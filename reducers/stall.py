@@ -17,6 +17,7 @@ from handoff.ledger import events as ev
 from handoff.ledger.store import Recorded
 
 from . import transitions as T
+from .delivery import status as delivery_status
 
 
 class LastProgress(msgspec.Struct, frozen=True):
@@ -121,6 +122,9 @@ def fold(records: Iterable[Recorded]) -> Watch:
     return w
 
 
+_DELIVERING = frozenset((T.READY_FOR_REVIEW, T.SUCCEEDED))
+
+
 def classify(
     cp,
     *,
@@ -152,7 +156,7 @@ def classify(
         open_ = cp.blockers[-1] if cp.blockers else None
         why = f"{open_.reason}; next: {open_.next_action}" if open_ else "blocked"
         return Health("blocked", why, "none", False)
-    lost = [e for e in cp.pending_effects if e.lease != cp.lease or cp.lease is None]
+    lost = [e for e in cp.pending_effects if e.lease != cp.lease or cp.lease is None] if cp.pending_effects else ()
     if lost or state == T.UNKNOWN:
         keys = ", ".join(e.key for e in lost) or "(none pending)"
         if lost:
@@ -165,13 +169,15 @@ def classify(
             "needs_worker", "side effects are reconciled; a worker must claim and continue",
             "claim", True,
         )
-    from .delivery import status as delivery_status  # local: avoids a cycle at import
-
-    dstatus, dwhy = delivery_status(
-        cp.delivery, ready=cp.delivery_ready, now_us=now_us, timeout_s=policy.delivery_timeout_s
-    )
-    if dstatus == "ambiguous":
-        return Health("delivery_ambiguous", dwhy, "reconcile_delivery", True)
+    # Only an attempt that awaits its outcome can be ambiguous, and only a finished result
+    # is judged by its delivery: a run at work is spared the delivery fold (the stall scan
+    # classifies every due run).
+    if cp.delivery.pending is not None or state in _DELIVERING:
+        dstatus, dwhy = delivery_status(
+            cp.delivery, ready=cp.delivery_ready, now_us=now_us, timeout_s=policy.delivery_timeout_s
+        )
+        if dstatus == "ambiguous":
+            return Health("delivery_ambiguous", dwhy, "reconcile_delivery", True)
     if state == T.READY_FOR_REVIEW:
         return Health("awaiting_owner", "the result waits for the owner's review", "none", False)
     if state == T.SUCCEEDED:
