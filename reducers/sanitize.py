@@ -1,0 +1,189 @@
+"""The sanitization detectors and the gate a public delivery must pass. Pure: no I/O.
+
+Reading the files is the shell's job (handoff/delivery/bundle.py); this module only
+judges text handed to it, so the same judgement runs live, in tests and in an import.
+A finding names the detector, the part and the line, never the matched text: what a
+detector matches is exactly what must not be copied anywhere, the log included.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Iterable
+
+from handoff.ledger import events as ev
+from handoff.ledger.errors import InvalidInput, SanitizationRequired
+
+from .delivery import Delivery
+
+#: Bumped whenever a built-in detector changes, so a check's ``rules_sha256`` says which
+#: detectors it ran.
+DETECTORS_VERSION = "1"
+
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+
+#: The built-in detectors, by the name findings carry. Each is deliberately broad: a false
+#: alarm costs a look, a miss publishes a secret.
+DETECTORS: dict[str, re.Pattern[str]] = {
+    # A key or token in a known format.
+    "secret": re.compile(
+        r"AKIA[0-9A-Z]{16}"                                    # AWS access key id
+        r"|(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})"  # GitHub
+        r"|xox[abposr]-[A-Za-z0-9-]{10,}"                      # Slack
+        r"|sk-(?:ant-|proj-)?[A-Za-z0-9_-]{20,}"               # OpenAI, Anthropic
+        r"|AIza[0-9A-Za-z_-]{35}"                              # Google API key
+        r"|glpat-[A-Za-z0-9_-]{20,}"                           # GitLab
+        r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"                 # PEM private keys
+        r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"  # JWT
+        r"|(?i:bearer)\s+[A-Za-z0-9._~+/=-]{16,}"              # an Authorization value
+        r"|(?i:password|passwd|secret|api[_-]?key|token)\s*[:=]\s*['\"]?[^\s'\"]{8,}"
+    ),
+    # A home directory, in any of its spellings.
+    "home_dir": re.compile(
+        r"(?<![\w.])~/[^\s]*|/(?:home|Users)/[^/\s]+|/root(?:/|\b)|[A-Za-z]:\\Users\\[^\\\s]+"
+    ),
+    # Any other absolute local path of two parts or more (a URL's path is preceded by its
+    # host, so it does not match).
+    "local_path": re.compile(r"(?<![\w:/.~-])(?:/[A-Za-z0-9._@+-]+){2,}|\b[A-Za-z]:\\[^\s\"']+"),
+    # A private, loopback or link-local address (IPv4 and IPv6).
+    "private_address": re.compile(
+        rf"\b(?:10\.{_OCTET}|127\.{_OCTET}|192\.168|169\.254|172\.(?:1[6-9]|2\d|3[01]))\.{_OCTET}\.{_OCTET}\b"
+        r"|(?<![\w:])(?:f[cd][0-9a-f]{2}|fe80):[0-9a-f:]*(?![\w])|(?<![\w:])::1\b",
+        re.I,
+    ),
+    # A host name that only means something inside one network.
+    "host_name": re.compile(
+        r"\b(?:[a-z0-9-]+\.)+(?:local|localdomain|internal|intranet|corp|lan|home\.arpa)\b|\blocalhost\b",
+        re.I,
+    ),
+    "email": re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"),
+}
+
+MAX_PATTERNS = 50
+MAX_PATTERN_LEN = 500
+
+
+def check_patterns(patterns: object) -> tuple[str, ...]:
+    """The owner's own patterns, each a regular expression that compiles; refused otherwise."""
+    if not isinstance(patterns, (tuple, list)):
+        raise InvalidInput("sanitize_patterns must be a list of regular expressions", field="sanitize_patterns")
+    if len(patterns) > MAX_PATTERNS:
+        raise InvalidInput(f"sanitize_patterns has {len(patterns)} patterns, over the limit of {MAX_PATTERNS}",
+                           field="sanitize_patterns")
+    out = []
+    for i, p in enumerate(patterns):
+        if not isinstance(p, str) or not p or len(p) > MAX_PATTERN_LEN:
+            raise InvalidInput(f"sanitize_patterns[{i}] must be a regular expression of 1 to {MAX_PATTERN_LEN} "
+                               "characters", field="sanitize_patterns")
+        try:
+            compiled = re.compile(p)
+        except re.error as exc:
+            raise InvalidInput(f"sanitize_patterns[{i}] is not a valid regular expression: {exc}",
+                               field="sanitize_patterns") from None
+        if compiled.search(""):
+            raise InvalidInput(f"sanitize_patterns[{i}] matches empty text, so it would flag everything; "
+                               "make it match something", field="sanitize_patterns")
+        out.append(p)
+    return tuple(out)
+
+
+def rules_digest(patterns: Iterable[str]) -> str:
+    """What a check's ``rules_sha256`` must be: the built-in detectors' version and the
+    contract's own patterns."""
+    h = hashlib.sha256(f"detectors:{DETECTORS_VERSION}\n".encode())
+    for p in patterns:
+        h.update(p.encode("utf-8", "surrogatepass") + b"\n")
+    return h.hexdigest()
+
+
+def _detectors(patterns: Iterable[str]) -> list[tuple[str, re.Pattern[str]]]:
+    return [*DETECTORS.items(), *((f"pattern[{i}]", re.compile(p)) for i, p in enumerate(patterns))]
+
+
+#: The detector name of a part that could not be scanned (not UTF-8 text): failing closed.
+UNSCANNABLE = "unscannable"
+
+
+def scan(parts: Iterable[tuple[str, str | None]], patterns: Iterable[str] = ()) -> tuple[ev.Finding, ...]:
+    """Every finding in ``parts`` ((name, text) pairs; text None for a part that is not
+    text), one per detector and line, in order. A part that cannot be read as text is a
+    finding of its own: what cannot be scanned cannot pass."""
+    detectors = _detectors(patterns)
+    found: list[ev.Finding] = []
+    for name, text in parts:
+        if text is None:
+            found.append(ev.Finding(UNSCANNABLE, name, 0))
+            continue
+        for lineno, line in enumerate(text.split("\n"), 1):
+            for det, rx in detectors:
+                n = sum(1 for _ in rx.finditer(line))
+                if n:
+                    found.append(ev.Finding(det, name, lineno, n))
+    return tuple(found)
+
+
+def describe(findings: Iterable[ev.Finding], limit: int = 5) -> str:
+    fs = list(findings)
+    shown = "; ".join(
+        f"{f.detector} in {f.item}" + (f" line {f.line}" if f.line else "") + (f" (x{f.count})" if f.count > 1 else "")
+        for f in fs[:limit]
+    )
+    return shown + (f"; and {len(fs) - limit} more" if len(fs) > limit else "")
+
+
+def gate(d: Delivery, *, run_id: str, key: str, bundle_sha256: str,
+         artifacts: Iterable[tuple[str, str]]) -> None:
+    """Refuse (``SanitizationRequired``) a delivery to a public target unless the latest
+    check passed, under the contract's rules, after the last change to what is sent, over
+    exactly the bundle about to go (``bundle_sha256``, measured by the shell) and the
+    recorded artifacts' digests (``artifacts``: (name, sha256) as the log holds them);
+    and unless the key, which the adapter adds, is clean too. Not public: no gate."""
+    if not d.public:
+        return
+    what = f"run {run_id} delivers to a public target ({d.target})"
+    c = d.check
+    if c is None:
+        raise SanitizationRequired(
+            f"{what} and no sanitization check is recorded; run 'handoff sanitize {run_id} --by OWNER' "
+            "(Ledger.sanitize) and fix what it finds before delivering")
+    if not c.passed:
+        raise SanitizationRequired(
+            f"{what} and its last sanitization check (seq {c.seq}) failed: {describe(c.findings)}. Remove "
+            "those from the result, record it again, and check again")
+    if c.seq < d.changed_seq:
+        raise SanitizationRequired(
+            f"{what} and what it sends changed at seq {d.changed_seq}, after the last sanitization check "
+            f"(seq {c.seq}); check again")
+    if c.rules_sha256 != rules_digest(d.patterns):
+        raise SanitizationRequired(f"{what} and its last check did not run the contract's rules; check again")
+    scanned = {(i.name, i.sha256) for i in c.items}
+    missing = [name for name, sha in artifacts if (name, sha) not in scanned]
+    if missing:
+        raise SanitizationRequired(
+            f"{what} and the last sanitization check did not read {', '.join(missing[:3])} as recorded; "
+            "check again")
+    if not bundle_sha256 or bundle_sha256 != c.bundle_sha256:
+        raise SanitizationRequired(
+            f"{what} and what would be sent now (sha256 {bundle_sha256[:12] or 'not measured'}) is not what the "
+            f"check passed (sha256 {c.bundle_sha256[:12]}): something changed after the check; check again")
+    hits = scan([("delivery key", key)], d.patterns)
+    if hits:
+        raise SanitizationRequired(
+            f"{what} and the delivery key, which the target receives, matches a detector "
+            f"({describe(hits)}); choose a plain key")
+
+
+def salted(salt: bytes, value: str, kind: str = "h") -> str:
+    """A stable stand-in for ``value``: the same salt and value give the same text, and
+    without the salt it cannot be reversed or guessed by trying values."""
+    mac = hmac.new(salt, kind.encode() + b"\0" + value.encode("utf-8", "surrogatepass"), hashlib.sha256)
+    return f"[{kind}:{mac.hexdigest()[:16]}]"
+
+
+def redact(text: str, salt: bytes, patterns: Iterable[str] = ()) -> str:
+    """``text`` with every detector match replaced by its salted stand-in."""
+    for det, rx in _detectors(patterns):
+        text = rx.sub(lambda m, det=det: salted(salt, m.group(0), det), text)
+    return text
