@@ -130,6 +130,13 @@ def _authorize(cp: Checkpoint, name: str, cmd: C.Command, actor: Actor) -> None:
     raise NotAuthorized(f"a {actor.kind} ({actor.name}) may not {name} run {cp.run_id}; only {who} may.{extra}")
 
 
+def authorize(cp: Checkpoint, cmd: C.Command, actor: Actor) -> None:
+    """Refuse (NotAuthorized, StaleLease) if ``actor`` may not issue ``cmd`` on ``cp``'s run:
+    the same check decide makes, for a caller that must know before it acts outside (a
+    send whose outcome it will have to record)."""
+    _authorize(cp, C.name_of(cmd), cmd, actor)
+
+
 def _move(cp: Checkpoint, to: str, via: str, reason: str = "") -> ev.StateChanged:
     if not T.can_move(cp.state, to, via):
         allowed = T.allowed_targets(cp.state, via)

@@ -21,10 +21,11 @@ class Receiver:
     def __init__(self, *, dedupe: bool = True) -> None:
         self.requests: list[dict[str, Any]] = []
         self.effects: list[dict[str, Any]] = []
-        self.mode = "ok"  # ok, 5xx, hang, close_after_act, act_then_hang, 400
+        self.mode = "ok"  # ok, 5xx, 400, hang, close_after_act, act_then_hang, act_then_wait
         self.dedupe = dedupe
         self.done: dict[str, bytes] = {}
         self.acted = threading.Event()
+        self.received = threading.Event()
         self.release = threading.Event()
         self.lock = threading.Lock()
         rx = self
@@ -42,7 +43,8 @@ class Receiver:
                 with rx.lock:
                     rx.requests.append({"key": key, "headers": dict(self.headers), "body": body})
                     mode = rx.mode
-                if mode == "hang":
+                if mode == "hang":  # read it, never act on it
+                    rx.received.set()
                     rx.release.wait(30)
                     return self._close()
                 if mode == "5xx":
@@ -56,6 +58,9 @@ class Receiver:
                     rx.acted.set()
                     rx.release.wait(30)
                     return self._close()
+                if mode == "act_then_wait":  # acted; answers 200 once released
+                    rx.acted.set()
+                    rx.release.wait(30)
                 self._answer(200, answer)
                 rx.acted.set()
 
