@@ -911,8 +911,10 @@ def deliver(run: str, by: str, key: str, send_now: bool, timeout: float | None, 
                 + ("Send again with the same key." if honours_keys(sent.checkpoint.target) else
                    "Check the target, then record 'handoff delivered' or 'handoff delivery-failed'."))
         _emit(doc, as_json, text)
-        if sent.status != "confirmed":
-            raise SystemExit(1)
+        if sent.status != "confirmed":  # not delivered: the same code as a refusal
+            from handoff.ledger.errors import Refused
+
+            click.get_current_context().exit(Refused.exit_code)
         return
     with _ledger() as lg:
         out = lg.deliver(run, by, key)
@@ -956,8 +958,10 @@ def sanitize(run: str, by: str, as_json: bool) -> None:
     text = (f"{run}: sanitization passed over {len(doc['items'])} parts (bundle sha256 {doc['bundle_sha256'][:16]})"
             if doc["passed"] else f"{run}: sanitization FAILED: {describe(findings, limit=20)}")
     _emit(doc, as_json, text)
-    if not doc["passed"]:
-        raise SystemExit(1)
+    if not doc["passed"]:  # recorded, and a public target stays refused
+        from handoff.ledger.errors import Refused
+
+        click.get_current_context().exit(Refused.exit_code)
 
 
 @main.command()

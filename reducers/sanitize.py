@@ -179,7 +179,7 @@ def salted(salt: bytes, value: str, kind: str = "h") -> str:
     """A stable stand-in for ``value``: the same salt and value give the same text, and
     without the salt it cannot be reversed or guessed by trying values."""
     mac = hmac.new(salt, kind.encode() + b"\0" + value.encode("utf-8", "surrogatepass"), hashlib.sha256)
-    return f"[{kind}:{mac.hexdigest()[:16]}]"
+    return f"[{kind}~{mac.hexdigest()[:16]}]"  # no ":" or "=": it must not look like "secret: ..."
 
 
 def redact(text: str, salt: bytes, patterns: Iterable[str] = ()) -> str:
