@@ -2037,6 +2037,18 @@ altered append-only trigger, and makes doctor exit 4.
 "lease", "idempotency_key", "recorded_us", "schema_version", "payload", "prev_hash",
 "hash", "position", "idempotency_digest", "batch_size"}`, `payload` being the event
 itself and the hashes hex; with `-o FILE --json` it prints `{"output", "events", "runs"}`.
+With `--redact`, the first line is `{"redacted": true, "format", "salt_id", "detectors",
+"runs", "note"}` and each event line `{"redacted": true, "run_id", "seq", "type", "actor",
+"lease", "idempotency_key", "recorded_us", "schema_version", "position", "payload"}`,
+names and paths as salted digests (docs/delivery.md); `-o FILE --json` adds
+`"redacted": true`. Such a file is refused by import (`RedactedExportRefused`, exit 2).
+**deliver --send**: `{"run_id", "status", "sent", "receipt", "error", "tries", "target",
+"delivery"}`: `status` is `confirmed`, `failed` or `unknown` (exit 1 unless confirmed);
+`sent` is false when the key was already confirmed and nothing went out; `tries` counts
+the sends of this call; `delivery` as for `deliver`.
+**sanitize**: `{"run_id", "passed", "bundle_sha256", "items": [{"name", "sha256",
+"bytes"}], "findings": [{"detector", "item", "line", "count"}], "seq"}`; exit 1 when
+`passed` is false (the check is recorded either way).
 **backup**: `{"path", "positions", "head", "bytes", "runs"}`: the copy's absolute path, its
 last position, its head digest, its size and its number of streams.
 **copy**: `{"imported", "skipped", "runs", "src", "dst", "checked"}`: the import's counts,

@@ -119,6 +119,8 @@ def test_a_command_past_its_timeout_is_unknown_never_rerun_and_flagged_at_once(t
     assert log_types(lg, run) == before
     st = lg.status(run)
     assert st["delivery"]["status"] == "ambiguous" and st["health"]["action"] == "reconcile_delivery"
+    assert [d["run_id"] for d in lg.deliveries(status="ambiguous")] == [run]  # the view agrees
+    assert lg.check() == []
     acts = watch_once(lg, name="wd")
     assert [(a.run_id, a.action, a.outcome) for a in acts] == [(run, "reconcile_delivery", "committed")]
     # A person looked at the target and settles it.

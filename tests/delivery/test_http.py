@@ -58,6 +58,7 @@ def test_5xx_is_retried_under_the_same_key_then_left_unknown(lg, tmp_path, recei
     assert log_types(lg, run)[-2:] == ["delivery_attempted", "delivery_unanswered"]
     st = lg.status(run)["delivery"]
     assert st["status"] == "attempted" and "send again" in st["detail"]
+    assert lg.deliveries(status="ambiguous") == [] and lg.check() == []  # not before the timeout
     # The receiver recovers: the same key is sent again and confirmed once.
     receiver.mode = "ok"
     sent = lg.send_delivery(run, "alice", "k1", sleep=no_sleep)
