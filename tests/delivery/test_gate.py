@@ -211,3 +211,21 @@ def test_the_contract_file_marks_a_target_public(lg, tmp_path):
     assert d.public and d.patterns == ("ACME-\\d+",) and d.send.token_env == "HOOK" and d.send.retries == 1
     with pytest.raises(InvalidInput, match="send.token_env"):
         lg.open_contract(json.dumps({"goal": "g", "target": "t", "owner": "a", "send": {"token_env": "A B"}}))
+
+
+def test_a_detector_that_fails_refuses_the_check(lg, tmp_path, receiver, monkeypatch):
+    from handoff.reducers import sanitize as sz
+
+    run = ready_run(lg, tmp_path, receiver.url, content=CLEAN, public=True)
+
+    def broken(*a, **k):
+        raise RecursionError("a pattern blew the stack")
+
+    monkeypatch.setattr(sz, "scan", broken)
+    before = payloads(lg, run)
+    with pytest.raises(SanitizationRequired, match="detector failed"):
+        lg.sanitize(run, "alice")
+    assert payloads(lg, run) == before
+    with pytest.raises(SanitizationRequired, match="no sanitization check"):
+        lg.deliver(run, "alice", "v1", send=True)
+    assert receiver.requests == []
