@@ -24,8 +24,10 @@ import msgspec
 from handoff.reducers import sanitize as sz
 
 FORMAT = "handoff-redacted-export/1"
-#: Fields holding a name: replaced by a salted digest whole.
-NAME_FIELDS = frozenset({"owner", "by", "worker", "watcher", "to", "target", "origin", "parent", "token_digest"})
+#: Fields holding a name or a caller's key: replaced by a salted digest whole, so equal
+#: values stay equal (a key used twice is still seen as one). Run ids (``run_id``,
+#: ``parent``) are structure and stay as they are.
+NAME_FIELDS = frozenset({"owner", "by", "worker", "watcher", "to", "target", "origin", "key", "token_digest"})
 #: Fields holding a local path (or a list of them).
 PATH_FIELDS = frozenset({"path", "result_path", "artifacts", "name", "item"})
 #: Fields kept as they are: the structure (states, outcomes, kinds, numbers, digests of content).

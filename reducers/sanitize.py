@@ -8,10 +8,11 @@ detector matches is exactly what must not be copied anywhere, the log included.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import hmac
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from handoff.ledger import events as ev
 from handoff.ledger.errors import InvalidInput, SanitizationRequired
@@ -24,41 +25,82 @@ DETECTORS_VERSION = "1"
 
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 
-#: The built-in detectors, by the name findings carry. Each is deliberately broad: a false
-#: alarm costs a look, a miss publishes a secret.
-DETECTORS: dict[str, re.Pattern[str]] = {
+#: The built-in detectors, by the name findings carry, each a few expressions. Each is
+#: deliberately broad: a false alarm costs a look, a miss publishes a secret. Every
+#: expression starts with a literal or a small set of characters, with any look-behind
+#: after it: the regex engine then skips ahead to candidates instead of trying every
+#: position (ten times faster on ordinary text).
+class _Anchored:
+    """A match found from a rare anchor, then extended left over the characters a match
+    may start with (``left``), at least one of them: a host name from its ``.internal``,
+    an e-mail address from its ``@domain``. With ``keywords``, the text left of the
+    anchor (spaces skipped) must instead end with one of them, which starts the match:
+    ``password = ...``. The regex engine alone would try every position of the text."""
+
+    def __init__(self, anchor: str, left: str = "", *, keywords: tuple[str, ...] = (), flags: int = 0) -> None:
+        self.anchor = re.compile(anchor, flags)
+        self.left = frozenset(left)
+        self.keywords = keywords
+
+    def spans(self, text: str) -> Iterator[tuple[int, int]]:
+        last = 0
+        for m in self.anchor.finditer(text):
+            start = m.start()
+            if self.keywords:
+                i = start
+                while i > last and text[i - 1] in " \t":
+                    i -= 1
+                word = next((k for k in self.keywords if text[max(last, i - len(k)):i].lower() == k), None)
+                if word is None:
+                    continue
+                start = i - len(word)
+            else:
+                while start > last and text[start - 1] in self.left:
+                    start -= 1
+                if start == m.start():
+                    continue
+            last = m.end()
+            yield start, m.end()
+
+
+_ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+DETECTORS: dict[str, tuple[re.Pattern[str] | _Anchored, ...]] = {
     # A key or token in a known format.
-    "secret": re.compile(
-        r"AKIA[0-9A-Z]{16}"                                    # AWS access key id
-        r"|(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})"  # GitHub
-        r"|xox[abposr]-[A-Za-z0-9-]{10,}"                      # Slack
-        r"|sk-(?:ant-|proj-)?[A-Za-z0-9_-]{20,}"               # OpenAI, Anthropic
-        r"|AIza[0-9A-Za-z_-]{35}"                              # Google API key
-        r"|glpat-[A-Za-z0-9_-]{20,}"                           # GitLab
-        r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"                 # PEM private keys
-        r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"  # JWT
-        r"|(?i:bearer)\s+[A-Za-z0-9._~+/=-]{16,}"              # an Authorization value
-        r"|(?i:password|passwd|secret|api[_-]?key|token)\s*[:=]\s*['\"]?[^\s'\"]{8,}"
-    ),
+    "secret": tuple(re.compile(p) for p in (
+        r"AKIA[0-9A-Z]{16}",                                      # AWS access key id
+        r"gh[pousr]_[A-Za-z0-9]{30,}", r"github_pat_[A-Za-z0-9_]{30,}",  # GitHub
+        r"xox[abposr]-[A-Za-z0-9-]{10,}",                         # Slack
+        r"sk-(?:ant-|proj-)?[A-Za-z0-9_-]{20,}",                  # OpenAI, Anthropic
+        r"AIza[0-9A-Za-z_-]{35}",                                 # Google API key
+        r"glpat-[A-Za-z0-9_-]{20,}",                              # GitLab
+        r"-----BEGIN [A-Z ]*PRIVATE KEY-----",                    # PEM private keys
+        r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWT
+        r"[Bb][Ee][Aa][Rr][Ee][Rr]\s+[A-Za-z0-9._~+/=-]{16,}",     # an Authorization value
+    )) + (_Anchored(r"[:=]\s*['\"]?[^\s'\"]{8,}",                    # password = ..., token: ...
+                    keywords=("password", "passwd", "secret", "apikey", "api_key", "api-key", "token")),),
     # A home directory, in any of its spellings.
-    "home_dir": re.compile(
-        r"(?<![\w.])~/[^\s]*|/(?:home|Users)/[^/\s]+|/root(?:/|\b)|[A-Za-z]:\\Users\\[^\\\s]+"
-    ),
+    "home_dir": tuple(re.compile(p) for p in (
+        r"~(?<![\w.]~)/[^\s]*", r"/home/[^/\s]+", r"/Users/[^/\s]+", r"/root(?:/|\b)",
+        r"[A-Za-z]:\\Users\\[^\\\s]+",
+    )),
     # Any other absolute local path of two parts or more (a URL's path is preceded by its
     # host, so it does not match).
-    "local_path": re.compile(r"(?<![\w:/.~-])(?:/[A-Za-z0-9._@+-]+){2,}|\b[A-Za-z]:\\[^\s\"']+"),
+    "local_path": tuple(re.compile(p) for p in (
+        r"/(?<![\w:/.~-]/)[A-Za-z0-9._@+-]+(?:/[A-Za-z0-9._@+-]+)+",
+        r"[A-Za-z](?<![\w][A-Za-z]):\\[^\s\"']+",
+    )),
     # A private, loopback or link-local address (IPv4 and IPv6).
-    "private_address": re.compile(
-        rf"\b(?:10\.{_OCTET}|127\.{_OCTET}|192\.168|169\.254|172\.(?:1[6-9]|2\d|3[01]))\.{_OCTET}\.{_OCTET}\b"
-        r"|(?<![\w:])(?:f[cd][0-9a-f]{2}|fe80):[0-9a-f:]*(?![\w])|(?<![\w:])::1\b",
-        re.I,
-    ),
+    "private_address": tuple(re.compile(p) for p in (
+        rf"1(?<![\w.]1)(?:0\.{_OCTET}|27\.{_OCTET}|92\.168|69\.254|72\.(?:1[6-9]|2\d|3[01]))\.{_OCTET}\.{_OCTET}(?!\w)",
+        r"(?i:f)(?<![\w:].)(?i:[cd][0-9a-f]{2}|e80):[0-9a-fA-F:]*(?![\w])",
+        r":(?<![\w:]:):1\b",
+    )),
     # A host name that only means something inside one network.
-    "host_name": re.compile(
-        r"\b(?:[a-z0-9-]+\.)+(?:local|localdomain|internal|intranet|corp|lan|home\.arpa)\b|\blocalhost\b",
-        re.I,
+    "host_name": (
+        _Anchored(r"\.(?:localdomain|local|internal|intranet|corp|lan|home\.arpa)\b", _ALNUM + "-.", flags=re.I),
+        re.compile(r"localhost\b", re.I),
     ),
-    "email": re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"),
+    "email": (_Anchored(r"@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b", _ALNUM + "._%+-"),),
 }
 
 MAX_PATTERNS = 50
@@ -98,9 +140,17 @@ def rules_digest(patterns: Iterable[str]) -> str:
     return h.hexdigest()
 
 
-def _detectors(patterns: Iterable[str]) -> list[tuple[str, re.Pattern[str]]]:
-    return [*DETECTORS.items(), *((f"pattern[{i}]", re.compile(p)) for i, p in enumerate(patterns))]
+def _detectors(patterns: Iterable[str]) -> list[tuple[str, tuple[re.Pattern[str] | _Anchored, ...]]]:
+    return [*DETECTORS.items(), *((f"pattern[{i}]", (re.compile(p),)) for i, p in enumerate(patterns))]
 
+
+def _spans(rx: re.Pattern[str] | _Anchored, text: str) -> Iterator[tuple[int, int]]:
+    if isinstance(rx, _Anchored):
+        return rx.spans(text)
+    return (m.span() for m in rx.finditer(text))
+
+
+_NEWLINE = re.compile("\n")
 
 #: The detector name of a part that could not be scanned (not UTF-8 text): failing closed.
 UNSCANNABLE = "unscannable"
@@ -108,19 +158,27 @@ UNSCANNABLE = "unscannable"
 
 def scan(parts: Iterable[tuple[str, str | None]], patterns: Iterable[str] = ()) -> tuple[ev.Finding, ...]:
     """Every finding in ``parts`` ((name, text) pairs; text None for a part that is not
-    text), one per detector and line, in order. A part that cannot be read as text is a
-    finding of its own: what cannot be scanned cannot pass."""
+    text), one per detector and line, in order of part, line and detector. A part that
+    cannot be read as text is a finding of its own: what cannot be scanned cannot pass.
+
+    Each detector runs over a whole part at once (the regex engine's loop, not Python's),
+    and a match is placed on the line where it starts; a match may run across a line end.
+    """
     detectors = _detectors(patterns)
     found: list[ev.Finding] = []
     for name, text in parts:
         if text is None:
             found.append(ev.Finding(UNSCANNABLE, name, 0))
             continue
-        for lineno, line in enumerate(text.split("\n"), 1):
-            for det, rx in detectors:
-                n = sum(1 for _ in rx.finditer(line))
-                if n:
-                    found.append(ev.Finding(det, name, lineno, n))
+        ends = [m.start() for m in _NEWLINE.finditer(text)]
+        hits: dict[tuple[int, int], int] = {}
+        for order, (_det, rxs) in enumerate(detectors):
+            for rx in rxs:
+                for start, _end in _spans(rx, text):
+                    line = bisect.bisect_left(ends, start) + 1
+                    hits[(line, order)] = hits.get((line, order), 0) + 1
+        for (line, order), n in sorted(hits.items()):
+            found.append(ev.Finding(detectors[order][0], name, line, n))
     return tuple(found)
 
 
@@ -184,6 +242,12 @@ def salted(salt: bytes, value: str, kind: str = "h") -> str:
 
 def redact(text: str, salt: bytes, patterns: Iterable[str] = ()) -> str:
     """``text`` with every detector match replaced by its salted stand-in."""
-    for det, rx in _detectors(patterns):
-        text = rx.sub(lambda m, det=det: salted(salt, m.group(0), det), text)
+    for det, rxs in _detectors(patterns):
+        for rx in rxs:
+            out, at = [], 0
+            for start, end in _spans(rx, text):
+                if start < end:  # a user's pattern may match empty text inside a longer one
+                    out += [text[at:start], salted(salt, text[start:end], det)]
+                    at = end
+            text = "".join(out) + text[at:]
     return text

@@ -198,3 +198,26 @@ def test_the_gate_is_silent_for_a_target_that_is_not_public():
 
 def test_rules_digest_names_the_patterns():
     assert sz.rules_digest(()) != sz.rules_digest(("x",)) and re.fullmatch(r"[0-9a-f]{64}", RULES)
+
+
+#: Plain regular expressions of what the anchored detectors find (slow: they try every
+#: position). The fast detectors must find a match on every line these do.
+REFERENCE = {
+    "email": re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"),
+    "host_name": re.compile(r"\b(?:[a-z0-9-]+\.)+(?:local|localdomain|internal|intranet|corp|lan|home\.arpa)\b",
+                            re.I),
+    "secret": re.compile(r"(?i:password|passwd|secret|api[_-]?key|token)[ \t]*[:=]\s*['\"]?[^\s'\"]{8,}"),
+}
+PIECES = st.sampled_from(["a", "b", "x1", "-", ".", "@", " ", ":", "=", "\n", "internal", "corp", "com", "org",
+                          "token", "Password", "secret", "api_key", "abcdefghij", "'", "%", "_"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(PIECES, max_size=30).map("".join))
+def test_the_fast_detectors_miss_nothing_the_plain_expressions_find(text):
+    found = {(f.detector, f.line) for f in sz.scan([("t", text)])}
+    for name, rx in REFERENCE.items():
+        for m in rx.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            assert (name, line) in found or any(
+                (name, ln) in found for ln in range(line, text.count("\n", 0, m.end()) + 2)), (name, m.group())
