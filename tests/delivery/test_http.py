@@ -148,3 +148,11 @@ def test_a_target_without_an_adapter_is_refused_before_anything_is_recorded(lg, 
     with pytest.raises(InvalidInput, match="has no adapter"):
         lg.deliver(run, "alice", "k1", send=True)
     assert len(log_types(lg, run)) == n
+
+
+def test_https_to_a_server_without_tls_fails_before_anything_is_sent(lg, tmp_path, receiver):
+    url = receiver.url.replace("http://", "https://")
+    run = ready_run(lg, tmp_path, url, send=SendPolicy(timeout_s=2.0, retries=0))
+    sent = lg.send_delivery(run, "alice", "k1")
+    assert sent.status == "failed" and "nothing was sent" in sent.error
+    assert receiver.requests == [] and receiver.effects == []

@@ -98,3 +98,11 @@ def test_an_import_refuses_a_forged_public_delivery(tmp_path):
         target.import_lines(forged)
     assert list(target.store.list_runs()) == []
     target.close()
+
+
+def test_a_named_field_is_digested_too(lg, tmp_path):
+    run = ready_run(lg, tmp_path, "chat:#ops")
+    plain = [json.loads(x) for x in lg.export_redacted([run], salt=SALT)]
+    named = [json.loads(x) for x in lg.export_redacted([run], salt=SALT, fields=("goal",))]
+    assert plain[1]["payload"]["goal"] == "write the report"
+    assert named[1]["payload"]["goal"].startswith("[name~") and "write the report" not in json.dumps(named)
