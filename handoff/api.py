@@ -52,6 +52,9 @@ from handoff.projections import Projector, queries
 POLICY = ev.Policy()
 
 WATCHER_PREFIX = "watcher:"
+#: A sanitization check records at most this many findings (then one that counts the rest);
+#: ``Ledger.sanitize`` returns them all.
+MAX_RECORDED_FINDINGS = 200
 #: A watcher beats at most this often (seconds); coverage allows three missed beats.
 WATCHER_BEAT_PERIOD_S = 10.0
 #: The times the API accepts (UTC µs since 1970): years 1 to 9999, what can be printed.
@@ -865,7 +868,12 @@ class Ledger:
             raise SanitizationRequired(
                 f"a sanitization detector failed on run {run_id} ({type(exc).__name__}); nothing was recorded "
                 "and delivery to its public target stays refused") from None
-        cmd = C.Sanitize(passed=not findings, bundle_sha256=bundle.sha256, items=bundle.items, findings=findings,
+        kept = findings
+        if len(findings) > MAX_RECORDED_FINDINGS:  # the log keeps the first ones and a count of the rest
+            rest = findings[MAX_RECORDED_FINDINGS:]
+            kept = (*findings[:MAX_RECORDED_FINDINGS],
+                    ev.Finding("more", f"{len(rest)} more findings", 0, sum(f.count for f in rest)))
+        cmd = C.Sanitize(passed=not findings, bundle_sha256=bundle.sha256, items=bundle.items, findings=kept,
                          rules_sha256=sz.rules_digest(cp.delivery.patterns))
         out = self.execute(run_id, cmd, actor=Actor("owner", by))
         return {"run_id": run_id, "passed": not findings, "bundle_sha256": bundle.sha256,

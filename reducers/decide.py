@@ -34,7 +34,6 @@ from handoff.ledger.errors import (
 from handoff.ledger.store import Actor, check_seq
 
 from . import commands as C
-from . import delivery as dl
 from . import sanitize as sz
 from . import transitions as T
 from .checkpoint import Checkpoint
@@ -619,7 +618,8 @@ HANDLERS = {
     C.Block: _block, C.Unblock: _unblock, C.StartEffect: _effect_start,
     C.ConfirmEffect: _effect_confirm, C.Submit: _submit, C.ReviewResult: _review,
     C.TransferAuthority: _transfer, C.Deliver: _deliver, C.ConfirmDelivery: _delivered,
-    C.FailDelivery: _delivery_failed, C.RecordUnanswered: _unanswered, C.Sanitize: _sanitize, C.Release: _release, C.Revoke: _revoke, C.Close: _close,
+    C.FailDelivery: _delivery_failed, C.RecordUnanswered: _unanswered, C.Sanitize: _sanitize,
+    C.Release: _release, C.Revoke: _revoke, C.Close: _close,
     C.Fork: _fork, C.Observe: _observe, C.Recover: _recover,
     C.WithdrawArtifact: _withdraw_artifact,
 }

@@ -229,3 +229,15 @@ def test_a_detector_that_fails_refuses_the_check(lg, tmp_path, receiver, monkeyp
     with pytest.raises(SanitizationRequired, match="no sanitization check"):
         lg.deliver(run, "alice", "v1", send=True)
     assert receiver.requests == []
+
+
+def test_many_findings_are_all_returned_and_the_log_keeps_the_first_ones(lg, tmp_path, receiver):
+    from handoff.api import MAX_RECORDED_FINDINGS
+
+    content = "".join(f"host{i}.internal\n" for i in range(MAX_RECORDED_FINDINGS + 50))
+    run = ready_run(lg, tmp_path, receiver.url, content=content, public=True)
+    doc = lg.sanitize(run, "alice")
+    assert len(doc["findings"]) == MAX_RECORDED_FINDINGS + 50
+    [ev] = [r.event for r in lg.log(run) if r.type == "sanitization_checked"]
+    assert len(ev.findings) == MAX_RECORDED_FINDINGS + 1 and not ev.passed
+    assert ev.findings[-1].detector == "more" and ev.findings[-1].count == 50
