@@ -10,7 +10,7 @@ import pytest
 from handoff.api import Ledger
 from handoff.ledger.errors import DeliveryRefused, IllegalTransition, InvalidInput, SanitizationRequired
 
-from .conftest import log_types, ready_run
+from .conftest import ready_run
 
 CLEAN = "# Report\n\nThe service recovered at 10:04 after the cache was flushed.\n"
 PLANTED = {
