@@ -70,7 +70,8 @@ def _owner_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
 PROJECTIONS: tuple[Projection, ...] = (
     Projection(
         name="checkpoints",
-        version=2,  # 2: the packet keeps the latest evidence record of each kind
+        version=3,  # 2: the packet keeps the latest evidence record of each kind; 3: its delivery
+        # keeps the contract's public flag, patterns and send settings and the last sanitization check
         spec=TableSpec(
             "checkpoints",
             columns(
