@@ -37,20 +37,29 @@ class _Anchored:
     anchor (spaces skipped) must instead end with one of them, which starts the match:
     ``password = ...``. The regex engine alone would try every position of the text."""
 
-    def __init__(self, anchor: str, left: str = "", *, keywords: tuple[str, ...] = (), flags: int = 0) -> None:
+    def __init__(self, anchor: str, left: str = "", *, keywords: tuple[str, ...] = (), right: str = "",
+                 flags: int = 0) -> None:
         self.anchor = re.compile(anchor, flags)
         self.left = frozenset(left)
         self.keywords = keywords
+        self.ends = frozenset(k[-1] for k in keywords)
+        #: The anchor matches a bounded prefix; an accepted match then extends over this
+        #: class (one pass), so anchors that are rejected never read far ahead: no anchor
+        #: costs more than its own few characters, whatever the text (an attacker's file).
+        self.right = re.compile(right) if right else None
 
     def spans(self, text: str) -> Iterator[tuple[int, int]]:
-        last = 0
-        for m in self.anchor.finditer(text):
+        last = pos = 0
+        while (m := self.anchor.search(text, pos)) is not None:
+            pos = m.start() + 1  # a rejected anchor may hide another inside it: look again there
             start = m.start()
             if self.keywords:
                 i = start
                 while i > last and text[i - 1] in " \t":
                     i -= 1
-                word = next((k for k in self.keywords if text[max(last, i - len(k)):i].lower() == k), None)
+                word = None
+                if i > last and text[i - 1].lower() in self.ends:  # a cheap test first: anchors abound
+                    word = next((k for k in self.keywords if text[max(last, i - len(k)):i].lower() == k), None)
                 if word is None:
                     continue
                 start = i - len(word)
@@ -59,8 +68,11 @@ class _Anchored:
                     start -= 1
                 if start == m.start():
                     continue
-            last = m.end()
-            yield start, m.end()
+            end = m.end()
+            if self.right is not None:
+                end = self.right.match(text, end).end()
+            last = pos = end
+            yield start, end
 
 
 _ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
@@ -76,7 +88,7 @@ DETECTORS: dict[str, tuple[re.Pattern[str] | _Anchored, ...]] = {
         r"-----BEGIN [A-Z ]*PRIVATE KEY-----",                    # PEM private keys
         r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWT
         r"[Bb][Ee][Aa][Rr][Ee][Rr]\s+[A-Za-z0-9._~+/=-]{16,}",     # an Authorization value
-    )) + (_Anchored(r"[:=]\s*['\"]?[^\s'\"]{8,}",                    # password = ..., token: ...
+    )) + (_Anchored(r"[:=][ \t]{0,8}['\"]?[^\s'\"]{8}", right=r"[^\s'\"]*",  # password = ..., token: ...
                     keywords=("password", "passwd", "secret", "apikey", "api_key", "api-key", "token")),),
     # A home directory, in any of its spellings.
     "home_dir": tuple(re.compile(p) for p in (
