@@ -6,7 +6,8 @@ batched appends, beside eventsourcing and LangGraph), ``folds`` (one run's state
 log), ``projections`` (full rebuild with peak RSS, status lookup and stall scan at
 100,000 runs), ``cli`` (``handoff progress`` as a process; its module is
 ``cli_startup.py``, since ``cli.py`` would shadow the top-level ``cli`` module) and
-``concurrency`` (8 writer processes). ``--only AREA`` selects one. To
+``concurrency`` (8 writer processes) and ``delivery`` (the sanitization scan; a send to
+file:// against recording a delivery by hand). ``--only AREA`` selects one. To
 add an area, write ``benchmarks/<area>.py`` calling ``harness.register(Scenario(...))``
 and add its module name to ``AREAS``. A peer side names the modules it needs in
 ``Side(requires=...)``; when they are not importable the report says "peer not
@@ -29,6 +30,7 @@ AREAS: tuple[str, ...] = (
     "benchmarks.projections",
     "benchmarks.cli_startup",
     "benchmarks.concurrency",
+    "benchmarks.delivery",
 )
 
 
