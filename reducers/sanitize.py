@@ -88,7 +88,7 @@ DETECTORS: dict[str, tuple[re.Pattern[str] | _Anchored, ...]] = {
         r"-----BEGIN [A-Z ]*PRIVATE KEY-----",                    # PEM private keys
         r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWT
         r"[Bb][Ee][Aa][Rr][Ee][Rr]\s+[A-Za-z0-9._~+/=-]{16,}",     # an Authorization value
-    )) + (_Anchored(r"[:=][ \t]{0,8}['\"]?[^\s'\"]{8}", right=r"[^\s'\"]*",  # password = ..., token: ...
+    )) + (_Anchored(r"[:=]\s*['\"]?[^\s'\"]{8}", right=r"[^\s'\"]*",  # password = ..., token: ...
                     keywords=("password", "passwd", "secret", "apikey", "api_key", "api-key", "token")),),
     # A home directory, in any of its spellings.
     "home_dir": tuple(re.compile(p) for p in (

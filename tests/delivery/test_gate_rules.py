@@ -10,6 +10,7 @@ of the history is admitted again by reducers.admit, as an import would be.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 
 from hypothesis import given, settings
@@ -208,11 +209,11 @@ REFERENCE = {
                             re.I),
     "secret": re.compile(r"(?i:password|passwd|secret|api[_-]?key|token)[ \t]*[:=]\s*['\"]?[^\s'\"]{8,}"),
 }
-PIECES = st.sampled_from(["a", "b", "x1", "-", ".", "@", " ", ":", "=", "\n", "internal", "corp", "com", "org",
+PIECES = st.sampled_from(["a", "b", "x1", "-", ".", "@", " ", "\t", ":", "=", "\n", "internal", "corp", "com", "org",
                           "token", "Password", "secret", "api_key", "abcdefghij", "'", "%", "_"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=int(os.environ.get("HANDOFF_DETECTOR_EXAMPLES", "300")), deadline=None)
 @given(st.lists(PIECES, max_size=30).map("".join))
 def test_the_fast_detectors_miss_nothing_the_plain_expressions_find(text):
     found = {(f.detector, f.line) for f in sz.scan([("t", text)])}
