@@ -447,9 +447,10 @@ def init(as_json: bool) -> None:
 def open_options(required: bool) -> Any:
     """The contract's options, shared by 'open' and 'run'."""
 
-    from handoff.ledger.events import Policy  # the defaults' one home
+    from handoff.ledger.events import Policy, SendPolicy  # the defaults' one home
 
     default = Policy()
+    send = SendPolicy()
 
     def deco(f: Any) -> Any:
         opts = [
@@ -474,6 +475,21 @@ def open_options(required: bool) -> Any:
             click.option("--owner-cap", type=int, default=default.owner_cap, show_default=True,
                          help="Most runs of this owner that may hold a lease at once."),
             click.option("--require-review", is_flag=True, help="The owner must approve the result before delivery."),
+            click.option("--public", is_flag=True, default=None,
+                         help="The target is visible to others: delivery is refused unless a sanitization "
+                         "check ('handoff sanitize') passed over exactly what is sent."),
+            click.option("--sanitize-pattern", "sanitize_patterns", multiple=True,
+                         help="A regular expression of your own that must not reach the target, checked with "
+                         "the built-in detectors (repeatable)."),
+            click.option("--send-timeout", type=float, default=send.timeout_s, show_default=True,
+                         help="Seconds one send by 'deliver --send' may take before its outcome is unknown."),
+            click.option("--send-retries", type=int, default=send.retries, show_default=True,
+                         help="Further tries of a send of unknown outcome (only to a target that honours keys)."),
+            click.option("--send-reference", is_flag=True,
+                         help="Send artifacts' names, sizes and sha256 only, not their content."),
+            click.option("--token-env", default="", metavar="VAR",
+                         help="Environment variable holding a bearer token for a webhook target; only its "
+                         "name is stored."),
         ]
         for opt in reversed(opts):
             f = opt(f)
@@ -488,7 +504,16 @@ def _open_kwargs(p: dict[str, Any]) -> dict[str, Any]:
         result_path=p["result_path"], stop_rules=tuple(p["stop_rules"]), require_review=p["require_review"],
         heartbeat_timeout_s=p["heartbeat_timeout"], progress_timeout_s=p["progress_timeout"],
         retry_budget=p["retry_budget"], delivery_timeout_s=p["delivery_timeout"], owner_cap=p["owner_cap"],
+        public=bool(p["public"]), sanitize_patterns=tuple(p["sanitize_patterns"]),
+        send=_send_policy(p),
     )
+
+
+def _send_policy(p: dict[str, Any]) -> Any:
+    from handoff.ledger.events import SendPolicy
+
+    return SendPolicy(timeout_s=p["send_timeout"], retries=p["send_retries"], inline=not p["send_reference"],
+                      token_env=p["token_env"])
 
 
 @main.command("open")
@@ -517,7 +542,8 @@ def open_(as_json: bool, key: str | None, contract_file: Any, **p: Any) -> None:
           | handoff open --contract -
     """
     if contract_file is not None:
-        given = [name for name in ("goal", "target", "owner", "run_id", "result_path") if p.get(name) is not None]
+        given = [name for name in ("goal", "target", "owner", "run_id", "result_path", "public") if p.get(name) is not None]
+        given += [name for name in ("sanitize_patterns", "token_env") if p.get(name)]
         if given:
             raise click.UsageError(
                 f"--contract holds the whole contract; drop --{given[0].replace('_', '-')} "
@@ -876,23 +902,60 @@ def transfer(run: str, by: str, action: str, to: str, key: str | None, as_json: 
 @run_argument
 @click.option("--by", required=True, help="The owner, or someone it transferred 'deliver' to.")
 @click.option("--key", required=True, help="The delivery's idempotency key; a retry with it is a no-op.")
+@click.option("--send", "send_now", is_flag=True,
+              help="Send it too, through the target's adapter (http(s)://, file://DIR, cmd:), and record "
+              "the outcome: confirmed, failed, or unknown.")
+@click.option("--timeout", type=float, default=None,
+              help="With --send: seconds one send may take (default: the contract's send timeout).")
+@click.option("--retries", type=int, default=None,
+              help="With --send: further tries of a send of unknown outcome, only to a target that "
+              "honours keys (default: the contract's).")
 @json_option
-def deliver(run: str, by: str, key: str, as_json: bool) -> None:
-    """Record a delivery attempt to the contract's target, before sending.
+def deliver(run: str, by: str, key: str, send_now: bool, timeout: float | None, retries: int | None,
+            as_json: bool) -> None:
+    """Record a delivery attempt to the contract's target, before sending; with --send, send it.
 
-    Send only when this prints "send": a retried attempt with the same key, or one
-    after the delivery was confirmed, writes nothing and says so ("send": false; outcome
-    "unchanged", or "duplicate" for a replayed --key).
+    Without --send, send only when this prints "send": a retried attempt with the same
+    key, or one after the delivery was confirmed, writes nothing and says so ("send":
+    false; outcome "unchanged", or "duplicate" for a replayed --key).
     A second delivery under another key is refused (exit 1).
+
+    With --send the ledger records the attempt, sends through the adapter, then records
+    the receipt, the failure, or that no answer came (status "unknown"; exit 1). A send
+    of unknown outcome is repeated, under the same key, only to a target that honours
+    keys (http(s) with Idempotency-Key, file://); a cmd: target is never run twice for a
+    key: check it, then record 'handoff delivered' or 'handoff delivery-failed'. A
+    public target (open --public) needs 'handoff sanitize' to have passed first.
 
     \b
     Example:
         handoff deliver $RUN --by alice --key report-v1
         # ... post the result to the target, then:
         handoff delivered $RUN --key report-v1 --receipt "msg 1712"
+        handoff deliver $RUN --by alice --key report-v1 --send     # the ledger sends it
     """
     from handoff import render as R
+    from handoff.reducers.delivery import honours_keys
 
+    if not send_now and (timeout is not None or retries is not None):
+        raise click.UsageError("--timeout and --retries apply to --send only")
+    if send_now:
+        with _ledger() as lg:
+            sent = lg.deliver(run, by, key, send=True, timeout_s=timeout, retries=retries)
+        doc = {"run_id": run, "status": sent.status, "sent": sent.sent, "receipt": sent.receipt,
+               "error": sent.error, "tries": sent.tries, **R.delivery_doc(sent.checkpoint)}
+        text = (f"{run}: delivery {key} confirmed: {sent.receipt}" if sent.status == "confirmed" and sent.sent else
+                f"{run}: delivery {key} was already confirmed; nothing sent" if sent.status == "confirmed" else
+                f"{run}: delivery {key} failed: {sent.error}; a new attempt needs a new key" if sent.status == "failed"
+                else f"{run}: delivery {key} has no known outcome: {sent.error}. "
+                + ("Send again with the same key." if honours_keys(sent.checkpoint.target) else
+                   "Check the target, then record 'handoff delivered' or 'handoff delivery-failed'."))
+        _emit(doc, as_json, text)
+        if sent.status != "confirmed":  # not delivered: the same code as a refusal
+            from handoff.ledger.errors import Refused
+
+            click.get_current_context().exit(Refused.exit_code)
+        return
     with _ledger() as lg:
         out = lg.deliver(run, by, key)
     cp, extra = out.checkpoint, R.delivery_doc(out.checkpoint)
@@ -905,6 +968,40 @@ def deliver(run: str, by: str, key: str, as_json: bool) -> None:
         return
     extra["send"] = True
     _report(out, as_json, f"delivery {key} to {cp.target} recorded: send now, then 'handoff delivered'", **extra)
+
+
+@main.command()
+@run_argument
+@click.option("--by", required=True, help="The owner, or someone it transferred 'deliver' to.")
+@json_option
+def sanitize(run: str, by: str, as_json: bool) -> None:
+    """Check what a delivery would send for secrets and local details, and record the check.
+
+    Reads the submitted summary and every recorded artifact (each must still match its
+    recorded sha256), runs the built-in detectors (secrets and keys in known formats,
+    home directories, absolute local paths, private addresses, internal host names,
+    e-mail addresses) and the contract's own --sanitize-pattern expressions, and records
+    'sanitization_checked' with the digests it read. Findings name the detector, the part
+    and the line, never the text. Exit 0 when it passed; 1 when something was found (the
+    failed check is recorded; a public target then stays refused).
+
+    \b
+    Example:
+        handoff sanitize $RUN --by alice && handoff deliver $RUN --by alice --key v1 --send
+    """
+    with _ledger() as lg:
+        doc = lg.sanitize(run, by)
+    from handoff.reducers.sanitize import describe
+    from handoff.ledger.events import Finding
+
+    findings = [Finding(**f) for f in doc["findings"]]
+    text = (f"{run}: sanitization passed over {len(doc['items'])} parts (bundle sha256 {doc['bundle_sha256'][:16]})"
+            if doc["passed"] else f"{run}: sanitization FAILED: {describe(findings, limit=20)}")
+    _emit(doc, as_json, text)
+    if not doc["passed"]:  # recorded, and a public target stays refused
+        from handoff.ledger.errors import Refused
+
+        click.get_current_context().exit(Refused.exit_code)
 
 
 @main.command()
@@ -1748,12 +1845,24 @@ def backup(dest: str, replace: bool, as_json: bool) -> None:
               help="Write to this file instead of stdout: written whole under a private name, with "
                    "the ledger file's permissions, then moved into place. A symbolic link there is "
                    "refused.")
+@click.option("--redact", is_flag=True,
+              help="Write a sanitized derivative for sharing outside: names and paths become salted "
+              "digests, free text passes the sanitization detectors; structure, states, times and seqs "
+              "stay. It cannot be imported.")
+@click.option("--salt-env", default=None, metavar="VAR",
+              help="With --redact: read the salt from this environment variable, so the same salt gives "
+              "the same digests in every export (default: a fresh random salt per file).")
+@click.option("--redact-field", "redact_fields", multiple=True, metavar="FIELD",
+              help="With --redact: a further payload field to replace by its digest (repeatable).")
 @json_option
-def export(runs: tuple[str, ...], all_runs: bool, output: str, as_json: bool) -> None:
+def export(runs: tuple[str, ...], all_runs: bool, output: str, redact: bool, salt_env: str | None,
+           redact_fields: tuple[str, ...], as_json: bool) -> None:
     """Write runs as JSON Lines: one event per line with its whole envelope and hashes.
 
     A forked run brings its ancestors' events, without which it cannot be folded.
-    With -o FILE and --json, a summary document is printed.
+    With -o FILE and --json, a summary document is printed. With --redact, the first
+    line says the file is redacted (format, salt id) and every line carries
+    "redacted": true; 'handoff import' refuses such a file (exit 2).
 
     \b
     Example:
@@ -1764,14 +1873,32 @@ def export(runs: tuple[str, ...], all_runs: bool, output: str, as_json: bool) ->
         raise click.UsageError("name the runs to export, or pass --all (not both)")
     if as_json and output == "-":
         raise click.UsageError("--json needs -o FILE: stdout carries the export itself")
+    if not redact and (salt_env or redact_fields):
+        raise click.UsageError("--salt-env and --redact-field apply to --redact only")
+    salt = None
+    if salt_env:
+        value = os.environ.get(salt_env)
+        if not value:
+            raise click.UsageError(f"--salt-env {salt_env}: that environment variable is not set")
+        salt = value.encode("utf-8", "surrogateescape")
     with _ledger() as lg:
-        if output == "-":
+        if redact:
+            chosen = None if all_runs else list(runs)
+            if output == "-":
+                out = sys.stdout.buffer
+                for line in lg.export_redacted(chosen, salt=salt, fields=redact_fields):
+                    out.write(line + b"\n")
+                out.flush()
+                return
+            doc = lg.export_to(output, chosen, redact=True, salt=salt, fields=redact_fields)
+        elif output == "-":
             out = sys.stdout.buffer
             for line in lg.export(None if all_runs else list(runs)):
                 out.write(line + b"\n")
             out.flush()
             return
-        doc = lg.export_to(output, None if all_runs else list(runs))
+        else:
+            doc = lg.export_to(output, None if all_runs else list(runs))
     _emit(doc, as_json, f"exported {doc['events']} events of {doc['runs']} runs to {output}")
 
 
@@ -2194,6 +2321,18 @@ altered append-only trigger, and makes doctor exit 4.
 itself and the hashes hex, plus `"db_role"` on PostgreSQL (the role the server recorded
 inserting the event; an import reads it and ignores it: the importing role is recorded);
 with `-o FILE --json` it prints `{"output", "events", "runs"}`.
+With `--redact`, the first line is `{"redacted": true, "format", "salt_id", "detectors",
+"runs", "note"}` and each event line `{"redacted": true, "run_id", "seq", "type", "actor",
+"lease", "idempotency_key", "recorded_us", "schema_version", "position", "payload"}`,
+names and paths as salted digests (docs/delivery.md); `-o FILE --json` adds
+`"redacted": true`. Such a file is refused by import (`RedactedExportRefused`, exit 2).
+**deliver --send**: `{"run_id", "status", "sent", "receipt", "error", "tries", "target",
+"delivery"}`: `status` is `confirmed`, `failed` or `unknown` (exit 1 unless confirmed);
+`sent` is false when the key was already confirmed and nothing went out; `tries` counts
+the sends of this call; `delivery` as for `deliver`.
+**sanitize**: `{"run_id", "passed", "bundle_sha256", "items": [{"name", "sha256",
+"bytes"}], "findings": [{"detector", "item", "line", "count"}], "seq"}`; exit 1 when
+`passed` is false (the check is recorded either way).
 **backup**: `{"path", "positions", "head", "bytes", "runs"}`: the copy's absolute path, its
 last position, its head digest, its size and its number of streams.
 **copy**: `{"imported", "skipped", "runs", "src", "dst", "checked"}`: the import's counts,

@@ -9,7 +9,8 @@ log), ``reports`` (an incident report of a 100,000-event run), ``projections``
 ``cli_startup.py``, since ``cli.py`` would shadow the top-level ``cli`` module) and
 ``concurrency`` (8 writer processes) and ``postgres`` (the PostgreSQL backend beside raw
 psycopg and eventsourcing.postgres, in a database of the run's own; ``no server`` when
-there is none). ``--only AREA`` selects one. To
+there is none) and ``delivery`` (the sanitization scan; a send to
+file:// against recording a delivery by hand). ``--only AREA`` selects one. To
 add an area, write ``benchmarks/<area>.py`` calling ``harness.register(Scenario(...))``
 and add its module name to ``AREAS``. A peer side names the modules it needs in
 ``Side(requires=...)``; when they are not importable the report says "peer not
@@ -34,6 +35,7 @@ AREAS: tuple[str, ...] = (
     "benchmarks.cli_startup",
     "benchmarks.concurrency",
     "benchmarks.postgres",
+    "benchmarks.delivery",
 )
 
 

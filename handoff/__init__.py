@@ -16,10 +16,10 @@ from handoff.ledger.errors import *  # noqa: F401,F403  (pure: the typed errors 
 
 _LAZY = {
     "Ledger": "handoff.api", "Outcome": "handoff.api", "import_into": "handoff.api",
-    "measure": "handoff.api", "Actor": "handoff.ledger.store",
+    "measure": "handoff.api", "Actor": "handoff.ledger.store", "Sent": "handoff.api",
 }
 
-__all__ = ["Ledger", "Outcome", "Actor", "measure", "import_into",
+__all__ = ["Ledger", "Outcome", "Sent", "Actor", "measure", "import_into",
            *sorted(n for n, v in vars(_errors).items() if isinstance(v, type) and issubclass(v, Exception))]
 
 

@@ -23,8 +23,8 @@ from handoff.ledger.files import check_path
 from handoff.ledger import events as ev
 from handoff.ledger.backends import open_store
 from handoff.ledger.errors import (
-    ClaimAlreadyMade, DamageFound, HeadAnchorBroken, HistoryRefused, InvalidInput, LedgerError, StaleLease, StoreUnavailable,
-    TargetAppeared, UnknownRun,
+    ClaimAlreadyMade, DamageFound, HeadAnchorBroken, HistoryRefused, InvalidInput, LedgerError, ResendRefused,
+    SanitizationRequired, StaleLease, StoreUnavailable, TargetAppeared, UnknownRun,
 )
 from handoff.ledger.store import (
     Actor,
@@ -52,6 +52,9 @@ from handoff.projections import Projector, queries
 POLICY = ev.Policy()
 
 WATCHER_PREFIX = "watcher:"
+#: A sanitization check records at most this many findings (then one that counts the rest);
+#: ``Ledger.sanitize`` returns them all.
+MAX_RECORDED_FINDINGS = 200
 #: A watcher beats at most this often (seconds); coverage allows three missed beats.
 WATCHER_BEAT_PERIOD_S = 10.0
 #: The times the API accepts (UTC µs since 1970): years 1 to 9999, what can be printed.
@@ -159,6 +162,18 @@ class Outcome(msgspec.Struct, frozen=True):
     def unchanged(self) -> bool:
         """The command was accepted but had nothing to add (no idempotency key replayed)."""
         return self.result.outcome == "unchanged"
+
+
+class Sent(msgspec.Struct, frozen=True):
+    """What ``send_delivery`` came to: ``status`` confirmed, failed or unknown; ``sent``
+    whether anything was sent by this call (false for a key already confirmed)."""
+
+    status: str
+    sent: bool
+    receipt: str
+    error: str
+    tries: int
+    checkpoint: Checkpoint
 
 
 class Page(msgspec.Struct, frozen=True):
@@ -573,8 +588,13 @@ class Ledger:
         heartbeat_timeout_s: float = POLICY.heartbeat_timeout_s, progress_timeout_s: float = POLICY.progress_timeout_s,
         retry_budget: int = POLICY.retry_budget, delivery_timeout_s: float = POLICY.delivery_timeout_s,
         owner_cap: int = POLICY.owner_cap, key: str | None = None,
-        actor: Actor | None = None,
+        actor: Actor | None = None, public: bool = False, sanitize_patterns: tuple[str, ...] = (),
+        send: ev.SendPolicy | None = None,
     ) -> str:
+        """Write a run's contract. ``public``: the target is visible to others, so delivery
+        needs a passing sanitization check (``sanitize``); ``sanitize_patterns`` add the
+        owner's own regular expressions to the built-in detectors; ``send`` sets how the
+        ledger sends to an adapter target (``deliver(send=True)``, docs/delivery.md)."""
         if run_id is None and key is not None:
             # The id follows from the key and the owner, so a retry cannot open a second run.
             check_idempotency_key(key)
@@ -585,7 +605,8 @@ class Ledger:
             result_path = os.path.realpath(result_path)
         policy = ev.Policy(heartbeat_timeout_s, progress_timeout_s, retry_budget, delivery_timeout_s, owner_cap)
         cmd = C.Open(goal=goal, target=target, owner=owner, origin=origin, result_path=result_path,
-                     stop_rules=tuple(stop_rules), require_review=require_review, policy=policy)
+                     stop_rules=tuple(stop_rules), require_review=require_review, policy=policy,
+                     public=public, sanitize_patterns=tuple(sanitize_patterns), send=send or ev.SendPolicy())
         self.execute(run_id, cmd, actor=actor or Actor("owner", owner if isinstance(owner, str) and owner else "?"), key=key)
         return run_id
 
@@ -603,7 +624,8 @@ class Ledger:
             result_path=c.result_path, stop_rules=tuple(c.stop_rules), require_review=c.require_review,
             heartbeat_timeout_s=p.heartbeat_timeout_s, progress_timeout_s=p.progress_timeout_s,
             retry_budget=p.retry_budget, delivery_timeout_s=p.delivery_timeout_s, owner_cap=p.owner_cap,
-            key=key,
+            key=key, public=c.public, sanitize_patterns=tuple(c.sanitize_patterns),
+            send=ev.SendPolicy(**c.send.model_dump()),
         )
 
     def claim(self, run_id: str, worker: str, *, key: str | None = None) -> LeaseToken:
@@ -791,11 +813,119 @@ class Ledger:
     def transfer(self, run_id: str, action: str, to: str, *, by: str, key: str | None = None) -> Outcome:
         return self.execute(run_id, C.TransferAuthority(action=action, to=to), actor=Actor("owner", by), key=key)
 
-    def deliver(self, run_id: str, by: str, key: str) -> Outcome:
-        """Record a delivery attempt under ``key``; retrying the same key sends nothing twice."""
+    def deliver(self, run_id: str, by: str, key: str, *, send: bool = False, timeout_s: float | None = None,
+                retries: int | None = None, env: Any = None) -> Any:
+        """Record a delivery attempt under ``key``; retrying the same key sends nothing twice.
+
+        Without ``send`` the owner sends the result itself and records the outcome with
+        ``delivered`` or ``delivery_failed``; returns the write's ``Outcome``. With
+        ``send=True`` the ledger sends it through the target's adapter (``send_delivery``)
+        and returns a ``Sent``. A public target's attempt needs a passing ``sanitize``
+        over exactly what is sent either way.
+        """
+        if send:
+            return self.send_delivery(run_id, by, key, timeout_s=timeout_s, retries=retries, env=env)
         # No idempotency key on purpose: decide itself treats a retry of a pending or
         # confirmed attempt as a no-op and refuses a key that already failed.
-        return self.execute(run_id, C.Deliver(key=key), actor=Actor("owner", by))
+        cp = self.checkpoint(run_id)
+        digest = ""
+        if cp.delivery.public and cp.delivery.confirmed_key is None:
+            from handoff.delivery import bundle as db
+
+            digest = db.build(cp).sha256  # the gate compares it with the last check
+        return self.execute(run_id, C.Deliver(key=key, bundle_sha256=digest), actor=Actor("owner", by))
+
+    def send_delivery(self, run_id: str, by: str, key: str, *, timeout_s: float | None = None,
+                      retries: int | None = None, env: Any = None, sleep: Callable[[float], None] = time.sleep) -> Sent:
+        """Send the result to the contract's target and record what happened, in that order:
+        the attempt (before anything leaves), the send, then the confirmation with its
+        receipt, the failure, or ``delivery_unanswered`` when the outcome cannot be known.
+
+        A repeat under an open key sends again only to a target that honours keys (http(s)
+        with ``Idempotency-Key``, ``file://``); to a ``cmd:`` target it is refused
+        (``ResendRefused``): a person checks the target and records ``delivered`` or
+        ``delivery_failed``. ``timeout_s`` and ``retries`` override the contract's ``send``
+        settings; ``env`` (default ``os.environ``) is where a bearer token is read from.
+        Everything that can be refused is refused before the attempt is recorded.
+        """
+        from handoff.delivery import adapters as da
+        from handoff.delivery import bundle as db
+        from handoff.reducers import delivery as dl
+
+        cp = self.checkpoint(run_id)
+        policy = cp.delivery.send
+        if timeout_s is not None:
+            timeout_s = check_seconds(timeout_s, "timeout", low=0.0, low_open=True)
+        if retries is not None:
+            retries = check_seq(retries, "retries", low=0, high=20)
+        if cp.delivery.confirmed_key == key:
+            return Sent("confirmed", False, cp.delivery.receipt or "", "", 0, cp)
+        adapter = da.adapter_for(cp.target, policy, timeout_s=timeout_s, env=env)
+        bundle = db.build(cp)
+        honours = dl.honours_keys(cp.target)
+
+        def refuse_resend(c: Checkpoint) -> None:
+            a = c.delivery.attempt(key)
+            if a is not None and a.open and not honours:
+                raise ResendRefused(
+                    f"delivery {key!r} of run {run_id} was already attempted and its outcome is not known; "
+                    f"{cp.target.split(':', 1)[0]}: targets do not honour delivery keys, so sending again could "
+                    "deliver twice. Check the target, then record 'handoff delivered' or 'handoff "
+                    "delivery-failed'", key=key)
+
+        refuse_resend(cp)
+        from handoff.reducers.decide import authorize
+
+        for record in (C.ConfirmDelivery(key=key, receipt="-"), C.FailDelivery(key=key, error="-"),
+                       C.RecordUnanswered(key=key, reason="-")):
+            authorize(cp, record, Actor("owner", by))  # it must be able to record what happens
+        out = self.execute(run_id, C.Deliver(key=key, bundle_sha256=bundle.sha256), actor=Actor("owner", by))
+        if out.result.outcome != "committed":
+            if out.checkpoint.delivery.confirmed_key == key:
+                return Sent("confirmed", False, out.checkpoint.delivery.receipt or "", "", 0, out.checkpoint)
+            refuse_resend(out.checkpoint)
+        result = adapter.send(bundle, key, run_id, retries=policy.retries if retries is None else retries,
+                              backoff_s=policy.backoff_s, sleep=sleep)
+        actor = Actor("owner", by)
+        if result.outcome == "confirmed":
+            out = self.execute(run_id, C.ConfirmDelivery(key=key, receipt=result.receipt), actor=actor)
+        elif result.outcome == "failed":
+            out = self.execute(run_id, C.FailDelivery(key=key, error=result.error), actor=actor)
+        else:
+            out = self.execute(run_id, C.RecordUnanswered(key=key, reason=result.error), actor=actor)
+        return Sent(result.outcome, True, result.receipt, result.error, result.tries, out.checkpoint)
+
+    def sanitize(self, run_id: str, by: str) -> dict[str, Any]:
+        """Run the sanitization detectors over exactly what a delivery would send now and
+        record the check (``sanitization_checked``) with the digests it read. A check with
+        findings is recorded too (``passed`` false), naming detector, part and line, never
+        the matched text. An artifact that cannot be read as recorded refuses the check
+        (typed, nothing recorded): what cannot be read cannot pass.
+
+        Returns ``{"run_id", "passed", "bundle_sha256", "items", "findings", "seq"}``.
+        """
+        from handoff.delivery import bundle as db
+        from handoff.reducers import sanitize as sz
+
+        cp = self.checkpoint(run_id)
+        bundle = db.build(cp)
+        try:
+            findings = sz.scan(bundle.parts, cp.delivery.patterns)
+        except Exception as exc:  # a detector that fails must not read as a pass
+            raise SanitizationRequired(
+                f"a sanitization detector failed on run {run_id} ({type(exc).__name__}); nothing was recorded "
+                "and delivery to its public target stays refused") from None
+        kept = findings
+        if len(findings) > MAX_RECORDED_FINDINGS:  # the log keeps the first ones and a count of the rest
+            rest = findings[MAX_RECORDED_FINDINGS:]
+            kept = (*findings[:MAX_RECORDED_FINDINGS],
+                    ev.Finding("more", f"{len(rest)} more findings", 0, sum(f.count for f in rest)))
+        cmd = C.Sanitize(passed=not findings, bundle_sha256=bundle.sha256, items=bundle.items, findings=kept,
+                         rules_sha256=sz.rules_digest(cp.delivery.patterns))
+        out = self.execute(run_id, cmd, actor=Actor("owner", by))
+        return {"run_id": run_id, "passed": not findings, "bundle_sha256": bundle.sha256,
+                "items": [msgspec.to_builtins(i) for i in bundle.items],
+                "findings": [msgspec.to_builtins(f) for f in findings], "seq": out.result.last_seq}
 
     def delivered(self, run_id: str, key: str, receipt: str, *, by: str | None = None) -> Outcome:
         cp = self.checkpoint(run_id)
@@ -1125,27 +1255,64 @@ class Ledger:
             raise InvalidInput(f"{field}: {given} is the ledger itself or one of its files ({os.path.basename(base)}, "
                                f"its -wal, -shm or -journal); {verb} to another name", field=field)
 
-    def export_to(self, path: str | os.PathLike[str], run_ids: list[str] | None = None) -> dict[str, Any]:
-        """``export`` into a file, atomically, with the ledger's mode (see ``ledger.files``).
+    def export_redacted(self, run_ids: list[str] | None = None, *, salt: bytes | None = None,
+                        fields: Any = ()) -> Iterator[bytes]:
+        """``export`` made fit to share outside (handoff/redact.py): a header line saying it is
+        redacted, then each event with names and paths as salted digests and free text through
+        the sanitization detectors. ``salt`` (default: fresh random bytes) keeps digests stable
+        across exports made with it; keep it secret. Never importable (RedactedExportRefused).
+        """
+        import secrets
 
-        Returns ``{"output", "events", "runs"}``. On any refusal the file at ``path`` is as
-        it was: a symbolic link there is refused (InvalidInput), never followed, and so is
-        the ledger itself or one of its side files.
+        from handoff import redact
+
+        if salt is None:
+            salt = secrets.token_bytes(32)
+        if not isinstance(salt, bytes) or len(salt) < 16:
+            raise InvalidInput("salt must be at least 16 bytes; a short salt lets anyone guess names back",
+                               field="salt")
+        fields = tuple(fields)
+        for f in fields:
+            if not isinstance(f, str) or not f:
+                raise InvalidInput("fields must be payload field names", field="fields")
+        patterns: list[str] = []
+        chosen = None if run_ids is None else list(run_ids)
+        for head in self.store.list_runs():
+            if chosen is None or head.run_id in chosen:
+                first = next(iter(self.store.read_run(head.run_id, until_seq=1)), None)
+                if first is not None and isinstance(first.event, ev.HandoffOpened):
+                    patterns.extend(first.event.sanitize_patterns)
+        return redact.lines(self.export(run_ids), salt, chosen, fields=fields, patterns=patterns)
+
+    def export_to(self, path: str | os.PathLike[str], run_ids: list[str] | None = None, *, redact: bool = False,
+                  salt: bytes | None = None, fields: Any = ()) -> dict[str, Any]:
+        """``export`` (or, with ``redact``, ``export_redacted``) into a file, atomically, with
+        the ledger's mode (see ``ledger.files``).
+
+        Returns ``{"output", "events", "runs"}``, plus ``"redacted": true`` for a redacted
+        file. On any refusal the file at
+        ``path`` is as it was: a symbolic link there is refused (InvalidInput), never
+        followed, and so is the ledger itself or one of its side files.
         """
         target = files.check_target(path, "output")
         self._not_the_ledger(target, path, "output", "export")
         counts = {"events": 0}
         seen: set[str] = set()
         run_of = msgspec.json.Decoder(_RunOf)
+        source = self.export_redacted(run_ids, salt=salt, fields=fields) if redact else self.export(run_ids)
 
         def lines() -> Iterator[bytes]:
-            for line in self.export(run_ids):
-                counts["events"] += 1
-                seen.add(run_of.decode(line).run_id)
+            for i, line in enumerate(source):
+                if not (redact and i == 0):  # a redacted file's first line is its header
+                    counts["events"] += 1
+                    seen.add(run_of.decode(line).run_id)
                 yield line + b"\n"
 
         files.atomic_write(target, lines(), mode=self.copy_mode(), field="output")
-        return {"output": target, "events": counts["events"], "runs": len(seen)}
+        doc: dict[str, Any] = {"output": target, "events": counts["events"], "runs": len(seen)}
+        if redact:
+            doc["redacted"] = True
+        return doc
 
     def backup(self, dest: str | os.PathLike[str], *, replace: bool = False) -> dict[str, Any]:
         """A consistent copy of the whole ledger file, WAL included, taken while writers go on.

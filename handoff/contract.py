@@ -16,9 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from handoff.ledger.errors import InvalidInput
 from handoff.ledger.events import Policy as _StoredPolicy
+from handoff.ledger.events import SendPolicy as _StoredSend
 
 _NAME = dict(min_length=1, max_length=200)
 _DEFAULT = _StoredPolicy()  # the defaults' one home: the stored event's own
+_SEND = _StoredSend()
 
 
 def _printable(value: str) -> str:
@@ -46,6 +48,26 @@ class Policy(BaseModel):
         return v
 
 
+class Send(BaseModel):
+    """How the ledger sends the result to an adapter target (docs/delivery.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float = Field(_SEND.timeout_s, gt=0, le=1e7, description="Seconds one send may take before its outcome is unknown.")
+    retries: int = Field(_SEND.retries, ge=0, le=20, description="Further tries of a send whose outcome is unknown, only to a target that honours keys.")
+    backoff_s: float = Field(_SEND.backoff_s, ge=0, le=3600, description="Seconds before the first retry; doubled before each next one.")
+    max_bytes: int = Field(_SEND.max_bytes, ge=1, le=2**40, description="Most bytes of artifacts one delivery sends.")
+    inline: bool = Field(_SEND.inline, description="Send artifacts' content; false sends their metadata and sha256 only.")
+    token_env: str = Field(_SEND.token_env, pattern=r"^([A-Za-z_][A-Za-z0-9_]{0,127})?$", description="Environment variable holding a bearer token for a webhook; the token itself is never stored.")
+
+    @field_validator("timeout_s", "backoff_s")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number of seconds")
+        return v
+
+
 class HandoffContract(BaseModel):
     """What must be written down before work detaches into a worker."""
 
@@ -60,6 +82,9 @@ class HandoffContract(BaseModel):
     stop_rules: list[str] = Field(default_factory=list, max_length=100, description="When the worker must stop.")
     require_review: bool = Field(False, description="The owner must approve the result before delivery.")
     policy: Policy = Field(default_factory=Policy)
+    public: bool = Field(False, description="The target is visible to others: delivery needs a passing sanitization check over what is sent.")
+    sanitize_patterns: list[str] = Field(default_factory=list, max_length=50, description="The owner's own regular expressions, checked with the built-in detectors.")
+    send: Send = Field(default_factory=Send)
 
     _printable_fields = field_validator("goal", "target", "owner", "origin", "result_path")(
         classmethod(lambda cls, v: v if v is None else _printable(v))

@@ -112,6 +112,16 @@ class DeliveryRefused(Refused):
     """The delivery step is out of order: not ready, never attempted, already confirmed."""
 
 
+class SanitizationRequired(DeliveryRefused):
+    """A public target's delivery lacks a passing sanitization check over exactly what
+    would be sent (none, a failed one, or one older than the last change)."""
+
+
+class ResendRefused(DeliveryRefused):
+    """The last send's outcome is unknown and the target does not honour delivery keys, so
+    sending again could deliver twice; a person must settle it first."""
+
+
 class EvidenceMissing(Refused):
     """A result was submitted without a substantive, existing artifact."""
 
@@ -163,6 +173,12 @@ class InvalidInput(LedgerError):
     def __init__(self, message: str, *, field: str | None = None, **details: object) -> None:
         super().__init__(message, field=field, **details)
         self.field = field
+
+
+class RedactedExportRefused(InvalidInput):
+    """A redacted export (``export --redact``) was offered to import: it is a sanitized
+    derivative for reading, its payloads no longer match their hashes, and it is never a
+    ledger."""
 
 
 class PayloadTooLarge(InvalidInput):

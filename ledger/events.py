@@ -33,8 +33,28 @@ class Policy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     owner_cap: int = 10
 
 
+class SendPolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """How the ledger itself sends a result to an adapter target (docs/delivery.md).
+
+    ``token_env`` names the environment variable holding a bearer token for a webhook:
+    the name is part of the contract, the secret never is.
+    """
+
+    timeout_s: float = 30.0
+    retries: int = 2
+    backoff_s: float = 1.0
+    max_bytes: int = 10 * 1024 * 1024
+    inline: bool = True
+    token_env: str = ""
+
+
 class HandoffOpened(Event, tag="handoff_opened"):
-    """The contract, written before any worker may start."""
+    """The contract, written before any worker may start.
+
+    ``public`` marks a target others can see: delivery there needs a passing sanitization
+    check (``sanitization_checked``) over exactly what is sent; ``sanitize_patterns`` are
+    the owner's own regular expressions, checked with the built-in detectors.
+    """
 
     goal: str
     target: str
@@ -44,6 +64,9 @@ class HandoffOpened(Event, tag="handoff_opened"):
     stop_rules: tuple[str, ...] = ()
     require_review: bool = False
     policy: Policy = Policy()
+    public: bool = False
+    sanitize_patterns: tuple[str, ...] = ()
+    send: SendPolicy = SendPolicy()
 
 
 class LeaseGranted(Event, tag="lease_granted"):
@@ -171,11 +194,16 @@ class ReviewDecided(Event, tag="review_decided"):
 
 
 class DeliveryAttempted(Event, tag="delivery_attempted"):
-    """A send of the result to the recorded target began, under an idempotency key."""
+    """A send of the result to the recorded target began, under an idempotency key.
+
+    ``bundle_sha256`` is the digest of what is (or will be) sent, measured by the ledger
+    when it reads the files; empty when the owner records a send made by hand without it.
+    """
 
     key: str
     target: str
     by: str
+    bundle_sha256: str = ""
 
 
 class DeliveryConfirmed(Event, tag="delivery_confirmed"):
@@ -190,6 +218,44 @@ class DeliveryFailed(Event, tag="delivery_failed"):
 
     key: str
     error: str
+
+
+class DeliveryUnanswered(Event, tag="delivery_unanswered"):
+    """A send went out (or may have) and no answer says whether it arrived: a timeout after
+    the request left, a connection closed before the reply. The attempt stays open; only a
+    target that honours the key may be sent to again under it."""
+
+    key: str
+    reason: str
+
+
+class ScannedItem(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """One part of what a delivery sends, as a sanitization check read it."""
+
+    name: str
+    sha256: str
+    bytes: int
+
+
+class Finding(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """Where a detector matched: never the matched text itself, which may be a secret."""
+
+    detector: str
+    item: str
+    line: int
+    count: int = 1
+
+
+class SanitizationChecked(Event, tag="sanitization_checked"):
+    """The detectors ran over everything a delivery would send; ``passed`` is false when
+    any of them matched (``findings`` says where) or a part could not be read."""
+
+    passed: bool
+    bundle_sha256: str
+    items: tuple[ScannedItem, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    rules_sha256: str = ""
+    by: str = ""
 
 
 class RunClosed(Event, tag="run_closed"):
@@ -256,6 +322,8 @@ AnyEvent = (
     | DeliveryAttempted
     | DeliveryConfirmed
     | DeliveryFailed
+    | DeliveryUnanswered
+    | SanitizationChecked
     | RunClosed
     | WatchdogObserved
     | RecoveryDecided

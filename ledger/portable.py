@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import msgspec
 
 from . import events as ev
-from .errors import InvalidInput
+from .errors import InvalidInput, RedactedExportRefused
 from .store import GENESIS_HASH, Recorded, chain_hash, check_run_id
 
 
@@ -92,6 +92,11 @@ def parse_lines(lines: Iterable[bytes | str]) -> Iterator[tuple[int, Recorded, b
         try:
             e = _dec.decode(line)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            if _redacted(line):
+                raise RedactedExportRefused(
+                    f"line {lineno} is from a redacted export ('handoff export --redact'): a sanitized copy "
+                    "for reading, whose payloads no longer match their hashes. It cannot be imported as a "
+                    "ledger; import the original export instead", field=f"line {lineno}") from None
             raise InvalidInput(f"line {lineno} is not an exported event: {exc}", field=f"line {lineno}") from None
         except UnicodeDecodeError as exc:  # invalid UTF-8 inside a JSON string
             raise InvalidInput(f"line {lineno} is not valid UTF-8 (byte {exc.start})",
@@ -137,6 +142,15 @@ def parse_lines(lines: Iterable[bytes | str]) -> Iterator[tuple[int, Recorded, b
             idempotency_key=e.idempotency_key, recorded_us=e.recorded_us,
             schema_version=e.schema_version, payload=payload, prev_hash=prev, hash=digest,
         ), idem_digest, e.batch_size
+
+
+def _redacted(line: bytes) -> bool:
+    """Whether a line that is not an exported event is one of a redacted export."""
+    try:
+        doc = msgspec.json.decode(line)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(doc, dict) and doc.get("redacted") is True
 
 
 def as_dict(rec: Recorded, digest: bytes | None = None, batch_size: int = 1,

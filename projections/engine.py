@@ -72,7 +72,8 @@ PROJECTIONS: tuple[Projection, ...] = (
         name="checkpoints",
         # 2: the packet keeps the latest evidence record of each kind; 3: no last_position
         # column (the run's position lives in the heads table alone; on PostgreSQL a write
-        # learns its position only after its commit)
+        # learns its position only after its commit), and its delivery keeps the contract's
+        # public flag, patterns and send settings and the last sanitization check
         version=3,
         spec=TableSpec(
             "checkpoints",

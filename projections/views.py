@@ -59,10 +59,8 @@ def next_deadline(cp: Checkpoint) -> int | None:
     if lost or cp.state == T.UNKNOWN:
         return 0
     pol = cp.policy
-    pending = cp.delivery.pending
-    delivery_deadline = (  # the first instant the attempt is ambiguous
-        pending.at_us + _over(pol.delivery_timeout_s) if pending is not None and cp.delivery.confirmed_key is None else None
-    )
+    # the first instant the attempt is ambiguous (one rule: reducers.delivery)
+    delivery_deadline = delivery.ambiguous_from_us(cp.delivery, pol.delivery_timeout_s, _over)
     if cp.state in (T.READY_FOR_REVIEW, T.SUCCEEDED):
         return delivery_deadline
     if cp.lease is None:
@@ -119,6 +117,7 @@ def stall_row(cp: Checkpoint) -> dict[str, Any]:
 def delivery_row(cp: Checkpoint) -> dict[str, Any]:
     d = cp.delivery
     pending = d.pending
+    ambiguous = delivery.ambiguous_from_us(d, cp.policy.delivery_timeout_s, _over)
     return {
         "run_id": cp.run_id,
         "target": cp.target,
@@ -128,7 +127,7 @@ def delivery_row(cp: Checkpoint) -> dict[str, Any]:
         "attempts": len(d.attempts),
         "attempted_us": pending.at_us if pending else None,
         # queries.deliveries calls an attempt ambiguous once now > this (as reducers.delivery does).
-        "ambiguous_after_us": (pending.at_us + _over(cp.policy.delivery_timeout_s) - 1) if pending else None,
+        "ambiguous_after_us": None if ambiguous is None else ambiguous - 1,
     }
 
 

@@ -52,7 +52,8 @@ def command_of(event: ev.Event, lease: int | None) -> C.Command | None:
     match e:
         case ev.HandoffOpened():
             return C.Open(goal=e.goal, target=e.target, owner=e.owner, origin=e.origin, result_path=e.result_path,
-                          stop_rules=e.stop_rules, require_review=e.require_review, policy=e.policy)
+                          stop_rules=e.stop_rules, require_review=e.require_review, policy=e.policy,
+                          public=e.public, sanitize_patterns=e.sanitize_patterns, send=e.send)
         case ev.LeaseGranted():
             # A grant exported before lease tokens has no digest: no token can prove it, so
             # nobody writes under it after the import; a placeholder lets decide judge the rest.
@@ -89,7 +90,12 @@ def command_of(event: ev.Event, lease: int | None) -> C.Command | None:
         case ev.ReviewDecided():
             return C.ReviewResult(approve=e.approved, notes=e.notes)
         case ev.DeliveryAttempted():
-            return C.Deliver(key=e.key)
+            return C.Deliver(key=e.key, bundle_sha256=e.bundle_sha256)
+        case ev.DeliveryUnanswered():
+            return C.RecordUnanswered(key=e.key, reason=e.reason)
+        case ev.SanitizationChecked():
+            return C.Sanitize(passed=e.passed, bundle_sha256=e.bundle_sha256, items=e.items,
+                              findings=e.findings, rules_sha256=e.rules_sha256)
         case ev.DeliveryConfirmed():
             return C.ConfirmDelivery(key=e.key, receipt=e.receipt)
         case ev.DeliveryFailed():

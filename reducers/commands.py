@@ -10,7 +10,7 @@ from typing import Literal
 
 import msgspec
 
-from handoff.ledger.events import Policy
+from handoff.ledger.events import Finding, Policy, ScannedItem, SendPolicy
 
 
 class Command(msgspec.Struct, frozen=True, tag_field="command"):
@@ -26,6 +26,9 @@ class Open(Command, tag="open"):
     stop_rules: tuple[str, ...] = ()
     require_review: bool = False
     policy: Policy = Policy()
+    public: bool = False
+    sanitize_patterns: tuple[str, ...] = ()
+    send: SendPolicy = SendPolicy()
 
 
 class Claim(Command, tag="claim"):
@@ -111,7 +114,27 @@ class TransferAuthority(Command, tag="transfer"):
 
 
 class Deliver(Command, tag="deliver"):
+    """``bundle_sha256``: the digest of what will be sent, measured by the API from the
+    files themselves (the gate of a public target compares it with the last check)."""
+
     key: str
+    bundle_sha256: str = ""
+
+
+class RecordUnanswered(Command, tag="delivery_unanswered"):
+    key: str
+    reason: str
+
+
+class Sanitize(Command, tag="sanitize"):
+    """A sanitization check's result, scanned by the API (reducers.sanitize.scan) over the
+    bundle it built from the files."""
+
+    passed: bool
+    bundle_sha256: str
+    items: tuple[ScannedItem, ...] = ()
+    findings: tuple[Finding, ...] = ()
+    rules_sha256: str = ""
 
 
 class ConfirmDelivery(Command, tag="delivered"):
@@ -172,7 +195,7 @@ class WithdrawArtifact(Command, tag="withdraw_artifact"):
 AnyCommand = (
     Open | Claim | Heartbeat | Transition | Progress | RecordArtifact | RecordEvidence | Block
     | Unblock | StartEffect | ConfirmEffect | Submit | ReviewResult | TransferAuthority | Deliver
-    | ConfirmDelivery | FailDelivery | Release | Revoke | Close | Fork | Observe | Recover
+    | ConfirmDelivery | FailDelivery | RecordUnanswered | Sanitize | Release | Revoke | Close | Fork | Observe | Recover
     | WithdrawArtifact
 )
 

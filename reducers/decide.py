@@ -34,6 +34,7 @@ from handoff.ledger.errors import (
 from handoff.ledger.store import Actor, check_seq
 
 from . import commands as C
+from . import sanitize as sz
 from . import transitions as T
 from .checkpoint import Checkpoint
 
@@ -99,6 +100,7 @@ def _choice(field: str, value: object, allowed) -> str:
 
 def _authorize(cp: Checkpoint, name: str, cmd: C.Command, actor: Actor) -> None:
     perms = T.PERMISSIONS[name]
+    granted = T.COMES_WITH.get(name, name)  # the transferred action that carries this one
     lease = getattr(cmd, "lease", None)
     if lease is not None:
         _count("lease", lease, low=1)
@@ -113,18 +115,25 @@ def _authorize(cp: Checkpoint, name: str, cmd: C.Command, actor: Actor) -> None:
     if actor.kind == T.OWNER and T.OWNER in perms:
         if name == "open" or actor.name == cp.owner:
             return
-        if name in T.TRANSFERABLE and cp.may(name, actor.name):
+        if granted in T.TRANSFERABLE and cp.may(granted, actor.name):
             return
         raise NotAuthorized(
             f"{actor.name} is not the owner of run {cp.run_id} (the owner is {cp.owner}); "
             f"only the owner, an operator, or someone the owner transferred '{name}' to may do it"
         )
-    if name in T.TRANSFERABLE and cp.may(name, actor.name):
+    if granted in T.TRANSFERABLE and cp.may(granted, actor.name):
         return
     who = " or ".join(sorted("a worker holding the lease" if p == "lease" else f"the {p}" for p in perms))
     extra = (" Review, delivery and closing belong to the owner unless it transfers them "
-             "('handoff transfer')." if name in T.TRANSFERABLE else "")
+             "('handoff transfer')." if granted in T.TRANSFERABLE else "")
     raise NotAuthorized(f"a {actor.kind} ({actor.name}) may not {name} run {cp.run_id}; only {who} may.{extra}")
+
+
+def authorize(cp: Checkpoint, cmd: C.Command, actor: Actor) -> None:
+    """Refuse (NotAuthorized, StaleLease) if ``actor`` may not issue ``cmd`` on ``cp``'s run:
+    the same check decide makes, for a caller that must know before it acts outside (a
+    send whose outcome it will have to record)."""
+    _authorize(cp, C.name_of(cmd), cmd, actor)
 
 
 def _move(cp: Checkpoint, to: str, via: str, reason: str = "") -> ev.StateChanged:
@@ -152,18 +161,58 @@ def _open(cp: Checkpoint, c: C.Open, ctx: Context) -> list[ev.Event]:
     )
     if not isinstance(c.stop_rules, (tuple, list)):
         raise InvalidInput("stop_rules must be a list of text", field="stop_rules")
+    target = _name("target", c.target)
+    send = _send_policy(c.send, target)
     return [
         ev.HandoffOpened(
             goal=_text("goal", c.goal, empty=False),
-            target=_name("target", c.target),
+            target=target,
             owner=_name("owner", c.owner),
             origin=_text("origin", c.origin, max_len=MAX_NAME),
             result_path=None if c.result_path is None else _text("result_path", c.result_path, max_len=4096, empty=False),
             stop_rules=tuple(_text(f"stop_rules[{i}]", r, empty=False) for i, r in enumerate(c.stop_rules)),
             require_review=bool(c.require_review),
             policy=policy,
+            public=bool(c.public),
+            sanitize_patterns=sz.check_patterns(c.sanitize_patterns),
+            send=send,
         )
     ]
+
+
+_USERINFO = re.compile(r"^https?://[^/?#]*@", re.I)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def _send_policy(p: object, target: str) -> ev.SendPolicy:
+    """The limits of a send by the ledger itself; a target carrying a credential is refused,
+    since the target is written to the log in clear."""
+    if _USERINFO.match(target):
+        raise InvalidInput(
+            "target carries a user name or password before '@'; the target is stored in the log in "
+            "clear. Put the secret in an environment variable and name it with --token-env "
+            "(send.token_env in a contract file)", field="target")
+    if not isinstance(p, ev.SendPolicy):
+        raise InvalidInput("send must be a SendPolicy", field="send")
+    if p.token_env and not _ENV_NAME.fullmatch(p.token_env):
+        raise InvalidInput(f"send.token_env must be an environment variable's name (letters, digits, _), "
+                           f"got {p.token_env[:60]!r}", field="token_env")
+    if not isinstance(p.inline, bool):
+        raise InvalidInput("send.inline must be true or false", field="inline")
+    return ev.SendPolicy(
+        timeout_s=_seconds("send.timeout_s", p.timeout_s),
+        retries=_count("send.retries", p.retries, high=20),
+        backoff_s=_backoff(p.backoff_s),
+        max_bytes=_count("send.max_bytes", p.max_bytes, low=1, high=2**40),
+        inline=p.inline,
+        token_env=p.token_env,
+    )
+
+
+def _backoff(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 <= value <= 3600:
+        raise InvalidInput(f"send.backoff_s must be seconds from 0 to 3600, got {value!r}", field="backoff_s")
+    return float(value)
 
 
 def _claim(cp: Checkpoint, c: C.Claim, ctx: Context) -> list[ev.Event]:
@@ -356,9 +405,20 @@ def _deliver(cp: Checkpoint, c: C.Deliver, ctx: Context) -> list[ev.Event]:
             f"run {cp.run_id} was already delivered to {d.target} under key {d.confirmed_key}; a "
             "second delivery would be a double send"
         )
+    bundle = c.bundle_sha256
+    if not isinstance(bundle, str) or (bundle and not _HEX_DIGEST.fullmatch(bundle)):
+        raise InvalidInput("bundle_sha256 must be a hex sha256 or empty", field="bundle_sha256")
+    # A public target's gate applies to every send, a repeat under an open key included.
+    sz.gate(d, run_id=cp.run_id, key=key, bundle_sha256=bundle,
+            artifacts=[(a.path, a.sha256) for a in cp.artifacts if a.exists])
     same = d.attempt(key)
     if same is not None:
-        if same.outcome is None:
+        if same.open:
+            if bundle and same.bundle_sha256 and bundle != same.bundle_sha256:
+                raise DeliveryRefused(
+                    f"delivery {key!r} of run {cp.run_id} was attempted with other content (sha256 "
+                    f"{same.bundle_sha256[:12]}, now {bundle[:12]}); a key stands for one content. Settle "
+                    "it ('handoff delivered' or 'handoff delivery-failed') first")
             return []
         raise DeliveryRefused(f"delivery key {key!r} already failed on run {cp.run_id}; a new attempt needs a new key")
     pending = d.pending
@@ -371,7 +431,7 @@ def _deliver(cp: Checkpoint, c: C.Deliver, ctx: Context) -> list[ev.Event]:
         why = ("it is " + cp.state) if cp.state != T.SUCCEEDED else (
             "no passing evidence is recorded" if not cp.evidence_ok else "the review has not approved it")
         raise DeliveryRefused(f"run {cp.run_id} is not ready to deliver: {why}")
-    return [ev.DeliveryAttempted(key=key, target=cp.target, by=ctx.actor.name)]
+    return [ev.DeliveryAttempted(key=key, target=cp.target, by=ctx.actor.name, bundle_sha256=bundle)]
 
 
 def _delivered(cp: Checkpoint, c: C.ConfirmDelivery, ctx: Context) -> list[ev.Event]:
@@ -398,10 +458,50 @@ def _delivered(cp: Checkpoint, c: C.ConfirmDelivery, ctx: Context) -> list[ev.Ev
 def _delivery_failed(cp: Checkpoint, c: C.FailDelivery, ctx: Context) -> list[ev.Event]:
     key = _name("key", c.key)
     attempt = cp.delivery.attempt(key)
-    if attempt is None or attempt.outcome is not None:
+    if attempt is None or not attempt.open:
         state = "was never attempted" if attempt is None else f"is already {attempt.outcome}"
         raise DeliveryRefused(f"delivery {key!r} of run {cp.run_id} {state}; nothing to mark failed")
     return [ev.DeliveryFailed(key=key, error=_text("error", c.error, empty=False))]
+
+
+def _unanswered(cp: Checkpoint, c: C.RecordUnanswered, ctx: Context) -> list[ev.Event]:
+    key = _name("key", c.key)
+    reason = _text("reason", c.reason, empty=False)
+    attempt = cp.delivery.attempt(key)
+    if attempt is None or not attempt.open:
+        state = "was never attempted" if attempt is None else f"is already {attempt.outcome}"
+        raise DeliveryRefused(f"delivery {key!r} of run {cp.run_id} {state}; it cannot be left unanswered")
+    if attempt.outcome == "unknown" and attempt.error == reason:
+        return []  # the same send, unanswered the same way: nothing new to record
+    return [ev.DeliveryUnanswered(key=key, reason=reason)]
+
+
+def _sanitize(cp: Checkpoint, c: C.Sanitize, ctx: Context) -> list[ev.Event]:
+    if cp.state != T.SUCCEEDED and cp.state != T.READY_FOR_REVIEW:
+        raise IllegalTransition(
+            f"run {cp.run_id} is {cp.state}; a sanitization check reads a submitted result, so it is "
+            "recorded once the run is ready_for_review or succeeded", state=cp.state)
+    if not isinstance(c.bundle_sha256, str) or not _HEX_DIGEST.fullmatch(c.bundle_sha256):
+        raise InvalidInput("bundle_sha256 must be the hex sha256 of what was scanned", field="bundle_sha256")
+    if not isinstance(c.items, (tuple, list)) or not isinstance(c.findings, (tuple, list)):
+        raise InvalidInput("items and findings must be lists", field="items")
+    for i, item in enumerate(c.items):
+        if not isinstance(item, ev.ScannedItem) or not _HEX_DIGEST.fullmatch(item.sha256):
+            raise InvalidInput(f"items[{i}] must name a part with its hex sha256", field="items")
+        _text(f"items[{i}].name", item.name, max_len=4096, empty=False)
+    for i, f in enumerate(c.findings):
+        if not isinstance(f, ev.Finding):
+            raise InvalidInput(f"findings[{i}] must be a Finding", field="findings")
+        _name(f"findings[{i}].detector", f.detector)
+    if bool(c.passed) != (not c.findings):
+        raise InvalidInput("a check passes exactly when it has no findings", field="passed")
+    rules = sz.rules_digest(cp.delivery.patterns)
+    if c.rules_sha256 != rules:
+        raise InvalidInput(
+            "rules_sha256 is not the digest of this version's detectors and the contract's patterns "
+            "(reducers.sanitize.rules_digest); the check ran other rules", field="rules_sha256")
+    return [ev.SanitizationChecked(passed=bool(c.passed), bundle_sha256=c.bundle_sha256, items=tuple(c.items),
+                                   findings=tuple(c.findings), rules_sha256=rules, by=ctx.actor.name)]
 
 
 def _release(cp: Checkpoint, c: C.Release, ctx: Context) -> list[ev.Event]:
@@ -518,7 +618,8 @@ HANDLERS = {
     C.Block: _block, C.Unblock: _unblock, C.StartEffect: _effect_start,
     C.ConfirmEffect: _effect_confirm, C.Submit: _submit, C.ReviewResult: _review,
     C.TransferAuthority: _transfer, C.Deliver: _deliver, C.ConfirmDelivery: _delivered,
-    C.FailDelivery: _delivery_failed, C.Release: _release, C.Revoke: _revoke, C.Close: _close,
+    C.FailDelivery: _delivery_failed, C.RecordUnanswered: _unanswered, C.Sanitize: _sanitize,
+    C.Release: _release, C.Revoke: _revoke, C.Close: _close,
     C.Fork: _fork, C.Observe: _observe, C.Recover: _recover,
     C.WithdrawArtifact: _withdraw_artifact,
 }

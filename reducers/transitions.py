@@ -120,6 +120,8 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     "deliver": frozenset({OWNER, OPERATOR}),
     "delivered": frozenset({OWNER, OPERATOR}),
     "delivery_failed": frozenset({OWNER, OPERATOR}),
+    "delivery_unanswered": frozenset({OWNER, OPERATOR}),
+    "sanitize": frozenset({OWNER, OPERATOR}),
     "close": frozenset({OWNER, OPERATOR}),
     "fork": frozenset({OWNER, OPERATOR}),
     "observe": frozenset({WATCHDOG, OPERATOR}),
@@ -128,6 +130,9 @@ PERMISSIONS: dict[str, frozenset[str]] = {
 }
 #: Owner actions that a transfer of authority can hand to another named actor.
 TRANSFERABLE = frozenset({"review", "deliver", "delivered", "delivery_failed", "close"})
+#: Commands that come with a transferred action: whoever may deliver may also check what
+#: it sends and record a send that went unanswered.
+COMES_WITH = {"sanitize": "deliver", "delivery_unanswered": "deliver"}
 #: Commands accepted on a terminal run (read-only observation only).
 READ_ONLY = frozenset({"observe"})
 

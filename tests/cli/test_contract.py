@@ -60,5 +60,6 @@ def test_cli_reads_a_contract_from_stdin_and_refuses_mixing(tmp_path):
 def test_the_schema_describes_every_field():
     s = schema()
     assert set(s["properties"]) == {"goal", "target", "owner", "origin", "run_id", "result_path",
-                                    "stop_rules", "require_review", "policy"}
+                                    "stop_rules", "require_review", "policy", "public", "sanitize_patterns",
+                                    "send"}
     assert s["additionalProperties"] is False

@@ -23,7 +23,7 @@ def test_demo_plays_the_story_and_leaves_the_ledger(tmp_path):
                  "refused, and nothing was written: StaleLease: lease 1 of run demo-report has ended",
                  "demo-stuck stalled -> mark_stalled",
                  "matches the file on disk",
-                 "do not send again",
+                 "already confirmed; nothing sent",
                  "delivered exactly once",
                  "=== final packet: demo-report ===",
                  "=== timeline: demo-report",
@@ -36,6 +36,7 @@ def test_demo_plays_the_story_and_leaves_the_ledger(tmp_path):
         assert lg.verify() == [] and lg.check() == []
     types = [r.type for r in report]
     assert types.count("delivery_attempted") == 1 and types.count("delivery_confirmed") == 1
+    assert [r.event.receipt for r in report if r.type == "delivery_confirmed"][0].startswith("file demo-report.")
     assert [r.event.worker for r in report if r.type == "lease_granted"] == ["worker-a", "worker-b"]
     revoked = next(r for r in report if r.type == "lease_revoked")
     late = [r for r in report if r.lease == 1 and r.seq > revoked.seq]

@@ -53,7 +53,8 @@ def permissions_table() -> str:
     rows = ["| command | who may issue it | owner may transfer it | accepted after the end |", "|---|---|---|---|"]
     for name, who in T.PERMISSIONS.items():
         people = ", ".join(_WHO[w] for w in sorted(who, key=lambda w: list(_WHO).index(w)))
-        transferable = "yes" if name in T.TRANSFERABLE else ""
+        transferable = ("yes" if name in T.TRANSFERABLE
+                        else f"comes with `{T.COMES_WITH[name]}`" if name in T.COMES_WITH else "")
         after = ("yes" if name in T.READ_ONLY
                  else "only as a retry of the delivery that ended the run" if name in ("deliver", "delivered") else "")
         rows.append(f"| `{name}` | {people} | {transferable} | {after} |")

@@ -1,0 +1,265 @@
+"""The sanitization detectors and the gate a public delivery must pass. Pure: no I/O.
+
+Reading the files is the shell's job (handoff/delivery/bundle.py); this module only
+judges text handed to it, so the same judgement runs live, in tests and in an import.
+A finding names the detector, the part and the line, never the matched text: what a
+detector matches is exactly what must not be copied anywhere, the log included.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import hmac
+import re
+from collections.abc import Iterable, Iterator
+
+from handoff.ledger import events as ev
+from handoff.ledger.errors import InvalidInput, SanitizationRequired
+
+from .delivery import Delivery
+
+#: Bumped whenever a built-in detector changes, so a check's ``rules_sha256`` says which
+#: detectors it ran.
+DETECTORS_VERSION = "1"
+
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+
+#: The built-in detectors, by the name findings carry, each a few expressions. Each is
+#: deliberately broad: a false alarm costs a look, a miss publishes a secret. Every
+#: expression starts with a literal or a small set of characters, with any look-behind
+#: after it: the regex engine then skips ahead to candidates instead of trying every
+#: position (ten times faster on ordinary text).
+class _Anchored:
+    """A match found from a rare anchor, then extended left over the characters a match
+    may start with (``left``), at least one of them: a host name from its ``.internal``,
+    an e-mail address from its ``@domain``. With ``keywords``, the text left of the
+    anchor (spaces skipped) must instead end with one of them, which starts the match:
+    ``password = ...``. The regex engine alone would try every position of the text."""
+
+    def __init__(self, anchor: str, left: str = "", *, keywords: tuple[str, ...] = (), right: str = "",
+                 flags: int = 0) -> None:
+        self.anchor = re.compile(anchor, flags)
+        self.left = frozenset(left)
+        self.keywords = keywords
+        self.ends = frozenset(k[-1] for k in keywords)
+        #: The anchor matches a bounded prefix; an accepted match then extends over this
+        #: class (one pass), so anchors that are rejected never read far ahead: no anchor
+        #: costs more than its own few characters, whatever the text (an attacker's file).
+        self.right = re.compile(right) if right else None
+
+    def spans(self, text: str) -> Iterator[tuple[int, int]]:
+        last = pos = 0
+        while (m := self.anchor.search(text, pos)) is not None:
+            pos = m.start() + 1  # a rejected anchor may hide another inside it: look again there
+            start = m.start()
+            if self.keywords:
+                i = start
+                while i > last and text[i - 1] in " \t":
+                    i -= 1
+                word = None
+                if i > last and text[i - 1].lower() in self.ends:  # a cheap test first: anchors abound
+                    word = next((k for k in self.keywords if text[max(last, i - len(k)):i].lower() == k), None)
+                if word is None:
+                    continue
+                start = i - len(word)
+            else:
+                while start > last and text[start - 1] in self.left:
+                    start -= 1
+                if start == m.start():
+                    continue
+            end = m.end()
+            if self.right is not None:
+                end = self.right.match(text, end).end()
+            last = pos = end
+            yield start, end
+
+
+_ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+DETECTORS: dict[str, tuple[re.Pattern[str] | _Anchored, ...]] = {
+    # A key or token in a known format.
+    "secret": tuple(re.compile(p) for p in (
+        r"AKIA[0-9A-Z]{16}",                                      # AWS access key id
+        r"gh[pousr]_[A-Za-z0-9]{30,}", r"github_pat_[A-Za-z0-9_]{30,}",  # GitHub
+        r"xox[abposr]-[A-Za-z0-9-]{10,}",                         # Slack
+        r"sk-(?:ant-|proj-)?[A-Za-z0-9_-]{20,}",                  # OpenAI, Anthropic
+        r"AIza[0-9A-Za-z_-]{35}",                                 # Google API key
+        r"glpat-[A-Za-z0-9_-]{20,}",                              # GitLab
+        r"-----BEGIN [A-Z ]*PRIVATE KEY-----",                    # PEM private keys
+        r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWT
+        r"[Bb][Ee][Aa][Rr][Ee][Rr]\s+[A-Za-z0-9._~+/=-]{16,}",     # an Authorization value
+    )) + (_Anchored(r"[:=]\s*['\"]?[^\s'\"]{8}", right=r"[^\s'\"]*",  # password = ..., token: ...
+                    keywords=("password", "passwd", "secret", "apikey", "api_key", "api-key", "token")),),
+    # A home directory, in any of its spellings.
+    "home_dir": tuple(re.compile(p) for p in (
+        r"~(?<![\w.]~)/[^\s]*", r"/home/[^/\s]+", r"/Users/[^/\s]+", r"/root(?:/|\b)",
+        r"[A-Za-z]:\\Users\\[^\\\s]+",
+    )),
+    # Any other absolute local path of two parts or more (a URL's path is preceded by its
+    # host, so it does not match).
+    "local_path": tuple(re.compile(p) for p in (
+        r"/(?<![\w:/.~-]/)[A-Za-z0-9._@+-]+(?:/[A-Za-z0-9._@+-]+)+",
+        r"[A-Za-z](?<![\w][A-Za-z]):\\[^\s\"']+",
+    )),
+    # A private, loopback or link-local address (IPv4 and IPv6).
+    "private_address": tuple(re.compile(p) for p in (
+        rf"1(?<![\w.]1)(?:0\.{_OCTET}|27\.{_OCTET}|92\.168|69\.254|72\.(?:1[6-9]|2\d|3[01]))\.{_OCTET}\.{_OCTET}(?!\w)",
+        r"(?i:f)(?<![\w:].)(?i:[cd][0-9a-f]{2}|e80):[0-9a-fA-F:]*(?![\w])",
+        r":(?<![\w:]:):1\b",
+    )),
+    # A host name that only means something inside one network.
+    "host_name": (
+        _Anchored(r"\.(?:localdomain|local|internal|intranet|corp|lan|home\.arpa)\b", _ALNUM + "-.", flags=re.I),
+        re.compile(r"localhost\b", re.I),
+    ),
+    "email": (_Anchored(r"@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b", _ALNUM + "._%+-"),),
+}
+
+MAX_PATTERNS = 50
+MAX_PATTERN_LEN = 500
+
+
+def check_patterns(patterns: object) -> tuple[str, ...]:
+    """The owner's own patterns, each a regular expression that compiles; refused otherwise."""
+    if not isinstance(patterns, (tuple, list)):
+        raise InvalidInput("sanitize_patterns must be a list of regular expressions", field="sanitize_patterns")
+    if len(patterns) > MAX_PATTERNS:
+        raise InvalidInput(f"sanitize_patterns has {len(patterns)} patterns, over the limit of {MAX_PATTERNS}",
+                           field="sanitize_patterns")
+    out = []
+    for i, p in enumerate(patterns):
+        if not isinstance(p, str) or not p or len(p) > MAX_PATTERN_LEN:
+            raise InvalidInput(f"sanitize_patterns[{i}] must be a regular expression of 1 to {MAX_PATTERN_LEN} "
+                               "characters", field="sanitize_patterns")
+        try:
+            compiled = re.compile(p)
+        except re.error as exc:
+            raise InvalidInput(f"sanitize_patterns[{i}] is not a valid regular expression: {exc}",
+                               field="sanitize_patterns") from None
+        if compiled.search(""):
+            raise InvalidInput(f"sanitize_patterns[{i}] matches empty text, so it would flag everything; "
+                               "make it match something", field="sanitize_patterns")
+        out.append(p)
+    return tuple(out)
+
+
+def rules_digest(patterns: Iterable[str]) -> str:
+    """What a check's ``rules_sha256`` must be: the built-in detectors' version and the
+    contract's own patterns."""
+    h = hashlib.sha256(f"detectors:{DETECTORS_VERSION}\n".encode())
+    for p in patterns:
+        h.update(p.encode("utf-8", "surrogatepass") + b"\n")
+    return h.hexdigest()
+
+
+def _detectors(patterns: Iterable[str]) -> list[tuple[str, tuple[re.Pattern[str] | _Anchored, ...]]]:
+    return [*DETECTORS.items(), *((f"pattern[{i}]", (re.compile(p),)) for i, p in enumerate(patterns))]
+
+
+def _spans(rx: re.Pattern[str] | _Anchored, text: str) -> Iterator[tuple[int, int]]:
+    if isinstance(rx, _Anchored):
+        return rx.spans(text)
+    return (m.span() for m in rx.finditer(text))
+
+
+_NEWLINE = re.compile("\n")
+
+#: The detector name of a part that could not be scanned (not UTF-8 text): failing closed.
+UNSCANNABLE = "unscannable"
+
+
+def scan(parts: Iterable[tuple[str, str | None]], patterns: Iterable[str] = ()) -> tuple[ev.Finding, ...]:
+    """Every finding in ``parts`` ((name, text) pairs; text None for a part that is not
+    text), one per detector and line, in order of part, line and detector. A part that
+    cannot be read as text is a finding of its own: what cannot be scanned cannot pass.
+
+    Each detector runs over a whole part at once (the regex engine's loop, not Python's),
+    and a match is placed on the line where it starts; a match may run across a line end.
+    """
+    detectors = _detectors(patterns)
+    found: list[ev.Finding] = []
+    for name, text in parts:
+        if text is None:
+            found.append(ev.Finding(UNSCANNABLE, name, 0))
+            continue
+        ends = [m.start() for m in _NEWLINE.finditer(text)]
+        hits: dict[tuple[int, int], int] = {}
+        for order, (_det, rxs) in enumerate(detectors):
+            for rx in rxs:
+                for start, _end in _spans(rx, text):
+                    line = bisect.bisect_left(ends, start) + 1
+                    hits[(line, order)] = hits.get((line, order), 0) + 1
+        for (line, order), n in sorted(hits.items()):
+            found.append(ev.Finding(detectors[order][0], name, line, n))
+    return tuple(found)
+
+
+def describe(findings: Iterable[ev.Finding], limit: int = 5) -> str:
+    fs = list(findings)
+    shown = "; ".join(
+        f"{f.detector} in {f.item}" + (f" line {f.line}" if f.line else "") + (f" (x{f.count})" if f.count > 1 else "")
+        for f in fs[:limit]
+    )
+    return shown + (f"; and {len(fs) - limit} more" if len(fs) > limit else "")
+
+
+def gate(d: Delivery, *, run_id: str, key: str, bundle_sha256: str,
+         artifacts: Iterable[tuple[str, str]]) -> None:
+    """Refuse (``SanitizationRequired``) a delivery to a public target unless the latest
+    check passed, under the contract's rules, after the last change to what is sent, over
+    exactly the bundle about to go (``bundle_sha256``, measured by the shell) and the
+    recorded artifacts' digests (``artifacts``: (name, sha256) as the log holds them);
+    and unless the key, which the adapter adds, is clean too. Not public: no gate."""
+    if not d.public:
+        return
+    what = f"run {run_id} delivers to a public target ({d.target})"
+    c = d.check
+    if c is None:
+        raise SanitizationRequired(
+            f"{what} and no sanitization check is recorded; run 'handoff sanitize {run_id} --by OWNER' "
+            "(Ledger.sanitize) and fix what it finds before delivering")
+    if not c.passed:
+        raise SanitizationRequired(
+            f"{what} and its last sanitization check (seq {c.seq}) failed: {describe(c.findings)}. Remove "
+            "those from the result, record it again, and check again")
+    if c.seq < d.changed_seq:
+        raise SanitizationRequired(
+            f"{what} and what it sends changed at seq {d.changed_seq}, after the last sanitization check "
+            f"(seq {c.seq}); check again")
+    if c.rules_sha256 != rules_digest(d.patterns):
+        raise SanitizationRequired(f"{what} and its last check did not run the contract's rules; check again")
+    scanned = {(i.name, i.sha256) for i in c.items}
+    missing = [name for name, sha in artifacts if (name, sha) not in scanned]
+    if missing:
+        raise SanitizationRequired(
+            f"{what} and the last sanitization check did not read {', '.join(missing[:3])} as recorded; "
+            "check again")
+    if not bundle_sha256 or bundle_sha256 != c.bundle_sha256:
+        raise SanitizationRequired(
+            f"{what} and what would be sent now (sha256 {bundle_sha256[:12] or 'not measured'}) is not what the "
+            f"check passed (sha256 {c.bundle_sha256[:12]}): something changed after the check; check again")
+    hits = scan([("delivery key", key)], d.patterns)
+    if hits:
+        raise SanitizationRequired(
+            f"{what} and the delivery key, which the target receives, matches a detector "
+            f"({describe(hits)}); choose a plain key")
+
+
+def salted(salt: bytes, value: str, kind: str = "h") -> str:
+    """A stable stand-in for ``value``: the same salt and value give the same text, and
+    without the salt it cannot be reversed or guessed by trying values."""
+    mac = hmac.new(salt, kind.encode() + b"\0" + value.encode("utf-8", "surrogatepass"), hashlib.sha256)
+    return f"[{kind}~{mac.hexdigest()[:16]}]"  # no ":" or "=": it must not look like "secret: ..."
+
+
+def redact(text: str, salt: bytes, patterns: Iterable[str] = ()) -> str:
+    """``text`` with every detector match replaced by its salted stand-in."""
+    for det, rxs in _detectors(patterns):
+        for rx in rxs:
+            out, at = [], 0
+            for start, end in _spans(rx, text):
+                if start < end:  # a user's pattern may match empty text inside a longer one
+                    out += [text[at:start], salted(salt, text[start:end], det)]
+                    at = end
+            text = "".join(out) + text[at:]
+    return text
