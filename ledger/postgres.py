@@ -543,6 +543,7 @@ class PostgresStore(EventStore):
         self._writing = False  # inside a write transaction (a view read in it locks the views)
         self._exclusive = False  # inside a write_transaction (every other write excluded)
         self._views_locked = False
+        self._keeps_views = False  # an attached hook keeps every projection (events.viewed)
         self._gather: list[tuple[str, Any]] | None = None  # statements of a write's last round trip
         self._listener: Any = None  # LISTENing connection, opened by the first wait_for_events
         self._conn: Any = None
@@ -1013,7 +1014,7 @@ class PostgresStore(EventStore):
         digest_moved = False
         now = self._clock()
         n = len(encoded)
-        viewed = bool(self._hooks)
+        viewed = self._keeps_views
         rows: list[tuple[Any, ...]] = []
         written: list[Recorded] = []
         for i, ((tag, payload), event) in enumerate(zip(encoded, batch)):
@@ -1292,8 +1293,11 @@ class PostgresStore(EventStore):
 
     # --- hooks and the fold cache ----------------------------------------------------
 
-    def attach(self, aggregate: Aggregate[Any], hook: Callable[..., None]) -> None:
+    def attach(self, aggregate: Aggregate[Any], hook: Callable[..., None], *, keeps_views: bool = False) -> None:
         self._hooks.append((aggregate, hook))
+        # A write is marked as keeping the views only if a hook keeps all of them: one that
+        # keeps a few (a subset projector, any other hook) leaves the rest to catch-up.
+        self._keeps_views = self._keeps_views or keeps_views
 
     def _run_hooks(self, run_id: str, head: Head, known: list[tuple[Aggregate[Any], Any]]
                    ) -> tuple[Head | None, list[tuple[Aggregate[Any], Any]]]:
@@ -1440,7 +1444,9 @@ class PostgresStore(EventStore):
                 yield _rec(r)
             if rows:
                 cursor = rows[-1][2]
-            if len(rows) == page or (until_position is not None and cursor >= until_position):
+            if until_position is not None and cursor >= until_position:
+                return
+            if len(rows) == page:
                 continue
             with self._lock, self._mapped("reading"):
                 if sealed or self._in_txn or not self._x("SELECT EXISTS (SELECT 1 FROM unsealed)").fetchone()[0]:

@@ -99,7 +99,7 @@ class PgImport(_Import):
 
     def flush(self) -> None:
         if self.rows:
-            viewed = bool(self.pg._hooks)
+            viewed = self.pg._keeps_views
             events, order = [], []
             for row in self.rows:
                 run_id, wid = row[1], self._next_id()

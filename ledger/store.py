@@ -606,10 +606,12 @@ class EventStore(abc.ABC):
         """One consistent snapshot for the block; writes nothing."""
 
     @abc.abstractmethod
-    def attach(self, aggregate: Aggregate[Any], hook: InlineHook) -> None:
+    def attach(self, aggregate: Aggregate[Any], hook: InlineHook, *, keeps_views: bool = False) -> None:
         """Run ``hook(txn, run_id, state, last_position)`` inside every write that appends,
         with ``state`` the aggregate's fold after it. A failing hook rolls the write back.
-        This is how inline projections stay in step with the log."""
+        This is how inline projections stay in step with the log. ``keeps_views``: the hook
+        keeps every one of the ledger's projections (a backend that marks each write with
+        it, PostgreSQL, leaves catch-up nothing to do for such writes)."""
 
     @property
     @abc.abstractmethod

@@ -179,7 +179,7 @@ class Projector:
         self._names = [p.name for p in self.projections]
         self._tables = [(p, self._views.table(p.spec)) for p in self.projections]
         self._ensure_tables()
-        store.attach(AGGREGATE, self._inline)
+        store.attach(AGGREGATE, self._inline, keeps_views={p.name for p in self.projections} == set(BY_NAME))
         if not store.readonly:
             self.catch_up()
 

@@ -153,3 +153,25 @@ def test_an_older_ledger_is_migrated_and_keeps_every_position_and_hash(version):
         assert conn.execute("SELECT value FROM handoff_meta WHERE key = 'schema_version'").fetchone()[0] == "3"
         assert {r[0] for r in conn.execute("SELECT DISTINCT db_role FROM events")} == {
             conn.execute("SELECT session_user").fetchone()[0]}
+
+
+def test_a_write_whose_hooks_kept_only_some_views_leaves_them_to_catch_up():
+    """events.viewed says a write kept every projection; a store with another hook (or a
+    projector of a few projections) marks nothing, and the next Ledger refolds the run."""
+    from handoff.api import Ledger
+    from handoff.ledger import events as ev
+    from handoff.ledger.store import Actor
+    from handoff.projections.engine import BY_NAME, Projector
+    from handoff.reducers.checkpoint import AGGREGATE
+
+    url = fresh_url()
+    with Ledger(url) as lg:
+        lg.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
+        assert lg.store.views.lagging(list(BY_NAME), 0) == {}
+    with PostgresStore(url) as store:
+        Projector(store, names=["checkpoints"])  # keeps one view of four
+        store.append("r1", [ev.HeartbeatRecorded()], actor=Actor("worker", "w"))
+        assert set(store.views.lagging(list(BY_NAME), 0)) == set(BY_NAME)
+    with Ledger(url) as lg:  # its catch-up refolds the run for every projection
+        assert lg.store.views.lagging(list(BY_NAME), 0) == {}
+        assert lg.check() == [] and lg.checkpoint("r1").last_seq == 2
