@@ -466,6 +466,36 @@ def _head(row: Sequence[Any] | None, *, digest: bool = False) -> Any:
     return (head, row[7], row[8]) if digest else (head, row[7])
 
 
+def _multi(conn: Any, batch: Sequence[tuple[str, Any]]) -> list[list[Any]]:
+    """Run statements as ONE simple-query message (parameters bound here) and return each
+    one's rows. One message, ending in one ReadyForQuery: between two of them the session
+    is idle in its transaction, where the server's idle timeout ends a client that went
+    away. (psycopg's pipeline mode sends a Flush after its Sync, which switches that
+    timeout off: a stalled client would hold its locks for good.)"""
+    cur = psycopg.ClientCursor(conn)
+    cur.execute(";\n".join(q if a is None else cur.mogrify(q, a) for q, a in batch))
+    out = []
+    while True:
+        out.append(cur.fetchall() if cur.description else [])
+        if not cur.nextset():
+            return out
+
+
+class _Rows:
+    """One statement's rows, read like a cursor's."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: list[Any]) -> None:
+        self.rows = rows
+
+    def fetchone(self) -> Any:
+        return self.rows[0] if self.rows else None
+
+    def fetchall(self) -> list[Any]:
+        return self.rows
+
+
 #: What _x returns while a write gathers its statements: there is no result to read yet.
 _GATHERED = None
 
@@ -630,8 +660,7 @@ class PostgresStore(EventStore):
     def _send_gathered(self) -> None:
         batch = self._gather
         if batch:
-            cur = psycopg.ClientCursor(self._ready())
-            cur.execute(";\n".join(q if a is None else cur.mogrify(q, a) for q, a in batch))
+            _multi(self._ready(), batch)
             del batch[:]
 
     @contextlib.contextmanager
@@ -1079,21 +1108,9 @@ class PostgresStore(EventStore):
         batch.append(("SELECT event_id, event_position FROM handoff_seal(false, %s::bigint[])", (ids,)))
         batch.append(("COMMIT", None))
         batch.append(("SELECT event_id, event_position FROM handoff_seal(true, %s::bigint[])", (ids,)))
-        cur = psycopg.ClientCursor(conn)
-        try:
-            sql = ";\n".join(q if a is None else cur.mogrify(q, a) for q, a in batch)
-        except BaseException:
-            self._in_txn = self._writing = False
-            with contextlib.suppress(psycopg.Error):
-                conn.execute("ROLLBACK")
-            raise
         results: list[list[Any]] = []
         try:
-            cur.execute(sql)
-            while True:
-                results.append(cur.fetchall() if cur.description else [])
-                if not cur.nextset():
-                    break
+            results = _multi(conn, batch)
         except psycopg.Error as exc:
             self._in_txn = self._writing = False
             if conn.closed or conn.broken:  # the message may have run to its COMMIT, or not at all
@@ -1129,18 +1146,23 @@ class PostgresStore(EventStore):
         done = False
         try:
             with self._mapped(doing):
-                with conn.pipeline():
-                    conn.execute("BEGIN")
-                    self._in_txn = self._writing = True
-                    conn.execute("SELECT pg_advisory_xact_lock_shared(%s, %s), pg_advisory_xact_lock(%s, %s)",
-                                 (_LEDGER_NS, _MAINTENANCE, _RUN_LOCK_NS, self._run_key(run_id)))
-                    c_head = conn.execute(_HEAD_SELECT + " FOR UPDATE", (run_id,))
-                    c_dup = conn.execute(_DUPLICATE, (run_id, idempotency_key)) if idempotency_key else None
-                    c_id = conn.execute("SELECT nextval('events_id_seq')")
-                    c_steps = conn.execute(
-                        "SELECT seq, type, recorded_us, payload, hash FROM events WHERE run_id=%s AND seq>=%s "
-                        "ORDER BY seq", (run_id, after),
-                    ) if lean else None
+                batch: list[tuple[str, Any]] = [
+                    ("BEGIN", None),
+                    ("SELECT pg_advisory_xact_lock_shared(%s, %s), pg_advisory_xact_lock(%s, %s)",
+                     (_LEDGER_NS, _MAINTENANCE, _RUN_LOCK_NS, self._run_key(run_id))),
+                    (_HEAD_SELECT + " FOR UPDATE", (run_id,)),
+                    ("SELECT nextval('events_id_seq')", None),
+                ]
+                if idempotency_key:
+                    batch.append((_DUPLICATE, (run_id, idempotency_key)))
+                if lean:
+                    batch.append(("SELECT seq, type, recorded_us, payload, hash FROM events WHERE run_id=%s "
+                                  "AND seq>=%s ORDER BY seq", (run_id, after)))
+                self._in_txn = self._writing = True
+                got = iter(_multi(conn, batch)[2:])
+                c_head, c_id = _Rows(next(got)), _Rows(next(got))
+                c_dup = _Rows(next(got)) if idempotency_key else None
+                c_steps = _Rows(next(got)) if lean else None
                 head, max_lease, lease_digest = _head(c_head.fetchone(), digest=True)
                 dup = (self._duplicate(run_id, idempotency_key, digest, actor, c_dup.fetchone())  # type: ignore[arg-type]
                        if c_dup is not None else None)

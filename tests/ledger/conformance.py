@@ -991,6 +991,28 @@ class StoreConformance:
         assert store.counts() == {"events": 10, "runs": 3}
         assert store.count_runs() == 3
 
+    def test_wait_for_events_returns_at_once_when_the_log_is_ahead_and_waits_out_the_timeout(self, store):
+        import time
+
+        assert store.wait_for_events(0, 0) == 0
+        t0 = time.monotonic()
+        assert store.wait_for_events(0, 0.2) == 0  # nothing comes: the whole timeout
+        assert time.monotonic() - t0 >= 0.2
+        self.fill(store, "a", 2)
+        assert store.wait_for_events(0, 30) == 2  # already there: no wait
+        assert store.wait_for_events(2, 0.05) == 2
+
+    def test_who_inserted_each_event_is_the_servers_word_or_nothing(self, store):
+        self.history_of_three(store)
+        roles, counts = store.db_roles(1, 10), store.db_role_counts()
+        if store.records_roles:  # a server says it: one role per event, counted
+            assert sorted(roles) == list(range(1, 11)) and sum(counts.values()) == 10
+            assert set(counts) == set(roles.values())
+            assert sum(store.db_role_counts("a").values()) == store.head("a").last_seq
+            assert store.db_roles(4, 5) == {p: roles[p] for p in (4, 5)}
+        else:  # no server: nothing claimed that the store cannot back
+            assert roles == {} and counts == {} and store.db_role_counts("a") == {}
+
     def test_export_then_import_gives_the_same_log(self, store):
         self.history_of_three(store)
         items = list(store.read_for_export())

@@ -99,7 +99,7 @@ def test_the_cli_prints_the_same_rows_four_ways(across):
     doc = h.json("log")
     rows = doc["events"]
     assert doc["next"] is None and [r["position"] for r in rows] == sorted(r["position"] for r in rows)
-    assert set(rows[0]) == {"run_id", "seq", "position", "at", "actor", "lease", "type", "key", "summary", "data"}
+    assert set(rows[0]) == {"run_id", "seq", "position", "at", "actor", "lease", "type", "key", "summary", "data", "db_role"}
     jsonl = [json.loads(line) for line in h("log", "--jsonl").stdout.splitlines()]
     assert jsonl == rows
     table = [c["position"] for c in csv.DictReader(io.StringIO(h("log", "--csv").stdout))]
@@ -107,7 +107,8 @@ def test_the_cli_prints_the_same_rows_four_ways(across):
     parsed = list(csv.DictReader(io.StringIO(h("log", "--csv", "--run", "b.f").stdout)))
     assert [json.loads(p["data"]) for p in parsed] == [r["data"] for r in rows if r["run_id"] == "b.f"]
     text = h("log", "--no-heartbeats").stdout.splitlines()
-    assert text[0].split() == ["POSITION", "TIME", "RUN", "SEQ", "ACTOR", "LEASE", "TYPE", "SUMMARY"]
+    said = ["DB", "ROLE"] if lg.store.records_roles else []  # the server's word on who inserted each
+    assert text[0].split() == ["POSITION", "TIME", "RUN", "SEQ", "ACTOR", "LEASE", "TYPE", "SUMMARY", *said]
     assert len(text) == 1 + sum(r["type"] != "heartbeat_recorded" for r in rows)
     # Pages: --limit, then --since the position the last line names.
     page = h.json("log", "--limit", "5")
