@@ -1279,8 +1279,11 @@ class PostgresStore(EventStore):
             self._check_fence(run_id, head, expected_seq, None)
             return events, lease_n
 
+        # With hooks attached, fold for the first of them in the same round trips (its
+        # steps come with the first one), so the hooks need no read of their own.
+        folded_for = self._hooks[0][0] if self._hooks else None
         with self._lock:
-            result, _ = self._write(run_id, None, actor_s, idempotency_key, digest, token, plan, "appending")
+            result, _ = self._write(run_id, folded_for, actor_s, idempotency_key, digest, token, plan, "appending")
         return result
 
     def execute(

@@ -64,3 +64,14 @@ def test_a_store_append_is_two_round_trips(proxied):
         store.append("a", [ev.HeartbeatRecorded()], actor=Actor("worker", "w"))
         assert _cost(proxy, lambda: store.append("a", [ev.HeartbeatRecorded()], actor=Actor("worker", "w"))) == 2
         assert _cost(proxy, lambda: store.append("a", [ev.HeartbeatRecorded()] * 3, actor=Actor("worker", "w"))) == 2
+
+
+def test_a_store_append_under_the_ledgers_projections_is_two_round_trips(proxied):
+    proxy, url = proxied
+    with Ledger(url) as lg:
+        lg.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
+        store = lg.store
+        store.append("r1", [ev.HeartbeatRecorded()], actor=Actor("worker", "w"))
+        assert _cost(proxy, lambda: store.append("r1", [ev.HeartbeatRecorded()], actor=Actor("worker", "w"))) == 2
+        assert lg.check() == []
+
