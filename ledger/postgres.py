@@ -4,14 +4,13 @@ Same semantics as the SQLite store (ledger/sqlite.py), over psycopg 3. Each stor
 owns one connection (autocommit, explicit BEGIN/COMMIT) and may be shared by threads.
 
 Order for readers and the ledger-wide chain (docs/postgres.md, "Order"): a write locks
-its run first (an advisory lock on the run id, then its heads row FOR UPDATE), folds,
-checks the lease and the idempotency key and decides with no ledger-wide lock held; only
-then does it lock the one ``ledger_tail`` row, take the next gap-free positions, chain
-the ledger-wide hash, insert, keep its views and commit. The tail row is held from the
-insert through the commit, so positions become visible in order: a reader tailing
-``read_all`` never skips an event that commits late; it sees nothing past a stalled
-writer's position until that writer ends. The cost is that commits are serialized
-through one flush at a time; docs/postgres.md measures it and says what would lift it.
+its run (an advisory lock on the run id, then its heads row FOR UPDATE), folds, checks
+the lease and the idempotency key and decides, then inserts its events under write ids
+(a sequence); a trigger queues them in ``unsealed``. Positions are given after the
+commit by ``handoff_seal``, under the seal lock, in write-id order, with the ledger-wide
+chain, into ``ledger_order``: a position exists only once sealed, so a tailing reader
+never skips an event that commits late, and no writer waits on a ledger-wide lock
+through its commit's flush. A write is two round trips, each ONE simple-query message.
 
 Append-only: triggers refuse UPDATE, DELETE and TRUNCATE on ``events`` (for owners too);
 ``verify`` and ``doctor`` check that they are present, enabled and unaltered.
@@ -498,15 +497,6 @@ class _Rows:
 
 #: What _x returns while a write gathers its statements: there is no result to read yet.
 _GATHERED = None
-
-
-def _done(cur: Any) -> str | None:
-    """The command tag a pipelined statement finished with (COMMIT, or ROLLBACK when the
-    server rolled back a failed transaction)."""
-    try:
-        return cur.statusmessage
-    except Exception:  # no result: the statement never ran
-        return None
 
 
 def _decode_steps(run_id: str, rows: Sequence[Sequence[Any]]) -> list[Step] | None:
