@@ -369,5 +369,10 @@ def decode_many(payloads: list[bytes]) -> list[Event]:
     return [_decoder.decode(p) for p in payloads]
 
 
+def tag_of_type(cls: type[Event]) -> str:
+    """The tag an event type is stored under (its ``type`` column)."""
+    return cls.__struct_config__.tag  # type: ignore[return-value]
+
+
 def tag_of(event: Event) -> str:
     return event.__struct_config__.tag  # type: ignore[return-value]

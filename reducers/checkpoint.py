@@ -280,12 +280,23 @@ def _forked(d: _Draft, rec: Any, e: ev.RunForked) -> None:
     d.authority = ()
 
 
+#: Per event type, the three folds' rules for it: (checkpoint rule, delivery rule, watch
+#: rule), None where that fold ignores the type. Looked up once per event instead of three
+#: times; the rules themselves are stated once, in this module, delivery.py and stall.py.
+Plan = tuple[Rule | None, Callable[..., Any] | None, Callable[..., Any] | None]
+_PLANS: dict[type[ev.Event], Plan] = {
+    cls: (_RULES.get(cls), dl.rule_for(cls), st.rule_for(cls)) for cls in ev.EVENT_TYPES.values()
+}
+
+
 def _apply(d: _Draft, rec: Any, event: ev.Event) -> None:
-    rule = _RULES.get(type(event))
+    rule, drule, wrule = _PLANS[type(event)]
     if rule is not None:
         rule(d, rec, event)
-    d.delivery = dl.evolve(d.delivery, rec, event)
-    d.watch = st.evolve(d.watch, rec, event)
+    if drule is not None:
+        d.delivery = drule(d.delivery, rec, event)
+    if wrule is not None:
+        d.watch = wrule(d.watch, rec, event)
     if rec.run_id == d.run_id:  # a fork's inherited prefix leaves the child's seq alone
         d.last_seq = rec.seq
     d.last_event_us = rec.recorded_us
@@ -301,13 +312,32 @@ def evolve(cp: Checkpoint, rec: Recorded | Step, event: ev.Event | None = None) 
 
 
 def evolve_all(cp: Checkpoint, records: Iterable[Recorded | Step], *, until_seq: int | None = None) -> Checkpoint:
-    """Apply many events with one draft; ``until_seq`` stops before the run's own later seqs."""
+    """Apply many events with one draft; ``until_seq`` stops before the run's own later seqs.
+
+    ``_apply`` written out in the loop, with the draft's fields in locals between events:
+    the per-event cost of a fold is this loop (a rebuild runs it for every event)."""
     d = _thaw(cp)
     run_id = cp.run_id
+    plans = _PLANS
+    delivery, watch = d.delivery, d.watch
+    last_seq, last_us = d.last_seq, d.last_event_us
     for rec in records:
         if until_seq is not None and rec.seq > until_seq and rec.run_id == run_id:
             break
-        _apply(d, rec, rec.event)
+        event = rec.event
+        rule, drule, wrule = plans[type(event)]
+        if rule is not None:
+            d.delivery, d.watch = delivery, watch  # a checkpoint rule may read them
+            rule(d, rec, event)
+            delivery, watch = d.delivery, d.watch
+        if drule is not None:
+            delivery = drule(delivery, rec, event)
+        if wrule is not None:
+            watch = wrule(watch, rec, event)
+        if rec.run_id == run_id:  # a fork's inherited prefix leaves the child's seq alone
+            last_seq = rec.seq
+        last_us = rec.recorded_us
+    d.delivery, d.watch, d.last_seq, d.last_event_us = delivery, watch, last_seq, last_us
     return _freeze(d)
 
 

@@ -159,6 +159,11 @@ _RULES: dict[type[ev.Event], Callable[[Delivery, Recorded, Any], Delivery]] = {
 }
 
 
+def rule_for(cls: type[ev.Event]) -> Callable[[Delivery, Recorded, Any], Delivery] | None:
+    """What an event of this type does to the delivery, or None when it does not concern it."""
+    return _RULES.get(cls)
+
+
 def evolve(d: Delivery, rec: Recorded, event: ev.Event) -> Delivery:
     """Apply one event; returns ``d`` itself when the event does not concern delivery."""
     rule = _RULES.get(type(event))

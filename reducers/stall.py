@@ -97,21 +97,46 @@ _RULES: dict[type[ev.Event], Callable[[Watch, Recorded, Any], Watch]] = {
 }
 
 
+def _beat(w: Watch, rec: Recorded, e: ev.HeartbeatRecorded) -> Watch:
+    return replace(w, last_heartbeat_us=rec.recorded_us)
+
+
+def _advanced(w: Watch, rec: Recorded, e: ev.Event) -> Watch:
+    seq = w.progress_seq + 1
+    return replace(
+        w,
+        progress_seq=seq,
+        last_progress=LastProgress(seq, _kind_of(e), rec.recorded_us, rec.seq),
+        repeats=0,
+    )
+
+
+def _progress(w: Watch, rec: Recorded, e: ev.ProgressRecorded) -> Watch:
+    # Whether a progress record advances is its own flag; a note (advances=False) does not.
+    return _advanced(w, rec, e) if e.advances else w
+
+
+def rule_for(cls: type[ev.Event]) -> Callable[[Watch, Recorded, Any], Watch] | None:
+    """What an event of this type does to the watch, or None when it leaves it alone.
+
+    Decided once per type (a fold looks it up per event): heartbeats move the liveness
+    clock, advancing events (by type, and progress records by their flag) the progress
+    token, and the events of ``_RULES`` the lease and watcher fields."""
+    if cls is ev.HeartbeatRecorded:
+        return _beat
+    if cls is ev.ProgressRecorded:
+        return _progress
+    if ev.tag_of_type(cls) in T.ADVANCING_EVENTS:
+        return _advanced
+    return _RULES.get(cls)
+
+
+_BY_TYPE = {cls: rule_for(cls) for cls in ev.EVENT_TYPES.values()}
+
+
 def evolve(w: Watch, rec: Recorded, event: ev.Event) -> Watch:
     """Apply one event; returns ``w`` itself when the event changes nothing the watch holds."""
-    cls = type(event)
-    if cls is ev.HeartbeatRecorded:  # the commonest event, first
-        return replace(w, last_heartbeat_us=rec.recorded_us)
-    advances = event.advances if cls is ev.ProgressRecorded else rec.type in T.ADVANCING_EVENTS
-    if advances:
-        seq = w.progress_seq + 1
-        return replace(
-            w,
-            progress_seq=seq,
-            last_progress=LastProgress(seq, _kind_of(event), rec.recorded_us, rec.seq),
-            repeats=0,
-        )
-    rule = _RULES.get(cls)
+    rule = _BY_TYPE.get(type(event))
     return w if rule is None else rule(w, rec, event)
 
 
