@@ -359,7 +359,7 @@ def decode_many(payloads: list[bytes]) -> list[Event]:
     Anything unusual is decoded one by one, which raises for the payload that is wrong.
     """
     blob = b"\n".join(payloads)
-    if blob.count(b"\n") == len(payloads) - 1 and all(p.strip() for p in payloads):
+    if blob.count(b"\n") == len(payloads) - 1 and all(map(bytes.strip, payloads)):
         try:
             events = _decoder.decode_lines(blob)
         except (msgspec.ValidationError, msgspec.DecodeError):

@@ -51,14 +51,6 @@ def initial() -> Watch:
     return Watch()
 
 
-def _kind_of(event: ev.Event) -> str:
-    if isinstance(event, ev.ProgressRecorded):
-        return event.kind
-    if isinstance(event, ev.StateChanged):
-        return f"state:{event.to_state}"
-    return ev.tag_of(event)
-
-
 def _granted(w: Watch, rec: Recorded, e: ev.LeaseGranted) -> Watch:
     return replace(w, lease_since_us=rec.recorded_us, last_heartbeat_us=rec.recorded_us, repeats=0)
 
@@ -101,19 +93,33 @@ def _beat(w: Watch, rec: Recorded, e: ev.HeartbeatRecorded) -> Watch:
     return replace(w, last_heartbeat_us=rec.recorded_us)
 
 
-def _advanced(w: Watch, rec: Recorded, e: ev.Event) -> Watch:
+def _advanced(w: Watch, rec: Recorded, kind: str) -> Watch:
     seq = w.progress_seq + 1
     return replace(
         w,
         progress_seq=seq,
-        last_progress=LastProgress(seq, _kind_of(e), rec.recorded_us, rec.seq),
+        last_progress=LastProgress(seq, kind, rec.recorded_us, rec.seq),
         repeats=0,
     )
 
 
 def _progress(w: Watch, rec: Recorded, e: ev.ProgressRecorded) -> Watch:
     # Whether a progress record advances is its own flag; a note (advances=False) does not.
-    return _advanced(w, rec, e) if e.advances else w
+    return _advanced(w, rec, e.kind) if e.advances else w
+
+
+def _state_changed(w: Watch, rec: Recorded, e: ev.StateChanged) -> Watch:
+    return _advanced(w, rec, f"state:{e.to_state}")
+
+
+def _advancing(tag: str) -> Callable[[Watch, Recorded, Any], Watch]:
+    """The rule of another advancing type: its progress kind is its tag. (A progress record's
+    kind is its own; a state change's is ``state:<to>``.)"""
+
+    def rule(w: Watch, rec: Recorded, e: ev.Event) -> Watch:
+        return _advanced(w, rec, tag)
+
+    return rule
 
 
 def rule_for(cls: type[ev.Event]) -> Callable[[Watch, Recorded, Any], Watch] | None:
@@ -126,8 +132,10 @@ def rule_for(cls: type[ev.Event]) -> Callable[[Watch, Recorded, Any], Watch] | N
         return _beat
     if cls is ev.ProgressRecorded:
         return _progress
+    if cls is ev.StateChanged:
+        return _state_changed
     if ev.tag_of_type(cls) in T.ADVANCING_EVENTS:
-        return _advanced
+        return _advancing(ev.tag_of_type(cls))
     return _RULES.get(cls)
 
 
