@@ -1410,42 +1410,6 @@ class SqliteStore(EventStore):
             for (seq, type_, at_us, _), event in zip(rows, events)
         ]
 
-    scans_in_order = True
-
-    def scan_runs(
-        self, *, until_position: int, page: int = PAGE
-    ) -> Iterator[tuple[str, int, int, list[Step]]]:
-        # One range scan of the table in rowid (= position) order, a page at a time: no
-        # index lookup per event, as reading run by run needs.
-        sql = ("SELECT position, run_id, seq, type, recorded_us, payload FROM events "
-               "WHERE position>? AND position<=? ORDER BY position LIMIT ?")
-        cursor = 0
-        while cursor < until_position:
-            with self._lock:
-                try:
-                    rows = self._conn.execute(sql, (cursor, until_position, page)).fetchall()
-                except sqlite3.Error as exc:
-                    raise _explain(exc, "reading", self.path) from exc
-                if not rows:
-                    return
-                events = _decoded([r[5] for r in rows], [r[3] for r in rows])
-                if events is None:
-                    full = self._conn.execute(
-                        f"SELECT {_COLUMNS} FROM events WHERE position>? AND position<=? "
-                        "ORDER BY position LIMIT ?", (cursor, until_position, page),
-                    ).fetchall()
-                    events = [Recorded(*r).event for r in full]  # raises, naming the position
-            steps = [Step(r[1], r[2], r[3], r[4], e) for r, e in zip(rows, events)]
-            ids = [r[1] for r in rows]
-            i = 0
-            for run_id, same in itertools.groupby(ids):
-                j = i + sum(1 for _ in same)
-                yield run_id, rows[i][0], rows[j - 1][0], steps[i:j]
-                i = j
-            if len(rows) < page:
-                return
-            cursor = rows[-1][0]
-
     def _state_locked(self, run_id: str, aggregate: Aggregate[S], head: Head | None) -> S:
         """The folded state at the head, reusing a cached fold when it is still current."""
         ckey = (id(aggregate), run_id)

@@ -518,28 +518,6 @@ class EventStore(abc.ABC):
     def import_records(self, items: Any) -> dict[str, int]:
         """Insert exported events verbatim, all or nothing, skipping ones already present."""
 
-    #: True when ``scan_runs`` reads the log in position order cheaply (one range scan):
-    #: a rebuild then folds every run in one pass over the log instead of run by run.
-    scans_in_order: bool = False
-
-    def scan_runs(self, *, until_position: int) -> Iterator[tuple[str, int, int, list[Step]]]:
-        """The log up to ``until_position`` in position order, as stretches of consecutive
-        events of one stream: (run_id, first position, last position, its Steps). A run
-        appears in as many stretches as its events were interleaved with other runs'.
-        Here from ``read_all``; a backend that can read fewer columns overrides it."""
-        group: list[Step] = []
-        first = last = 0
-        for rec in self.read_all(until_position=until_position):
-            if group and rec.run_id != group[0].run_id:
-                yield group[0].run_id, first, last, group
-                group = []
-            if not group:
-                first = rec.position
-            last = rec.position
-            group.append(Step(rec.run_id, rec.seq, rec.type, rec.recorded_us, rec.event))
-        if group:
-            yield group[0].run_id, first, last, group
-
     @abc.abstractmethod
     def head(self, run_id: str) -> Head | None: ...
 

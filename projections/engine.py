@@ -9,7 +9,7 @@ and refolds, ``check`` compares, ``catch_up`` brings a late-added projection lev
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -20,7 +20,6 @@ from handoff.ledger.views import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, T
 from handoff.reducers.checkpoint import AGGREGATE, Checkpoint
 
 from . import views
-from .rebuild import fold_in_one_pass
 
 Progress = Callable[[int, int], None] | None
 
@@ -264,23 +263,21 @@ class Projector:
         with store.read_transaction() as txn:  # the runs this walk will fold: those begun by ``start``
             total = txn.count_runs(begun_by=start)
 
-        def fold_and_write(txn: Transaction, runs: list[tuple[str, Checkpoint | None]]) -> None:
-            """Each run's rows; a run given without its checkpoint is folded here, whole."""
+        def fold_and_write(txn: Transaction, run_ids: list[str]) -> None:
             w = txn.views
-            for run_id, cp in runs:
+            for run_id in run_ids:
                 head = txn.head(run_id)
                 if head is None:
-                    continue  # events without a head (a damaged file): no rows, as check() expects
-                if cp is None:
-                    cp = txn.fold(run_id, AGGREGATE)
+                    continue
+                cp = txn.fold(run_id, AGGREGATE)
                 for p, t in fresh:
                     _write(w, p, t, cp, head.last_position, fresh=True)
 
-        # Runs are written in batches, each in its own transaction, and read a page at a
-        # time: memory stays flat in the number of runs as well as in the number of events.
+        # Heads are read a page at a time and runs folded in batches: memory stays flat in
+        # the number of runs as well as in the number of events.
         done = 0
 
-        def flush(chunk: list[tuple[str, Checkpoint | None]]) -> None:
+        def flush(chunk: list[str]) -> None:
             nonlocal done
             with store.write_transaction("rebuilding projections") as txn:
                 fold_and_write(txn, chunk)
@@ -288,9 +285,12 @@ class Projector:
             if progress:
                 progress(min(done, total), total)
 
-        chunk: list[tuple[str, Checkpoint | None]] = []
-        for run in self._folds_until(start):
-            chunk.append(run)
+        chunk: list[str] = []
+        for head in store.list_runs():
+            if head.first_position > start:
+                continue  # begun since the rebuild started: the swap folds those (heads come in
+                # the order runs began, which on PostgreSQL may differ a little from positions)
+            chunk.append(head.run_id)
             if len(chunk) == batch:
                 flush(chunk)
                 chunk = []
@@ -298,22 +298,8 @@ class Projector:
             flush(chunk)
 
         with store.write_transaction("swapping in rebuilt projections") as txn:
-            fold_and_write(txn, [(run_id, None) for run_id in txn.runs_since(start)])
+            fold_and_write(txn, txn.runs_since(start))
             return vs.swap_in(self._kept(chosen), txn.last_position())
-
-    def _folds_until(self, start: int) -> Iterator[tuple[str, Checkpoint | None]]:
-        """(run_id, checkpoint or None) of each run begun by ``start``, in the order the
-        runs began. One pass over the log where the store can scan it in order
-        (projections/rebuild.py); otherwise the runs alone, each folded when written."""
-        if self.store.scans_in_order:
-            for run_id, _, cp in fold_in_one_pass(self.store, start):
-                yield run_id, cp
-            return
-        for head in self.store.list_runs():
-            if head.first_position > start:
-                continue  # begun since the rebuild started: the swap folds those (heads come in
-                # the order runs began, which on PostgreSQL may differ a little from positions)
-            yield head.run_id, None
 
     # --- check -------------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
-from handoff.projections import engine, rebuild
+from handoff.projections import engine
 
 from projection_machine import LedgerCommands
 from projection_support import FULL, dump, leftover_tables, schema_objects
@@ -40,26 +40,6 @@ class RebuildEqualsInline(LedgerCommands):
     @rule(name=st.sampled_from([None, *(p.name for p in engine.PROJECTIONS)]))
     def rebuild_midway(self, name: str | None) -> None:
         self.assert_rebuild_changes_nothing(name)
-
-    @rule(hold=st.integers(1, 4))
-    def rebuild_in_one_pass_spilling(self, hold: int) -> None:
-        """The one-pass rebuild holding only ``hold`` runs in memory, the rest spilled and
-        read back: the same rows, in the same order, as kept inline."""
-        saved = rebuild.HOLD
-        rebuild.HOLD = hold
-        try:
-            self.assert_rebuild_changes_nothing()
-        finally:
-            rebuild.HOLD = saved
-
-    @rule()
-    def rebuild_run_by_run(self) -> None:
-        """The rebuild of a store that cannot scan its log in order (PostgreSQL's path)."""
-        self.lg.store.scans_in_order = False
-        try:
-            self.assert_rebuild_changes_nothing()
-        finally:
-            del self.lg.store.scans_in_order
 
     @rule(data=st.data(), writes=st.integers(1, 6))
     def rebuild_while_commands_land(self, data: st.DataObject, writes: int) -> None:
