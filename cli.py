@@ -13,7 +13,31 @@ from typing import Any
 
 import click
 
-from handoff.reducers.transitions import CLOSE_DISPOSITIONS, DELIVERED  # data only: imports nothing
+
+def _load_msgspec() -> None:
+    """Import msgspec as this process's first user of it, without typing_extensions.
+
+    msgspec's helper module imports ``typing_extensions`` whenever it is installed (and
+    pydantic installs it), for ``get_type_hints`` and ``Required``; that import loads
+    ``inspect``, ``ast`` and ``dis``, ~17 ms of every command's ~100 ms of imports. On the
+    Pythons this package supports (3.11+) ``typing`` has both, and msgspec falls back to it
+    when the import fails; the event types use plain ``typing`` only. So the import is
+    made to fail while msgspec loads, and only then: pydantic, when a contract file is
+    read, imports typing_extensions as usual. A process that already loaded either (a
+    test run, a caller embedding the CLI) is left as it is.
+    """
+    if "msgspec" in sys.modules or "typing_extensions" in sys.modules:
+        return
+    sys.modules["typing_extensions"] = None  # type: ignore[assignment]  # "import" raises ImportError
+    try:
+        import msgspec  # noqa: F401
+    finally:
+        del sys.modules["typing_extensions"]
+
+
+_load_msgspec()
+
+from handoff.reducers.transitions import CLOSE_DISPOSITIONS, DELIVERED  # noqa: E402  (data only: imports nothing)
 
 EXIT_OK = 0  # every other code is an error class's exit_code (ledger.errors), never a literal here
 WIDTH = 88  # help and docs are rendered at this width so docs/cli.md is reproducible
