@@ -140,12 +140,16 @@ PROJECTIONS: tuple[Projection, ...] = (
 BY_NAME = {p.name: p for p in PROJECTIONS}
 
 
-def _write(w: ViewWriter, p: Projection, t: Any, cp: Checkpoint, last_position: int, *, fresh: bool = False) -> None:
+def _write(w: ViewWriter, p: Projection, t: Any, cp: Checkpoint, last_position: int, *,
+           fresh: bool = False, first: bool = False) -> None:
+    """``fresh``: into a rebuild's shadow table; ``first``: where the run has no rows yet,
+    so there is nothing to replace (a shadow table has no index on run_id until the swap:
+    deleting by it would scan the whole table once per run)."""
     if not cp.opened:
         return  # a stream that is not a handoff run (a watcher's beats): no view rows
     rows = p.rows(cp, last_position)
     if fresh:
-        w.fill(t, cp.run_id, rows, many=p.many)
+        w.fill(t, cp.run_id, rows, many=p.many and not first)
     elif p.many:
         w.sync_many(t, cp.run_id, rows)
     else:
@@ -263,7 +267,9 @@ class Projector:
         with store.read_transaction() as txn:  # the runs this walk will fold: those begun by ``start``
             total = txn.count_runs(begun_by=start)
 
-        def fold_and_write(txn: Transaction, run_ids: list[str]) -> None:
+        def fold_and_write(txn: Transaction, run_ids: list[str], *, first: bool) -> None:
+            """``first``: the batches, where each run is written once into empty shadows;
+            else the swap, which rewrites the runs that moved meanwhile."""
             w = txn.views
             for run_id in run_ids:
                 head = txn.head(run_id)
@@ -271,7 +277,7 @@ class Projector:
                     continue
                 cp = txn.fold(run_id, AGGREGATE)
                 for p, t in fresh:
-                    _write(w, p, t, cp, head.last_position, fresh=True)
+                    _write(w, p, t, cp, head.last_position, fresh=True, first=first)
 
         # Heads are read a page at a time and runs folded in batches: memory stays flat in
         # the number of runs as well as in the number of events.
@@ -280,7 +286,7 @@ class Projector:
         def flush(chunk: list[str]) -> None:
             nonlocal done
             with store.write_transaction("rebuilding projections") as txn:
-                fold_and_write(txn, chunk)
+                fold_and_write(txn, chunk, first=True)
             done += len(chunk)
             if progress:
                 progress(min(done, total), total)
@@ -298,7 +304,7 @@ class Projector:
             flush(chunk)
 
         with store.write_transaction("swapping in rebuilt projections") as txn:
-            fold_and_write(txn, txn.runs_since(start))
+            fold_and_write(txn, txn.runs_since(start), first=False)
             return vs.swap_in(self._kept(chosen), txn.last_position())
 
     # --- check -------------------------------------------------------------------------
