@@ -132,6 +132,85 @@ _PUBLIC_HEAD = (
     "LEFT JOIN ledger_order f ON f.event_id = h.first_position "
     "LEFT JOIN ledger_order l ON l.event_id = h.last_position"
 )
+#: Statements that every write sends, by their text (psycopg placeholders): each is
+#: prepared once per connection, by an SQL PREPARE inside the write's own message, and
+#: EXECUTEd by name after that. A simple query plans each of its statements afresh; a
+#: prepared one keeps its plan for the session. {text: (name, text with $n, EXECUTE
+#: parameter names or count)}. Only texts registered with ``preparable`` (whose parameter types the
+#: server infers from the columns and functions they meet) are prepared.
+_PREPARED: dict[str, tuple[str, str, str]] = {}
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s|%%")
+
+
+def preparable(sql: str) -> str:
+    """Register ``sql`` as a statement _multi prepares per connection; returns it."""
+    if sql not in _PREPARED:
+        names: list[str] = []
+        count = 0
+
+        def dollar(m: re.Match[str]) -> str:
+            nonlocal count
+            if m.group(0) == "%%":
+                return "%"
+            if m.group(1) is None:
+                count += 1
+                return f"${count}"
+            if m.group(1) not in names:
+                names.append(m.group(1))
+            return f"${names.index(m.group(1)) + 1}"
+
+        text = _PLACEHOLDER.sub(dollar, sql)
+        name = "handoff_" + hashlib.sha256(sql.encode()).hexdigest()[:16]
+        _PREPARED[sql] = (name, text, names or count)
+    return sql
+
+
+def _literal(v: Any) -> str | None:
+    """``v`` as an SQL literal for an EXECUTE's argument list (the prepared statement's
+    parameter types convert it), or None for a value psycopg must quote. Only on a
+    connection with standard_conforming_strings on and UTF-8 (``handoff_literals``): there a
+    quote is the one character a string literal must double."""
+    t = type(v)
+    if t is str:
+        return None if "\x00" in v else "'" + v.replace("'", "''") + "'"
+    if t is int:
+        return str(v)
+    if t is bytes:
+        return "'\\x" + v.hex() + "'"
+    if v is None:
+        return "NULL"
+    if t is bool:
+        return "true" if v else "false"
+    if t is list and all(type(i) is int for i in v):
+        return "'{" + ",".join(map(str, v)) + "}'"
+    return None
+
+
+def _execute_call(cur: Any, name: str, params: list[str] | int, args: Any, fast: bool) -> str:
+    """``EXECUTE name(arguments)``, each argument a literal (psycopg quotes what _literal
+    does not know)."""
+    values = [args[k] for k in params] if isinstance(params, list) else list(args)
+    if not values:
+        return f"EXECUTE {name}"
+    lits = [_literal(v) for v in values] if fast else [None] * len(values)
+    if None in lits:
+        lits = [lit if lit is not None else cur.mogrify("%s", (v,)) for lit, v in zip(lits, values)]
+    return f"EXECUTE {name}({', '.join(lits)})"  # type: ignore[arg-type]
+
+
+#: The statements of a write's two messages, prepared once per connection (_multi).
+_LOCK_RUN = preparable("SELECT pg_advisory_xact_lock_shared(%s, %s), pg_advisory_xact_lock(%s, %s)")
+_HEAD_FOR_UPDATE = preparable(_HEAD_SELECT + " FOR UPDATE")
+_NEXT_IDS = preparable("SELECT nextval('events_id_seq')")
+_STEPS_FROM = preparable("SELECT seq, type, recorded_us, payload, hash FROM events WHERE run_id=%s "
+                         "AND seq>=%s ORDER BY seq")
+_MOVE_DIGEST = preparable("UPDATE heads SET lease_digest=%s WHERE run_id=%s")
+_LOCK_VIEWS_SHARED = preparable("SELECT pg_advisory_xact_lock_shared(%s, %s)")
+_SEAL_IF_FREE = preparable("SELECT event_id, event_position FROM handoff_seal(false, %s::bigint[])")
+_SEAL_WAITING = preparable("SELECT event_id, event_position FROM handoff_seal(true, %s::bigint[])")
+preparable(_INSERT)
+preparable(_UPSERT_HEAD)
+preparable(_DUPLICATE)
 _RUNS_SINCE = (
     "SELECT h.run_id FROM heads h WHERE h.run_id IN (SELECT e.run_id FROM ledger_order o "
     "JOIN events e ON e.id = o.event_id WHERE o.position > %s) ORDER BY h.first_position"
@@ -353,6 +432,10 @@ if psycopg is not None:
         """
 
         wait_limit_s: float | None = None
+        #: The names of the statements _multi has prepared in this session (None: not known).
+        handoff_prepared: set[str] | None = None
+        #: Whether _multi may write string literals itself (_literal).
+        handoff_literals = False
 
         def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
             limit = self.wait_limit_s if timeout is None else timeout
@@ -470,14 +553,56 @@ def _multi(conn: Any, batch: Sequence[tuple[str, Any]]) -> list[list[Any]]:
     one's rows. One message, ending in one ReadyForQuery: between two of them the session
     is idle in its transaction, where the server's idle timeout ends a client that went
     away. (psycopg's pipeline mode sends a Flush after its Sync, which switches that
-    timeout off: a stalled client would hold its locks for good.)"""
+    timeout off: a stalled client would hold its locks for good.)
+
+    A registered statement (``preparable``) goes as ``EXECUTE name(literals)``, preceded,
+    the first time on this connection, by its ``PREPARE`` at the head of the same message:
+    still one message, and no plan made twice. PREPARE is not undone by a rollback, so
+    after a failed message that prepared something, which of its statements exist is not
+    known: the connection asks the server (pg_prepared_statements) when it is next idle,
+    and sends plain statements until then."""
+    known = _known_prepared(conn)
+    fast = getattr(conn, "handoff_literals", False)
     cur = psycopg.ClientCursor(conn)
-    cur.execute(";\n".join(q if a is None else cur.mogrify(q, a) for q, a in batch))
+    head: list[str] = []
+    body: list[str] = []
+    for q, a in batch:
+        if a is None:
+            body.append(q)
+            continue
+        form = _PREPARED.get(q) if known is not None else None
+        if form is None:
+            body.append(cur.mogrify(q, a))
+            continue
+        name, text, params = form
+        if name not in known:  # type: ignore[operator]
+            head.append(f"PREPARE {name} AS {text}")
+            known.add(name)  # type: ignore[union-attr]
+        body.append(_execute_call(cur, name, params, a, fast))
+    try:
+        cur.execute(";\n".join(head + body) if head else ";\n".join(body))
+    except psycopg.Error as exc:
+        if head or isinstance(exc, pgerr.InvalidSqlStatementName):
+            conn.handoff_prepared = None  # some may exist, some not (or someone deallocated)
+        raise
+    for _ in head:
+        cur.nextset()
     out = []
     while True:
         out.append(cur.fetchall() if cur.description else [])
         if not cur.nextset():
             return out
+
+
+def _known_prepared(conn: Any) -> set[str] | None:
+    """The statements this connection has prepared, or None (send them plainly) while that
+    is not known and cannot be asked (inside a transaction)."""
+    known = getattr(conn, "handoff_prepared", None)
+    if known is None and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        known = {r[0] for r in conn.execute(
+            "SELECT name FROM pg_prepared_statements WHERE name LIKE 'handoff\\_%'")}
+        conn.handoff_prepared = known
+    return known
 
 
 class _Rows:
@@ -604,6 +729,12 @@ class PostgresStore(EventStore):
             conn.close()
             raise _explain(exc, "connecting", self.path) from exc
         self._server_at = (int(server_us), (t0 + t1) // 2)
+        conn.handoff_prepared = set()  # a new session has prepared nothing
+        # psycopg's own automatic preparing is off: after a ROLLBACK or a DROP it clears
+        # its statements with DEALLOCATE ALL, which would take the writes' (_multi) too.
+        conn.prepare_threshold = None
+        conn.handoff_literals = (conn.info.encoding == "utf-8" and
+                                 conn.info.parameter_status("standard_conforming_strings") == b"on")
         self._conn = conn
 
     def server_clock(self) -> int:
@@ -635,7 +766,7 @@ class PostgresStore(EventStore):
             conn = self._conn
         return conn
 
-    def _x(self, sql: str, args: Any = None) -> Any:
+    def _x(self, sql: str, args: Any = None, *, binary: bool = False) -> Any:
         """Execute on the store's connection (inside whatever transaction is open); while a
         write gathers its second round trip (_commit_rows), gather instead."""
         if self._gather is not None:
@@ -645,7 +776,7 @@ class PostgresStore(EventStore):
             # A read inside the write (a hook that reads the run back): it must see what
             # was gathered, so that goes first, as one message of its own.
             self._send_gathered()
-        return self._ready().execute(sql, args, prepare=None)
+        return self._ready().execute(sql, args, binary=binary)
 
     def _send_gathered(self) -> None:
         batch = self._gather
@@ -1087,17 +1218,17 @@ class PostgresStore(EventStore):
                                      new_head.lease_holder, max_lease, new_head.first_position,
                                      new_head.last_position)))
         if digest_moved:
-            batch.append(("UPDATE heads SET lease_digest=%s WHERE run_id=%s", (token_digest, run_id)))
+            batch.append((_MOVE_DIGEST, (token_digest, run_id)))
         if self._hooks:
-            batch.append(("SELECT pg_advisory_xact_lock_shared(%s, %s)", (_LEDGER_NS, _VIEWS)))
+            batch.append((_LOCK_VIEWS_SHARED, (_LEDGER_NS, _VIEWS)))
         self._gather = batch
         try:
             out = hooks()  # the views' statements join the batch (they read no result)
         finally:
             self._gather = None
-        batch.append(("SELECT event_id, event_position FROM handoff_seal(false, %s::bigint[])", (ids,)))
+        batch.append((_SEAL_IF_FREE, (ids,)))
         batch.append(("COMMIT", None))
-        batch.append(("SELECT event_id, event_position FROM handoff_seal(true, %s::bigint[])", (ids,)))
+        batch.append((_SEAL_WAITING, (ids,)))
         results: list[list[Any]] = []
         try:
             results = _multi(conn, batch)
@@ -1138,16 +1269,14 @@ class PostgresStore(EventStore):
             with self._mapped(doing):
                 batch: list[tuple[str, Any]] = [
                     ("BEGIN", None),
-                    ("SELECT pg_advisory_xact_lock_shared(%s, %s), pg_advisory_xact_lock(%s, %s)",
-                     (_LEDGER_NS, _MAINTENANCE, _RUN_LOCK_NS, self._run_key(run_id))),
-                    (_HEAD_SELECT + " FOR UPDATE", (run_id,)),
-                    ("SELECT nextval('events_id_seq')", None),
+                    (_LOCK_RUN, (_LEDGER_NS, _MAINTENANCE, _RUN_LOCK_NS, self._run_key(run_id))),
+                    (_HEAD_FOR_UPDATE, (run_id,)),
+                    (_NEXT_IDS, ()),
                 ]
                 if idempotency_key:
                     batch.append((_DUPLICATE, (run_id, idempotency_key)))
                 if lean:
-                    batch.append(("SELECT seq, type, recorded_us, payload, hash FROM events WHERE run_id=%s "
-                                  "AND seq>=%s ORDER BY seq", (run_id, after)))
+                    batch.append((_STEPS_FROM, (run_id, after)))
                 self._in_txn = self._writing = True
                 got = iter(_multi(conn, batch)[2:])
                 c_head, c_id = _Rows(next(got)), _Rows(next(got))
@@ -1454,9 +1583,11 @@ class PostgresStore(EventStore):
             sql += " ORDER BY o.position LIMIT %s"
             args.append(page)
             with self._lock, self._mapped("reading"):
-                rows = self._x(sql, args).fetchall()
+                # Binary rows: the hashes and the payload come as bytes, not as hex text
+                # the server writes and the client parses (a catch-up reads every event).
+                rows = self._x(sql, args, binary=True).fetchall()
             for r in rows:
-                yield _rec(r)
+                yield Recorded(*r)
             if rows:
                 cursor = rows[-1][2]
             if until_position is not None and cursor >= until_position:
