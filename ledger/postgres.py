@@ -103,6 +103,16 @@ _INSERT = (
     "batch_size, recorded_us, schema_version, payload, prev_hash, hash, viewed) "
     "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
 )
+#: A batch of more than one event: one statement, one array per column that varies (a
+#: statement per event would be parsed and executed as many times).
+_INSERT_MANY = (
+    "INSERT INTO events (id, run_id, seq, type, actor, lease, idem_key, idem_digest, "
+    "batch_size, recorded_us, schema_version, payload, prev_hash, hash, viewed) "
+    "SELECT u.id, %s, u.seq, u.type, %s, %s, u.idem_key, u.idem_digest, %s, %s, %s, u.payload, "
+    "u.prev_hash, u.hash, %s FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[], "
+    "%s::bytea[], %s::bytea[], %s::bytea[], %s::bytea[]) "
+    "AS u(id, seq, type, idem_key, idem_digest, payload, prev_hash, hash) ORDER BY u.id"
+)
 _UPSERT_HEAD = (
     "INSERT INTO heads (run_id, last_seq, last_hash, lease, lease_holder, max_lease, "
     "first_position, last_position) VALUES (%s,%s,%s,%s,%s,%s,%s,%s) "
@@ -181,18 +191,35 @@ def _literal(v: Any) -> str | None:
         return "NULL"
     if t is bool:
         return "true" if v else "false"
-    if t is list and all(type(i) is int for i in v):
-        return "'{" + ",".join(map(str, v)) + "}'"
+    if t is list:
+        items = [_element(i) for i in v]
+        return None if None in items else "'{" + ",".join(items).replace("'", "''") + "}'"  # type: ignore[arg-type]
     return None
 
 
-def _execute_call(cur: Any, name: str, params: list[str] | int, args: Any, fast: bool) -> str:
+def _element(v: Any) -> str | None:
+    """``v`` as an element of an array literal (the text array_in reads), or None."""
+    t = type(v)
+    if t is int:
+        return str(v)
+    if v is None:
+        return "NULL"
+    if t is str:
+        return None if "\x00" in v else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if t is bytes:
+        return '"\\\\x' + v.hex() + '"'
+    if t is bool:
+        return "t" if v else "f"
+    return None
+
+
+def _execute_call(cur: Any, name: str, params: list[str] | int, args: Any) -> str:
     """``EXECUTE name(arguments)``, each argument a literal (psycopg quotes what _literal
     does not know)."""
     values = [args[k] for k in params] if isinstance(params, list) else list(args)
     if not values:
         return f"EXECUTE {name}"
-    lits = [_literal(v) for v in values] if fast else [None] * len(values)
+    lits = [_literal(v) for v in values]
     if None in lits:
         lits = [lit if lit is not None else cur.mogrify("%s", (v,)) for lit, v in zip(lits, values)]
     return f"EXECUTE {name}({', '.join(lits)})"  # type: ignore[arg-type]
@@ -207,8 +234,18 @@ _STEPS_FROM = preparable("SELECT seq, type, recorded_us, payload, hash FROM even
 _MOVE_DIGEST = preparable("UPDATE heads SET lease_digest=%s WHERE run_id=%s")
 _LOCK_VIEWS_SHARED = preparable("SELECT pg_advisory_xact_lock_shared(%s, %s)")
 _SEAL_IF_FREE = preparable("SELECT event_id, event_position FROM handoff_seal(false, %s::bigint[])")
-_SEAL_WAITING = preparable("SELECT event_id, event_position FROM handoff_seal(true, %s::bigint[])")
+#: After the commit: the write's positions if it is sealed (by its own seal, or by another
+#: sealer since), else the seal, waiting for the lock. One snapshot decides which: a sealer
+#: inserts the positions and takes the events off the queue in one transaction. (The
+#: seal's own call costs a SECURITY DEFINER function's entry and exit, on every write.)
+_SEAL_AFTER_COMMIT = preparable(
+    "SELECT o.event_id, o.position FROM ledger_order o WHERE o.event_id = ANY(%(ids)s::bigint[]) "
+    "AND NOT EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = ANY(%(ids)s::bigint[])) "
+    "UNION ALL SELECT s.event_id, s.event_position FROM handoff_seal(true, %(ids)s::bigint[]) s "
+    "WHERE EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = ANY(%(ids)s::bigint[]))"
+)
 preparable(_INSERT)
+preparable(_INSERT_MANY)
 preparable(_UPSERT_HEAD)
 preparable(_DUPLICATE)
 _RUNS_SINCE = (
@@ -561,8 +598,10 @@ def _multi(conn: Any, batch: Sequence[tuple[str, Any]]) -> list[list[Any]]:
     after a failed message that prepared something, which of its statements exist is not
     known: the connection asks the server (pg_prepared_statements) when it is next idle,
     and sends plain statements until then."""
-    known = _known_prepared(conn)
+    # Prepared statements only where the store writes the literals (their types then
+    # always match the parameters'); elsewhere everything goes plainly, psycopg quoting.
     fast = getattr(conn, "handoff_literals", False)
+    known = _known_prepared(conn) if fast else None
     cur = psycopg.ClientCursor(conn)
     head: list[str] = []
     body: list[str] = []
@@ -578,7 +617,7 @@ def _multi(conn: Any, batch: Sequence[tuple[str, Any]]) -> list[list[Any]]:
         if name not in known:  # type: ignore[operator]
             head.append(f"PREPARE {name} AS {text}")
             known.add(name)  # type: ignore[union-attr]
-        body.append(_execute_call(cur, name, params, a, fast))
+        body.append(_execute_call(cur, name, params, a))
     try:
         cur.execute(";\n".join(head + body) if head else ";\n".join(body))
     except psycopg.Error as exc:
@@ -734,7 +773,7 @@ class PostgresStore(EventStore):
         # its statements with DEALLOCATE ALL, which would take the writes' (_multi) too.
         conn.prepare_threshold = None
         conn.handoff_literals = (conn.info.encoding == "utf-8" and
-                                 conn.info.parameter_status("standard_conforming_strings") == b"on")
+                                 conn.info.parameter_status("standard_conforming_strings") == "on")
         self._conn = conn
 
     def server_clock(self) -> int:
@@ -1213,7 +1252,14 @@ class PostgresStore(EventStore):
         max_lease, token_digest, _, digest_moved = fence
         ids = [r[0] for r in rows]
         run_id = new_head.run_id
-        batch: list[tuple[str, Any]] = [(_INSERT, row) for row in rows]
+        if len(rows) == 1:
+            batch: list[tuple[str, Any]] = [(_INSERT, rows[0])]
+        else:
+            first = rows[0]
+            cols = list(zip(*rows))
+            batch = [(_INSERT_MANY, (first[1], first[4], first[5], first[8], first[9], first[10], first[14],
+                                     list(cols[0]), list(cols[2]), list(cols[3]), list(cols[6]),
+                                     list(cols[7]), list(cols[11]), list(cols[12]), list(cols[13])))]
         batch.append((_UPSERT_HEAD, (run_id, new_head.last_seq, new_head.last_hash, new_head.lease,
                                      new_head.lease_holder, max_lease, new_head.first_position,
                                      new_head.last_position)))
@@ -1228,7 +1274,7 @@ class PostgresStore(EventStore):
             self._gather = None
         batch.append((_SEAL_IF_FREE, (ids,)))
         batch.append(("COMMIT", None))
-        batch.append((_SEAL_WAITING, (ids,)))
+        batch.append((_SEAL_AFTER_COMMIT, {"ids": ids}))
         results: list[list[Any]] = []
         try:
             results = _multi(conn, batch)

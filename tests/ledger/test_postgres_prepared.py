@@ -86,6 +86,8 @@ def test_a_message_that_failed_after_preparing_leaves_the_connection_working():
     (None, "NULL"),
     (True, "true"),
     ([1, 2], "'{1,2}'"),
+    (['a"b', None, "it's"], """'{"a\\"b",NULL,"it''s"}'"""),
+    ([b"\x01"], """'{"\\\\x01"}'"""),
     ("nul\x00", None),  # psycopg quotes it (and refuses it: text cannot hold NUL)
     (1.5, None),
 ])
@@ -103,4 +105,25 @@ def test_literals_round_trip_through_the_server():
         got = [r.event.detail for r in store.read_all()]
         assert got == awkward
         assert [r.idempotency_key for r in store.read_all()] == awkward
+        assert store.verify() == []
+
+
+def test_a_batch_is_one_insert_and_reads_back_as_written():
+    """More than one event: one INSERT of arrays (awkward strings and bytes included),
+    the same rows, chains and positions as one INSERT per event would give."""
+    from handoff.ledger.store import chain_hash  # noqa: F401 - the chain is verify's to check
+
+    with PostgresStore(fresh_url()) as store:
+        details = ["plain", 'quo"te', "back\\slash", "it's", "{brace}", "NULL", "", "ünï ✓"]
+        batch = [ev.ProgressRecorded(kind="k", detail=d) for d in details]
+        result = store.append("r1", batch, actor=W, idempotency_key="b1", expected_seq=0)
+        assert (result.first_seq, result.last_seq) == (1, len(details))
+        again = store.append("r1", batch, actor=W, idempotency_key="b1")
+        assert again.outcome == "duplicate" and again.positions == result.positions
+        got = list(store.read_run("r1"))
+        assert [r.event.detail for r in got] == details
+        assert [r.idempotency_key for r in got] == ["b1"] + [None] * (len(details) - 1)
+        assert [r.position for r in got] == list(result.positions)
+        store.append("r1", batch[:2], actor=W)  # a second batch, no key: all its keys NULL
+        assert [r.seq for r in store.read_run("r1")] == list(range(1, len(details) + 3))
         assert store.verify() == []
