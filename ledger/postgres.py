@@ -75,7 +75,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 S = TypeVar("S")
 
 #: Layout version of the database schema (tables, indexes, triggers), kept in handoff_meta.
-PG_SCHEMA_VERSION = 3
+PG_SCHEMA_VERSION = 4
 FORMAT_NAME = "handoff-ledger"
 PAGE = 1000
 _TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
@@ -239,8 +239,9 @@ _SEAL_IF_FREE = preparable("SELECT event_id, event_position FROM handoff_seal(fa
 #: inserts the positions and takes the events off the queue in one transaction. (The
 #: seal's own call costs a SECURITY DEFINER function's entry and exit, on every write.)
 _SEAL_AFTER_COMMIT = preparable(
-    "SELECT o.event_id, o.position FROM ledger_order o WHERE o.event_id = ANY(%(ids)s::bigint[]) "
-    "AND NOT EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = ANY(%(ids)s::bigint[])) "
+    "SELECT m.id, (SELECT o.position FROM ledger_order o WHERE o.event_id = m.id) "
+    "FROM unnest(%(ids)s::bigint[]) AS m(id) "
+    "WHERE NOT EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = ANY(%(ids)s::bigint[])) "
     "UNION ALL SELECT s.event_id, s.event_position FROM handoff_seal(true, %(ids)s::bigint[]) s "
     "WHERE EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = ANY(%(ids)s::bigint[]))"
 )
@@ -297,15 +298,21 @@ ROLE_TRIGGERS = {
 #: them, unless ``wait`` was false and the lock was taken). SECURITY DEFINER: a reader
 #: that finds unsealed events may seal them (the order is a pure function of what has
 #: committed; nobody can choose it), without the right to write the order itself.
+#: Schema 4: every look-up in the log is by key, a subquery per queued event (schema 3's
+#: joins let a plan cached while the tables were small scan all of events and
+#: ledger_order on every seal), and the positions go in with one INSERT.
 SEAL_FUNCTION = """CREATE FUNCTION handoff_seal(wait boolean, mine bigint[])
 RETURNS TABLE (event_id bigint, event_position bigint) LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = {schema}, pg_temp AS $$
 DECLARE
   tpos bigint; g bytea; start bigint; r record;
+  ps bigint[] := ARRAY[]::bigint[]; es bigint[] := ARRAY[]::bigint[]; gs bytea[] := ARRAY[]::bytea[];
 BEGIN
   IF NOT EXISTS (SELECT 1 FROM unsealed) OR (cardinality(mine) > 0 AND
-     (SELECT count(*) FROM ledger_order o WHERE o.event_id = ANY(mine)) = cardinality(mine)) THEN
-    RETURN QUERY SELECT o.event_id, o.position FROM ledger_order o WHERE o.event_id = ANY(mine);
+     (SELECT count((SELECT 1 FROM ledger_order o WHERE o.event_id = m.id)) FROM unnest(mine) AS m(id))
+     = cardinality(mine)) THEN
+    RETURN QUERY SELECT x.id, x.pos FROM (SELECT m.id, (SELECT o.position FROM ledger_order o
+      WHERE o.event_id = m.id) AS pos FROM unnest(mine) AS m(id)) x WHERE x.pos IS NOT NULL;
     RETURN;
   END IF;
   IF wait THEN
@@ -315,21 +322,24 @@ BEGIN
   END IF;
   SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t;
   start := tpos;
-  FOR r IN SELECT u.event_id AS id, e.hash FROM unsealed u JOIN events e ON e.id = u.event_id
-           WHERE NOT EXISTS (SELECT 1 FROM ledger_order o WHERE o.event_id = u.event_id)
+  FOR r IN SELECT u.event_id AS id, (SELECT e.hash FROM events e WHERE e.id = u.event_id) AS hash
+           FROM unsealed u
+           WHERE (SELECT o.position FROM ledger_order o WHERE o.event_id = u.event_id) IS NULL
            ORDER BY u.event_id LOOP
     tpos := tpos + 1;
     g := sha256(g || int8send(tpos) || r.hash);
-    INSERT INTO ledger_order (position, event_id, global_hash) VALUES (tpos, r.id, g);
+    ps := ps || tpos; es := es || r.id; gs := gs || g;
   END LOOP;
+  INSERT INTO ledger_order (position, event_id, global_hash) SELECT * FROM unnest(ps, es, gs);
   -- Everything queued that now has a position (an import's rows are queued and sealed
   -- in one go) leaves the queue.
-  DELETE FROM unsealed u USING ledger_order o WHERE o.event_id = u.event_id;
+  DELETE FROM unsealed u WHERE (SELECT true FROM ledger_order o WHERE o.event_id = u.event_id);
   IF tpos > start THEN
     UPDATE ledger_tail SET position = tpos, global_hash = g;
     PERFORM pg_notify('{channel}', '');
   END IF;
-  RETURN QUERY SELECT o.event_id, o.position FROM ledger_order o WHERE o.event_id = ANY(mine);
+  RETURN QUERY SELECT x.id, x.pos FROM (SELECT m.id, (SELECT o.position FROM ledger_order o
+    WHERE o.event_id = m.id) AS pos FROM unnest(mine) AS m(id)) x WHERE x.pos IS NOT NULL;
 END $$"""
 
 
@@ -400,7 +410,7 @@ _SCHEMA = [
 
 #: Migrations from an older schema version: {from_version: [statements]}, run in one
 #: transaction by the first writable open, every write excluded. "{seal}" stands for the
-#: seal function in the ledger's schema.
+#: seal function in the ledger's schema, "{reseal}" for it replacing an older one.
 MIGRATIONS: dict[int, list[str]] = {
     1: [STAMP_FUNCTION, *ROLE_TRIGGERS.values()],  # 2: db_role stamped by a trigger, not a default
     # 3: positions sealed behind the writers. The positions so far become the ledger
@@ -438,6 +448,8 @@ MIGRATIONS: dict[int, list[str]] = {
         "UPDATE projection_positions SET id_mark = CASE WHEN position < (SELECT position FROM ledger_tail) "
         "THEN -1 ELSE position END; END IF; END $$",
     ],
+    # 4: the seal looks every queued event up by key (SEAL_FUNCTION); same order, same chain.
+    3: ["{reseal}"],
 }
 
 def global_link(prev_global: bytes, position: int, event_hash: bytes) -> bytes:
@@ -910,6 +922,8 @@ class PostgresStore(EventStore):
                         raise SchemaTooNew(f"no migration from schema {version} is known")
                     for sql in steps:
                         self._x(seal_function(schema) if sql == "{seal}" else
+                                seal_function(schema).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+                                if sql == "{reseal}" else
                                 queue_function(schema) if sql == "{queue}" else sql)
                     version += 1
                 self._x("UPDATE handoff_meta SET value=%s WHERE key='schema_version'", (str(version),))
