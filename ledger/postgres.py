@@ -145,10 +145,10 @@ _PUBLIC_HEAD = (
 #: Statements that every write sends, by their text (psycopg placeholders): each is
 #: prepared once per connection, by an SQL PREPARE inside the write's own message, and
 #: EXECUTEd by name after that. A simple query plans each of its statements afresh; a
-#: prepared one keeps its plan for the session. {text: (name, text with $n, EXECUTE
-#: parameter names or count)}. Only texts registered with ``preparable`` (whose parameter types the
-#: server infers from the columns and functions they meet) are prepared.
-_PREPARED: dict[str, tuple[str, str, str]] = {}
+#: prepared one keeps its plan for the session. {text: (name, text with $n, parameter
+#: names or count)}. Only texts registered with ``preparable`` (whose parameter types
+#: the server infers from the columns and functions they meet) are prepared.
+_PREPARED: dict[str, tuple[str, str, list[str] | int]] = {}
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s|%%")
 
 
@@ -178,8 +178,8 @@ def preparable(sql: str) -> str:
 def _literal(v: Any) -> str | None:
     """``v`` as an SQL literal for an EXECUTE's argument list (the prepared statement's
     parameter types convert it), or None for a value psycopg must quote. Only on a
-    connection with standard_conforming_strings on and UTF-8 (``handoff_literals``): there a
-    quote is the one character a string literal must double."""
+    connection with standard_conforming_strings on and UTF-8 (``handoff_literals``):
+    there a quote is the one character a string literal must double."""
     t = type(v)
     if t is str:
         return None if "\x00" in v else "'" + v.replace("'", "''") + "'"
