@@ -75,7 +75,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 S = TypeVar("S")
 
 #: Layout version of the database schema (tables, indexes, triggers), kept in handoff_meta.
-PG_SCHEMA_VERSION = 3
+PG_SCHEMA_VERSION = 4
 FORMAT_NAME = "handoff-ledger"
 PAGE = 1000
 _TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
@@ -102,6 +102,16 @@ _INSERT = (
     "INSERT INTO events (id, run_id, seq, type, actor, lease, idem_key, idem_digest, "
     "batch_size, recorded_us, schema_version, payload, prev_hash, hash, viewed) "
     "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
+)
+#: A batch of more than one event: one statement, one array per column that varies (a
+#: statement per event would be parsed and executed as many times).
+_INSERT_MANY = (
+    "INSERT INTO events (id, run_id, seq, type, actor, lease, idem_key, idem_digest, "
+    "batch_size, recorded_us, schema_version, payload, prev_hash, hash, viewed) "
+    "SELECT u.id, %s, u.seq, u.type, %s, %s, u.idem_key, u.idem_digest, %s, %s, %s, u.payload, "
+    "u.prev_hash, u.hash, %s FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[], "
+    "%s::bytea[], %s::bytea[], %s::bytea[], %s::bytea[]) "
+    "AS u(id, seq, type, idem_key, idem_digest, payload, prev_hash, hash) ORDER BY u.id"
 )
 _UPSERT_HEAD = (
     "INSERT INTO heads (run_id, last_seq, last_hash, lease, lease_holder, max_lease, "
@@ -132,6 +142,113 @@ _PUBLIC_HEAD = (
     "LEFT JOIN ledger_order f ON f.event_id = h.first_position "
     "LEFT JOIN ledger_order l ON l.event_id = h.last_position"
 )
+#: Statements that every write sends, by their text (psycopg placeholders): each is
+#: prepared once per connection, by an SQL PREPARE inside the write's own message, and
+#: EXECUTEd by name after that. A simple query plans each of its statements afresh; a
+#: prepared one keeps its plan for the session. {text: (name, text with $n, parameter
+#: names or count)}. Only texts registered with ``preparable`` (whose parameter types
+#: the server infers from the columns and functions they meet) are prepared.
+_PREPARED: dict[str, tuple[str, str, list[str] | int]] = {}
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s|%%")
+
+
+def preparable(sql: str) -> str:
+    """Register ``sql`` as a statement _multi prepares per connection; returns it."""
+    if sql not in _PREPARED:
+        names: list[str] = []
+        count = 0
+
+        def dollar(m: re.Match[str]) -> str:
+            nonlocal count
+            if m.group(0) == "%%":
+                return "%"
+            if m.group(1) is None:
+                count += 1
+                return f"${count}"
+            if m.group(1) not in names:
+                names.append(m.group(1))
+            return f"${names.index(m.group(1)) + 1}"
+
+        text = _PLACEHOLDER.sub(dollar, sql)
+        name = "handoff_" + hashlib.sha256(sql.encode()).hexdigest()[:16]
+        _PREPARED[sql] = (name, text, names or count)
+    return sql
+
+
+def _literal(v: Any) -> str | None:
+    """``v`` as an SQL literal for an EXECUTE's argument list (the prepared statement's
+    parameter types convert it), or None for a value psycopg must quote. Only on a
+    connection with standard_conforming_strings on and UTF-8 (``handoff_literals``):
+    there a quote is the one character a string literal must double."""
+    t = type(v)
+    if t is str:
+        return None if "\x00" in v else "'" + v.replace("'", "''") + "'"
+    if t is int:
+        return str(v)
+    if t is bytes:
+        return "'\\x" + v.hex() + "'"
+    if v is None:
+        return "NULL"
+    if t is bool:
+        return "true" if v else "false"
+    if t is list:
+        items = [_element(i) for i in v]
+        return None if None in items else "'{" + ",".join(items).replace("'", "''") + "}'"  # type: ignore[arg-type]
+    return None
+
+
+def _element(v: Any) -> str | None:
+    """``v`` as an element of an array literal (the text array_in reads), or None."""
+    t = type(v)
+    if t is int:
+        return str(v)
+    if v is None:
+        return "NULL"
+    if t is str:
+        return None if "\x00" in v else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if t is bytes:
+        return '"\\\\x' + v.hex() + '"'
+    if t is bool:
+        return "t" if v else "f"
+    return None
+
+
+def _execute_call(cur: Any, name: str, params: list[str] | int, args: Any) -> str:
+    """``EXECUTE name(arguments)``, each argument a literal (psycopg quotes what _literal
+    does not know)."""
+    values = [args[k] for k in params] if isinstance(params, list) else list(args)
+    if not values:
+        return f"EXECUTE {name}"
+    lits = [_literal(v) for v in values]
+    if None in lits:
+        lits = [lit if lit is not None else cur.mogrify("%s", (v,)) for lit, v in zip(lits, values)]
+    return f"EXECUTE {name}({', '.join(lits)})"  # type: ignore[arg-type]
+
+
+#: The statements of a write's two messages, prepared once per connection (_multi).
+_LOCK_RUN = preparable("SELECT pg_advisory_xact_lock_shared(%s, %s), pg_advisory_xact_lock(%s, %s)")
+_HEAD_FOR_UPDATE = preparable(_HEAD_SELECT + " FOR UPDATE")
+_NEXT_IDS = preparable("SELECT nextval('events_id_seq')")
+_STEPS_FROM = preparable("SELECT seq, type, recorded_us, payload, hash FROM events WHERE run_id=%s "
+                         "AND seq>=%s ORDER BY seq")
+_MOVE_DIGEST = preparable("UPDATE heads SET lease_digest=%s WHERE run_id=%s")
+_LOCK_VIEWS_SHARED = preparable("SELECT pg_advisory_xact_lock_shared(%s, %s)")
+_SEAL_IF_FREE = preparable("SELECT event_id, event_position FROM handoff_seal(false, %s::bigint[])")
+#: After the commit: the write's positions if it is sealed (by its own seal, or by another
+#: sealer since), else the seal, waiting for the lock. One snapshot decides which: a sealer
+#: inserts the positions and takes the events off the queue in one transaction. (The
+#: seal's own call costs a SECURITY DEFINER function's entry and exit, on every write.)
+_SEAL_AFTER_COMMIT = preparable(
+    "SELECT m.id, (SELECT o.position FROM ledger_order o WHERE o.event_id = m.id) "
+    "FROM unnest(%(ids)s::bigint[]) AS m(id) "
+    "WHERE NOT EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = ANY(%(ids)s::bigint[])) "
+    "UNION ALL SELECT s.event_id, s.event_position FROM handoff_seal(true, %(ids)s::bigint[]) s "
+    "WHERE EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = ANY(%(ids)s::bigint[]))"
+)
+preparable(_INSERT)
+preparable(_INSERT_MANY)
+preparable(_UPSERT_HEAD)
+preparable(_DUPLICATE)
 _RUNS_SINCE = (
     "SELECT h.run_id FROM heads h WHERE h.run_id IN (SELECT e.run_id FROM ledger_order o "
     "JOIN events e ON e.id = o.event_id WHERE o.position > %s) ORDER BY h.first_position"
@@ -181,15 +298,21 @@ ROLE_TRIGGERS = {
 #: them, unless ``wait`` was false and the lock was taken). SECURITY DEFINER: a reader
 #: that finds unsealed events may seal them (the order is a pure function of what has
 #: committed; nobody can choose it), without the right to write the order itself.
+#: Schema 4: every look-up in the log is by key, a subquery per queued event (schema 3's
+#: joins let a plan cached while the tables were small scan all of events and
+#: ledger_order on every seal), and the positions go in with one INSERT.
 SEAL_FUNCTION = """CREATE FUNCTION handoff_seal(wait boolean, mine bigint[])
 RETURNS TABLE (event_id bigint, event_position bigint) LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = {schema}, pg_temp AS $$
 DECLARE
   tpos bigint; g bytea; start bigint; r record;
+  ps bigint[] := ARRAY[]::bigint[]; es bigint[] := ARRAY[]::bigint[]; gs bytea[] := ARRAY[]::bytea[];
 BEGIN
   IF NOT EXISTS (SELECT 1 FROM unsealed) OR (cardinality(mine) > 0 AND
-     (SELECT count(*) FROM ledger_order o WHERE o.event_id = ANY(mine)) = cardinality(mine)) THEN
-    RETURN QUERY SELECT o.event_id, o.position FROM ledger_order o WHERE o.event_id = ANY(mine);
+     (SELECT count((SELECT 1 FROM ledger_order o WHERE o.event_id = m.id)) FROM unnest(mine) AS m(id))
+     = cardinality(mine)) THEN
+    RETURN QUERY SELECT x.id, x.pos FROM (SELECT m.id, (SELECT o.position FROM ledger_order o
+      WHERE o.event_id = m.id) AS pos FROM unnest(mine) AS m(id)) x WHERE x.pos IS NOT NULL;
     RETURN;
   END IF;
   IF wait THEN
@@ -199,21 +322,24 @@ BEGIN
   END IF;
   SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t;
   start := tpos;
-  FOR r IN SELECT u.event_id AS id, e.hash FROM unsealed u JOIN events e ON e.id = u.event_id
-           WHERE NOT EXISTS (SELECT 1 FROM ledger_order o WHERE o.event_id = u.event_id)
+  FOR r IN SELECT u.event_id AS id, (SELECT e.hash FROM events e WHERE e.id = u.event_id) AS hash
+           FROM unsealed u
+           WHERE (SELECT o.position FROM ledger_order o WHERE o.event_id = u.event_id) IS NULL
            ORDER BY u.event_id LOOP
     tpos := tpos + 1;
     g := sha256(g || int8send(tpos) || r.hash);
-    INSERT INTO ledger_order (position, event_id, global_hash) VALUES (tpos, r.id, g);
+    ps := ps || tpos; es := es || r.id; gs := gs || g;
   END LOOP;
+  INSERT INTO ledger_order (position, event_id, global_hash) SELECT * FROM unnest(ps, es, gs);
   -- Everything queued that now has a position (an import's rows are queued and sealed
   -- in one go) leaves the queue.
-  DELETE FROM unsealed u USING ledger_order o WHERE o.event_id = u.event_id;
+  DELETE FROM unsealed u WHERE (SELECT true FROM ledger_order o WHERE o.event_id = u.event_id);
   IF tpos > start THEN
     UPDATE ledger_tail SET position = tpos, global_hash = g;
     PERFORM pg_notify('{channel}', '');
   END IF;
-  RETURN QUERY SELECT o.event_id, o.position FROM ledger_order o WHERE o.event_id = ANY(mine);
+  RETURN QUERY SELECT x.id, x.pos FROM (SELECT m.id, (SELECT o.position FROM ledger_order o
+    WHERE o.event_id = m.id) AS pos FROM unnest(mine) AS m(id)) x WHERE x.pos IS NOT NULL;
 END $$"""
 
 
@@ -284,7 +410,7 @@ _SCHEMA = [
 
 #: Migrations from an older schema version: {from_version: [statements]}, run in one
 #: transaction by the first writable open, every write excluded. "{seal}" stands for the
-#: seal function in the ledger's schema.
+#: seal function in the ledger's schema, "{reseal}" for it replacing an older one.
 MIGRATIONS: dict[int, list[str]] = {
     1: [STAMP_FUNCTION, *ROLE_TRIGGERS.values()],  # 2: db_role stamped by a trigger, not a default
     # 3: positions sealed behind the writers. The positions so far become the ledger
@@ -322,6 +448,8 @@ MIGRATIONS: dict[int, list[str]] = {
         "UPDATE projection_positions SET id_mark = CASE WHEN position < (SELECT position FROM ledger_tail) "
         "THEN -1 ELSE position END; END IF; END $$",
     ],
+    # 4: the seal looks every queued event up by key (SEAL_FUNCTION); same order, same chain.
+    3: ["{reseal}"],
 }
 
 def global_link(prev_global: bytes, position: int, event_hash: bytes) -> bytes:
@@ -353,6 +481,10 @@ if psycopg is not None:
         """
 
         wait_limit_s: float | None = None
+        #: The names of the statements _multi has prepared in this session (None: not known).
+        handoff_prepared: set[str] | None = None
+        #: Whether _multi may write string literals itself (_literal).
+        handoff_literals = False
 
         def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
             limit = self.wait_limit_s if timeout is None else timeout
@@ -470,14 +602,58 @@ def _multi(conn: Any, batch: Sequence[tuple[str, Any]]) -> list[list[Any]]:
     one's rows. One message, ending in one ReadyForQuery: between two of them the session
     is idle in its transaction, where the server's idle timeout ends a client that went
     away. (psycopg's pipeline mode sends a Flush after its Sync, which switches that
-    timeout off: a stalled client would hold its locks for good.)"""
+    timeout off: a stalled client would hold its locks for good.)
+
+    A registered statement (``preparable``) goes as ``EXECUTE name(literals)``, preceded,
+    the first time on this connection, by its ``PREPARE`` at the head of the same message:
+    still one message, and no plan made twice. PREPARE is not undone by a rollback, so
+    after a failed message that prepared something, which of its statements exist is not
+    known: the connection asks the server (pg_prepared_statements) when it is next idle,
+    and sends plain statements until then."""
+    # Prepared statements only where the store writes the literals (their types then
+    # always match the parameters'); elsewhere everything goes plainly, psycopg quoting.
+    fast = getattr(conn, "handoff_literals", False)
+    known = _known_prepared(conn) if fast else None
     cur = psycopg.ClientCursor(conn)
-    cur.execute(";\n".join(q if a is None else cur.mogrify(q, a) for q, a in batch))
+    head: list[str] = []
+    body: list[str] = []
+    for q, a in batch:
+        if a is None:
+            body.append(q)
+            continue
+        form = _PREPARED.get(q) if known is not None else None
+        if form is None:
+            body.append(cur.mogrify(q, a))
+            continue
+        name, text, params = form
+        if name not in known:  # type: ignore[operator]
+            head.append(f"PREPARE {name} AS {text}")
+            known.add(name)  # type: ignore[union-attr]
+        body.append(_execute_call(cur, name, params, a))
+    try:
+        cur.execute(";\n".join(head + body) if head else ";\n".join(body))
+    except psycopg.Error as exc:
+        if head or isinstance(exc, pgerr.InvalidSqlStatementName):
+            conn.handoff_prepared = None  # some may exist, some not (or someone deallocated)
+        raise
+    for _ in head:
+        cur.nextset()
     out = []
     while True:
         out.append(cur.fetchall() if cur.description else [])
         if not cur.nextset():
             return out
+
+
+def _known_prepared(conn: Any) -> set[str] | None:
+    """The statements this connection has prepared, or None (send them plainly) while that
+    is not known and cannot be asked (inside a transaction)."""
+    known = getattr(conn, "handoff_prepared", None)
+    if known is None and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        known = {r[0] for r in conn.execute(
+            "SELECT name FROM pg_prepared_statements WHERE name LIKE 'handoff\\_%'")}
+        conn.handoff_prepared = known
+    return known
 
 
 class _Rows:
@@ -604,6 +780,12 @@ class PostgresStore(EventStore):
             conn.close()
             raise _explain(exc, "connecting", self.path) from exc
         self._server_at = (int(server_us), (t0 + t1) // 2)
+        conn.handoff_prepared = set()  # a new session has prepared nothing
+        # psycopg's own automatic preparing is off: after a ROLLBACK or a DROP it clears
+        # its statements with DEALLOCATE ALL, which would take the writes' (_multi) too.
+        conn.prepare_threshold = None
+        conn.handoff_literals = (conn.info.encoding == "utf-8" and
+                                 conn.info.parameter_status("standard_conforming_strings") == "on")
         self._conn = conn
 
     def server_clock(self) -> int:
@@ -635,7 +817,7 @@ class PostgresStore(EventStore):
             conn = self._conn
         return conn
 
-    def _x(self, sql: str, args: Any = None) -> Any:
+    def _x(self, sql: str, args: Any = None, *, binary: bool = False) -> Any:
         """Execute on the store's connection (inside whatever transaction is open); while a
         write gathers its second round trip (_commit_rows), gather instead."""
         if self._gather is not None:
@@ -645,7 +827,7 @@ class PostgresStore(EventStore):
             # A read inside the write (a hook that reads the run back): it must see what
             # was gathered, so that goes first, as one message of its own.
             self._send_gathered()
-        return self._ready().execute(sql, args, prepare=None)
+        return self._ready().execute(sql, args, binary=binary)
 
     def _send_gathered(self) -> None:
         batch = self._gather
@@ -740,6 +922,8 @@ class PostgresStore(EventStore):
                         raise SchemaTooNew(f"no migration from schema {version} is known")
                     for sql in steps:
                         self._x(seal_function(schema) if sql == "{seal}" else
+                                seal_function(schema).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+                                if sql == "{reseal}" else
                                 queue_function(schema) if sql == "{queue}" else sql)
                     version += 1
                 self._x("UPDATE handoff_meta SET value=%s WHERE key='schema_version'", (str(version),))
@@ -1082,22 +1266,29 @@ class PostgresStore(EventStore):
         max_lease, token_digest, _, digest_moved = fence
         ids = [r[0] for r in rows]
         run_id = new_head.run_id
-        batch: list[tuple[str, Any]] = [(_INSERT, row) for row in rows]
+        if len(rows) == 1:
+            batch: list[tuple[str, Any]] = [(_INSERT, rows[0])]
+        else:
+            first = rows[0]
+            cols = list(zip(*rows))
+            batch = [(_INSERT_MANY, (first[1], first[4], first[5], first[8], first[9], first[10], first[14],
+                                     list(cols[0]), list(cols[2]), list(cols[3]), list(cols[6]),
+                                     list(cols[7]), list(cols[11]), list(cols[12]), list(cols[13])))]
         batch.append((_UPSERT_HEAD, (run_id, new_head.last_seq, new_head.last_hash, new_head.lease,
                                      new_head.lease_holder, max_lease, new_head.first_position,
                                      new_head.last_position)))
         if digest_moved:
-            batch.append(("UPDATE heads SET lease_digest=%s WHERE run_id=%s", (token_digest, run_id)))
+            batch.append((_MOVE_DIGEST, (token_digest, run_id)))
         if self._hooks:
-            batch.append(("SELECT pg_advisory_xact_lock_shared(%s, %s)", (_LEDGER_NS, _VIEWS)))
+            batch.append((_LOCK_VIEWS_SHARED, (_LEDGER_NS, _VIEWS)))
         self._gather = batch
         try:
             out = hooks()  # the views' statements join the batch (they read no result)
         finally:
             self._gather = None
-        batch.append(("SELECT event_id, event_position FROM handoff_seal(false, %s::bigint[])", (ids,)))
+        batch.append((_SEAL_IF_FREE, (ids,)))
         batch.append(("COMMIT", None))
-        batch.append(("SELECT event_id, event_position FROM handoff_seal(true, %s::bigint[])", (ids,)))
+        batch.append((_SEAL_AFTER_COMMIT, {"ids": ids}))
         results: list[list[Any]] = []
         try:
             results = _multi(conn, batch)
@@ -1138,16 +1329,14 @@ class PostgresStore(EventStore):
             with self._mapped(doing):
                 batch: list[tuple[str, Any]] = [
                     ("BEGIN", None),
-                    ("SELECT pg_advisory_xact_lock_shared(%s, %s), pg_advisory_xact_lock(%s, %s)",
-                     (_LEDGER_NS, _MAINTENANCE, _RUN_LOCK_NS, self._run_key(run_id))),
-                    (_HEAD_SELECT + " FOR UPDATE", (run_id,)),
-                    ("SELECT nextval('events_id_seq')", None),
+                    (_LOCK_RUN, (_LEDGER_NS, _MAINTENANCE, _RUN_LOCK_NS, self._run_key(run_id))),
+                    (_HEAD_FOR_UPDATE, (run_id,)),
+                    (_NEXT_IDS, ()),
                 ]
                 if idempotency_key:
                     batch.append((_DUPLICATE, (run_id, idempotency_key)))
                 if lean:
-                    batch.append(("SELECT seq, type, recorded_us, payload, hash FROM events WHERE run_id=%s "
-                                  "AND seq>=%s ORDER BY seq", (run_id, after)))
+                    batch.append((_STEPS_FROM, (run_id, after)))
                 self._in_txn = self._writing = True
                 got = iter(_multi(conn, batch)[2:])
                 c_head, c_id = _Rows(next(got)), _Rows(next(got))
@@ -1454,9 +1643,11 @@ class PostgresStore(EventStore):
             sql += " ORDER BY o.position LIMIT %s"
             args.append(page)
             with self._lock, self._mapped("reading"):
-                rows = self._x(sql, args).fetchall()
+                # Binary rows: the hashes and the payload come as bytes, not as hex text
+                # the server writes and the client parses (a catch-up reads every event).
+                rows = self._x(sql, args, binary=True).fetchall()
             for r in rows:
-                yield _rec(r)
+                yield Recorded(*r)
             if rows:
                 cursor = rows[-1][2]
             if until_position is not None and cursor >= until_position:

@@ -20,6 +20,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidInput, StoreUnavailable
+from .postgres import preparable
 from .views import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewStore
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ def index_sql(spec: TableSpec, ix: Index) -> str:
 class Table:
     """One view table and the statements that keep it, built once."""
 
-    __slots__ = ("delete_key", "delete_run", "name", "npk", "order", "spec", "select_run",
+    __slots__ = ("_others", "delete_key", "delete_run", "name", "npk", "order", "spec", "select_run",
                  "update", "upsert", "upsert_changed", "values")
 
     def __init__(self, spec: TableSpec, table: str) -> None:
@@ -108,6 +109,25 @@ class Table:
         self.select_run = f"SELECT {', '.join(self.order)} FROM {table} WHERE run_id=%s"
         self.delete_key = f"DELETE FROM {table} WHERE {' AND '.join(f'{c}=%s' for c in spec.pk)}"
         self.delete_run = f"DELETE FROM {table} WHERE run_id=%s"
+        # What a write sends for this table is prepared once per connection (ledger/postgres.py,
+        # _multi); a shadow table of a rebuild is written once, and not prepared.
+        if not table.endswith("__new"):
+            for sql in (self.upsert, self.upsert_changed, self.update, self.delete_key, self.delete_run):
+                if sql is not None:
+                    preparable(sql)
+        self._others: dict[int, str] = {}
+
+    def delete_others(self, n: int) -> str:
+        """DELETE a run's rows but these ``n`` keys (sync_many), prepared for the few
+        counts a run's rows come in."""
+        sql = self._others.get(n)
+        if sql is None:
+            cols = ", ".join(self.spec.pk)
+            one = "(" + ", ".join(["%s"] * self.npk) + ")"
+            sql = f"DELETE FROM {self.name} WHERE run_id=%s AND ({cols}) NOT IN ({', '.join([one] * n)})"
+            if n <= 8 and not self.name.endswith("__new"):
+                self._others[n] = preparable(sql)
+        return sql
 
 
 def _row(r: Sequence[Any]) -> tuple[Any, ...]:
@@ -210,10 +230,7 @@ class PostgresViewStore(ViewStore):
         n = table.npk
         keys = [tuple(table.values(row))[:n] for row in rows]
         if keys:
-            cols = ", ".join(table.spec.pk)
-            one = "(" + ", ".join(["%s"] * n) + ")"
-            self._x(f"DELETE FROM {table.name} WHERE run_id=%s AND ({cols}) NOT IN ({', '.join([one] * len(keys))})",
-                    [run_id, *(v for k in keys for v in k)])
+            self._x(table.delete_others(len(keys)), [run_id, *(v for k in keys for v in k)])
         else:
             self._x(table.delete_run, (run_id,))
         for row in rows:

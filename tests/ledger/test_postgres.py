@@ -9,7 +9,7 @@ import pytest
 from pathlib import Path
 
 from handoff.ledger.errors import StoreUnavailable
-from handoff.ledger.postgres import PostgresStore
+from handoff.ledger.postgres import PG_SCHEMA_VERSION, PostgresStore
 from tests.pg import fresh_url
 
 
@@ -120,8 +120,8 @@ def _load_schema2(drop_stamp: bool = False) -> str:
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_an_older_ledger_is_migrated_and_keeps_every_position_and_hash(version):
-    """Schema 1 (no db_role trigger) and 2 (positions under a tail lock) are brought to 3
-    (positions sealed behind the writers) by a writable open: the order, both chains and
+    """Schema 1 (no db_role trigger) and 2 (positions under a tail lock) are brought to the
+    current schema (3: positions sealed behind the writers; 4: the seal by key) by a writable open: the order, both chains and
     every fold stay, the views need no refold, and new writes continue the order."""
     import psycopg
 
@@ -134,7 +134,7 @@ def test_an_older_ledger_is_migrated_and_keeps_every_position_and_hash(version):
         before = conn.execute("SELECT position, run_id, seq, hash, global_hash FROM events ORDER BY position").fetchall()
         tail = conn.execute("SELECT position, global_hash FROM ledger_tail").fetchone()
     with Ledger(url) as lg:
-        assert lg.store.diagnostics()["schema_version"] == 3
+        assert lg.store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 4
         assert [(r.position, r.run_id, r.seq, r.hash) for r in lg.store.read_all()] == [
             (p, r, s, bytes(h)) for p, r, s, h, _ in before]
         assert lg.store.ledger_head() == (tail[0], bytes(tail[1]))
@@ -150,9 +150,64 @@ def test_an_older_ledger_is_migrated_and_keeps_every_position_and_hash(version):
         assert lg.store.head("r3").first_position == 11
         assert lg.verify() == [] and lg.check() == []
     with psycopg.connect(url) as conn:
-        assert conn.execute("SELECT value FROM handoff_meta WHERE key = 'schema_version'").fetchone()[0] == "3"
+        assert conn.execute("SELECT value FROM handoff_meta WHERE key = 'schema_version'").fetchone()[0] == "4"
         assert {r[0] for r in conn.execute("SELECT DISTINCT db_role FROM events")} == {
             conn.execute("SELECT session_user").fetchone()[0]}
+
+
+SEAL_V3 = Path(__file__).parent / "fixtures" / "postgres_seal3.sql"
+
+
+def test_a_schema_3_ledger_gets_the_seal_by_key_and_keeps_its_order():
+    """Schema 3's seal joined the queue to the whole log (a plan cached while the tables were
+    small scanned all of them on every seal); 4 replaces only the function. Events written
+    under 3, some still queued at the upgrade, are sealed by the new one in write-id order,
+    the chain unbroken, and verify accepts the new body (and would report the old one)."""
+    import psycopg
+
+    from handoff.api import Ledger
+    from handoff.ledger import postgres as P
+    from handoff.ledger import events as ev
+    from handoff.ledger.store import Actor
+
+    url = fresh_url()
+    w = Actor("worker", "w")
+    with PostgresStore(url) as store:
+        schema = store.schema_name()
+        for i in range(4):
+            store.append(f"r{i % 2}", [ev.ProgressRecorded(kind=f"k{i}")], actor=w)
+    # Two commits left queued: their writer could not seal (another session held the seal
+    # lock past the lock timeout), as with a writer that died between commit and seal.
+    with psycopg.connect(url, autocommit=True) as other, PostgresStore(url, busy_timeout_s=0.2) as store:
+        other.execute("BEGIN")
+        other.execute("SELECT pg_advisory_xact_lock(%s, %s)", (P._LEDGER_NS, P._SEAL))
+        for run in ("r0", "r1"):
+            assert store.append(run, [ev.ProgressRecorded(kind="queued")], actor=w).positions == ()
+        other.execute("ROLLBACK")
+        assert store.unsealed_count() == 2
+    old = SEAL_V3.read_text().format(schema=P._quote_ident(schema), ns=P._LEDGER_NS, seal=P._SEAL,
+                                     channel=P.notify_channel(schema))
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(old)
+        conn.execute("UPDATE handoff_meta SET value = '3' WHERE key = 'schema_version'")
+    with pytest.raises(StoreUnavailable, match="handoff --db URL init"):  # read-only: no migration
+        PostgresStore(url, readonly=True)
+    with Ledger(url) as lg:
+        store = lg.store
+        assert store.diagnostics()["schema_version"] == 4
+        body = store._x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_seal' "
+                        "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
+        assert "unnest(ps, es, gs)" in body
+        store.seal()
+        assert store.unsealed_count() == 0
+        assert [(r.position, r.run_id, r.seq) for r in store.read_all()][-2:] == [(5, "r0", 3), (6, "r1", 3)]
+        store.append("r1", [ev.ProgressRecorded(kind="after")], actor=w)
+        assert store.last_position() == 7
+        assert store.verify() == []
+    with psycopg.connect(url, autocommit=True) as conn:  # verify would report the old body
+        conn.execute(old)
+    with PostgresStore(url) as store:
+        assert any(p.kind == "trigger_altered" and "handoff_seal" in p.message for p in store.verify())
 
 
 def test_a_write_whose_hooks_kept_only_some_views_leaves_them_to_catch_up():
