@@ -1462,7 +1462,8 @@ class PostgresStore(EventStore):
         # steps come with the first one), so the hooks need no read of their own.
         folded_for = self._hooks[0][0] if self._hooks else None
         with self._lock:
-            result, _ = self._write(run_id, folded_for, actor_s, idempotency_key, digest, token, plan, "appending")
+            result, _ = self._write_resent(run_id, folded_for, actor_s, idempotency_key, digest, token, plan,
+                                           "appending")
         return result
 
     def execute(
@@ -1492,8 +1493,25 @@ class PostgresStore(EventStore):
             return decision.events, decision.lease
 
         with self._lock:
-            return self._write(run_id, aggregate, actor_s, idempotency_key, digest, token, plan,
-                               "committing a command")
+            return self._write_resent(run_id, aggregate, actor_s, idempotency_key, digest, token, plan,
+                                      "committing a command")
+
+    def _write_resent(self, *args: Any) -> tuple[AppendResult, Any]:
+        """_write, sent once more when the session lost the statements it had prepared.
+
+        A pooler in transaction mode hands each transaction whichever server session is
+        free, and anything may run ``DEALLOCATE ALL``: an ``EXECUTE`` then names a
+        statement the session does not have. The server refuses it before the write's
+        COMMIT (a failure after the COMMIT is reported as committed, never raised), so
+        nothing was written and the whole write, its fencing included, can run again; the
+        connection has forgotten what it prepared and prepares again in that same message.
+        """
+        try:
+            return self._write(*args)
+        except StoreUnavailable as exc:
+            if pgerr is None or not isinstance(exc.__cause__, pgerr.InvalidSqlStatementName):
+                raise
+        return self._write(*args)
 
     # --- hooks and the fold cache ----------------------------------------------------
 

@@ -41,17 +41,47 @@ def test_a_write_prepares_its_statements_once_per_connection():
         assert lg.status(run)["progress_seq"] == lg.checkpoint(run).progress_seq == 8
 
 
-def test_statements_gone_from_the_session_cost_one_refused_write():
-    """As after a pooler's DEALLOCATE ALL: the write that finds them gone is refused
-    (typed, nothing written); the connection asks the server what it has, and the next
-    write prepares again."""
+def test_statements_gone_from_the_session_are_prepared_again_and_the_write_sent_once_more():
+    """As after a pooler's DEALLOCATE ALL: the write that finds them gone is refused by
+    the server before its COMMIT, so the store sends it once more, preparing again in the
+    same message: written once, in order, and the chain verifies."""
+    with PostgresStore(fresh_url()) as store:
+        store.append("r1", [ev.ProgressRecorded(kind="a")], actor=W)
+        store._conn.execute("DEALLOCATE ALL")
+        result = store.append("r1", [ev.ProgressRecorded(kind="b")], actor=W, idempotency_key="k-b")
+        assert (result.outcome, result.first_seq) == ("committed", 2)
+        assert [seq for _, seq, _ in _log(store)] == [1, 2]
+        store._conn.execute("DEALLOCATE ALL")
+        again = store.append("r1", [ev.ProgressRecorded(kind="b")], actor=W, idempotency_key="k-b")
+        assert (again.outcome, again.first_seq) == ("duplicate", 2)
+        assert [seq for _, seq, _ in _log(store)] == [1, 2]
+        assert store.verify() == []
+
+
+def test_statements_lost_twice_in_a_row_are_refused_with_nothing_written():
+    """The store sends a write once more, not for ever: a session that loses its
+    statements again before the second message (a pooler switching sessions under every
+    transaction) gets a typed refusal, and the log is unchanged."""
     with PostgresStore(fresh_url()) as store:
         store.append("r1", [ev.ProgressRecorded(kind="a")], actor=W)
         before = _log(store)
-        store._conn.execute("DEALLOCATE ALL")
+        real = store._write
+        names = set(_prepared(store))
+        calls = []
+
+        def write_after_deallocate(*args):
+            # What a pooler does: the statements the connection believes it has are gone.
+            calls.append(1)
+            store._conn.execute("DEALLOCATE ALL")
+            store._conn.handoff_prepared = set(names)
+            return real(*args)
+
+        store._write = write_after_deallocate
         with pytest.raises(StoreUnavailable, match="does not exist"):
             store.append("r1", [ev.ProgressRecorded(kind="b")], actor=W)
+        assert len(calls) == 2
         assert _log(store) == before
+        store._write = real
         store.append("r1", [ev.ProgressRecorded(kind="b")], actor=W)
         assert [seq for _, seq, _ in _log(store)] == [1, 2]
         assert store.verify() == []
