@@ -20,7 +20,7 @@ from .views import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, View
 if TYPE_CHECKING:
     from .sqlite import SqliteStore
 
-_TYPES = {"text": "TEXT", "int": "INTEGER", "blob": "BLOB"}
+_TYPES = {"text": "TEXT", "int": "INTEGER", "real": "REAL", "blob": "BLOB"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Keys per statement in get_many (under SQLite's default limit of bound parameters).
 _MANY = 500

@@ -2,7 +2,7 @@
 
 Projections (``projections/``) derive rows from the log and keep them in tables of their
 own. They declare those tables here, in words every backend understands (a column is
-text, int or blob, nullable or not; a primary key; indexes, one of them partial), and
+text, int, real or blob, nullable or not; a primary key; indexes, one of them partial), and
 talk to the backend's ``ViewStore`` through a small vocabulary: write a run's rows
 (only what changed is written), keep tracking positions and versions, build shadow
 tables for a rebuild and swap them in, and read by key, by equality filters, by a range
@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import msgspec
 
-ColumnType = Literal["text", "int", "blob"]
+ColumnType = Literal["text", "int", "real", "blob"]
 
 #: The pseudo-column holding a row's creation order; selectable and orderable.
 ORDINAL = "_ordinal"

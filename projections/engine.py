@@ -94,18 +94,28 @@ PROJECTIONS: tuple[Projection, ...] = (
     ),
     Projection(
         name="stall_watch",
+        # 2: the worker, the policy's timeouts and retry budget, and whether a verdict needs
+        # the packet: the stall scan judges a due run from this row (reducers/stall.judge)
+        version=2,
         spec=TableSpec(
             "stall_watch",
             columns(
                 run_id="text!", live="int!", state="text!", lease="int", last_heartbeat_us="int",
                 lease_since_us="int", progress_seq="int!", last_progress_kind="text",
                 last_progress_us="int", retry_count="int!", pending_effects="int!",
-                next_deadline_us="int",
+                next_deadline_us="int", worker="text", heartbeat_timeout_s="real!",
+                progress_timeout_s="real!", retry_budget="int!", needs_packet="int!",
             ),
             pk=("run_id",),
-            # The stall scan is a range scan of this partial covering index and nothing else.
+            # The stall scan is a range scan of this partial index: it holds every column the
+            # scan filters on and judges liveness by (queries.due_signals; ``live`` too, which
+            # SQLite checks again although the index's WHERE implies it), so the due runs'
+            # rows, which lie anywhere in the table, are not looked up one page at a time.
+            # Progress columns stay out: a progress command that leaves the deadline where it
+            # was leaves the index alone; the scan reads them by key for live workers only.
             indexes=(
-                Index("due", ("next_deadline_us", "run_id"),
+                Index("due", ("next_deadline_us", "run_id", "state", "lease", "worker", "last_heartbeat_us",
+                              "lease_since_us", "heartbeat_timeout_s", "needs_packet", "live"),
                       where=(("live", 1), ("next_deadline_us", NOT_NULL))),
             ),
         ),
@@ -191,9 +201,13 @@ class Projector:
     def _ensure_tables(self) -> None:
         store = self.store
         kept = self._kept()
+        #: False when a read-only open found views of another version (an older ledger):
+        #: reads that need this version's columns then take a way the old ones allow.
+        self.current = True
         if not self._views.needs_prepare(kept):
             return
         if store.readonly:
+            self.current = False
             return  # a read-only open answers from the views as they are
         with store.write_transaction("creating projection tables") as txn:
             self._views.prepare(kept)
