@@ -116,8 +116,10 @@ class ViewWriter(abc.ABC):
 
     @abc.abstractmethod
     def advance(self, names: Sequence[str], last_position: int, run_id: str) -> None:
-        """Move the named tracking positions to ``last_position``, but only if no other
-        run's event lies between where they stand and it (those were never applied)."""
+        """This write (of ``run_id``, up to ``last_position``) kept the named projections.
+        Inline upkeep calls it on every write; a backend records it only where ``lagging``
+        needs it (both mark the writes that did not keep every view, so a write that kept
+        them all writes nothing here)."""
 
     @abc.abstractmethod
     def set_positions(self, positions: Mapping[str, int]) -> None: ...

@@ -2,8 +2,9 @@
 
 A projection is a name, the rows it derives from a run's checkpoint (views.py), and the
 tables that hold them. Inline upkeep happens inside the append's own write transaction,
-with a tracking row (name, last position applied), so a reader never sees an event
-without its projection or the reverse. The log stays the only truth: ``rebuild`` drops
+so a reader never sees an event without its projection or the reverse; a tracking row
+(name, position) says where catch-up or a rebuild left each view, and the backend marks
+the writes since that did not keep it (``ViewStore.lagging``). The log stays the only truth: ``rebuild`` drops
 and refolds, ``check`` compares, ``catch_up`` brings a late-added projection level.
 """
 
@@ -219,10 +220,10 @@ class Projector:
         w = txn.views
         for p, t in self._tables:
             _write(w, p, t, cp, last_position)
-        # Advance a tracking row only over this run's events. If another run's events
-        # landed after it (appended by a store without this projector: a bare store,
-        # an older version), they were never applied; moving past them would hide them
-        # from catch_up for good, so the row stays put and the next catch_up refolds them.
+        # Say which projections this write kept. Neither backend moves a tracking row for
+        # it: a write that keeps them all is current by default, and one that does not is
+        # marked (PostgreSQL: events.viewed; SQLite: views_unkept, where a projector of
+        # some views only names them), so catch-up finds what was never applied.
         w.advance(self._names, last_position, run_id)
 
     def positions(self) -> dict[str, int]:
