@@ -1095,7 +1095,10 @@ class Ledger:
                     ) -> Iterator[tuple[Checkpoint, stall.Health]]:
         """Every run that needs attention at ``now``, in listing order, after the run ``after``."""
         when = check_time_us(now, "now") if now is not None else self.clock()
-        due = queries.due_after(self.store, when, self._cursor(after, "stall_watch"))  # checked here, not at next()
+        cursor = self._cursor(after, "stall_watch")  # checked here, not at next()
+        if self.projector.current:
+            return queries.judged_after(self.store, when, cursor)
+        due = queries.due_after(self.store, when, cursor)  # views of an older version, read-only
         return ((cp, h) for cp in due if (h := stall.classify(cp, now_us=when)).needs_attention)
 
     def stalls_page(self, *, limit: int = DEFAULT_PAGE, after: str | None = None, now: int | None = None) -> Page:
@@ -1108,8 +1111,13 @@ class Ledger:
         return Page(items, items[-1][0].run_id if more else None, more)
 
     def stalls(self, *, now: int | None = None) -> list[tuple[Checkpoint, stall.Health]]:
-        """Every run that needs attention at ``now``: an index scan, then classify each candidate."""
+        """Every run that needs attention at ``now``: a range scan of the stall index, each due
+        run judged from its stall view row. A run judged from its row alone comes as a
+        ``queries.DueRun``: run_id, state, lease, worker and progress_seq from the row, any
+        other Checkpoint attribute read and decoded on first use (docs/python-api.md)."""
         when = check_time_us(now, "now") if now is not None else self.clock()
+        if self.projector.current:
+            return queries.judge_due(self.store, queries.due_signals(self.store, when), when)
         out = []
         for cp in queries.stall_candidates(self.store, when):
             h = stall.classify(cp, now_us=when)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .postgres import PostgresStore
 
 #: Text compares bytewise ("C"), as on SQLite, so orders and key ranges agree across backends.
-_TYPES = {"text": 'text COLLATE "C"', "int": "bigint", "blob": "bytea"}
+_TYPES = {"text": 'text COLLATE "C"', "int": "bigint", "real": "double precision", "blob": "bytea"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MANY = 1000
 

@@ -61,8 +61,23 @@ from .store import (
 
 S = TypeVar("S")
 
-#: Layout version of the file itself (tables, indexes, triggers).
-STORE_SCHEMA_VERSION = 1
+#: Layout version of the file itself (tables, indexes, triggers). 2: the views_unkept
+#: table (writes that did not keep every projection inline), and inline writes no longer
+#: move the tracking rows; a file of schema 1 is upgraded by its first writable open.
+STORE_SCHEMA_VERSION = 2
+#: Each write that did not keep every projection inline (a bare store, a projector of some
+#: views only, an older tool) records its first position here, with the projections it did
+#: keep (comma-separated; '' for none). A projection is current up to the log's end but
+#: for the first such write after its tracking position that did not keep it: so a write
+#: that keeps them all, the usual one, writes no tracking row (SqliteViewStore.lagging).
+UNKEPT = "views_unkept"
+_CREATE_UNKEPT = f"CREATE TABLE IF NOT EXISTS {UNKEPT} (position INTEGER PRIMARY KEY, kept TEXT NOT NULL)"
+# Written only once projection tables exist: before that, a view made later is built
+# from the whole log anyway (its tracking row starts unbuilt), so nothing need be marked.
+_MARK_UNKEPT = (
+    f"INSERT INTO {UNKEPT} (position, kept) SELECT ?, '' "
+    "WHERE EXISTS (SELECT 1 FROM sqlite_master WHERE type='table' AND name='projection_positions')"
+)
 FORMAT_NAME = "handoff-ledger"
 PAGE = 1000
 # Runs in the order they first appeared, a page at a time: list_runs and a rebuild walk
@@ -420,6 +435,8 @@ class _Import:
     def flush(self) -> None:
         if self.rows:
             self.conn.executemany(_INSERT_FIRST, self.rows)
+            if not self.store._keeps_views:
+                self.conn.execute(_MARK_UNKEPT, (self.rows[0][0],))
             self.store._after_insert(self.rows)
             self.rows = []
             self.keys.clear()
@@ -675,6 +692,9 @@ class SqliteStore(EventStore):
         self._commits_since_check = 0
         self._heads_indexed = False
         self._group: _GroupCommit | None = None
+        self._keeps_views = False  # an attached hook keeps every projection inline
+        #: The file's schema: an older one stays only on a read-only open (see _migrate).
+        self.file_schema = STORE_SCHEMA_VERSION
         self.readonly = readonly
         self._conn = self._connect(create=create, readonly=readonly)
         try:
@@ -813,8 +833,10 @@ class SqliteStore(EventStore):
                 f"{self.path} was written by a newer handoff-ledger (file schema {version}, "
                 f"this version reads up to {STORE_SCHEMA_VERSION}); upgrade handoff-ledger"
             )
+        self.file_schema = version
         if version < STORE_SCHEMA_VERSION and may_create:
             self._migrate(version)
+            self.file_schema = STORE_SCHEMA_VERSION
         if not self.readonly:
             self._ensure_heads_index()
             self._ensure_lease_digest_column()
@@ -921,6 +943,7 @@ class SqliteStore(EventStore):
                 not_null=["last_seq", "last_hash", "max_lease", "first_position", "last_position"],
             )
             self._conn.execute(_HEADS_FIRST)
+            self._conn.execute(_CREATE_UNKEPT)
             self._conn.execute("COMMIT")
             self.created_schema = True
         except sqlite3.Error as exc:
@@ -928,8 +951,47 @@ class SqliteStore(EventStore):
                 self._conn.execute("ROLLBACK")
             raise _explain(exc, "creating the ledger schema", self.path) from exc
 
-    def _migrate(self, from_version: int) -> None:  # pragma: no cover - first version
-        raise SchemaTooNew(f"no migration from file schema {from_version} is known")
+    def _migrate(self, from_version: int) -> None:
+        """Upgrade the file to ``STORE_SCHEMA_VERSION`` in one write transaction.
+
+        1 -> 2: the views_unkept table. Under schema 1 every inline write moved the tracking
+        rows, so a projection whose row stands behind the log's end was not kept by the
+        writes after it: each such position gets a mark naming the projections that were
+        ahead of it, so catch-up refolds exactly what it would have. Events, hashes, chains
+        and view rows are untouched. An older version then refuses the file (SchemaTooNew):
+        it would write without marking."""
+        if from_version != 1:
+            raise SchemaTooNew(f"{self.path} has file schema {from_version}; no migration from it is known")
+        conn = self._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            found = int(dict(conn.execute("SELECT key, value FROM handoff_meta")).get("schema_version", "0"))
+            if found == from_version:  # another process may have upgraded it while we waited
+                conn.execute(_CREATE_UNKEPT)
+                tracked = conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type='table' AND name='projection_positions'").fetchone()
+                if tracked:
+                    last = conn.execute("SELECT coalesce(max(position), 0) FROM events").fetchone()[0]
+                    tracking = dict(conn.execute("SELECT name, position FROM projection_positions"))
+                    for pos in sorted({p for p in tracking.values() if p < last}):
+                        kept = ",".join(sorted(n for n, p in tracking.items() if p > pos))
+                        conn.execute(f"INSERT OR REPLACE INTO {UNKEPT} (position, kept) VALUES (?, ?)",
+                                     (pos + 1, kept))
+                conn.execute("UPDATE handoff_meta SET value=? WHERE key='schema_version'",
+                             (str(STORE_SCHEMA_VERSION),))
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise _explain(exc, f"upgrading the file from schema {from_version}", self.path) from exc
+
+    def upgrade_note(self) -> str | None:
+        """What to run when a read-only open found an older file schema, else None."""
+        if self.file_schema >= STORE_SCHEMA_VERSION or self._memory:
+            return None
+        return (f"{self.path} is in file schema {self.file_schema}; this version writes "
+                f"{STORE_SCHEMA_VERSION}. It reads as it is; to upgrade it in place, open it once with "
+                "write access (any handoff command without read-only access, e.g. 'handoff doctor')")
 
     # --- writing -------------------------------------------------------------------
 
@@ -1156,6 +1218,8 @@ class SqliteStore(EventStore):
         )
         if digest_moved:
             conn.execute("UPDATE heads SET lease_digest=? WHERE run_id=?", (token_digest, run_id))
+        if not self._keeps_views:
+            conn.execute(_MARK_UNKEPT, (last_pos + 1,))
         self._after_insert(rows)
         if written is not None:
             # The new events as a reader would get them, without reading them back.
@@ -1245,9 +1309,11 @@ class SqliteStore(EventStore):
         """Run ``hook(txn, run_id, state, last_position)`` inside every append's transaction.
 
         ``state`` is ``aggregate``'s fold of the run after the append. This is how inline
-        projections stay in step with the log: a failing hook rolls the append back.
+        projections stay in step with the log: a failing hook rolls the append back. Unless
+        a hook ``keeps_views`` (all of them), each write is marked in ``views_unkept``.
         """
         self._hooks.append((aggregate, hook))
+        self._keeps_views = self._keeps_views or keeps_views
 
     def _run_hooks(
         self, run_id: str, head: Head, known: list[tuple[Aggregate[Any], Any]]
@@ -1991,6 +2057,8 @@ class SqliteStore(EventStore):
                 "journal_mode": pragma("journal_mode"),
                 "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(pragma("synchronous")),
                 "wal_autocheckpoint": pragma("wal_autocheckpoint"),
+                "file_schema": self.file_schema,
+                **({"upgrade": note} if (note := self.upgrade_note()) else {}),
             }
 
     def integrity_check(self) -> str:

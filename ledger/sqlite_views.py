@@ -15,12 +15,16 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidInput
+from .sqlite import UNKEPT  # the file's table of writes that did not keep every projection
 from .views import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewStore
+
+#: A tracking position meaning "never built over the log it has": catch-up folds from 0.
+UNBUILT = -1
 
 if TYPE_CHECKING:
     from .sqlite import SqliteStore
 
-_TYPES = {"text": "TEXT", "int": "INTEGER", "blob": "BLOB"}
+_TYPES = {"text": "TEXT", "int": "INTEGER", "real": "REAL", "blob": "BLOB"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Keys per statement in get_many (under SQLite's default limit of bound parameters).
 _MANY = 500
@@ -113,7 +117,6 @@ class SqliteViewStore(ViewStore):
         self._store = store
         self._tables: dict[str, Table] = {}
         self._specs: dict[str, TableSpec] = {}
-        self._advance: dict[tuple[str, ...], tuple[str, dict[str, str]]] = {}
         self._sql: dict[Any, str] = {}
 
     @property
@@ -149,12 +152,15 @@ class SqliteViewStore(ViewStore):
             f"CREATE TABLE IF NOT EXISTS {VERSIONS} (name TEXT PRIMARY KEY, version INTEGER NOT NULL)"
         )
         existing = self._table_names()
+        # A table made over a non-empty log was kept by none of its writes: UNBUILT, so
+        # catch-up folds it from the start (inline writes no longer move tracking rows).
+        start = UNBUILT if conn.execute("SELECT 1 FROM events LIMIT 1").fetchone() else 0
         for name, (spec, version) in views.items():
             if spec.name not in existing:
                 conn.execute(create_sql(spec, spec.name))
                 for ix in spec.indexes:
                     conn.execute(index_sql(spec, ix))
-                conn.execute(f"INSERT OR REPLACE INTO {TRACKING} VALUES (?, 0)", (name,))
+                conn.execute(f"INSERT OR REPLACE INTO {TRACKING} VALUES (?, ?)", (name, start))
                 conn.execute(f"INSERT OR REPLACE INTO {VERSIONS} VALUES (?, ?)", (name, version))
         # Views kept by another version (or before versions were recorded, 1): back
         # to position 0, so the catch-up that follows refolds every run into rows
@@ -167,15 +173,45 @@ class SqliteViewStore(ViewStore):
             conn.execute(create_sql(spec, spec.name))
             for ix in spec.indexes:
                 conn.execute(index_sql(spec, ix))
-            conn.execute(f"UPDATE {TRACKING} SET position = 0 WHERE name = ?", (name,))
+            conn.execute(f"UPDATE {TRACKING} SET position = ? WHERE name = ?", (UNBUILT, name))
             conn.execute(f"INSERT OR REPLACE INTO {VERSIONS} VALUES (?, ?)", (name, views[name][1]))
 
-    def positions(self) -> dict[str, int]:
-        # A ledger no projection was ever prepared in has no tracking table: no positions,
-        # not a driver error (the interface promises typed errors only).
+    def _effective(self) -> dict[str, tuple[int, bool]]:
+        """{name: (position, behind?)}: how far each projection is current, and whether
+        catch-up must refold it from there.
+
+        A tracking row says where a catch-up or rebuild left the projection; every write
+        since kept it unless a mark in views_unkept (ledger/sqlite.py) says the write did not:
+        the projection is current up to just before the first such mark, or to the log's
+        end. A file of schema 1 read as it is (read-only, never upgraded) has no marks:
+        there every inline write moved the rows, and a row behind the log's end is behind."""
         if not self._run("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (TRACKING,)):
-            return {}
-        return dict(self._run(f"SELECT name, position FROM {TRACKING}", ()))
+            return {}  # no projection was ever prepared here: no positions, not a driver error
+        tracking = self._run(f"SELECT name, position FROM {TRACKING}", ())
+        last = self._run("SELECT coalesce(max(position), 0) FROM events", ())[0][0]
+        marked = bool(self._run("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (UNKEPT,)))
+        out = {}
+        for name, pos in tracking:
+            if pos < 0:
+                out[name] = (0, True)
+            elif not marked:
+                out[name] = (pos, pos < last)
+            else:
+                first = self._run(
+                    f"SELECT min(position) FROM {UNKEPT} WHERE position > ? "
+                    "AND instr(',' || kept || ',', ?) = 0", (pos, f",{name},"))[0][0]
+                out[name] = (max(pos, first - 1), True) if first is not None else (max(pos, last), False)
+        return out
+
+    def positions(self) -> dict[str, int]:
+        """Each projection's effective position: how far it is current (``_effective``)."""
+        with self._store._lock:
+            return {n: pos for n, (pos, _) in self._effective().items()}
+
+    def lagging(self, names: Iterable[str], last_position: int) -> dict[str, int]:
+        wanted = set(names)
+        with self._store._lock:
+            return {n: pos for n, (pos, behind) in self._effective().items() if n in wanted and behind}
 
     def table(self, spec: TableSpec) -> Table:
         t = self._tables.get(spec.name)
@@ -228,23 +264,25 @@ class SqliteViewStore(ViewStore):
             conn.executemany(table.upsert, rows)
 
     def advance(self, names: Sequence[str], last_position: int, run_id: str) -> None:
-        key = tuple(names)
-        prepared = self._advance.get(key)
-        if prepared is None:
-            names_sql = ",".join(f":n{i}" for i in range(len(key)))
-            prepared = self._advance[key] = (
-                f"UPDATE {TRACKING} SET position=:last WHERE name IN ({names_sql}) "
-                f"AND NOT EXISTS (SELECT 1 FROM events WHERE position > {TRACKING}.position "
-                f"AND position <= :last AND run_id != :run)",
-                {f"n{i}": n for i, n in enumerate(key)},
-            )
-        sql, bound = prepared
-        self._conn.execute(sql, {"last": last_position, "run": run_id, **bound})
+        """Nothing to write when the store's hooks keep every projection: no mark says
+        otherwise, so they are current (``_effective``). A hook that keeps some only names
+        them on the mark its write made (the first hook to name any: another's views are
+        then refolded by catch-up, never skipped)."""
+        if self._store._keeps_views:
+            return
+        self._conn.execute(
+            f"UPDATE {UNKEPT} SET kept = ? WHERE position = (SELECT max(position) FROM {UNKEPT}) AND kept = ''",
+            (",".join(names),))
 
     def set_positions(self, positions: Mapping[str, int]) -> None:
         self._conn.executemany(
             f"UPDATE {TRACKING} SET position=? WHERE name=?", [(pos, n) for n, pos in positions.items()]
         )
+        self._prune()
+
+    def _prune(self) -> None:
+        """Marks at or before every tracking position say nothing any more."""
+        self._conn.execute(f"DELETE FROM {UNKEPT} WHERE position <= (SELECT min(position) FROM {TRACKING})")
 
     # --- rebuild ----------------------------------------------------------------------
 
@@ -273,6 +311,7 @@ class SqliteViewStore(ViewStore):
             conn.execute(f"INSERT OR REPLACE INTO {TRACKING} VALUES (?, ?)", (name, position))
             conn.execute(f"INSERT OR REPLACE INTO {VERSIONS} VALUES (?, ?)", (name, version))
             counts[name] = conn.execute(f"SELECT count(*) FROM {spec.name}").fetchone()[0]
+        self._prune()
         return counts
 
     # --- reads ------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Projections (``projections/``) derive rows from the log and keep them in tables of their
 own. They declare those tables here, in words every backend understands (a column is
-text, int or blob, nullable or not; a primary key; indexes, one of them partial), and
+text, int, real or blob, nullable or not; a primary key; indexes, one of them partial), and
 talk to the backend's ``ViewStore`` through a small vocabulary: write a run's rows
 (only what changed is written), keep tracking positions and versions, build shadow
 tables for a rebuild and swap them in, and read by key, by equality filters, by a range
@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import msgspec
 
-ColumnType = Literal["text", "int", "blob"]
+ColumnType = Literal["text", "int", "real", "blob"]
 
 #: The pseudo-column holding a row's creation order; selectable and orderable.
 ORDINAL = "_ordinal"
@@ -116,8 +116,10 @@ class ViewWriter(abc.ABC):
 
     @abc.abstractmethod
     def advance(self, names: Sequence[str], last_position: int, run_id: str) -> None:
-        """Move the named tracking positions to ``last_position``, but only if no other
-        run's event lies between where they stand and it (those were never applied)."""
+        """This write (of ``run_id``, up to ``last_position``) kept the named projections.
+        Inline upkeep calls it on every write; a backend records it only where ``lagging``
+        needs it (both mark the writes that did not keep every view, so a write that kept
+        them all writes nothing here)."""
 
     @abc.abstractmethod
     def set_positions(self, positions: Mapping[str, int]) -> None: ...

@@ -2,8 +2,9 @@
 
 A projection is a name, the rows it derives from a run's checkpoint (views.py), and the
 tables that hold them. Inline upkeep happens inside the append's own write transaction,
-with a tracking row (name, last position applied), so a reader never sees an event
-without its projection or the reverse. The log stays the only truth: ``rebuild`` drops
+so a reader never sees an event without its projection or the reverse; a tracking row
+(name, position) says where catch-up or a rebuild left each view, and the backend marks
+the writes since that did not keep it (``ViewStore.lagging``). The log stays the only truth: ``rebuild`` drops
 and refolds, ``check`` compares, ``catch_up`` brings a late-added projection level.
 """
 
@@ -94,18 +95,28 @@ PROJECTIONS: tuple[Projection, ...] = (
     ),
     Projection(
         name="stall_watch",
+        # 2: the worker, the policy's timeouts and retry budget, and whether a verdict needs
+        # the packet: the stall scan judges a due run from this row (reducers/stall.judge)
+        version=2,
         spec=TableSpec(
             "stall_watch",
             columns(
                 run_id="text!", live="int!", state="text!", lease="int", last_heartbeat_us="int",
                 lease_since_us="int", progress_seq="int!", last_progress_kind="text",
                 last_progress_us="int", retry_count="int!", pending_effects="int!",
-                next_deadline_us="int",
+                next_deadline_us="int", worker="text", heartbeat_timeout_s="real!",
+                progress_timeout_s="real!", retry_budget="int!", needs_packet="int!",
             ),
             pk=("run_id",),
-            # The stall scan is a range scan of this partial covering index and nothing else.
+            # The stall scan is a range scan of this partial index: it holds every column the
+            # scan filters on and judges liveness by (queries.due_signals; ``live`` too, which
+            # SQLite checks again although the index's WHERE implies it), so the due runs'
+            # rows, which lie anywhere in the table, are not looked up one page at a time.
+            # Progress columns stay out: a progress command that leaves the deadline where it
+            # was leaves the index alone; the scan reads them by key for live workers only.
             indexes=(
-                Index("due", ("next_deadline_us", "run_id"),
+                Index("due", ("next_deadline_us", "run_id", "state", "lease", "worker", "last_heartbeat_us",
+                              "lease_since_us", "heartbeat_timeout_s", "needs_packet", "live"),
                       where=(("live", 1), ("next_deadline_us", NOT_NULL))),
             ),
         ),
@@ -195,9 +206,13 @@ class Projector:
     def _ensure_tables(self) -> None:
         store = self.store
         kept = self._kept()
+        #: False when a read-only open found views of another version (an older ledger):
+        #: reads that need this version's columns then take a way the old ones allow.
+        self.current = True
         if not self._views.needs_prepare(kept):
             return
         if store.readonly:
+            self.current = False
             return  # a read-only open answers from the views as they are
         with store.write_transaction("creating projection tables") as txn:
             self._views.prepare(kept)
@@ -209,10 +224,10 @@ class Projector:
         w = txn.views
         for p, t in self._tables:
             _write(w, p, t, cp, last_position)
-        # Advance a tracking row only over this run's events. If another run's events
-        # landed after it (appended by a store without this projector: a bare store,
-        # an older version), they were never applied; moving past them would hide them
-        # from catch_up for good, so the row stays put and the next catch_up refolds them.
+        # Say which projections this write kept. Neither backend moves a tracking row for
+        # it: a write that keeps them all is current by default, and one that does not is
+        # marked (PostgreSQL: events.viewed; SQLite: views_unkept, where a projector of
+        # some views only names them), so catch-up finds what was never applied.
         w.advance(self._names, last_position, run_id)
 
     def positions(self) -> dict[str, int]:

@@ -10,7 +10,9 @@ from typing import Any
 
 from handoff.ledger.store import EventStore
 from handoff.ledger.views import NOT_NULL, ORDINAL
+from handoff.reducers import stall
 from handoff.reducers.checkpoint import Checkpoint
+from handoff.reducers.stall import Health
 
 from .views import decode_checkpoint
 
@@ -51,10 +53,123 @@ def due_run_ids(store: EventStore, now_us: int) -> list[str]:
 
 
 def stall_candidates(store: EventStore, now_us: int) -> list[Checkpoint]:
-    """The due runs' checkpoints: the stall index's range scan joined to the packets by key."""
+    """The due runs' checkpoints: the stall index's range scan joined to the packets by key.
+    (The stall scan itself judges from the view rows: ``due_signals`` and ``judge_due``.)"""
     rows = store.views.select_joined("stall_watch", (), "checkpoints", _PACKET, key="run_id", where={"live": 1},
                                      between=("next_deadline_us", None, now_us))
     return [decode_checkpoint(blob) for (blob,) in rows]
+
+
+#: The stall view's columns the scan reads from the due index: stall.judge_liveness's
+#: signals first (a row is judged as it comes), then the run and whether its verdict needs
+#: the packet. The progress signals are read from the table, for the runs still alive.
+_SCAN = (*stall.LIVENESS, "run_id", "needs_packet")
+_RUN, _NEEDS = len(stall.LIVENESS), len(stall.LIVENESS) + 1
+_PROGRESS = tuple("retry_count" if c == "repeats" else c for c in stall.PROGRESS)
+
+
+class DueRun:
+    """A run the stall scan found, as its stall view row saw it, standing in for its Checkpoint.
+
+    ``run_id``, ``state``, ``lease`` and ``worker`` come from the row its verdict was
+    judged from; any other attribute of a Checkpoint reads the run's packet from the
+    checkpoints view and decodes it, once, on first use (``checkpoint`` gives it whole).
+    So a scan that only needs verdicts decodes nothing, and a caller that opens a run pays
+    for that run alone. The packet is read when first opened: use it while the ledger is open.
+    """
+
+    __slots__ = ("_cp", "_row", "_store")
+
+    terminal = False  # the scan reads live rows only
+
+    def __init__(self, store: EventStore, row: tuple[Any, ...]) -> None:
+        self._store = store
+        self._row = row
+        self._cp: Checkpoint | None = None
+
+    run_id = property(lambda self: self._row[_RUN])
+    state = property(lambda self: self._row[0])
+    lease = property(lambda self: self._row[1])
+    worker = property(lambda self: self._row[2])
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        cp = self._cp
+        if cp is None:
+            cp = checkpoint(self._store, self.run_id)
+            if cp is None:  # view rows are never deleted; a rebuilt view holds every run
+                from handoff.ledger.errors import UnknownRun
+
+                raise UnknownRun(f"run {self.run_id} has no checkpoint row in {self._store.path}; "
+                                 "run 'handoff rebuild' if the views were damaged")
+            self._cp = cp
+        return cp
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.checkpoint, name)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, DueRun):
+            other = other.checkpoint
+        return self.checkpoint == other
+
+    def __hash__(self) -> int:
+        return hash(self.run_id)
+
+    def __repr__(self) -> str:
+        return f"DueRun({self.run_id!r}, state={self.state!r}, lease={self.lease!r})"
+
+
+def due_signals(store: EventStore, now_us: int) -> list[tuple[Any, ...]]:
+    """The due runs' stall rows (``_SCAN``), in the due index's order: one range scan of an
+    index that holds every column read."""
+    return store.views.select("stall_watch", _SCAN, where={"live": 1},
+                              between=("next_deadline_us", None, now_us))
+
+
+def judge_due(store: EventStore, rows: list[tuple[Any, ...]], now_us: int) -> list[tuple[Any, Health]]:
+    """Judge due rows at ``now_us``; keep the runs that need attention, in the rows' order.
+
+    A row is judged by its liveness signals (reducers/stall.judge_liveness); the runs whose
+    worker is alive are then judged by their progress columns, read together by key. A row
+    whose ``needs_packet`` says the verdict reads more has its run's packet read (together
+    with the others') and classified whole: those come back as Checkpoints, the rest as
+    ``DueRun``s, their packets left unread."""
+    judge_liveness = stall.judge_liveness
+    out: list[Any] = []
+    add = out.append
+    later: list[int] = []  # places in ``out`` of the rows judged after the first pass
+    alive: list[str] = []
+    full: list[str] = []
+    for r in rows:
+        if r[_NEEDS]:
+            full.append(r[_RUN])
+        else:
+            h = judge_liveness(r, now_us)
+            if h is not None:
+                if h.needs_attention:
+                    add((DueRun(store, r), h))
+                continue
+            alive.append(r[_RUN])
+        later.append(len(out))
+        add(r)
+    if not later:
+        return out
+    views = store.views
+    cps = {k: decode_checkpoint(v[0]) for k, v in views.get_many("checkpoints", full, _PACKET).items()} if full else {}
+    progress = views.get_many("stall_watch", alive, _PROGRESS) if alive else {}
+    for i in later:
+        r = out[i]
+        out[i] = None
+        if r[_NEEDS]:
+            cp = cps.get(r[_RUN])
+            if cp is not None and (h := stall.classify(cp, now_us=now_us)).needs_attention:
+                out[i] = (cp, h)
+        elif (p := progress.get(r[_RUN])) is not None and (h := stall.judge_progress(r, p, now_us)).needs_attention:
+            out[i] = (DueRun(store, r), h)
+    return [x for x in out if x is not None]
 
 
 _DELIVERY = ("run_id", "target", "status", "key", "receipt", "attempts", "attempted_us", "ambiguous_after_us")
@@ -158,6 +273,19 @@ def count_terminal(store: EventStore, *, owner: str | None = None, target: str |
         if val is not None:
             where[col] = val
     return store.views.count("checkpoints", where=where)
+
+
+def judged_after(store: EventStore, now_us: int, after: Cursor | None = None) -> Iterator[tuple[Any, Health]]:
+    """The runs that need attention at ``now_us``, judged as ``judge_due`` does, in listing
+    order (``after``: a cursor of the stall_watch view, see ``cursor_of``), a page at a time."""
+    while True:
+        rows = store.views.select("stall_watch", (ORDINAL, *_SCAN), where={"live": 1},
+                                  between=("next_deadline_us", None, now_us), order=(ORDINAL,),
+                                  after=after, limit=LISTING_PAGE)
+        yield from judge_due(store, [r[1:] for r in rows], now_us)
+        if len(rows) < LISTING_PAGE:
+            return
+        after = (rows[-1][0],)
 
 
 def due_after(store: EventStore, now_us: int, after: Cursor | None = None) -> Iterator[Checkpoint]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from handoff.reducers import delivery
+from handoff.reducers import delivery, stall
 from handoff.reducers import transitions as T
 from handoff.reducers.checkpoint import Checkpoint
 
@@ -98,6 +98,7 @@ def checkpoint_row(cp: Checkpoint, last_position: int) -> dict[str, Any]:
 
 def stall_row(cp: Checkpoint) -> dict[str, Any]:
     w = cp.watch
+    pol = cp.policy
     return {
         "run_id": cp.run_id,
         "live": int(not cp.terminal),
@@ -111,6 +112,13 @@ def stall_row(cp: Checkpoint) -> dict[str, Any]:
         "retry_count": w.repeats,
         "pending_effects": len(cp.pending_effects),
         "next_deadline_us": next_deadline(cp),
+        # What stall.judge reads besides the columns above, so the stall scan judges a due
+        # run from this row, decoding its packet only where stall.needs_packet says so.
+        "worker": cp.worker,
+        "heartbeat_timeout_s": float(pol.heartbeat_timeout_s),
+        "progress_timeout_s": float(pol.progress_timeout_s),
+        "retry_budget": pol.retry_budget,
+        "needs_packet": int(stall.needs_packet(cp)),
     }
 
 

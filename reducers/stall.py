@@ -7,7 +7,7 @@ a clock that jumps back, or a replayed event never bumps it. Pure: no I/O, no cl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -179,7 +179,6 @@ def classify(
     effect must be reconciled before any liveness judgement leads to a retry.
     """
     policy = policy or cp.policy
-    w: Watch = cp.watch
     state = cp.state
     if not cp.opened:
         return Health("unopened", "no contract has been written for this run", "open", True)
@@ -217,35 +216,105 @@ def classify(
         if dstatus == "attempted":
             return Health("delivering", dwhy, "none", False)
         return Health("awaiting_owner", f"the result waits for delivery ({dstatus})", "none", False)
-    if cp.lease is None:
-        return Health("unclaimed", "no worker holds the run", "claim", state != T.QUEUED)
-    beat = w.last_heartbeat_us if w.last_heartbeat_us is not None else w.lease_since_us
-    beat_age = None if beat is None else max((now_us - beat) / 1e6, silent_s or 0.0)
-    if beat_age is None or beat_age > policy.heartbeat_timeout_s:
-        age = "never" if beat_age is None else f"{beat_age:.0f}s ago"
-        return Health(
-            "unavailable",
-            f"worker {cp.worker} (lease {cp.lease}) last beat {age}, over the "
-            f"{policy.heartbeat_timeout_s:g}s heartbeat timeout",
-            "revoke_lease", True,
-        )
-    since = w.lease_since_us or 0
-    if w.last_progress is not None:
-        since = max(since, w.last_progress.at_us)
-    idle = max((now_us - since) / 1e6, unchanged_s or 0.0)
-    if idle > policy.progress_timeout_s:
-        kind = w.last_progress.kind if w.last_progress else "none"
-        if w.repeats >= policy.retry_budget:
+    return judge(*signals(cp, policy), now_us, silent_s, unchanged_s)
+
+
+def needs_packet(cp) -> bool:
+    """Whether ``classify``'s verdict on ``cp`` needs more than the few signals ``judge``
+    reads: the checks that come before the lease (an unopened, finished or blocked run, a
+    side effect or a state of unknown outcome, a delivery) read the rest of the packet.
+    The stall view keeps this beside the signals, so the stall scan judges a run from its
+    view row alone unless it says so (projections/views.py, stall_row)."""
+    return (not cp.opened or cp.state in T.TERMINAL or cp.state in _NEEDS_PACKET or bool(cp.pending_effects)
+            or cp.delivery.pending is not None)
+
+
+_NEEDS_PACKET = frozenset((T.BLOCKED, T.UNKNOWN, T.READY_FOR_REVIEW, T.SUCCEEDED))
+
+
+#: What ``judge`` reads, as two tuples: the liveness signals, which move when a worker
+#: claims, beats or leaves, and the progress signals, which move with every progress. The
+#: stall view keeps both as columns of these names (``repeats`` as ``retry_count``), and
+#: its due index holds the first: the scan judges liveness from the index alone and reads
+#: the progress columns only of the runs whose worker is alive (a progress command
+#: leaves the index alone).
+LIVENESS = ("state", "lease", "worker", "last_heartbeat_us", "lease_since_us", "heartbeat_timeout_s")
+PROGRESS = ("progress_seq", "last_progress_kind", "last_progress_us", "repeats", "progress_timeout_s",
+            "retry_budget")
+
+
+def signals(cp, policy: ev.Policy | None = None) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """A checkpoint's ``LIVENESS`` and ``PROGRESS`` signals (``policy``: another than its own)."""
+    w: Watch = cp.watch
+    last = w.last_progress
+    pol = policy or cp.policy
+    return ((cp.state, cp.lease, cp.worker, w.last_heartbeat_us, w.lease_since_us, pol.heartbeat_timeout_s),
+            (w.progress_seq, None if last is None else last.kind, None if last is None else last.at_us, w.repeats,
+             pol.progress_timeout_s, pol.retry_budget))
+
+
+def judge(live: Sequence[Any], progress: Sequence[Any], now_us: int, silent_s: float | None = None,
+          unchanged_s: float | None = None) -> Health:
+    """The last checks of ``classify``, from the run's signals alone: who holds the run,
+    whether its worker beats (``judge_liveness``), whether its progress moves
+    (``judge_progress``). The one home of these rules: ``classify`` ends here, and the stall
+    scan calls the two steps with a view row's columns for the runs ``needs_packet`` leaves
+    to it, so neither decodes a packet for them."""
+    h = judge_liveness(live, now_us, silent_s)
+    return h if h is not None else judge_progress(live, progress, now_us, unchanged_s)
+
+
+def judge_liveness(live: Sequence[Any], now_us: int, silent_s: float | None = None) -> Health | None:
+    """A verdict from ``LIVENESS`` alone (no worker, or a silent one), or None: the worker
+    is alive and progress decides. ``live`` may hold more after its ``LIVENESS`` (a view
+    row); indexes, not unpacking, and comparisons, not max(): the scan runs this for
+    every due run."""
+    lease = live[1]
+    if lease is None:
+        return Health("unclaimed", "no worker holds the run", "claim", live[0] != T.QUEUED)
+    beat = live[3]
+    if beat is None:
+        beat = live[4]
+    if beat is not None:
+        beat_age = (now_us - beat) / 1e6
+        floor = silent_s or 0.0
+        if beat_age < floor:
+            beat_age = floor
+        if not beat_age > live[5]:
+            return None
+    age = "never" if beat is None else f"{beat_age:.0f}s ago"
+    return Health(
+        "unavailable",
+        f"worker {live[2]} (lease {lease}) last beat {age}, over the {live[5]:g}s heartbeat timeout",
+        "revoke_lease", True,
+    )
+
+
+def judge_progress(live: Sequence[Any], progress: Sequence[Any], now_us: int,
+                   unchanged_s: float | None = None) -> Health:
+    """The verdict on a run whose worker is alive (``judge_liveness`` gave None): stalled
+    once its progress has stood still past the progress timeout, else healthy."""
+    progress_seq, kind, last_at, repeats, progress_timeout_s = progress[:5]
+    since = live[4] or 0
+    if last_at is not None and last_at > since:
+        since = last_at
+    idle = (now_us - since) / 1e6
+    floor = unchanged_s or 0.0
+    if idle < floor:
+        idle = floor
+    if idle > progress_timeout_s:
+        retry_budget = progress[5]
+        if repeats >= retry_budget:
             return Health(
                 "stalled",
-                f"progress_seq {w.progress_seq} seen stalled {w.repeats} times, past the retry "
-                f"budget of {policy.retry_budget}",
+                f"progress_seq {progress_seq} seen stalled {repeats} times, past the retry "
+                f"budget of {retry_budget}",
                 "pause", True,
             )
         return Health(
             "stalled",
-            f"heartbeats continue but progress_seq {w.progress_seq} (last: {kind}) has not "
-            f"moved for {idle:.0f}s, over the {policy.progress_timeout_s:g}s progress timeout",
+            f"heartbeats continue but progress_seq {progress_seq} (last: {kind if kind is not None else 'none'}) "
+            f"has not moved for {idle:.0f}s, over the {progress_timeout_s:g}s progress timeout",
             "mark_stalled", True,
         )
-    return Health("healthy", f"progress_seq {w.progress_seq}, worker {cp.worker} beating", "none", False)
+    return Health("healthy", f"progress_seq {progress_seq}, worker {live[2]} beating", "none", False)

@@ -45,10 +45,23 @@ def table_names() -> list[str]:
     return [p.table for p in engine.PROJECTIONS]
 
 
+def effective_positions(path: str) -> list[tuple[str, int]]:
+    """Each projection's position as the store reads it (name order): how far it is current.
+    Since file schema 2 inline writes move no tracking row, so the rows themselves say only
+    where the last catch-up or rebuild left each view (ledger/sqlite_views.py, _effective)."""
+    from handoff.ledger.sqlite import SqliteStore
+
+    store = SqliteStore(path, readonly=True)
+    try:
+        return sorted(store.views.positions().items())
+    finally:
+        store.close()
+
+
 def dump(path: str, tables: list[str] | None = None) -> dict[str, list[tuple[Any, ...]]]:
     """Every projection table's rows ORDER BY its primary key, read over a fresh connection.
 
-    Also the tracking rows, and the rowids of the one-row-per-run tables (``runs`` lists
+    Also the projections' effective positions, and the rowids of the one-row-per-run tables (``runs`` lists
     oldest first by rowid), so an order that differs between inline and rebuilt shows too.
     """
     conn = sqlite3.connect(path, isolation_level=None)
@@ -64,9 +77,7 @@ def dump(path: str, tables: list[str] | None = None) -> dict[str, list[tuple[Any
         for t in ("checkpoints", "stall_watch"):  # one row per run, never deleted
             if tables is None or t in tables:
                 out[f"{t}:rowids"] = conn.execute(f"SELECT rowid, run_id FROM {t} ORDER BY rowid").fetchall()
-        out[engine.TRACKING] = conn.execute(
-            f"SELECT name, position FROM {engine.TRACKING} ORDER BY name"
-        ).fetchall()
+        out[engine.TRACKING] = effective_positions(path)
         return out
     finally:
         conn.close()
