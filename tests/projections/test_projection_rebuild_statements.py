@@ -27,7 +27,11 @@ def test_batches_never_delete_from_a_shadow_table(tmp_path):
         seen = _traced(lg)
         lg.projector.rebuild(batch=5)
         lg.store._conn.set_trace_callback(None)
-        assert [s for s in seen if s.lstrip().upper().startswith("DELETE")] == []
+        deletes = [s for s in seen if s.lstrip().upper().startswith("DELETE")]
+        # The rebuild may clear marks of writes that kept fewer views (views_unkept) once
+        # every view is past them; a shadow table (name ending __new) it never deletes from.
+        assert [s for s in deletes if "__new" in s] == []
+        assert all("views_unkept" in s for s in deletes), deletes
         assert dump(lg.store.path) == inline
 
 
@@ -45,6 +49,7 @@ def test_the_swap_replaces_the_rows_of_runs_that_moved(tmp_path):
         lg.projector.rebuild(batch=2, progress=between)
         lg.store._conn.set_trace_callback(None)
         deletes = [s for s in seen if s.lstrip().upper().startswith("DELETE")]
+        deletes = [s for s in deletes if "views_unkept" not in s]  # marks cleared, as above
         assert deletes and all("__new" in s for s in deletes)
         assert lg.check() == []
         rows = dump(lg.store.path, ["owner_load"])["owner_load"]
