@@ -5,8 +5,9 @@ A handoff-ledger command is fold + decide + append + inline projections in one
 ``BEGIN IMMEDIATE ... COMMIT`` (synchronous=FULL): ``Ledger.progress`` folds the run
 (from the store's cache), checks the lease, runs the decide rules, looks the
 idempotency key up, appends the event with its hash chain, and rewrites the run's rows in
-the four projections (checkpoints, stall_watch, deliveries, owner_load) and the tracking
-row, all before the one fsync that acknowledges it.
+the four projections (checkpoints, stall_watch, deliveries, owner_load; since file schema 2
+no tracking row: a write that keeps every view leaves no mark), all before the one fsync
+that acknowledges it.
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ register(
         measures=(
             "Ledger.progress(run, lease, 'tool_outcome', detail, key=k) on a run in "
             "executing: fold (cached) + lease check + decide + idempotency lookup + append "
-            "with hash chain + inline projections (4 views + tracking row), one BEGIN "
+            "with hash chain + inline projections (4 views, no tracking row), one BEGIN "
             "IMMEDIATE ... COMMIT with an fsync per command. Reference: one INSERT + COMMIT "
             "of the same event's bytes per event. Peers: eventsourcing saving the aggregate "
             "after each event; LangGraph SqliteSaver.put of a checkpoint after each event."

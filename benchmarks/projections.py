@@ -416,8 +416,10 @@ register(
         title="stall scan over 100,000 runs, 1% stalled (Ledger.stalls)",
         measures=(
             "Ledger.stalls(now=NOW) over the same 100,000 runs (quick: 2,000): a range scan "
-            "of the stall_watch partial index for deadlines at or before NOW, then each "
-            "candidate's packet is read and classified. 1% of the runs (1,000) have a worker "
+            "of the stall_watch partial index for deadlines at or before NOW, which holds the "
+            "liveness signals; each due run is judged from them (progress columns read by key "
+            "for live workers, a packet only where a verdict needs it; results are lazy "
+            "DueRuns, packets decoded when opened). 1% of the runs (1,000) have a worker "
             "silent for an hour and are returned. Reference: one SQL join of the index range "
             "with the checkpoints view and a msgpack decode of each packet. A second "
             "handoff-ledger row times the index scan alone (queries.due_run_ids)."
