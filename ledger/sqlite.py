@@ -834,7 +834,7 @@ class SqliteStore(EventStore):
                 f"this version reads up to {STORE_SCHEMA_VERSION}); upgrade handoff-ledger"
             )
         self.file_schema = version
-        if version < STORE_SCHEMA_VERSION and may_create:
+        if version < STORE_SCHEMA_VERSION and not self.readonly:  # any writable open upgrades
             self._migrate(version)
             self.file_schema = STORE_SCHEMA_VERSION
         if not self.readonly:

@@ -182,3 +182,27 @@ def test_a_bare_write_to_a_ledger_without_views_marks_nothing(tmp_path):
     with Ledger(path) as lg:  # views made over a non-empty log: unbuilt, so folded whole
         assert lg.check() == []
         assert lg.projector.positions() == {n: 1 for n in NAMES}
+
+
+@pytest.mark.parametrize("argv", [["doctor"], ["stalls"], ["status", "working"]])
+def test_any_command_line_verb_upgrades_an_old_file(old_file, argv):
+    """The command line opens an existing ledger without ``create`` (only ``init`` makes
+    one): that writable open must still upgrade it, or every verb fails on the missing
+    views_unkept table, ``doctor`` (the verb the upgrade note names) included."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "handoff.cli", "--db", old_file, *argv],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode in (0, 1), done.stderr  # 1: stalls found / unhealthy, never 3
+    assert "views_unkept" not in done.stderr
+    assert schema(old_file) == sq.STORE_SCHEMA_VERSION
+
+
+def test_an_open_without_create_upgrades_and_a_read_only_one_does_not(old_file):
+    with SqliteStore(old_file, readonly=True) as ro:
+        assert ro.file_schema == 1
+    assert schema(old_file) == 1
+    with SqliteStore(old_file, create=False) as store:
+        assert store.file_schema == sq.STORE_SCHEMA_VERSION
+    assert schema(old_file) == sq.STORE_SCHEMA_VERSION
