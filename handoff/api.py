@@ -1113,8 +1113,10 @@ class Ledger:
     def stalls(self, *, now: int | None = None) -> list[tuple[Checkpoint, stall.Health]]:
         """Every run that needs attention at ``now``: a range scan of the stall index, each due
         run judged from its stall view row. A run judged from its row alone comes as a
-        ``queries.DueRun``: run_id, state, lease, worker and progress_seq from the row, any
-        other Checkpoint attribute read and decoded on first use (docs/python-api.md)."""
+        ``queries.DueRun``: run_id, state, lease and worker from the row, any other Checkpoint
+        attribute read and decoded on first use (docs/python-api.md), so possibly newer than
+        the verdict: to act on a verdict, check the run as it then stands with
+        ``DueRun.still_as_judged`` (the watchdog does)."""
         when = check_time_us(now, "now") if now is not None else self.clock()
         if self.projector.current:
             return queries.judge_due(self.store, queries.due_signals(self.store, when), when)

@@ -119,7 +119,14 @@ def _plan(cp: Checkpoint, h: Health, now_us: int) -> list[tuple[str, C.Command, 
 
 
 def _unchanged(action: str, seen: Checkpoint, now: Checkpoint) -> bool:
-    """Does the run still stand where the pass classified it?"""
+    """Does the run still stand where the pass classified it?
+
+    A run the stall scan judged from its view row (a DueRun) is compared with the signals
+    of that row: its packet, read after the scan, may already show the beat or the
+    progress that would make the verdict wrong."""
+    still = getattr(seen, "still_as_judged", None)
+    if still is not None and not still(now, heartbeat=action == "revoke_lease"):
+        return False
     same = now.lease == seen.lease and now.progress_seq == seen.progress_seq
     if action == "revoke_lease":
         # A beat since the classification means the worker is alive after all.

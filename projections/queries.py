@@ -76,16 +76,34 @@ class DueRun:
     checkpoints view and decodes it, once, on first use (``checkpoint`` gives it whole).
     So a scan that only needs verdicts decodes nothing, and a caller that opens a run pays
     for that run alone. The packet is read when first opened: use it while the ledger is open.
+
+    The packet may then be newer than the verdict (a beat, a progress, a new lease since
+    the scan): whoever acts on the verdict must compare the run as it stands with
+    ``still_as_judged``, the signals the verdict was judged from, never with the packet.
     """
 
-    __slots__ = ("_cp", "_row", "_store")
+    __slots__ = ("_cp", "_row", "_store", "_progress")
 
     terminal = False  # the scan reads live rows only
 
-    def __init__(self, store: EventStore, row: tuple[Any, ...]) -> None:
+    def __init__(self, store: EventStore, row: tuple[Any, ...], progress: tuple[Any, ...] | None = None) -> None:
         self._store = store
         self._row = row
+        self._progress = progress  # the progress columns its verdict read, if it read them
         self._cp: Checkpoint | None = None
+
+    def still_as_judged(self, now: Checkpoint, *, heartbeat: bool = True) -> bool:
+        """Does ``now`` (the run as it stands) still show what this run's verdict was judged
+        from: the same lease, the same last heartbeat (unless ``heartbeat`` is False: an
+        action that does not rest on the worker's silence), and the same progress token when
+        the verdict read it. Only the signals a verdict rests on, so a watchdog's own first
+        action (an observation) does not make its second look moved."""
+        row = self._row
+        if now.lease != row[1]:
+            return False
+        if heartbeat and now.watch.last_heartbeat_us != row[3]:
+            return False
+        return self._progress is None or now.progress_seq == self._progress[0]
 
     run_id = property(lambda self: self._row[_RUN])
     state = property(lambda self: self._row[0])
@@ -168,7 +186,7 @@ def judge_due(store: EventStore, rows: list[tuple[Any, ...]], now_us: int) -> li
             if cp is not None and (h := stall.classify(cp, now_us=now_us)).needs_attention:
                 out[i] = (cp, h)
         elif (p := progress.get(r[_RUN])) is not None and (h := stall.judge_progress(r, p, now_us)).needs_attention:
-            out[i] = (DueRun(store, r), h)
+            out[i] = (DueRun(store, r, tuple(p)), h)
     return [x for x in out if x is not None]
 
 

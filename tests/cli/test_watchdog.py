@@ -177,3 +177,42 @@ def test_replay_does_not_claim_a_watcher_that_started_later(lg, clock):
     watch_once(lg, name="wd", interval_s=5)
     assert lg.status("r1")["monitored"]["covered"] is True
     assert lg.status("r1", at_seq=1)["monitored"]["covered"] is False
+
+
+def _moving_between_scan_and_act(lg, move):
+    """watch_once with ``move`` run right after the stall scan: the worker's own write
+    landing while the watchdog plans (another process, in real life)."""
+    scan = lg.stalls
+
+    def stalls(now=None):
+        found = scan(now=now)
+        move()
+        return found
+
+    lg.stalls = stalls
+    try:
+        return watch_once(lg, name="wd")
+    finally:
+        del lg.stalls
+
+
+def test_a_beat_after_the_scan_saves_the_lease_though_the_packet_is_read_later(lg, clock):
+    """The scan judges from the stall view's row and reads a run's packet only when the
+    watchdog plans, after the worker's beat: the guard must compare with the row the
+    verdict was judged from, not with that later packet, or it revokes a live worker."""
+    lease = working_run(lg, "r1", heartbeat_timeout_s=5)
+    clock.advance(60)
+    acts = _moving_between_scan_and_act(lg, lambda: lg.heartbeat("r1", lease, worker="w1"))
+    assert [(a.action, a.outcome) for a in acts] == [("revoke_lease", "skipped")]
+    assert events(lg, "r1", "lease_revoked") == []
+    assert lg.status("r1")["lease"] == 1
+
+
+def test_progress_after_the_scan_saves_a_stalled_run_from_its_observation(lg, clock):
+    lease = working_run(lg, "r1", heartbeat_timeout_s=1000, progress_timeout_s=10, retry_budget=2)
+    clock.advance(11)
+    lg.heartbeat("r1", lease, worker="w1")
+    acts = _moving_between_scan_and_act(
+        lg, lambda: lg.progress("r1", lease, "tool_outcome", "moved on", key="late", worker="w1"))
+    assert [(a.action, a.outcome) for a in acts][:1] == [("observe", "skipped")]
+    assert events(lg, "r1", "watchdog_observed") == []
