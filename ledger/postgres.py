@@ -1501,7 +1501,8 @@ class PostgresStore(EventStore):
 
         A pooler in transaction mode hands each transaction whichever server session is
         free, and anything may run ``DEALLOCATE ALL``: an ``EXECUTE`` then names a
-        statement the session does not have. The server refuses it before the write's
+        statement the session does not have (or a ``PREPARE`` one it already has, when the
+        pooler hands over a used session). The server refuses it before the write's
         COMMIT (a failure after the COMMIT is reported as committed, never raised), so
         nothing was written and the whole write, its fencing included, can run again; the
         connection has forgotten what it prepared and prepares again in that same message.
@@ -1509,7 +1510,8 @@ class PostgresStore(EventStore):
         try:
             return self._write(*args)
         except StoreUnavailable as exc:
-            if pgerr is None or not isinstance(exc.__cause__, pgerr.InvalidSqlStatementName):
+            if pgerr is None or not isinstance(
+                    exc.__cause__, (pgerr.InvalidSqlStatementName, pgerr.DuplicatePreparedStatement)):
                 raise
         return self._write(*args)
 

@@ -60,6 +60,21 @@ def test_statements_gone_from_the_session_are_prepared_again_and_the_write_sent_
         assert store.verify() == []
 
 
+def test_a_session_that_already_holds_the_statements_takes_the_write_sent_once_more():
+    """What a pooler does the other way round: it hands this connection a session where
+    the statements exist while the connection believes it prepared nothing. The write's
+    PREPARE fails before anything ran; the store asks the session what it has and sends
+    the write once more: written once."""
+    with PostgresStore(fresh_url()) as store:
+        store.append("r1", [ev.ProgressRecorded(kind="a")], actor=W)
+        assert _prepared(store)
+        store._conn.handoff_prepared = set()
+        result = store.append("r1", [ev.ProgressRecorded(kind="b")], actor=W, idempotency_key="k-b")
+        assert (result.outcome, result.first_seq) == ("committed", 2)
+        assert [seq for _, seq, _ in _log(store)] == [1, 2]
+        assert store.verify() == []
+
+
 def test_statements_lost_twice_in_a_row_are_refused_with_nothing_written():
     """The store sends a write once more, not for ever: a session that loses its
     statements again before the second message (a pooler switching sessions under every
