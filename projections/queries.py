@@ -66,6 +66,9 @@ def stall_candidates(store: EventStore, now_us: int) -> list[Checkpoint]:
 _SCAN = (*stall.LIVENESS, "run_id", "needs_packet")
 _RUN, _NEEDS = len(stall.LIVENESS), len(stall.LIVENESS) + 1
 _PROGRESS = tuple("retry_count" if c == "repeats" else c for c in stall.PROGRESS)
+#: Where a scanned row and a progress read hold the signals a DueRun answers from.
+_STATE, _LEASE, _WORKER, _BEAT = (stall.LIVENESS.index(c) for c in ("state", "lease", "worker", "last_heartbeat_us"))
+_PROGRESS_SEQ = stall.PROGRESS.index("progress_seq")
 
 
 class DueRun:
@@ -99,16 +102,16 @@ class DueRun:
         the verdict read it. Only the signals a verdict rests on, so a watchdog's own first
         action (an observation) does not make its second look moved."""
         row = self._row
-        if now.lease != row[1]:
+        if now.lease != row[_LEASE]:
             return False
-        if heartbeat and now.watch.last_heartbeat_us != row[3]:
+        if heartbeat and now.watch.last_heartbeat_us != row[_BEAT]:
             return False
-        return self._progress is None or now.progress_seq == self._progress[0]
+        return self._progress is None or now.progress_seq == self._progress[_PROGRESS_SEQ]
 
     run_id = property(lambda self: self._row[_RUN])
-    state = property(lambda self: self._row[0])
-    lease = property(lambda self: self._row[1])
-    worker = property(lambda self: self._row[2])
+    state = property(lambda self: self._row[_STATE])
+    lease = property(lambda self: self._row[_LEASE])
+    worker = property(lambda self: self._row[_WORKER])
 
     @property
     def checkpoint(self) -> Checkpoint:
