@@ -195,6 +195,29 @@ def test_the_watchdog_revokes_a_silent_worker_once(backend):
     assert lg.check() == []
 
 
+def test_a_beat_between_the_scan_and_the_action_keeps_the_lease(backend):
+    """The stall scan judges from the view row and the watchdog reads the run's packet
+    later: a beat landing in between must make the revoke skip, on every backend."""
+    clock = Clock()
+    lg = ledger_on(backend, clock)
+    lg.open(run_id="r", goal="g", target="chat:#ops", owner="alice", heartbeat_timeout_s=10)
+    lease = lg.claim("r", "w1")
+    lg.transition("r", lease, "planning", worker="w1")
+    clock.advance(11)
+    scan = lg.stalls
+
+    def stalls_then_beat(now=None):
+        found = scan(now=now)
+        lg.heartbeat("r", lease, worker="w1")
+        return found
+
+    lg.stalls = stalls_then_beat
+    acts = watch_once(lg, name="wd")
+    assert [(a.action, a.outcome) for a in acts] == [("revoke_lease", "skipped")]
+    assert "lease_revoked" not in [r.type for r in lg.log("r")]
+    assert lg.checkpoint("r").lease == 1
+
+
 # --- the same history on every backend ------------------------------------------------------
 
 VOLATILE = {"hash", "prev_hash", "payload", "token_digest", "path", "result_path", "db"}
