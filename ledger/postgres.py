@@ -67,7 +67,12 @@ from .store import (
 
 try:  # the driver is an optional extra: pip install 'handoff-ledger[postgres]'
     import psycopg
+    import psycopg.adapt
     from psycopg import errors as pgerr
+    from psycopg.generators import execute as _pq_execute
+    from psycopg.pq import ExecStatus
+
+    _FATAL_ERROR, _TUPLES_OK = ExecStatus.FATAL_ERROR, ExecStatus.TUPLES_OK
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
     pgerr = None  # type: ignore[assignment]
@@ -75,7 +80,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 S = TypeVar("S")
 
 #: Layout version of the database schema (tables, indexes, triggers), kept in handoff_meta.
-PG_SCHEMA_VERSION = 4
+PG_SCHEMA_VERSION = 5
 FORMAT_NAME = "handoff-ledger"
 PAGE = 1000
 _TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
@@ -175,12 +180,24 @@ def preparable(sql: str) -> str:
     return sql
 
 
+class _Sql(str):
+    """An SQL expression that stands as an EXECUTE argument as it is: the write ids of a
+    one-round-trip write (``currval(...) + i``), which the client cannot know before the
+    server hands out the block. Only the store makes these, from constants."""
+
+    __slots__ = ()
+
+
 def _literal(v: Any) -> str | None:
     """``v`` as an SQL literal for an EXECUTE's argument list (the prepared statement's
     parameter types convert it), or None for a value psycopg must quote. Only on a
     connection with standard_conforming_strings on and UTF-8 (``handoff_literals``):
     there a quote is the one character a string literal must double."""
     t = type(v)
+    if t is _Sql:
+        return v
+    if t is list and v and type(v[0]) is _Sql:
+        return "ARRAY[" + ",".join(v) + "]::bigint[]"
     if t is str:
         return None if "\x00" in v else "'" + v.replace("'", "''") + "'"
     if t is int:
@@ -213,7 +230,7 @@ def _element(v: Any) -> str | None:
     return None
 
 
-def _execute_call(cur: Any, name: str, params: list[str] | int, args: Any) -> str:
+def _execute_call(conn: Any, name: str, params: list[str] | int, args: Any) -> str:
     """``EXECUTE name(arguments)``, each argument a literal (psycopg quotes what _literal
     does not know)."""
     values = [args[k] for k in params] if isinstance(params, list) else list(args)
@@ -221,30 +238,29 @@ def _execute_call(cur: Any, name: str, params: list[str] | int, args: Any) -> st
         return f"EXECUTE {name}"
     lits = [_literal(v) for v in values]
     if None in lits:
+        cur = psycopg.ClientCursor(conn)
         lits = [lit if lit is not None else cur.mogrify("%s", (v,)) for lit, v in zip(lits, values)]
     return f"EXECUTE {name}({', '.join(lits)})"  # type: ignore[arg-type]
 
 
 #: The statements of a write's two messages, prepared once per connection (_multi).
-_LOCK_RUN = preparable("SELECT pg_advisory_xact_lock_shared(%s, %s), pg_advisory_xact_lock(%s, %s)")
 _HEAD_FOR_UPDATE = preparable(_HEAD_SELECT + " FOR UPDATE")
-_NEXT_IDS = preparable("SELECT nextval('events_id_seq')")
 _STEPS_FROM = preparable("SELECT seq, type, recorded_us, payload, hash FROM events WHERE run_id=%s "
                          "AND seq>=%s ORDER BY seq")
 _MOVE_DIGEST = preparable("UPDATE heads SET lease_digest=%s WHERE run_id=%s")
 _LOCK_VIEWS_SHARED = preparable("SELECT pg_advisory_xact_lock_shared(%s, %s)")
-_SEAL_IF_FREE = preparable("SELECT event_id, event_position FROM handoff_seal(false, %s::bigint[])")
-#: After the commit: the write's positions if it is sealed (by its own seal, or by another
-#: sealer since), else the seal, waiting for the lock. One snapshot decides which: a sealer
-#: inserts the positions and takes the events off the queue in one transaction. (The
-#: seal's own call costs a SECURITY DEFINER function's entry and exit, on every write.)
-_SEAL_AFTER_COMMIT = preparable(
-    "SELECT m.id, (SELECT o.position FROM ledger_order o WHERE o.event_id = m.id) "
-    "FROM unnest(%(ids)s::bigint[]) AS m(id) "
-    "WHERE NOT EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = ANY(%(ids)s::bigint[])) "
-    "UNION ALL SELECT s.event_id, s.event_position FROM handoff_seal(true, %(ids)s::bigint[]) s "
-    "WHERE EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = ANY(%(ids)s::bigint[]))"
-)
+#: Before its COMMIT a write reads where its insert sealed it (QUEUE_FUNCTION): the
+#: position of its first event, or nothing when another session was sealing, and then,
+#: after the commit, it waits for the seal (_positions_of) in a round trip of its own.
+_SEALED_AT = preparable("SELECT current_setting('handoff.sealed', true)")
+_BEGIN_WRITE = preparable("SELECT handoff_begin_write(%s)")
+_EXPECT_HEAD = preparable("SELECT handoff_expect_head(%s, %s, %s)")
+#: A guessed write (_guess) goes behind this savepoint, and is undone to it when refused.
+_SAVE_GUESS = "SAVEPOINT handoff_guess"
+_UNDO_GUESS = "ROLLBACK TO SAVEPOINT handoff_guess"
+#: The write ids of a one-round-trip write, known only to the server when the message is
+#: built: its block's first id is the session's ``currval`` once handoff_begin_write ran.
+_CURRVAL = "currval('events_id_seq')"
 preparable(_INSERT)
 preparable(_INSERT_MANY)
 preparable(_UPSERT_HEAD)
@@ -343,20 +359,95 @@ BEGIN
 END $$"""
 
 
-#: Every inserted event joins the sealing queue, by a trigger (SECURITY DEFINER: a writer
-#: needs no right to the queue, so it can neither skip it nor jam it).
+#: Every inserted event is sealed by its own INSERT's trigger when nobody else is sealing,
+#: and joins the sealing queue when somebody is (SECURITY DEFINER: a writer needs no right
+#: to the order or the queue, so it can neither skip them nor jam them). Schema 5: sealing
+#: here, in the statement that inserts, costs a writer no function call of its own, no
+#: queue row and no read after its commit; it holds the seal lock from its insert to its
+#: commit, as the in-transaction seal of schema 4 did from just before it. Events queued
+#: by others (committed: this statement's snapshot sees no uncommitted row of theirs) are
+#: sealed first when their write ids are lower, in write-id order, exactly as handoff_seal
+#: orders them. The position of the statement's first event is left in the transaction's
+#: ``handoff.sealed`` setting for the writer to read before its COMMIT (a later position
+#: belongs to each later event: a write's ids are one block, so nothing comes between).
+#: An import (``handoff.importing`` on) writes the order itself: its rows are queued.
 QUEUE_FUNCTION = """CREATE FUNCTION handoff_queue() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = {schema}, pg_temp AS $$ BEGIN
-  INSERT INTO unsealed SELECT n.id FROM new_rows n; RETURN NULL;
+SET search_path = {schema}, pg_temp AS $$
+DECLARE
+  tpos bigint; g bytea; r record; queued boolean; first_new bigint;
+  ps bigint[] := ARRAY[]::bigint[]; es bigint[] := ARRAY[]::bigint[]; gs bytea[] := ARRAY[]::bytea[];
+BEGIN
+  IF current_setting('handoff.importing', true) = 'on' OR NOT pg_try_advisory_xact_lock({ns}, {seal}) THEN
+    INSERT INTO unsealed SELECT n.id FROM new_rows n;
+    RETURN NULL;
+  END IF;
+  SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t;
+  queued := EXISTS (SELECT 1 FROM unsealed);
+  FOR r IN SELECT q.id, q.hash FROM (
+             SELECT u.event_id AS id, (SELECT e.hash FROM events e WHERE e.id = u.event_id) AS hash
+             FROM unsealed u
+             WHERE queued AND (SELECT o.position FROM ledger_order o WHERE o.event_id = u.event_id) IS NULL
+             UNION ALL SELECT n.id, n.hash FROM new_rows n) q
+           ORDER BY q.id LOOP
+    tpos := tpos + 1;
+    g := sha256(g || int8send(tpos) || r.hash);
+    ps := ps || tpos; es := es || r.id; gs := gs || g;
+  END LOOP;
+  INSERT INTO ledger_order (position, event_id, global_hash) SELECT * FROM unnest(ps, es, gs);
+  IF queued THEN
+    DELETE FROM unsealed u WHERE (SELECT true FROM ledger_order o WHERE o.event_id = u.event_id);
+  END IF;
+  UPDATE ledger_tail SET position = tpos, global_hash = g;
+  PERFORM pg_notify('{channel}', '');
+  SELECT min(n.id) INTO first_new FROM new_rows n;
+  PERFORM set_config('handoff.sealed', ps[array_position(es, first_new)]::text, true);
+  RETURN NULL;
 END $$"""
 QUEUE_TRIGGERS = {
     "events_queue": "CREATE TRIGGER events_queue AFTER INSERT ON events REFERENCING NEW TABLE AS new_rows "
     "FOR EACH STATEMENT EXECUTE FUNCTION handoff_queue()",
 }
 
+#: The opening of every write: the ledger's shared lock, the run's lock, then the write's
+#: block of ids, in that order (ids taken under the run's lock grow with the run's seqs,
+#: so sealing in write-id order keeps each run's order). SECURITY INVOKER.
+BEGIN_FUNCTION = """CREATE FUNCTION handoff_begin_write(run_key integer) RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_advisory_xact_lock_shared({ns}, {maintenance});
+  PERFORM pg_advisory_xact_lock({run_ns}, run_key);
+  RETURN nextval('events_id_seq');
+END $$"""
+#: A guessed write (_guess) decided from the head this session's last write left; before
+#: it inserts anything, the server proves the head is still that one (seq and hash) or
+#: refuses with SQLSTATE HL409, and the savepoint before it undoes the guess. A head that
+#: moved: another writer, an import, a restored backup. SECURITY INVOKER.
+EXPECT_FUNCTION = """CREATE FUNCTION handoff_expect_head(run text, at_seq bigint, at_hash bytea)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM heads h WHERE h.run_id = run AND h.last_seq = at_seq AND h.last_hash = at_hash) THEN
+    RAISE EXCEPTION 'handoff: run % is no longer at seq % as this session last wrote it', run, at_seq
+      USING ERRCODE = 'HL409', HINT = 'the write is decided again from the head as it is; nothing was written';
+  END IF;
+END $$"""
+#: SQLSTATE of handoff_expect_head's refusal.
+HEAD_MOVED = "HL409"
+
 
 def queue_function(schema: str) -> str:
-    return QUEUE_FUNCTION.format(schema=_quote_ident(schema))
+    return QUEUE_FUNCTION.format(schema=_quote_ident(schema), ns=_LEDGER_NS, seal=_SEAL,
+                                 channel=notify_channel(schema))
+
+
+def begin_function() -> str:
+    return BEGIN_FUNCTION.format(ns=_LEDGER_NS, maintenance=_MAINTENANCE, run_ns=_RUN_LOCK_NS)
+
+
+def expect_function() -> str:
+    return EXPECT_FUNCTION
+
+
+def _or_replace(create: str) -> str:
+    return create.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
 
 
 def seal_function(schema: str) -> str:
@@ -450,6 +541,9 @@ MIGRATIONS: dict[int, list[str]] = {
     ],
     # 4: the seal looks every queued event up by key (SEAL_FUNCTION); same order, same chain.
     3: ["{reseal}"],
+    # 5: an insert seals itself when the seal lock is free (QUEUE_FUNCTION), and a write
+    # sent in one round trip proves the head it decided from (BEGIN_FUNCTION).
+    4: ["{requeue}", "{begin}", "{expect}"],
 }
 
 def global_link(prev_global: bytes, position: int, event_hash: bytes) -> bytes:
@@ -598,23 +692,37 @@ def _head(row: Sequence[Any] | None, *, digest: bool = False) -> Any:
 
 
 def _multi(conn: Any, batch: Sequence[tuple[str, Any]]) -> list[list[Any]]:
-    """Run statements as ONE simple-query message (parameters bound here) and return each
-    one's rows. One message, ending in one ReadyForQuery: between two of them the session
-    is idle in its transaction, where the server's idle timeout ends a client that went
-    away. (psycopg's pipeline mode sends a Flush after its Sync, which switches that
-    timeout off: a stalled client would hold its locks for good.)
+    """Run statements as ONE simple-query message and return each one's rows, or raise
+    the first failure (_send)."""
+    results, failed = _send(conn, batch)
+    if failed is not None:
+        raise failed
+    return results
+
+
+def _send(conn: Any, batch: Sequence[tuple[str, Any]]) -> tuple[list[list[Any]], Any]:
+    """Run statements as ONE simple-query message (parameters bound here): each one's rows
+    up to the first that failed, and that failure (a psycopg error; None when all ran).
+    One message, ending in one ReadyForQuery: between two of them the session is idle in
+    its transaction, where the server's idle timeout ends a client that went away.
+    (psycopg's pipeline mode sends a Flush after its Sync, which switches that timeout
+    off: a stalled client would hold its locks for good.) The rows of the statements
+    before a failure are what a refused guess goes on from (_write).
 
     A registered statement (``preparable``) goes as ``EXECUTE name(literals)``, preceded,
     the first time on this connection, by its ``PREPARE`` at the head of the same message:
     still one message, and no plan made twice. PREPARE is not undone by a rollback, so
     after a failed message that prepared something, which of its statements exist is not
     known: the connection asks the server (pg_prepared_statements) when it is next idle,
-    and sends plain statements until then."""
+    and sends plain statements until then.
+
+    The message goes through libpq directly and only the rows a write reads are loaded
+    (psycopg's cursor would describe every statement's result; a write has twenty)."""
     # Prepared statements only where the store writes the literals (their types then
     # always match the parameters'); elsewhere everything goes plainly, psycopg quoting.
     fast = getattr(conn, "handoff_literals", False)
     known = _known_prepared(conn) if fast else None
-    cur = psycopg.ClientCursor(conn)
+    cur = None
     head: list[str] = []
     body: list[str] = []
     for q, a in batch:
@@ -623,26 +731,45 @@ def _multi(conn: Any, batch: Sequence[tuple[str, Any]]) -> list[list[Any]]:
             continue
         form = _PREPARED.get(q) if known is not None else None
         if form is None:
+            cur = cur or psycopg.ClientCursor(conn)
             body.append(cur.mogrify(q, a))
             continue
         name, text, params = form
         if name not in known:  # type: ignore[operator]
             head.append(f"PREPARE {name} AS {text}")
             known.add(name)  # type: ignore[union-attr]
-        body.append(_execute_call(cur, name, params, a))
+        body.append(_execute_call(conn, name, params, a))
+    pgconn = conn.pgconn
+    encoding = conn.info.encoding
+    query = (";\n".join(head + body) if head else ";\n".join(body)).encode(encoding)
     try:
-        cur.execute(";\n".join(head + body) if head else ";\n".join(body))
-    except psycopg.Error as exc:
-        if head or isinstance(exc, pgerr.InvalidSqlStatementName):
-            conn.handoff_prepared = None  # some may exist, some not (or someone deallocated)
+        pgconn.send_query(query)
+        results = conn.wait(_pq_execute(pgconn))
+    except psycopg.Error:
+        conn.handoff_prepared = None
         raise
-    for _ in head:
-        cur.nextset()
-    out = []
-    while True:
-        out.append(cur.fetchall() if cur.description else [])
-        if not cur.nextset():
-            return out
+    out: list[list[Any]] = []
+    failed = None
+    tx = getattr(conn, "handoff_loader", None)
+    for i, res in enumerate(results):
+        status = res.status
+        if status == _FATAL_ERROR:
+            failed = pgerr.error_from_result(res, encoding=encoding)
+            if i < len(head) or isinstance(failed, (pgerr.InvalidSqlStatementName,
+                                                    pgerr.DuplicatePreparedStatement)):
+                conn.handoff_prepared = None  # some exist, some not (or someone deallocated)
+            # else every PREPARE at the head ran, and a rollback does not undo one
+            break
+        if i < len(head):
+            continue
+        if status == _TUPLES_OK:
+            if tx is None:
+                tx = conn.handoff_loader = psycopg.adapt.Transformer(conn)
+            tx.set_pgresult(res)
+            out.append(tx.load_rows(0, res.ntuples, tuple))
+        else:
+            out.append([])
+    return out, failed
 
 
 def _known_prepared(conn: Any) -> set[str] | None:
@@ -673,6 +800,26 @@ class _Rows:
 
 #: What _x returns while a write gathers its statements: there is no result to read yet.
 _GATHERED = None
+
+
+class _NeedsRead(Exception):
+    """A guessed write (_guess) reached for the server while it was being made (a decision
+    that reads a view, a hook that reads the run, a fork's parent): it is dropped, nothing
+    sent, and the write goes the way that reads first."""
+
+
+class _Guess(msgspec.Struct):
+    """A write made before the first round trip from the head this store's last write to
+    the run left (_guess): the statements that prove that head and write, how many events,
+    the head they leave (its last write id filled in once the server gave the block), the
+    fence, the lease digest before, and what the hooks returned."""
+
+    batch: list
+    n: int
+    new_head: Head
+    fence: tuple
+    lease_digest: str | None
+    out: Any
 
 
 def _decode_steps(run_id: str, rows: Sequence[Sequence[Any]]) -> list[Step] | None:
@@ -741,6 +888,13 @@ class PostgresStore(EventStore):
         self._views_locked = False
         self._keeps_views = False  # an attached hook keeps every projection (events.viewed)
         self._gather: list[tuple[str, Any]] | None = None  # statements of a write's last round trip
+        #: Each run's head as this store's last write or read under the run's lock left it:
+        #: (head in write ids, highest lease, lease token digest). A write whose fold is
+        #: cached at that head is guessed and sent in one round trip (_guess).
+        self._heads: collections.OrderedDict[str, tuple[Head, int, str | None]] = collections.OrderedDict()
+        self._fast = False  # making a guessed write: no statement may be sent
+        self._undo_pending = False  # a refused guess waits to be undone (_UNDO_GUESS)
+        self._guesses = [0, 0]  # guessed writes sent, refused (diagnostics)
         self._listener: Any = None  # LISTENing connection, opened by the first wait_for_events
         self._conn: Any = None
         #: True when this open created the ledger's schema (``handoff init`` reports it).
@@ -820,6 +974,8 @@ class PostgresStore(EventStore):
     def _x(self, sql: str, args: Any = None, *, binary: bool = False) -> Any:
         """Execute on the store's connection (inside whatever transaction is open); while a
         write gathers its second round trip (_commit_rows), gather instead."""
+        if self._fast and (self._gather is None or sql.lstrip()[:6].upper() == "SELECT"):
+            raise _NeedsRead(sql)
         if self._gather is not None:
             if sql.lstrip()[:6].upper() != "SELECT":
                 self._gather.append((sql, args))
@@ -827,11 +983,17 @@ class PostgresStore(EventStore):
             # A read inside the write (a hook that reads the run back): it must see what
             # was gathered, so that goes first, as one message of its own.
             self._send_gathered()
+        if self._undo_pending:  # a refused guess: nothing runs in its transaction before its undoing
+            self._ready().execute(_UNDO_GUESS)
+            self._undo_pending = False
         return self._ready().execute(sql, args, binary=binary)
 
     def _send_gathered(self) -> None:
         batch = self._gather
         if batch:
+            if self._undo_pending:
+                batch.insert(0, (_UNDO_GUESS, None))
+                self._undo_pending = False
             _multi(self._ready(), batch)
             del batch[:]
 
@@ -892,6 +1054,8 @@ class PostgresStore(EventStore):
             schema = conn.execute("SELECT current_schema()").fetchone()[0]
             conn.execute(seal_function(schema))
             conn.execute(queue_function(schema))
+            conn.execute(begin_function())
+            conn.execute(expect_function())
             for sql in QUEUE_TRIGGERS.values():
                 conn.execute(sql)
             conn.execute(
@@ -924,7 +1088,11 @@ class PostgresStore(EventStore):
                         self._x(seal_function(schema) if sql == "{seal}" else
                                 seal_function(schema).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
                                 if sql == "{reseal}" else
-                                queue_function(schema) if sql == "{queue}" else sql)
+                                queue_function(schema) if sql == "{queue}" else
+                                queue_function(schema).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+                                if sql == "{requeue}" else
+                                _or_replace(begin_function()) if sql == "{begin}" else
+                                _or_replace(expect_function()) if sql == "{expect}" else sql)
                     version += 1
                 self._x("UPDATE handoff_meta SET value=%s WHERE key='schema_version'", (str(version),))
                 ok = True
@@ -964,6 +1132,8 @@ class PostgresStore(EventStore):
 
     def _finish(self, ok: bool, doing: str) -> None:
         conn = self._conn
+        if self._undo_pending:  # a refused guess's transaction wrote nothing: end it so
+            ok, self._undo_pending = False, False
         self._in_txn = False
         self._writing = False
         self._exclusive = False
@@ -1249,31 +1419,23 @@ class PostgresStore(EventStore):
         new_head = Head(run_id, seq, prev, cur_lease, holder, first, ids[-1])
         return rows, new_head, (max_lease, token_digest, None, digest_moved), written
 
-    def _commit_rows(self, conn: Any, rows: list[tuple[Any, ...]], new_head: Head,
-                     fence: tuple[int, str | None, str | None, bool], hooks: Callable[[], Any],
-                     doing: str) -> tuple[Any, tuple[int, ...] | None]:
-        """The write's second round trip: ONE message (a simple query of several statements,
-        parameters bound here) that inserts, moves the head, keeps the views, tries to seal
-        when nobody else is, COMMITs, and makes sure the write is sealed.
-
-        One message, not a pipeline of several: the server runs none of it before it has
-        all of it, so a client that stalls or is cut off mid-send leaves its session idle
-        in the transaction the first round trip opened, which the server ends after the
-        idle timeout, freeing the run's lock (a pipeline would leave it 'active', waiting
-        for the rest, holding every lock with no timeout). Returns what the hooks returned
-        and the positions (None when the write committed but could not be sealed now: it
-        waits in the queue for the next writer or reader)."""
+    def _write_statements(self, rows: list[tuple[Any, ...]], new_head: Head,
+                          fence: tuple[int, str | None, str | None, bool],
+                          hooks: Callable[[], Any]) -> tuple[Any, list[tuple[str, Any]]]:
+        """The statements that write: insert (its trigger seals it when nobody else is
+        sealing), move the head, keep the views (the hooks' statements are gathered, not
+        sent), read where the insert was sealed, COMMIT. Returns what the hooks returned."""
         max_lease, token_digest, _, digest_moved = fence
-        ids = [r[0] for r in rows]
         run_id = new_head.run_id
+        batch: list[tuple[str, Any]] = []
         if len(rows) == 1:
-            batch: list[tuple[str, Any]] = [(_INSERT, rows[0])]
+            batch.append((_INSERT, rows[0]))
         else:
             first = rows[0]
             cols = list(zip(*rows))
-            batch = [(_INSERT_MANY, (first[1], first[4], first[5], first[8], first[9], first[10], first[14],
-                                     list(cols[0]), list(cols[2]), list(cols[3]), list(cols[6]),
-                                     list(cols[7]), list(cols[11]), list(cols[12]), list(cols[13])))]
+            batch.append((_INSERT_MANY, (first[1], first[4], first[5], first[8], first[9], first[10], first[14],
+                                         list(cols[0]), list(cols[2]), list(cols[3]), list(cols[6]),
+                                         list(cols[7]), list(cols[11]), list(cols[12]), list(cols[13]))))
         batch.append((_UPSERT_HEAD, (run_id, new_head.last_seq, new_head.last_hash, new_head.lease,
                                      new_head.lease_holder, max_lease, new_head.first_position,
                                      new_head.last_position)))
@@ -1286,10 +1448,28 @@ class PostgresStore(EventStore):
             out = hooks()  # the views' statements join the batch (they read no result)
         finally:
             self._gather = None
-        batch.append((_SEAL_IF_FREE, (ids,)))
+        batch.append((_SEALED_AT, ()))
         batch.append(("COMMIT", None))
-        batch.append((_SEAL_AFTER_COMMIT, {"ids": ids}))
-        results: list[list[Any]] = []
+        return out, batch
+
+    def _commit_rows(self, conn: Any, rows: list[tuple[Any, ...]], new_head: Head,
+                     fence: tuple[int, str | None, str | None, bool], hooks: Callable[[], Any],
+                     doing: str) -> tuple[Any, list[list[Any]]]:
+        """The write's second round trip: ONE message (a simple query of several statements,
+        parameters bound here), _write_statements after a speculation's undoing if one
+        failed (_write).
+
+        One message, not a pipeline of several: the server runs none of it before it has
+        all of it, so a client that stalls or is cut off mid-send leaves its session idle
+        in the transaction the first round trip opened, which the server ends after the
+        idle timeout, freeing the run's lock (a pipeline would leave it 'active', waiting
+        for the rest, holding every lock with no timeout). Returns what the hooks returned
+        and each statement's rows. A failure before the COMMIT, or at it, leaves nothing
+        written (typed error); a lost connection, an unknown outcome."""
+        out, batch = self._write_statements(rows, new_head, fence, hooks)
+        if self._undo_pending:
+            batch.insert(0, (_UNDO_GUESS, None))
+            self._undo_pending = False
         try:
             results = _multi(conn, batch)
         except psycopg.Error as exc:
@@ -1297,49 +1477,152 @@ class PostgresStore(EventStore):
             if conn.closed or conn.broken:  # the message may have run to its COMMIT, or not at all
                 raise self._unknown(doing, exc) from exc
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                # It failed before its COMMIT: the transaction is aborted, nothing was written.
                 with contextlib.suppress(psycopg.Error):
                     conn.execute("ROLLBACK")
-                raise _explain(exc, doing, self.path) from exc
-            return out, None  # committed; the seal after it failed (a lock timeout): it waits
+            raise _explain(exc, doing, self.path) from exc
         finally:
             self._in_txn = self._writing = False
-        got = dict(results[-3]) if len(results) >= 3 else {}
-        if len(got) < len(ids) and results:
-            got.update(results[-1])
-        return out, tuple(got[i] for i in ids if i in got) if len(got) >= len(ids) else None
+        return out, results
+
+    def _positions_after(self, results: list[list[Any]], ids: Sequence[int]) -> tuple[int, ...] | None:
+        """The committed write's positions: where its insert sealed it (read before its
+        COMMIT), else the seal now, waiting for the lock (another session was sealing).
+        None when that cannot be had now (a lock timeout, a lost connection): the write
+        is committed and waits in the queue for the next writer or reader to seal it."""
+        got = results[-2][0][0] if len(results) >= 2 and results[-2] else None
+        if got:
+            first = int(got)
+            return tuple(range(first, first + len(ids)))
+        try:
+            positions = self._positions_of(ids)
+        except psycopg.Error:
+            return None
+        return positions if len(positions) == len(ids) else None
+
+    def _guess(
+        self, run_id: str, aggregate: Aggregate[Any] | None, actor: str, idempotency_key: str | None,
+        digest: bytes | None, token: LeaseToken | None, plan: Callable[..., Any],
+    ) -> _Guess | None:
+        """The write as it would be if the run still stood where this store's last write
+        to it left it (a worker reporting on the run it holds, command after command):
+        fencing, the decision, the rows and the views' statements, made with no read.
+        _write sends them in its first message, behind a savepoint and the server's proof
+        that the head is still that one (handoff_expect_head).
+
+        None when there is nothing to guess from (no head remembered, no fold cached at
+        it), or when the guess would need the server: a decision, a check or a hook that
+        reads; a refusal (refusals are given from the head read under the lock, never
+        from what this store remembered); a result with nothing to write (a repeated key
+        is answered 'duplicate' first); a batch larger than one block of ids."""
+        known = self._heads.get(run_id)
+        if known is None:
+            return None
+        head, max_lease, lease_digest = known
+        state: Any = None
+        if aggregate is not None:
+            cached = self._cache.get((id(aggregate), run_id))
+            if (cached is None or cached[0] is not aggregate or cached[1] != head.last_seq
+                    or cached[2] != head.last_hash):
+                return None
+            state = cached[3]
+        conn = self._ready()
+        if not getattr(conn, "handoff_literals", False) or _known_prepared(conn) is None:
+            return None  # the ids are SQL expressions, which only the store's own literals carry
+        self._fast = True
+        try:
+            if token is not None:
+                self._check_token(run_id, head, max_lease, token, lease_digest)
+            planned = plan(head, max_lease, state)
+            if isinstance(planned, AppendResult):
+                return None
+            events, lease_n = planned
+            encoded = encode_events(events, self.max_payload)
+            if len(encoded) > ID_BLOCK:
+                return None
+            ids = [_Sql(_CURRVAL if i == 0 else f"{_CURRVAL}+{i}") for i in range(len(encoded))]
+            rows, new_head, fence, written = self._rows(
+                run_id, head, max_lease, events, encoded, actor, lease_n, idempotency_key, digest, ids,
+            )
+
+            def hooks() -> Any:
+                new_state, known = _MISSING, []
+                if aggregate is not None:
+                    new_state = aggregate.evolve_all(state, written)
+                    known = [(aggregate, new_state)]
+                return new_state, self._run_hooks(run_id, new_head, known)
+
+            out, batch = self._write_statements(rows, new_head, fence, hooks)
+        except Exception:  # noqa: BLE001 - a read, a refusal, or the caller's own signal
+            return None  # (a preview's): the write decides it from what the server says
+        finally:
+            self._fast = False
+        batch.insert(0, (_EXPECT_HEAD, (run_id, head.last_seq, head.last_hash)))
+        return _Guess(batch, len(rows), new_head, fence, lease_digest, out)
+
+    def _know_head(self, head: Head, fence: tuple[int, str | None, str | None, bool],
+                   digest_before: str | None) -> None:
+        """Remember the head a committed write left (the next write's guess starts there)."""
+        max_lease, token_digest, _, digest_moved = fence
+        key = head.run_id
+        self._heads[key] = (head, max_lease, token_digest if digest_moved else digest_before)
+        self._heads.move_to_end(key)
+        while len(self._heads) > 4096:
+            self._heads.popitem(last=False)
 
     def _write(
         self, run_id: str, aggregate: Aggregate[Any] | None, actor: str, idempotency_key: str | None,
         digest: bytes | None, token: LeaseToken | None, plan: Callable[..., Any], doing: str,
     ) -> tuple[AppendResult, Any]:
-        """One write in two round trips. The first (pipelined): BEGIN, the ledger's shared
-        lock, the run's lock and head, the key's earlier batch, a block of write ids, and
-        the run's events since the cached fold. Then, with no round trip: fencing, the fold,
-        ``plan`` (it returns the events to write and the lease they go under, or a
-        finished result). The second: _commit_rows."""
+        """One write in at most two round trips. The first: BEGIN, the ledger's shared lock,
+        the run's lock and a block of write ids (handoff_begin_write), the run's head, the
+        key's earlier batch, and the run's events since the cached fold. Then, with no
+        round trip: fencing, the fold, ``plan`` (it returns the events to write and the
+        lease they go under, or a finished result). The second: _commit_rows.
+
+        When this store guessed the write (_guess: its last write to the run left the head
+        and the fold), the first message carries the whole guessed write too, behind a
+        savepoint: one round trip when the head is still that one. When it is not (another
+        writer, a taken key), the server refuses the guessed part before it writes
+        anything, the savepoint undoes it, and the write goes on from what the first part
+        read, exactly as without a guess: still two round trips."""
         if self.readonly:
             raise StoreUnavailable(f"the ledger {self.path} was opened read-only; {doing} refused")
         conn = self._ready()
         lean = aggregate is not None and aggregate.lean
         cached = self._cache.get((id(aggregate), run_id)) if aggregate is not None else None
         after = cached[1] if cached is not None and cached[0] is aggregate else 0
+        guess = self._guess(run_id, aggregate, actor, idempotency_key, digest, token, plan)
         done = False
         try:
             with self._mapped(doing):
                 batch: list[tuple[str, Any]] = [
                     ("BEGIN", None),
-                    (_LOCK_RUN, (_LEDGER_NS, _MAINTENANCE, _RUN_LOCK_NS, self._run_key(run_id))),
+                    (_BEGIN_WRITE, (self._run_key(run_id),)),
                     (_HEAD_FOR_UPDATE, (run_id,)),
-                    (_NEXT_IDS, ()),
                 ]
                 if idempotency_key:
                     batch.append((_DUPLICATE, (run_id, idempotency_key)))
                 if lean:
                     batch.append((_STEPS_FROM, (run_id, after)))
                 self._in_txn = self._writing = True
-                got = iter(_multi(conn, batch)[2:])
-                c_head, c_id = _Rows(next(got)), _Rows(next(got))
+                if guess is None:
+                    got = iter(_multi(conn, batch)[1:])
+                else:
+                    core = len(batch)
+                    self._guesses[0] += 1
+                    results, failed = _send(conn, batch + [(_SAVE_GUESS, None)] + guess.batch)
+                    if failed is None:
+                        done = True
+                        return self._guessed(run_id, aggregate, guess, results)
+                    self._heads.pop(run_id, None)
+                    self._guesses[1] += 1
+                    if conn.closed or conn.broken:
+                        raise self._unknown(doing, failed) from failed
+                    if len(results) <= core:  # refused before the guess: as any first message
+                        raise failed
+                    self._undo_pending = True  # the guess is undone in the next message
+                    got = iter(results[1:core])
+                c_id, c_head = _Rows(next(got)), _Rows(next(got))
                 c_dup = _Rows(next(got)) if idempotency_key else None
                 c_steps = _Rows(next(got)) if lean else None
                 head, max_lease, lease_digest = _head(c_head.fetchone(), digest=True)
@@ -1387,25 +1670,47 @@ class PostgresStore(EventStore):
                     folded = self._run_hooks(run_id, new_head, known)
                     return new_state, folded
 
-                (new_state, folded), positions = self._commit_rows(conn, rows, new_head, fence, hooks, doing)
+                (new_state, folded), results = self._commit_rows(conn, rows, new_head, fence, hooks, doing)
                 done = True
+                self._know_head(new_head, fence, lease_digest)
+                positions = self._positions_after(results, ids)
         finally:
             self._gather = None
             if not done:
                 self._in_txn = self._writing = False
+                self._undo_pending = False
                 if not (conn.closed or conn.broken) and \
                         conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     with contextlib.suppress(psycopg.Error):
                         conn.execute("ROLLBACK")
+        return self._committed(run_id, aggregate, new_head, folded, new_state, len(rows), positions)
+
+    def _guessed(self, run_id: str, aggregate: Aggregate[Any] | None, guess: _Guess,
+                 results: list[list[Any]]) -> tuple[AppendResult, Any]:
+        """A guessed write that committed in its one round trip: its ids are the block the
+        server handed out (the first message's second statement), its positions where its
+        insert was sealed."""
+        self._in_txn = self._writing = False
+        base = results[1][0][0]
+        ids = [base + i for i in range(guess.n)]
+        new_head = msgspec.structs.replace(guess.new_head, last_position=ids[-1])
+        self._know_head(new_head, guess.fence, guess.lease_digest)
+        positions = self._positions_after(results, ids)
+        new_state, folded = guess.out
+        return self._committed(run_id, aggregate, new_head, folded, new_state, guess.n, positions)
+
+    def _committed(self, run_id: str, aggregate: Aggregate[Any] | None, new_head: Head,
+                   folded: tuple[Head | None, list[tuple[Aggregate[Any], Any]]], new_state: Any,
+                   n: int, positions: tuple[int, ...] | None) -> tuple[AppendResult, Any]:
         if folded[0] is not None:
-            self._remember_all(run_id, folded)
+            self._remember_all(run_id, (new_head, folded[1]))
         if aggregate is not None:
             if new_state is _MISSING:
                 new_state = next((st for agg, st in folded[1] if agg is aggregate), _MISSING)
             if new_state is _MISSING:
                 new_state = self._state(run_id, aggregate, new_head)
             self._remember(aggregate, run_id, new_head.last_seq, new_head.last_hash, new_state)
-        first = new_head.last_seq - len(rows) + 1
+        first = new_head.last_seq - n + 1
         return AppendResult(run_id, "committed", first, new_head.last_seq, positions or ()), new_state
 
     def _state_from(self, run_id: str, aggregate: Aggregate[S], head: Head | None,
@@ -1771,6 +2076,9 @@ class PostgresStore(EventStore):
             self._begin("importing", exclusive=True)
             ok = False
             try:
+                # The import gives its events their positions itself: the insert trigger
+                # only queues them (QUEUE_FUNCTION).
+                self._x("SELECT set_config('handoff.importing', 'on', true)")
                 run = PgImport(self, aggregate, admit)
                 for item in items:
                     run.add(*item)
@@ -1832,14 +2140,16 @@ class PostgresStore(EventStore):
                                    f"TRIGGER or session_replication_role): it refuses nothing. {advice}"))
         definer = {"handoff_seal", "handoff_queue"}
         for fn, create in (("handoff_refuse_change", REFUSE_FUNCTION), ("handoff_stamp_role", STAMP_FUNCTION),
-                           ("handoff_seal", seal_function(schema)), ("handoff_queue", queue_function(schema))):
+                           ("handoff_seal", seal_function(schema)), ("handoff_queue", queue_function(schema)),
+                           ("handoff_begin_write", begin_function()),
+                           ("handoff_expect_head", expect_function())):
             row = self._x("SELECT prosrc, prosecdef, proconfig FROM pg_proc WHERE proname = %s "
                           "AND pronamespace = current_schema()::regnamespace", (fn,)).fetchone()
             pinned = row is not None and (fn not in definer or (
                 row[1] and any(c.startswith("search_path=") for c in (row[2] or []))))
             if row is None or _norm(row[0]) != _norm(create.split("$$")[1]) or not pinned:
                 out.append(Problem("trigger_altered", None, None, None,
-                                   f"the function {fn}, which the ledger's triggers call, was changed or "
+                                   f"the function {fn}, which the ledger's triggers and writes call, was changed or "
                                    f"dropped. {advice}"))
         return out
 
@@ -1917,6 +2227,9 @@ class PostgresStore(EventStore):
             "lock_timeout_ms": int(self.busy_timeout_s * 1000),
             "order": "positions sealed behind the writers, in commit order (docs/postgres.md)",
             "unsealed": self.unsealed_count(),
+            # Writes this process sent in one round trip, and how many of them the server
+            # refused (another writer had moved the run: each then took two).
+            "guessed_writes": {"sent": self._guesses[0], "refused": self._guesses[1]},
         }
 
     def close(self) -> None:
@@ -2046,6 +2359,11 @@ def roles_sql(schema: str, prefix: str = "handoff") -> str:
         f"REVOKE ALL ON FUNCTION {s}.handoff_seal(boolean, bigint[]), {s}.handoff_queue() FROM PUBLIC;",
         f"GRANT EXECUTE ON FUNCTION {s}.handoff_seal(boolean, bigint[]) TO {everyone};",
         f"GRANT EXECUTE ON FUNCTION {s}.handoff_queue() TO {appenders};",
+        # A write's locks and ids, and a guessed write's proof of its head (run as the caller).
+        f"REVOKE ALL ON FUNCTION {s}.handoff_begin_write(integer), "
+        f"{s}.handoff_expect_head(text, bigint, bytea) FROM PUBLIC;",
+        f"GRANT EXECUTE ON FUNCTION {s}.handoff_begin_write(integer), "
+        f"{s}.handoff_expect_head(text, bigint, bytea) TO {appenders};",
         f"GRANT SELECT ON {s}.handoff_meta TO {appenders};",
         # Tables the owner creates later (a rebuild's swapped-in tables, a new projection).
         f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {appenders};",

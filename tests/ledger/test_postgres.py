@@ -134,7 +134,7 @@ def test_an_older_ledger_is_migrated_and_keeps_every_position_and_hash(version):
         before = conn.execute("SELECT position, run_id, seq, hash, global_hash FROM events ORDER BY position").fetchall()
         tail = conn.execute("SELECT position, global_hash FROM ledger_tail").fetchone()
     with Ledger(url) as lg:
-        assert lg.store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 4
+        assert lg.store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 5
         assert [(r.position, r.run_id, r.seq, r.hash) for r in lg.store.read_all()] == [
             (p, r, s, bytes(h)) for p, r, s, h, _ in before]
         assert lg.store.ledger_head() == (tail[0], bytes(tail[1]))
@@ -150,7 +150,7 @@ def test_an_older_ledger_is_migrated_and_keeps_every_position_and_hash(version):
         assert lg.store.head("r3").first_position == 11
         assert lg.verify() == [] and lg.check() == []
     with psycopg.connect(url) as conn:
-        assert conn.execute("SELECT value FROM handoff_meta WHERE key = 'schema_version'").fetchone()[0] == "4"
+        assert conn.execute("SELECT value FROM handoff_meta WHERE key = 'schema_version'").fetchone()[0] == "5"
         assert {r[0] for r in conn.execute("SELECT DISTINCT db_role FROM events")} == {
             conn.execute("SELECT session_user").fetchone()[0]}
 
@@ -194,7 +194,7 @@ def test_a_schema_3_ledger_gets_the_seal_by_key_and_keeps_its_order():
         PostgresStore(url, readonly=True)
     with Ledger(url) as lg:
         store = lg.store
-        assert store.diagnostics()["schema_version"] == 4
+        assert store.diagnostics()["schema_version"] == 5
         body = store._x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_seal' "
                         "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
         assert "unnest(ps, es, gs)" in body
@@ -208,6 +208,61 @@ def test_a_schema_3_ledger_gets_the_seal_by_key_and_keeps_its_order():
         conn.execute(old)
     with PostgresStore(url) as store:
         assert any(p.kind == "trigger_altered" and "handoff_seal" in p.message for p in store.verify())
+
+
+QUEUE_V4 = Path(__file__).parent / "fixtures" / "postgres_queue4.sql"
+
+
+def test_a_schema_4_ledger_gets_the_sealing_insert_and_keeps_its_order():
+    """Schema 4's insert trigger only queued events (the writer then called the seal);
+    5's seals in the insert when nobody else is sealing, and adds the functions a write
+    opens with and a guessed write proves its head with. Events queued under 4 at the
+    upgrade are sealed first, in write-id order, by the first write after it; the chain
+    is unbroken; verify accepts the new bodies and would report the old queue function."""
+    import psycopg
+
+    from handoff.api import Ledger
+    from handoff.ledger import events as ev
+    from handoff.ledger.store import Actor
+
+    from handoff.ledger import postgres as P
+
+    url = fresh_url()
+    w = Actor("worker", "w")
+    with PostgresStore(url) as store:
+        schema = store.schema_name()
+        for i in range(4):
+            store.append(f"r{i % 2}", [ev.ProgressRecorded(kind=f"k{i}")], actor=w)
+    # Two commits left queued (their writer could not seal: another session held the seal
+    # lock past the lock timeout), as a schema-4 writer that died before its seal leaves.
+    with psycopg.connect(url, autocommit=True) as other, PostgresStore(url, busy_timeout_s=0.2) as store:
+        other.execute("BEGIN")
+        other.execute("SELECT pg_advisory_xact_lock(%s, %s)", (P._LEDGER_NS, P._SEAL))
+        for run in ("r0", "r1"):
+            assert store.append(run, [ev.ProgressRecorded(kind="queued")], actor=w).positions == ()
+        other.execute("ROLLBACK")
+        assert store.unsealed_count() == 2
+    old = QUEUE_V4.read_text().format(schema=P._quote_ident(schema))
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(old)
+    with pytest.raises(StoreUnavailable, match="handoff --db URL init"):  # read-only: no migration
+        PostgresStore(url, readonly=True)
+    with Ledger(url) as lg:
+        store = lg.store
+        assert store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 5
+        body = store._x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_queue' "
+                        "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
+        assert "pg_try_advisory_xact_lock" in body
+        result = store.append("r1", [ev.ProgressRecorded(kind="after")], actor=w)
+        assert result.positions == (7,)  # sealed in its own insert, after the two queued ones
+        assert store.unsealed_count() == 0
+        assert [(r.position, r.run_id, r.seq) for r in store.read_all()][-3:] == [
+            (5, "r0", 3), (6, "r1", 3), (7, "r1", 4)]
+        assert store.verify() == []
+    with psycopg.connect(url, autocommit=True) as conn:  # verify would report the old body
+        conn.execute(old.split("DROP FUNCTION")[0])
+    with PostgresStore(url) as store:
+        assert any(p.kind == "trigger_altered" and "handoff_queue" in p.message for p in store.verify())
 
 
 def test_a_write_whose_hooks_kept_only_some_views_leaves_them_to_catch_up():

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from handoff.ledger import postgres as P
 from handoff.ledger import events as ev
 from handoff.ledger.postgres import PostgresStore
 from handoff.ledger.store import Actor
@@ -93,12 +94,16 @@ def test_events_committed_but_not_sealed_are_sealed_by_the_next_reader(url):
 
     with PostgresStore(url) as store:
         store.append("a", [ev.HeartbeatRecorded()], actor=W)
-    with psycopg.connect(url, autocommit=True) as conn:  # what a writer killed after COMMIT leaves
+    # What a writer killed after its COMMIT leaves when another session was sealing at its
+    # insert (the insert's trigger queued it instead of sealing it).
+    with psycopg.connect(url, autocommit=True) as sealer, psycopg.connect(url, autocommit=True) as conn:
+        sealer.execute("BEGIN")
+        sealer.execute("SELECT pg_advisory_xact_lock(%s, %s)", (P._LEDGER_NS, P._SEAL))
         conn.execute("INSERT INTO events (id, run_id, seq, type, actor, batch_size, recorded_us, "
                      "schema_version, payload, prev_hash, hash, viewed) SELECT nextval('events_id_seq'), "
                      "run_id, 2, type, actor, 1, recorded_us, schema_version, payload, hash, hash, true "
                      "FROM events WHERE run_id = 'a' AND seq = 1")
-        # (the insert trigger has queued it; nobody sealed it)
+        sealer.execute("ROLLBACK")
     with PostgresStore(url, readonly=True) as reader:
         assert reader.unsealed_count() == 1
         assert [(r.run_id, r.seq, r.position) for r in reader.read_all()] == [("a", 1, 1), ("a", 2, 2)]

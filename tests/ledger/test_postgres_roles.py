@@ -120,6 +120,9 @@ def test_a_writer_appends_and_the_server_names_it(roles, group):
         lg.transition("r1", lease, "planning", worker="w1")
         lg.progress("r1", lease, "plan_committed", "3 steps", worker="w1")
         assert lg.checkpoint("r1").worker == "w1"
+        # the second and third writes were guessed (the role may call the functions that
+        # open a write and prove its head) and none was refused
+        assert lg.store.diagnostics()["guessed_writes"] == {"sent": 2, "refused": 0}
         assert lg.verify() == []
     rows = _events(roles.owner)
     assert {r[-1] for r in rows if r[1] == "r1"} == {roles.login(group)}  # db_role

@@ -58,7 +58,7 @@ def test_blackhole_during_commit_is_outcome_unknown_and_its_key_settles_it(pg_ur
 
 def test_writers_backends_terminated_repeatedly_lose_and_double_nothing(pg_url, tmp_path, procs, evidence):
     writers = 4
-    per_writer = scale(40, 300)
+    per_writer = scale(150, 600)
     with Ledger(pg_url) as lg:
         runs = [lg.open(goal=f"run {i}", target="chat:#ops", owner="alice") for i in range(writers)]
         shared = lg.open(goal="shared", target="chat:#ops", owner="alice")
@@ -71,7 +71,7 @@ def test_writers_backends_terminated_repeatedly_lose_and_double_nothing(pg_url, 
     kills = 0
     with psycopg.connect(pg_url, autocommit=True) as admin:
         while any(p.poll() is None for p in procs):
-            time.sleep(rng.uniform(0.05, 0.25))
+            time.sleep(rng.uniform(0.02, 0.1))
             pids = [r[0] for r in admin.execute(
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
                 "AND application_name = 'handoff-ledger'").fetchall()]
