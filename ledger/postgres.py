@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import hashlib
+import math
 import re
 import threading
 import time
@@ -129,11 +130,11 @@ _UPSERT_HEAD = (
 #: A repeated key's earlier batch: its first seq and write id, the request's digest, size
 #: and actor, and every event's write id and position (null while waiting to be sealed).
 _DUPLICATE = (
-    "SELECT d.seq, d.id, d.idem_digest, d.batch_size, d.actor, "
-    "array_agg(e.id ORDER BY e.seq), array_agg(o.position ORDER BY e.seq) FROM events d "
-    "JOIN events e ON e.run_id = d.run_id AND e.seq BETWEEN d.seq AND d.seq + d.batch_size - 1 "
-    "LEFT JOIN ledger_order o ON o.event_id = e.id "
-    "WHERE d.run_id=%s AND d.idem_key=%s GROUP BY d.seq, d.id, d.idem_digest, d.batch_size, d.actor"
+    "SELECT d.seq, d.id, d.idem_digest, d.batch_size, d.actor, b.ids, b.positions FROM events d, "
+    "LATERAL (SELECT array_agg(e.id ORDER BY e.seq) AS ids, array_agg(o.position ORDER BY e.seq) AS positions "
+    "FROM events e LEFT JOIN ledger_order o ON o.event_id = e.id "
+    "WHERE e.run_id = d.run_id AND e.seq BETWEEN d.seq AND d.seq + d.batch_size - 1) b "
+    "WHERE d.run_id=%s AND d.idem_key=%s"
 )
 _HEAD_SELECT = (
     "SELECT run_id, last_seq, last_hash, lease, lease_holder, first_position, "
@@ -206,6 +207,8 @@ def _literal(v: Any) -> str | None:
         return "'\\x" + v.hex() + "'"
     if v is None:
         return "NULL"
+    if t is float:  # quoted: float8in reads the shortest repr back exactly (-0.0 too)
+        return "'" + repr(v) + "'" if math.isfinite(v) else None
     if t is bool:
         return "true" if v else "false"
     if t is list:
@@ -245,6 +248,12 @@ def _execute_call(conn: Any, name: str, params: list[str] | int, args: Any) -> s
 
 #: The statements of a write's two messages, prepared once per connection (_multi).
 _HEAD_FOR_UPDATE = preparable(_HEAD_SELECT + " FOR UPDATE")
+#: A guessed write's reads (_write): the head and the steps only where the head is not the
+#: one guessed from (seq, hash), which a refused guess goes on from.
+_HEAD_IF_MOVED = preparable(_HEAD_SELECT + " AND NOT (last_seq = %s AND last_hash = %s) FOR UPDATE")
+_STEPS_IF_MOVED = preparable(
+    "SELECT seq, type, recorded_us, payload, hash FROM events WHERE run_id=%s AND seq>=%s "
+    "AND NOT EXISTS (SELECT 1 FROM heads WHERE run_id=%s AND last_seq=%s AND last_hash=%s) ORDER BY seq")
 _STEPS_FROM = preparable("SELECT seq, type, recorded_us, payload, hash FROM events WHERE run_id=%s "
                          "AND seq>=%s ORDER BY seq")
 _MOVE_DIGEST = preparable("UPDATE heads SET lease_digest=%s WHERE run_id=%s")
@@ -374,7 +383,7 @@ END $$"""
 QUEUE_FUNCTION = """CREATE FUNCTION handoff_queue() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = {schema}, pg_temp AS $$
 DECLARE
-  tpos bigint; g bytea; r record; queued boolean; first_new bigint;
+  tpos bigint; g bytea; r record; mine bigint; queued boolean;
   ps bigint[] := ARRAY[]::bigint[]; es bigint[] := ARRAY[]::bigint[]; gs bytea[] := ARRAY[]::bytea[];
 BEGIN
   IF current_setting('handoff.importing', true) = 'on' OR NOT pg_try_advisory_xact_lock({ns}, {seal}) THEN
@@ -383,24 +392,35 @@ BEGIN
   END IF;
   SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t;
   queued := EXISTS (SELECT 1 FROM unsealed);
-  FOR r IN SELECT q.id, q.hash FROM (
-             SELECT u.event_id AS id, (SELECT e.hash FROM events e WHERE e.id = u.event_id) AS hash
-             FROM unsealed u
-             WHERE queued AND (SELECT o.position FROM ledger_order o WHERE o.event_id = u.event_id) IS NULL
-             UNION ALL SELECT n.id, n.hash FROM new_rows n) q
-           ORDER BY q.id LOOP
-    tpos := tpos + 1;
-    g := sha256(g || int8send(tpos) || r.hash);
-    ps := ps || tpos; es := es || r.id; gs := gs || g;
-  END LOOP;
+  IF NOT queued THEN
+    -- the common case: nothing waits, this statement's rows take the next positions
+    mine := tpos + 1;
+    FOR r IN SELECT n.id, n.hash FROM new_rows n ORDER BY n.id LOOP
+      tpos := tpos + 1;
+      g := sha256(g || int8send(tpos) || r.hash);
+      ps := ps || tpos; es := es || r.id; gs := gs || g;
+    END LOOP;
+  ELSE
+    FOR r IN SELECT q.id, q.hash FROM (
+               SELECT u.event_id AS id, (SELECT e.hash FROM events e WHERE e.id = u.event_id) AS hash
+               FROM unsealed u
+               WHERE (SELECT o.position FROM ledger_order o WHERE o.event_id = u.event_id) IS NULL
+               UNION ALL SELECT n.id, n.hash FROM new_rows n) q
+             ORDER BY q.id LOOP
+      tpos := tpos + 1;
+      g := sha256(g || int8send(tpos) || r.hash);
+      ps := ps || tpos; es := es || r.id; gs := gs || g;
+    END LOOP;
+    mine := ps[array_position(es, (SELECT min(n.id) FROM new_rows n))];
+  END IF;
   INSERT INTO ledger_order (position, event_id, global_hash) SELECT * FROM unnest(ps, es, gs);
   IF queued THEN
+    -- Everything queued that now has a position (an import's rows too) leaves the queue.
     DELETE FROM unsealed u WHERE (SELECT true FROM ledger_order o WHERE o.event_id = u.event_id);
   END IF;
   UPDATE ledger_tail SET position = tpos, global_hash = g;
   PERFORM pg_notify('{channel}', '');
-  SELECT min(n.id) INTO first_new FROM new_rows n;
-  PERFORM set_config('handoff.sealed', ps[array_position(es, first_new)]::text, true);
+  PERFORM set_config('handoff.sealed', mine::text, true);
   RETURN NULL;
 END $$"""
 QUEUE_TRIGGERS = {
@@ -820,6 +840,7 @@ class _Guess(msgspec.Struct):
     fence: tuple
     lease_digest: str | None
     out: Any
+    known: tuple  # (head, highest lease, lease digest) the guess was made from
 
 
 def _decode_steps(run_id: str, rows: Sequence[Sequence[Any]]) -> list[Step] | None:
@@ -1553,11 +1574,12 @@ class PostgresStore(EventStore):
 
             out, batch = self._write_statements(rows, new_head, fence, hooks)
         except Exception:  # noqa: BLE001 - a read, a refusal, or the caller's own signal
-            return None  # (a preview's): the write decides it from what the server says
+            self._settle(False)  # (a preview's): the write decides it from what the server says
+            return None
         finally:
             self._fast = False
         batch.insert(0, (_EXPECT_HEAD, (run_id, head.last_seq, head.last_hash)))
-        return _Guess(batch, len(rows), new_head, fence, lease_digest, out)
+        return _Guess(batch, len(rows), new_head, fence, lease_digest, out, known)
 
     def _know_head(self, head: Head, fence: tuple[int, str | None, str | None, bool],
                    digest_before: str | None) -> None:
@@ -1595,16 +1617,22 @@ class PostgresStore(EventStore):
         done = False
         try:
             with self._mapped(doing):
+                # With a guess, the head and the steps are read only if the head is not
+                # the guessed one (each read's condition; the run's lock keeps it so until
+                # the guess's proof): a guess that holds reads nothing it already knows.
+                moved = (guess.known[0].last_seq, guess.known[0].last_hash) if guess is not None else None
                 batch: list[tuple[str, Any]] = [
                     ("BEGIN", None),
                     (_BEGIN_WRITE, (self._run_key(run_id),)),
-                    (_HEAD_FOR_UPDATE, (run_id,)),
+                    (_HEAD_IF_MOVED, (run_id, *moved)) if moved else (_HEAD_FOR_UPDATE, (run_id,)),
                 ]
                 if idempotency_key:
                     batch.append((_DUPLICATE, (run_id, idempotency_key)))
                 if lean:
-                    batch.append((_STEPS_FROM, (run_id, after)))
+                    batch.append((_STEPS_IF_MOVED, (run_id, after, run_id, *moved)) if moved
+                                 else (_STEPS_FROM, (run_id, after)))
                 self._in_txn = self._writing = True
+                same_head = False
                 if guess is None:
                     got = iter(_multi(conn, batch)[1:])
                 else:
@@ -1616,16 +1644,27 @@ class PostgresStore(EventStore):
                         return self._guessed(run_id, aggregate, guess, results)
                     self._heads.pop(run_id, None)
                     self._guesses[1] += 1
+                    self._settle(False)
                     if conn.closed or conn.broken:
                         raise self._unknown(doing, failed) from failed
-                    if len(results) <= core:  # refused before the guess: as any first message
+                    # results: the rows of the statements before the one that failed. Up
+                    # to the savepoint: as any first message's failure. The proof (just
+                    # after it) refused with HL409: the head moved, and the reads above
+                    # returned it. Anything later: the proof passed, the head is the
+                    # guessed one (a taken key, say).
+                    proof = core + 1
+                    if len(results) < proof or (len(results) == proof and failed.sqlstate != HEAD_MOVED):
                         raise failed
+                    same_head = len(results) > proof
                     self._undo_pending = True  # the guess is undone in the next message
                     got = iter(results[1:core])
                 c_id, c_head = _Rows(next(got)), _Rows(next(got))
                 c_dup = _Rows(next(got)) if idempotency_key else None
                 c_steps = _Rows(next(got)) if lean else None
-                head, max_lease, lease_digest = _head(c_head.fetchone(), digest=True)
+                if same_head:
+                    head, max_lease, lease_digest = guess.known  # type: ignore[union-attr]
+                else:
+                    head, max_lease, lease_digest = _head(c_head.fetchone(), digest=True)
                 dup = (self._duplicate(run_id, idempotency_key, digest, actor, c_dup.fetchone())  # type: ignore[arg-type]
                        if c_dup is not None else None)
                 if dup is not None:  # nothing to write: end the transaction (the second round trip)
@@ -1677,6 +1716,7 @@ class PostgresStore(EventStore):
         finally:
             self._gather = None
             if not done:
+                self._settle(False)
                 self._in_txn = self._writing = False
                 self._undo_pending = False
                 if not (conn.closed or conn.broken) and \
@@ -1699,9 +1739,17 @@ class PostgresStore(EventStore):
         new_state, folded = guess.out
         return self._committed(run_id, aggregate, new_head, folded, new_state, guess.n, positions)
 
+    def _settle(self, committed: bool) -> None:
+        """Tell the view store whether the rows the last gathered write sent are now the
+        server's (postgres_views: a later guessed write sends no statement for rows that
+        are still equal)."""
+        if self._views is not None:
+            self._views.settled(committed)
+
     def _committed(self, run_id: str, aggregate: Aggregate[Any] | None, new_head: Head,
                    folded: tuple[Head | None, list[tuple[Aggregate[Any], Any]]], new_state: Any,
                    n: int, positions: tuple[int, ...] | None) -> tuple[AppendResult, Any]:
+        self._settle(True)
         if folded[0] is not None:
             self._remember_all(run_id, (new_head, folded[1]))
         if aggregate is not None:

@@ -14,6 +14,7 @@ Positions here are write ids (ledger/postgres.py): the tracking rows and a view 
 
 from __future__ import annotations
 
+import collections
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from operator import itemgetter
@@ -141,6 +142,43 @@ class PostgresViewStore(ViewStore):
         self._store = store
         self._tables: dict[str, Table] = {}
         self._specs: dict[str, TableSpec] = {}
+        #: {(table, run): the values of the run's rows} as this store's last committed write
+        #: left them, and what the write being gathered sends (``settled`` moves them over).
+        #: A guessed write (ledger/postgres.py, _guess) sends no statement for rows that are
+        #: equal: the guess commits only where the run's head is the one this store's last
+        #: write left, so no write has changed the run since, and view rows are a function
+        #: of the run's events (a rebuild or a catch-up elsewhere writes the same values).
+        self._sent: collections.OrderedDict[tuple[str, str], Any] = collections.OrderedDict()
+        self._pending: dict[tuple[str, str], Any] = {}
+
+    def _unchanged(self, key: tuple[str, str], values: Any) -> bool:
+        """Whether the write being gathered may leave these rows alone (and note them)."""
+        store = self._store
+        if store._gather is None:  # outside a write's message (catch-up, rebuild): forget them
+            self._sent.pop(key, None)
+            return False
+        if store._fast and self._sent.get(key) == values:
+            return True
+        self._pending[key] = values
+        return False
+
+    def settled(self, committed: bool) -> None:
+        """The gathered write committed (its rows are what the run's rows are now), or did
+        not (forget them: the server's rows are not known)."""
+        pending, self._pending = self._pending, {}
+        sent = self._sent
+        for key, values in pending.items():
+            if committed:
+                sent[key] = values
+                sent.move_to_end(key)
+            else:
+                sent.pop(key, None)
+        while len(sent) > 8192:
+            sent.popitem(last=False)
+
+    def forget(self) -> None:
+        self._sent.clear()
+        self._pending.clear()
 
     def _x(self, sql: str, args: Any = None) -> Any:
         return self._store._x(sql, args)
@@ -164,6 +202,7 @@ class PostgresViewStore(ViewStore):
                         and not self._outdated(views))
 
     def prepare(self, views: Mapping[str, tuple[TableSpec, int]]) -> None:
+        self.forget()  # the tables are made anew: no row is known
         x = self._x
         # id_mark: the last write id when the position was set (ledger/postgres.py: every
         # write below it had committed), the point from which lagging() looks for writes
@@ -224,9 +263,14 @@ class PostgresViewStore(ViewStore):
     # that did not change is left alone (the WHERE of upsert_changed).
 
     def sync_one(self, table: Table, row: Mapping[str, Any]) -> None:
+        run_id = row.get("run_id")
+        if isinstance(run_id, str) and self._unchanged((table.name, run_id), tuple(table.values(row))):
+            return
         self._x(table.upsert_changed, row)
 
     def sync_many(self, table: Table, run_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        if self._unchanged((table.name, run_id), tuple(tuple(table.values(row)) for row in rows)):
+            return
         n = table.npk
         keys = [tuple(table.values(row))[:n] for row in rows]
         if keys:
@@ -278,6 +322,7 @@ class PostgresViewStore(ViewStore):
     # --- rebuild ----------------------------------------------------------------------
 
     def create_shadows(self, specs: Sequence[TableSpec]) -> list[Table]:
+        self.forget()  # the tables are made anew: no row is known
         from .postgres import rebuild_refusal
 
         why = rebuild_refusal(self._store)
@@ -295,6 +340,7 @@ class PostgresViewStore(ViewStore):
         return Table(spec, _ident(spec.name) + "__new")
 
     def swap_in(self, views: Mapping[str, tuple[TableSpec, int]], position: int) -> dict[str, int]:
+        self.forget()  # the tables are made anew: no row is known
         counts = {}
         for name, (spec, version) in views.items():
             t = _ident(spec.name)

@@ -4,6 +4,8 @@ costs more than the one write that finds it, refused with a typed error and noth
 
 from __future__ import annotations
 
+import math
+
 import psycopg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -136,7 +138,11 @@ def test_a_message_that_failed_after_preparing_leaves_the_connection_working():
     (['a"b', None, "it's"], """'{"a\\"b",NULL,"it''s"}'"""),
     ([b"\x01"], """'{"\\\\x01"}'"""),
     ("nul\x00", None),  # psycopg quotes it (and refuses it: text cannot hold NUL)
-    (1.5, None),
+    (1.5, "'1.5'"),
+    (-0.0, "'-0.0'"),
+    (1e-310, "'1e-310'"),
+    (float("inf"), None),  # psycopg quotes the ones float8 spells in words
+    (float("nan"), None),
 ])
 def test_literals_written_by_the_store(value, literal):
     assert _literal(value) == literal
@@ -185,8 +191,9 @@ _TEXT = st.text(st.one_of(_SHAPING, _SHAPING, st.characters(blacklist_categories
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=_TEXT, texts=st.lists(st.one_of(st.none(), _TEXT), max_size=6),
        blob=st.binary(max_size=40), blobs=st.lists(st.binary(max_size=12), max_size=4),
-       ints=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4))
-def test_any_literal_the_store_writes_reads_back_as_its_value(pg_store, text, texts, blob, blobs, ints):
+       ints=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4),
+       real=st.floats(allow_nan=False, allow_infinity=False))
+def test_any_literal_the_store_writes_reads_back_as_its_value(pg_store, text, texts, blob, blobs, ints, real):
     """The store writes literals itself (no driver quoting), so any value it accepts must
     come back from the server as that value and nothing else: quotes, backslashes,
     braces, commas, the word NULL, any Unicode. A literal that could end early would be an
@@ -194,11 +201,13 @@ def test_any_literal_the_store_writes_reads_back_as_its_value(pg_store, text, te
     conn = pg_store._conn
     assert conn.handoff_literals  # the settings under which the store writes literals
     for value, cast in ((text, "text"), (texts, "text[]"), (blob, "bytea"), (blobs, "bytea[]"),
-                        (ints, "bigint[]")):
+                        (ints, "bigint[]"), (real, "double precision")):
         lit = _literal(value)
         assert lit is not None
         got = conn.execute(f"SELECT {lit}::{cast}").fetchone()[0]
         assert got == value, (lit, cast)
+    got = conn.execute(f"SELECT {_literal(real)}::double precision").fetchone()[0]
+    assert math.copysign(1.0, got) == math.copysign(1.0, real)  # the sign of a zero too
 
 
 @pytest.fixture(scope="module")
