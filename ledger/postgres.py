@@ -325,26 +325,40 @@ ROLE_TRIGGERS = {
 #: committed; nobody can choose it), without the right to write the order itself.
 #: Schema 4: every look-up in the log is by key, a subquery per queued event (schema 3's
 #: joins let a plan cached while the tables were small scan all of events and
-#: ledger_order on every seal), and the positions go in with one INSERT.
+#: ledger_order on every seal), and the positions go in with one INSERT. Schema 5: a
+#: writer whose events were queued (another session was sealing at its insert) waits for
+#: that sealer in a shared lock with every other such writer, and looks again, instead of
+#: taking the lock in turn with each of them to find its events sealed.
 SEAL_FUNCTION = """CREATE FUNCTION handoff_seal(wait boolean, mine bigint[])
 RETURNS TABLE (event_id bigint, event_position bigint) LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = {schema}, pg_temp AS $$
 DECLARE
-  tpos bigint; g bytea; start bigint; r record;
+  tpos bigint; g bytea; start bigint; r record; tries integer := 0;
   ps bigint[] := ARRAY[]::bigint[]; es bigint[] := ARRAY[]::bigint[]; gs bytea[] := ARRAY[]::bytea[];
 BEGIN
-  IF NOT EXISTS (SELECT 1 FROM unsealed) OR (cardinality(mine) > 0 AND
-     (SELECT count((SELECT 1 FROM ledger_order o WHERE o.event_id = m.id)) FROM unnest(mine) AS m(id))
-     = cardinality(mine)) THEN
-    RETURN QUERY SELECT x.id, x.pos FROM (SELECT m.id, (SELECT o.position FROM ledger_order o
-      WHERE o.event_id = m.id) AS pos FROM unnest(mine) AS m(id)) x WHERE x.pos IS NOT NULL;
-    RETURN;
-  END IF;
-  IF wait THEN
-    PERFORM pg_advisory_xact_lock({ns}, {seal});
-  ELSIF NOT pg_try_advisory_xact_lock({ns}, {seal}) THEN
-    RETURN;
-  END IF;
+  LOOP
+    IF NOT EXISTS (SELECT 1 FROM unsealed) OR (cardinality(mine) > 0 AND
+       (SELECT count((SELECT 1 FROM ledger_order o WHERE o.event_id = m.id)) FROM unnest(mine) AS m(id))
+       = cardinality(mine)) THEN
+      RETURN QUERY SELECT x.id, x.pos FROM (SELECT m.id, (SELECT o.position FROM ledger_order o
+        WHERE o.event_id = m.id) AS pos FROM unnest(mine) AS m(id)) x WHERE x.pos IS NOT NULL;
+      RETURN;
+    END IF;
+    EXIT WHEN pg_try_advisory_xact_lock({ns}, {seal});
+    IF NOT wait THEN
+      RETURN;
+    END IF;
+    tries := tries + 1;
+    IF tries > 2 THEN
+      PERFORM pg_advisory_xact_lock({ns}, {seal});  -- in line, then: the seal is certain
+      EXIT;
+    END IF;
+    -- Somebody is sealing. Wait until they commit (a shared lock is granted to every
+    -- waiter at once when they do) and look again: they have most likely sealed these
+    -- events too, and then no waiter takes the lock in turn after them.
+    PERFORM pg_advisory_lock_shared({ns}, {seal});
+    PERFORM pg_advisory_unlock_shared({ns}, {seal});
+  END LOOP;
   SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t;
   start := tpos;
   FOR r IN SELECT u.event_id AS id, (SELECT e.hash FROM events e WHERE e.id = u.event_id) AS hash
@@ -563,7 +577,7 @@ MIGRATIONS: dict[int, list[str]] = {
     3: ["{reseal}"],
     # 5: an insert seals itself when the seal lock is free (QUEUE_FUNCTION), and a write
     # sent in one round trip proves the head it decided from (BEGIN_FUNCTION).
-    4: ["{requeue}", "{begin}", "{expect}"],
+    4: ["{requeue}", "{reseal}", "{begin}", "{expect}"],
 }
 
 def global_link(prev_global: bytes, position: int, event_hash: bytes) -> bytes:
@@ -761,7 +775,10 @@ def _send(conn: Any, batch: Sequence[tuple[str, Any]]) -> tuple[list[list[Any]],
         body.append(_execute_call(conn, name, params, a))
     pgconn = conn.pgconn
     encoding = conn.info.encoding
-    query = (";\n".join(head + body) if head else ";\n".join(body)).encode(encoding)
+    # The PREPAREs go first, but after the undoing of a refused guess: in a transaction that
+    # failed, nothing but a rollback runs (a PREPARE there would fail too).
+    lead = 1 if head and body and body[0] == _UNDO_GUESS else 0
+    query = ";\n".join(body[:lead] + head + body[lead:]).encode(encoding)
     try:
         pgconn.send_query(query)
         results = conn.wait(_pq_execute(pgconn))
@@ -772,15 +789,16 @@ def _send(conn: Any, batch: Sequence[tuple[str, Any]]) -> tuple[list[list[Any]],
     failed = None
     tx = getattr(conn, "handoff_loader", None)
     for i, res in enumerate(results):
+        preparing = lead <= i < lead + len(head)
         status = res.status
         if status == _FATAL_ERROR:
             failed = pgerr.error_from_result(res, encoding=encoding)
-            if i < len(head) or isinstance(failed, (pgerr.InvalidSqlStatementName,
-                                                    pgerr.DuplicatePreparedStatement)):
+            if i < lead + len(head) or isinstance(failed, (pgerr.InvalidSqlStatementName,
+                                                           pgerr.DuplicatePreparedStatement)):
                 conn.handoff_prepared = None  # some exist, some not (or someone deallocated)
             # else every PREPARE at the head ran, and a rollback does not undo one
             break
-        if i < len(head):
+        if preparing:
             continue
         if status == _TUPLES_OK:
             if tx is None:
@@ -1464,11 +1482,17 @@ class PostgresStore(EventStore):
             batch.append((_MOVE_DIGEST, (token_digest, run_id)))
         if self._hooks:
             batch.append((_LOCK_VIEWS_SHARED, (_LEDGER_NS, _VIEWS)))
+        insert = batch[0]
         self._gather = batch
         try:
             out = hooks()  # the views' statements join the batch (they read no result)
         finally:
             self._gather = None
+        if batch and batch[0] is insert:
+            # The insert seals (QUEUE_FUNCTION) and holds the seal lock to the COMMIT: it
+            # goes last, so that other writers wait for that lock the least. (A hook that
+            # read the run sent it first, with what was gathered before its read.)
+            batch.append(batch.pop(0))
         batch.append((_SEALED_AT, ()))
         batch.append(("COMMIT", None))
         return out, batch

@@ -242,7 +242,8 @@ def test_a_schema_4_ledger_gets_the_sealing_insert_and_keeps_its_order():
             assert store.append(run, [ev.ProgressRecorded(kind="queued")], actor=w).positions == ()
         other.execute("ROLLBACK")
         assert store.unsealed_count() == 2
-    old = QUEUE_V4.read_text().format(schema=P._quote_ident(schema))
+    old = QUEUE_V4.read_text().format(schema=P._quote_ident(schema), ns=P._LEDGER_NS, seal=P._SEAL,
+                                      channel=P.notify_channel(schema))
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(old)
     with pytest.raises(StoreUnavailable, match="handoff --db URL init"):  # read-only: no migration
@@ -253,6 +254,9 @@ def test_a_schema_4_ledger_gets_the_sealing_insert_and_keeps_its_order():
         body = store._x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_queue' "
                         "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
         assert "pg_try_advisory_xact_lock" in body
+        seal = store._x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_seal' "
+                        "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
+        assert "pg_advisory_lock_shared" in seal
         result = store.append("r1", [ev.ProgressRecorded(kind="after")], actor=w)
         assert result.positions == (7,)  # sealed in its own insert, after the two queued ones
         assert store.unsealed_count() == 0

@@ -90,3 +90,21 @@ def test_the_machine_makes_guesses_and_has_them_refused():
         assert machine.ledger.check() == [] and machine.ledger.verify() == []
     finally:
         machine.teardown()
+
+
+def test_a_refused_guess_goes_on_with_statements_its_connection_never_prepared():
+    """The write that follows a refused guess may need statements this connection has not
+    prepared yet (here the owner's load row of a claimed run, which this store never
+    wrote). Their PREPAREs must come after the guess is undone: in the failed transaction
+    nothing else runs. Found by the machine above; before the fix the write failed with
+    'current transaction is aborted'."""
+    from handoff.ledger.events import HeartbeatRecorded
+    from handoff.ledger.store import Actor
+
+    with Ledger(fresh_url()) as a, Ledger(a.store.url) as b:
+        run = a.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")  # a remembers the head
+        lease = b.claim(run, "w1")  # b moves it; only b has written a claimed run's rows
+        a.store.append(run, [HeartbeatRecorded()], actor=Actor("worker", "w1"))  # a's guess: refused, then written
+        assert a.store.diagnostics()["guessed_writes"] == {"sent": 1, "refused": 1}
+        assert a.checkpoint(run).worker == "w1" and a.checkpoint(run).lease == lease.lease
+        assert a.check() == [] and a.verify() == []
