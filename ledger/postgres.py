@@ -6,11 +6,14 @@ owns one connection (autocommit, explicit BEGIN/COMMIT) and may be shared by thr
 Order for readers and the ledger-wide chain (docs/postgres.md, "Order"): a write locks
 its run (an advisory lock on the run id, then its heads row FOR UPDATE), folds, checks
 the lease and the idempotency key and decides, then inserts its events under write ids
-(a sequence); a trigger queues them in ``unsealed``. Positions are given after the
-commit by ``handoff_seal``, under the seal lock, in write-id order, with the ledger-wide
-chain, into ``ledger_order``: a position exists only once sealed, so a tailing reader
-never skips an event that commits late, and no writer waits on a ledger-wide lock
-through its commit's flush. A write is two round trips, each ONE simple-query message.
+(a sequence, taken under the run's lock). Positions are given by sealing, under the seal
+lock, in write-id order, with the ledger-wide chain, into ``ledger_order``: the insert's
+own trigger seals when nobody else is sealing, and otherwise queues the events in
+``unsealed`` for the writer to seal after its commit (or the next writer or reader). A
+position exists only once sealed, so a tailing reader never skips an event that commits
+late, and no writer waits on a ledger-wide lock through another's commit unless it must
+learn its positions. A write is at most two round trips, each ONE simple-query message;
+one when this store's last write left the run where it is (a guess, proved on the server).
 
 Append-only: triggers refuse UPDATE, DELETE and TRUNCATE on ``events`` (for owners too);
 ``verify`` and ``doctor`` check that they are present, enabled and unaltered.
@@ -262,6 +265,12 @@ _LOCK_VIEWS_SHARED = preparable("SELECT pg_advisory_xact_lock_shared(%s, %s)")
 #: position of its first event, or nothing when another session was sealing, and then,
 #: after the commit, it waits for the seal (_positions_of) in a round trip of its own.
 _SEALED_AT = preparable("SELECT current_setting('handoff.sealed', true)")
+#: After the COMMIT, in the same message: nothing when the insert sealed the write (the
+#: condition is one probe of the queue; the function is not called), else the seal,
+#: waiting for the sealer (handoff_seal), so a write is never more than two round trips.
+_SEAL_IF_QUEUED = preparable(
+    "SELECT s.event_id, s.event_position FROM handoff_seal(true, %(ids)s::bigint[]) s "
+    "WHERE EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = ANY(%(ids)s::bigint[]))")
 _BEGIN_WRITE = preparable("SELECT handoff_begin_write(%s)")
 _EXPECT_HEAD = preparable("SELECT handoff_expect_head(%s, %s, %s)")
 #: A guessed write (_guess) goes behind this savepoint, and is undone to it when refused.
@@ -745,10 +754,11 @@ def _send(conn: Any, batch: Sequence[tuple[str, Any]]) -> tuple[list[list[Any]],
 
     A registered statement (``preparable``) goes as ``EXECUTE name(literals)``, preceded,
     the first time on this connection, by its ``PREPARE`` at the head of the same message:
-    still one message, and no plan made twice. PREPARE is not undone by a rollback, so
-    after a failed message that prepared something, which of its statements exist is not
-    known: the connection asks the server (pg_prepared_statements) when it is next idle,
-    and sends plain statements until then.
+    still one message, and no plan made twice. PREPARE is not undone by a rollback: when
+    every PREPARE ran, the connection knows them whatever failed after; when one failed
+    (or the server lost them), which exist is not known, and the connection asks the
+    server (pg_prepared_statements) when it is next idle, sending plain statements until
+    then.
 
     The message goes through libpq directly and only the rows a write reads are loaded
     (psycopg's cursor would describe every statement's result; a write has twenty)."""
@@ -808,6 +818,12 @@ def _send(conn: Any, batch: Sequence[tuple[str, Any]]) -> tuple[list[list[Any]],
         else:
             out.append([])
     return out, failed
+
+
+def _after_commit(results: list[list[Any]], batch: Sequence[tuple[str, Any]]) -> bool:
+    """Whether a message that failed had run its COMMIT (the failure came after it)."""
+    commit = max(i for i, (q, _) in enumerate(batch) if q == "COMMIT")
+    return len(results) > commit
 
 
 def _known_prepared(conn: Any) -> set[str] | None:
@@ -1495,11 +1511,12 @@ class PostgresStore(EventStore):
             batch.append(batch.pop(0))
         batch.append((_SEALED_AT, ()))
         batch.append(("COMMIT", None))
+        batch.append((_SEAL_IF_QUEUED, {"ids": [r[0] for r in rows]}))
         return out, batch
 
     def _commit_rows(self, conn: Any, rows: list[tuple[Any, ...]], new_head: Head,
                      fence: tuple[int, str | None, str | None, bool], hooks: Callable[[], Any],
-                     doing: str) -> tuple[Any, list[list[Any]]]:
+                     doing: str) -> tuple[Any, list[list[Any]], int]:
         """The write's second round trip: ONE message (a simple query of several statements,
         parameters bound here), _write_statements after a speculation's undoing if one
         failed (_write).
@@ -1509,40 +1526,48 @@ class PostgresStore(EventStore):
         in the transaction the first round trip opened, which the server ends after the
         idle timeout, freeing the run's lock (a pipeline would leave it 'active', waiting
         for the rest, holding every lock with no timeout). Returns what the hooks returned
-        and each statement's rows. A failure before the COMMIT, or at it, leaves nothing
-        written (typed error); a lost connection, an unknown outcome."""
+        each statement's rows and how many statements were sent. A failure before the
+        COMMIT, or at it, leaves nothing written (typed error); a lost connection, an
+        unknown outcome; a failure after it (the seal after the commit), a committed write."""
         out, batch = self._write_statements(rows, new_head, fence, hooks)
         if self._undo_pending:
             batch.insert(0, (_UNDO_GUESS, None))
             self._undo_pending = False
         try:
-            results = _multi(conn, batch)
-        except psycopg.Error as exc:
+            results, failed = _send(conn, batch)
+        except psycopg.Error as exc:  # the message may have run to its COMMIT, or not at all
+            raise self._unknown(doing, exc) from exc
+        finally:
             self._in_txn = self._writing = False
-            if conn.closed or conn.broken:  # the message may have run to its COMMIT, or not at all
-                raise self._unknown(doing, exc) from exc
+        if failed is not None and not _after_commit(results, batch):
+            if conn.closed or conn.broken:
+                raise self._unknown(doing, failed) from failed
             if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                 with contextlib.suppress(psycopg.Error):
                     conn.execute("ROLLBACK")
-            raise _explain(exc, doing, self.path) from exc
-        finally:
-            self._in_txn = self._writing = False
-        return out, results
+            raise _explain(failed, doing, self.path) from failed
+        return out, results, len(batch)
 
-    def _positions_after(self, results: list[list[Any]], ids: Sequence[int]) -> tuple[int, ...] | None:
-        """The committed write's positions: where its insert sealed it (read before its
-        COMMIT), else the seal now, waiting for the lock (another session was sealing).
-        None when that cannot be had now (a lock timeout, a lost connection): the write
-        is committed and waits in the queue for the next writer or reader to seal it."""
-        got = results[-2][0][0] if len(results) >= 2 and results[-2] else None
+    def _positions_after(self, results: list[list[Any]], n: int, ids: Sequence[int]) -> tuple[int, ...] | None:
+        """The committed write's positions (its message of ``n`` statements ended with
+        _SEALED_AT, COMMIT, _SEAL_IF_QUEUED): where its insert sealed it, else where the
+        seal after the commit put it (another session was sealing at its insert). None
+        when that could not be had (a lock timeout): the write is committed and waits in
+        the queue for the next writer or reader to seal it."""
+        got = results[n - 3][0][0] if len(results) > n - 3 and results[n - 3] else None
         if got:
             first = int(got)
             return tuple(range(first, first + len(ids)))
-        try:
-            positions = self._positions_of(ids)
-        except psycopg.Error:
-            return None
-        return positions if len(positions) == len(ids) else None
+        if len(results) < n:
+            return None  # the seal after the commit failed
+        sealed = dict(results[n - 1])
+        if len(sealed) < len(ids):  # sealed by another session since: read them
+            try:
+                sealed = dict(self._x("SELECT event_id, position FROM ledger_order o "
+                                      "WHERE event_id = ANY(%s)", (list(ids),)).fetchall())
+            except psycopg.Error:
+                return None
+        return tuple(sealed[i] for i in ids) if all(i in sealed for i in ids) else None
 
     def _guess(
         self, run_id: str, aggregate: Aggregate[Any] | None, actor: str, idempotency_key: str | None,
@@ -1662,10 +1687,14 @@ class PostgresStore(EventStore):
                 else:
                     core = len(batch)
                     self._guesses[0] += 1
-                    results, failed = _send(conn, batch + [(_SAVE_GUESS, None)] + guess.batch)
-                    if failed is None:
+                    full = batch + [(_SAVE_GUESS, None)] + guess.batch
+                    try:
+                        results, failed = _send(conn, full)
+                    except psycopg.Error as exc:  # it may have run to its COMMIT, or not at all
+                        raise self._unknown(doing, exc) from exc
+                    if failed is None or _after_commit(results, full):
                         done = True
-                        return self._guessed(run_id, aggregate, guess, results)
+                        return self._guessed(run_id, aggregate, guess, results, len(full))
                     self._heads.pop(run_id, None)
                     self._guesses[1] += 1
                     self._settle(False)
@@ -1733,10 +1762,10 @@ class PostgresStore(EventStore):
                     folded = self._run_hooks(run_id, new_head, known)
                     return new_state, folded
 
-                (new_state, folded), results = self._commit_rows(conn, rows, new_head, fence, hooks, doing)
+                (new_state, folded), results, n = self._commit_rows(conn, rows, new_head, fence, hooks, doing)
                 done = True
                 self._know_head(new_head, fence, lease_digest)
-                positions = self._positions_after(results, ids)
+                positions = self._positions_after(results, n, ids)
         finally:
             self._gather = None
             if not done:
@@ -1750,7 +1779,7 @@ class PostgresStore(EventStore):
         return self._committed(run_id, aggregate, new_head, folded, new_state, len(rows), positions)
 
     def _guessed(self, run_id: str, aggregate: Aggregate[Any] | None, guess: _Guess,
-                 results: list[list[Any]]) -> tuple[AppendResult, Any]:
+                 results: list[list[Any]], n: int) -> tuple[AppendResult, Any]:
         """A guessed write that committed in its one round trip: its ids are the block the
         server handed out (the first message's second statement), its positions where its
         insert was sealed."""
@@ -1759,7 +1788,7 @@ class PostgresStore(EventStore):
         ids = [base + i for i in range(guess.n)]
         new_head = msgspec.structs.replace(guess.new_head, last_position=ids[-1])
         self._know_head(new_head, guess.fence, guess.lease_digest)
-        positions = self._positions_after(results, ids)
+        positions = self._positions_after(results, n, ids)
         new_state, folded = guess.out
         return self._committed(run_id, aggregate, new_head, folded, new_state, guess.n, positions)
 

@@ -140,3 +140,31 @@ def test_a_store_append_under_the_ledgers_projections_is_one_round_trip(proxied)
         assert _cost(proxy, lambda: store.append("r1", [ev.HeartbeatRecorded()], actor=Actor("worker", "w"))) == 1
         assert lg.check() == []
 
+
+
+def test_a_write_that_finds_another_session_sealing_costs_no_extra_round_trip(proxied):
+    """Its insert could not seal (the seal lock was taken), so its events were queued: the
+    statement after its COMMIT, in the same message, waits for the seal and returns its
+    positions. One round trip for a guessed write, two for another, positions included."""
+    import threading
+
+    import psycopg
+
+    from handoff.ledger import postgres as P
+
+    proxy, url = proxied
+    w = Actor("worker", "w")
+    direct = url.replace(f"127.0.0.1:{proxy.port}", "127.0.0.1:5432")
+    with PostgresStore(url) as store, psycopg.connect(direct, autocommit=True) as sealer:
+        store.append("a", [ev.HeartbeatRecorded()], actor=w)
+        store.append("a", [ev.HeartbeatRecorded()], actor=w)  # the head is remembered: a guess next
+        for fresh, expected in ((False, 1), (True, 2)):
+            if fresh:
+                store._heads.clear()  # as a process that never wrote the run: no guess
+            sealer.execute("BEGIN")
+            sealer.execute("SELECT pg_advisory_xact_lock(%s, %s)", (P._LEDGER_NS, P._SEAL))
+            threading.Timer(0.3, sealer.execute, ("ROLLBACK",)).start()
+            got = []
+            assert _cost(proxy, lambda: got.append(store.append("a", [ev.HeartbeatRecorded()], actor=w))) == expected
+            assert got[0].positions == (got[0].last_seq,) and store.unsealed_count() == 0
+        assert store.verify() == []
