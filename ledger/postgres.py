@@ -261,9 +261,9 @@ _STEPS_FROM = preparable("SELECT seq, type, recorded_us, payload, hash FROM even
                          "AND seq>=%s ORDER BY seq")
 _MOVE_DIGEST = preparable("UPDATE heads SET lease_digest=%s WHERE run_id=%s")
 _LOCK_VIEWS_SHARED = preparable("SELECT pg_advisory_xact_lock_shared(%s, %s)")
-#: Before its COMMIT a write reads where its insert sealed it (QUEUE_FUNCTION): the
-#: position of its first event, or nothing when another session was sealing, and then,
-#: after the commit, it waits for the seal (_positions_of) in a round trip of its own.
+#: Before its COMMIT a write reads where its insert sealed it (QUEUE_FUNCTION): its first
+#: write id and that event's position, or nothing when another session was sealing (and
+#: then _SEAL_IF_QUEUED, after the COMMIT in the same message, gives them).
 _SEALED_AT = preparable("SELECT current_setting('handoff.sealed', true)")
 #: After the COMMIT, in the same message: nothing when the insert sealed the write (the
 #: condition is one probe of the queue; the function is not called), else the seal,
@@ -365,8 +365,18 @@ BEGIN
     -- Somebody is sealing. Wait until they commit (a shared lock is granted to every
     -- waiter at once when they do) and look again: they have most likely sealed these
     -- events too, and then no waiter takes the lock in turn after them.
-    PERFORM pg_advisory_lock_shared({ns}, {seal});
-    PERFORM pg_advisory_unlock_shared({ns}, {seal});
+    BEGIN
+      PERFORM pg_advisory_lock_shared({ns}, {seal});
+      PERFORM pg_advisory_unlock_shared({ns}, {seal});
+    EXCEPTION WHEN query_canceled OR OTHERS THEN  -- (OTHERS alone leaves out a cancel)
+      -- a cancel or a timeout between the two: a session lock must not outlive the call
+      IF EXISTS (SELECT 1 FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory'
+                 AND l.pid = pg_catalog.pg_backend_pid() AND l.classid = {ns} AND l.objid = {seal}
+                 AND l.objsubid = 2 AND l.mode = 'ShareLock') THEN
+        PERFORM pg_advisory_unlock_shared({ns}, {seal});
+      END IF;
+      RAISE;
+    END;
   END LOOP;
   SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t;
   start := tpos;
@@ -393,16 +403,18 @@ END $$"""
 
 #: Every inserted event is sealed by its own INSERT's trigger when nobody else is sealing,
 #: and joins the sealing queue when somebody is (SECURITY DEFINER: a writer needs no right
-#: to the order or the queue, so it can neither skip them nor jam them). Schema 5: sealing
+#: to the order or the queue, so it can neither skip them nor fill the queue with what it
+#: likes; the seal's advisory lock, like any, needs no right: docs/postgres.md, roles). Schema 5: sealing
 #: here, in the statement that inserts, costs a writer no function call of its own, no
 #: queue row and no read after its commit; it holds the seal lock from its insert to its
 #: commit, as the in-transaction seal of schema 4 did from just before it. Events queued
 #: by others (committed: this statement's snapshot sees no uncommitted row of theirs) are
 #: sealed first when their write ids are lower, in write-id order, exactly as handoff_seal
-#: orders them. The position of the statement's first event is left in the transaction's
-#: ``handoff.sealed`` setting for the writer to read before its COMMIT (a later position
-#: belongs to each later event: a write's ids are one block, so nothing comes between).
-#: An import (``handoff.importing`` on) writes the order itself: its rows are queued.
+#: orders them. The statement's first write id and its position are left in the
+#: transaction's ``handoff.sealed`` setting ("id:position") for the writer to read before
+#: its COMMIT; the writer counts on the later ones following only when its ids are one
+#: block (nothing else comes between), and otherwise reads them. An import
+#: (``handoff.importing`` on) writes the order itself: its rows are queued.
 QUEUE_FUNCTION = """CREATE FUNCTION handoff_queue() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = {schema}, pg_temp AS $$
 DECLARE
@@ -411,6 +423,7 @@ DECLARE
 BEGIN
   IF current_setting('handoff.importing', true) = 'on' OR NOT pg_try_advisory_xact_lock({ns}, {seal}) THEN
     INSERT INTO unsealed SELECT n.id FROM new_rows n;
+    PERFORM set_config('handoff.sealed', '', true);
     RETURN NULL;
   END IF;
   SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t;
@@ -443,7 +456,7 @@ BEGIN
   END IF;
   UPDATE ledger_tail SET position = tpos, global_hash = g;
   PERFORM pg_notify('{channel}', '');
-  PERFORM set_config('handoff.sealed', mine::text, true);
+  PERFORM set_config('handoff.sealed', (SELECT min(n.id) FROM new_rows n)::text || ':' || mine::text, true);
   RETURN NULL;
 END $$"""
 QUEUE_TRIGGERS = {
@@ -950,6 +963,7 @@ class PostgresStore(EventStore):
         self._fast = False  # making a guessed write: no statement may be sent
         self._undo_pending = False  # a refused guess waits to be undone (_UNDO_GUESS)
         self._guesses = [0, 0]  # guessed writes sent, refused (diagnostics)
+        self._guessable = True  # no attached hook reads the position it is given (attach)
         self._listener: Any = None  # LISTENing connection, opened by the first wait_for_events
         self._conn: Any = None
         #: True when this open created the ledger's schema (``handoff init`` reports it).
@@ -1555,13 +1569,15 @@ class PostgresStore(EventStore):
         when that could not be had (a lock timeout): the write is committed and waits in
         the queue for the next writer or reader to seal it."""
         got = results[n - 3][0][0] if len(results) > n - 3 and results[n - 3] else None
-        if got:
-            first = int(got)
-            return tuple(range(first, first + len(ids)))
+        first_id, _, first = (got or "").partition(":")
+        # Counted on only when it names this write's first id (not a value the session
+        # carried over) and the ids are one block: nothing else was sealed between them.
+        if first and first_id == str(ids[0]) and ids[-1] - ids[0] == len(ids) - 1:
+            return tuple(range(int(first), int(first) + len(ids)))
         if len(results) < n:
             return None  # the seal after the commit failed
         sealed = dict(results[n - 1])
-        if len(sealed) < len(ids):  # sealed by another session since: read them
+        if len(sealed) < len(ids):  # sealed in the insert, or by another session since: read them
             try:
                 sealed = dict(self._x("SELECT event_id, position FROM ledger_order o "
                                       "WHERE event_id = ANY(%s)", (list(ids),)).fetchall())
@@ -1585,7 +1601,9 @@ class PostgresStore(EventStore):
         from what this store remembered); a result with nothing to write (a repeated key
         is answered 'duplicate' first); a batch larger than one block of ids."""
         known = self._heads.get(run_id)
-        if known is None:
+        if known is None or not self._guessable or (aggregate is not None and not aggregate.lean):
+            # (a fold that is not lean reads the run's events after a refused guess
+            # with a read of its own: a round trip the write without a guess does not pay)
             return None
         head, max_lease, lease_digest = known
         state: Any = None
@@ -1923,8 +1941,12 @@ class PostgresStore(EventStore):
 
     # --- hooks and the fold cache ----------------------------------------------------
 
-    def attach(self, aggregate: Aggregate[Any], hook: Callable[..., None], *, keeps_views: bool = False) -> None:
+    def attach(self, aggregate: Aggregate[Any], hook: Callable[..., None], *, keeps_views: bool = False,
+               reads_position: bool = True) -> None:
         self._hooks.append((aggregate, hook))
+        # A guessed write knows its write ids only on the server (_Sql): a hook that reads
+        # the position it is given turns guessing off for this store.
+        self._guessable = self._guessable and not reads_position
         # A write is marked as keeping the views only if a hook keeps all of them: one that
         # keeps a few (a subset projector, any other hook) leaves the rest to catch-up.
         self._keeps_views = self._keeps_views or keeps_views

@@ -1305,7 +1305,8 @@ class SqliteStore(EventStore):
     def _after_insert(self, rows: list[tuple[Any, ...]]) -> None:
         """Hook for subclasses; runs inside the write transaction."""
 
-    def attach(self, aggregate: Aggregate[Any], hook: Callable[..., None], *, keeps_views: bool = False) -> None:
+    def attach(self, aggregate: Aggregate[Any], hook: Callable[..., None], *, keeps_views: bool = False,
+               reads_position: bool = True) -> None:
         """Run ``hook(txn, run_id, state, last_position)`` inside every append's transaction.
 
         ``state`` is ``aggregate``'s fold of the run after the append. This is how inline

@@ -606,12 +606,16 @@ class EventStore(abc.ABC):
         """One consistent snapshot for the block; writes nothing."""
 
     @abc.abstractmethod
-    def attach(self, aggregate: Aggregate[Any], hook: InlineHook, *, keeps_views: bool = False) -> None:
+    def attach(self, aggregate: Aggregate[Any], hook: InlineHook, *, keeps_views: bool = False,
+               reads_position: bool = True) -> None:
         """Run ``hook(txn, run_id, state, last_position)`` inside every write that appends,
         with ``state`` the aggregate's fold after it. A failing hook rolls the write back.
         This is how inline projections stay in step with the log. ``keeps_views``: the hook
         keeps every one of the ledger's projections (a backend that marks each write with
-        it, PostgreSQL, leaves catch-up nothing to do for such writes)."""
+        it, PostgreSQL, leaves catch-up nothing to do for such writes). ``reads_position``
+        False: the hook does not use ``last_position`` (PostgreSQL then may send a write
+        whose ids only the server knows yet in one round trip; a hook that says True, the
+        default, gets a whole number and turns that off)."""
 
     @property
     @abc.abstractmethod

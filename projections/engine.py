@@ -194,7 +194,8 @@ class Projector:
         self._names = [p.name for p in self.projections]
         self._tables = [(p, self._views.table(p.spec)) for p in self.projections]
         self._ensure_tables()
-        store.attach(AGGREGATE, self._inline, keeps_views={p.name for p in self.projections} == set(BY_NAME))
+        store.attach(AGGREGATE, self._inline, keeps_views={p.name for p in self.projections} == set(BY_NAME),
+                     reads_position=False)  # no view row holds a position (views.py, version 3)
         if not store.readonly:
             self.catch_up()
 

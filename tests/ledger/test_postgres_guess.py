@@ -108,3 +108,53 @@ def test_a_refused_guess_goes_on_with_statements_its_connection_never_prepared()
         assert a.store.diagnostics()["guessed_writes"] == {"sent": 1, "refused": 1}
         assert a.checkpoint(run).worker == "w1" and a.checkpoint(run).lease == lease.lease
         assert a.check() == [] and a.verify() == []
+
+
+def test_a_batch_of_several_id_blocks_reports_its_own_positions(monkeypatch):
+    """A batch of more than one block of ids (1,024) takes its blocks one after another,
+    and another writer's block can fall between them; sealed in write-id order, that
+    writer's events land among the batch's positions. The batch must report the
+    positions of its own events (read, not counted on), and every one of them."""
+    import psycopg
+
+    from handoff.ledger import events as ev
+    from handoff.ledger.postgres import _LEDGER_NS, _SEAL, PostgresStore
+    from handoff.ledger.store import Actor
+
+    w = Actor("worker", "w")
+    url = fresh_url()
+    with PostgresStore(url) as a, PostgresStore(url, busy_timeout_s=0.2) as b:
+        real_x = PostgresStore._x
+
+        def x(self, sql, args=None, **kw):  # a takes its second block: b writes in between
+            if self is a and "generate_series" in sql and not done:
+                done.append(1)
+                with psycopg.connect(url) as sealer:  # sealing: b's events wait in the queue
+                    sealer.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_LEDGER_NS, _SEAL))
+                    b.append("other", [ev.HeartbeatRecorded()] * 3, actor=w)
+            return real_x(self, sql, args, **kw)
+
+        done: list[int] = []
+        monkeypatch.setattr(PostgresStore, "_x", x)
+        result = a.append("big", [ev.HeartbeatRecorded()] * 1100, actor=w)
+        monkeypatch.undo()
+        assert done
+        mine = [r.position for r in a.read_run("big")]
+        assert list(result.positions) == mine and len(mine) == 1100
+        assert a.verify() == []
+
+
+def test_a_hook_that_reads_positions_gets_whole_numbers_and_no_guess():
+    """A guessed write knows its ids only on the server: a hook attached without saying
+    it leaves the position alone (the default) turns guessing off, and gets integers."""
+    from handoff.projections import engine
+
+    seen = []
+    with Ledger(fresh_url()) as lg:
+        lg.store.attach(engine.AGGREGATE, lambda txn, run_id, state, last_position: seen.append(last_position))
+        run = lg.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
+        lease = lg.claim(run, "w1")
+        lg.heartbeat(run, lease)
+        lg.heartbeat(run, lease)
+        assert lg.store.diagnostics()["guessed_writes"] == {"sent": 0, "refused": 0}
+    assert len(seen) == 4 and all(type(p) is int for p in seen)

@@ -150,3 +150,22 @@ def test_writer_processes_and_tailing_readers_agree(url, tmp_path):
     for i in range(2):
         seen = json.loads((tmp_path / f"reader{i}.json").read_text())
         assert seen == list(range(1, total + 1)), f"reader {i} skipped or repeated a position"
+
+
+def test_a_value_the_session_carries_is_never_taken_for_a_writes_position(url):
+    """The insert leaves "first id:position" in a transaction setting; a write whose insert
+    was queued must not take a value the session carried over (a SET by a pooler or an
+    earlier client) for its own: its positions come from the seal after its COMMIT."""
+    import psycopg
+
+    with PostgresStore(url) as store, psycopg.connect(url, autocommit=True) as sealer:
+        store.append("a", [ev.HeartbeatRecorded()], actor=W)
+        store._ready().execute("SET handoff.sealed = '1:1'")  # carried over: names event 1
+        sealer.execute("BEGIN")
+        sealer.execute("SELECT pg_advisory_xact_lock(%s, %s)", (P._LEDGER_NS, P._SEAL))
+        import threading
+
+        threading.Timer(0.2, sealer.execute, ("ROLLBACK",)).start()
+        result = store.append("a", [ev.HeartbeatRecorded()], actor=W)
+        assert result.positions == (2,)
+        assert [r.position for r in store.read_run("a")] == [1, 2]
