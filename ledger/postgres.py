@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import hashlib
+import itertools
 import operator
 import re
 import threading
@@ -1698,8 +1699,7 @@ class PostgresStore(EventStore):
                 # the server writes and the client parses (a catch-up reads every event).
                 rows = self._x(_PAGE, {"after": cursor, "stop": stop}, binary=True).fetchall()
             rows.sort(key=_POSITION)
-            for r in rows:
-                yield Recorded(*r)
+            yield from itertools.starmap(Recorded, rows)
             cursor = stop
 
     def read_for_export(self, run_ids: Sequence[str] | None = None) -> Iterator[tuple[Recorded, bytes | None, int]]:
