@@ -80,6 +80,11 @@ S = TypeVar("S")
 PG_SCHEMA_VERSION = 4
 FORMAT_NAME = "handoff-ledger"
 PAGE = 1000
+#: read_all's default page. A whole-log reader is usually far behind, and each page
+#: costs a statement planned and a round trip whatever its size: pages of 2,000 cost
+#: about 8% less per event than pages of 1,000; at 4,000 the client's share grows more
+#: than the server's shrinks.
+READ_PAGE = 2000
 _TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
 _MISSING = object()
 #: Advisory lock namespace (the first key of pg_advisory_xact_lock(int, int)) for runs.
@@ -100,13 +105,14 @@ _COLUMNS = (
 )
 _SEALED_COLUMNS = _COLUMNS.format(pos="o.position")
 #: The events at positions (after, stop]: the page's write ids bound a range scan of the
-#: events, joined to the page by hash, in place of one index descent per event (twice
-#: the server's work). A page's write ids are close together (a write's events are
-#: numbered in its own block, and writes seal soon after they commit), so the range
-#: holds little beyond the page: only the events that committed between a write taking
-#: its ids and its seal. "+ 0": min() and max() of the bare column would be planned as
-#: a walk of the event_id index from one end, filtering on the position, past every
-#: page before this one. Unordered: a sort on the client costs less than on the server.
+#: events, joined to the page by hash, in place of one index descent per event (which
+#: cost the server twice as much). A page's write ids are close together (a write's
+#: events are numbered in its own block, and writes seal soon after they commit), so
+#: the range holds little beyond the page: only the events that committed between a
+#: write taking its ids and its seal. "+ 0": min() and max() of the bare column would be
+#: planned as a walk of the event_id index from one end, filtering on the position,
+#: past every page before this one. Unordered: a sort on the client costs less than on
+#: the server.
 _PAGE = (
     "WITH page AS MATERIALIZED (SELECT min(event_id + 0) AS low, max(event_id + 0) AS high "
     "FROM ledger_order WHERE position > %(after)s AND position <= %(stop)s) "
@@ -1664,7 +1670,7 @@ class PostgresStore(EventStore):
             cursor = stop
 
     def read_all(self, *, after_position: int = 0, until_position: int | None = None,
-                 page: int = PAGE) -> Iterator[Recorded]:
+                 page: int = READ_PAGE) -> Iterator[Recorded]:
         check_seq(after_position, "after_position")
         if until_position is not None:
             check_seq(until_position, "until_position")
