@@ -158,16 +158,15 @@ def test_an_older_ledger_is_migrated_and_keeps_every_position_and_hash(version):
 SEAL_V3 = Path(__file__).parent / "fixtures" / "postgres_seal3.sql"
 
 
-def test_a_schema_3_ledger_gets_the_seal_by_key_and_keeps_its_order():
-    """Schema 3's seal joined the queue to the whole log (a plan cached while the tables were
-    small scanned all of them on every seal); 4 replaces only the function. Events written
-    under 3, some still queued at the upgrade, are sealed by the new one in write-id order,
-    the chain unbroken, and verify accepts the new body (and would report the old one)."""
+def _four_sealed_two_queued():
+    """A ledger of four sealed events on two runs and two more committed but left queued:
+    their writer could not seal (another session held the seal lock past the lock
+    timeout), as a writer that died between its commit and its seal leaves them. Returns
+    its address, its schema and the actor that wrote."""
     import psycopg
 
-    from handoff.api import Ledger
-    from handoff.ledger import postgres as P
     from handoff.ledger import events as ev
+    from handoff.ledger import postgres as P
     from handoff.ledger.store import Actor
 
     url = fresh_url()
@@ -176,8 +175,6 @@ def test_a_schema_3_ledger_gets_the_seal_by_key_and_keeps_its_order():
         schema = store.schema_name()
         for i in range(4):
             store.append(f"r{i % 2}", [ev.ProgressRecorded(kind=f"k{i}")], actor=w)
-    # Two commits left queued: their writer could not seal (another session held the seal
-    # lock past the lock timeout), as with a writer that died between commit and seal.
     with psycopg.connect(url, autocommit=True) as other, PostgresStore(url, busy_timeout_s=0.2) as store:
         other.execute("BEGIN")
         other.execute("SELECT pg_advisory_xact_lock(%s, %s)", (P._LEDGER_NS, P._SEAL))
@@ -185,6 +182,21 @@ def test_a_schema_3_ledger_gets_the_seal_by_key_and_keeps_its_order():
             assert store.append(run, [ev.ProgressRecorded(kind="queued")], actor=w).positions == ()
         other.execute("ROLLBACK")
         assert store.unsealed_count() == 2
+    return url, schema, w
+
+
+def test_a_schema_3_ledger_gets_the_seal_by_key_and_keeps_its_order():
+    """Schema 3's seal joined the queue to the whole log (a plan cached while the tables were
+    small scanned all of them on every seal); 4 replaces only the function. Events written
+    under 3, some still queued at the upgrade, are sealed by the new one in write-id order,
+    the chain unbroken, and verify accepts the new body (and would report the old one)."""
+    import psycopg
+
+    from handoff.api import Ledger
+    from handoff.ledger import events as ev
+    from handoff.ledger import postgres as P
+
+    url, schema, w = _four_sealed_two_queued()
     old = SEAL_V3.read_text().format(schema=P._quote_ident(schema), ns=P._LEDGER_NS, seal=P._SEAL,
                                      channel=P.notify_channel(schema))
     with psycopg.connect(url, autocommit=True) as conn:
@@ -223,25 +235,9 @@ def test_a_schema_4_ledger_gets_the_sealing_insert_and_keeps_its_order():
 
     from handoff.api import Ledger
     from handoff.ledger import events as ev
-    from handoff.ledger.store import Actor
-
     from handoff.ledger import postgres as P
 
-    url = fresh_url()
-    w = Actor("worker", "w")
-    with PostgresStore(url) as store:
-        schema = store.schema_name()
-        for i in range(4):
-            store.append(f"r{i % 2}", [ev.ProgressRecorded(kind=f"k{i}")], actor=w)
-    # Two commits left queued (their writer could not seal: another session held the seal
-    # lock past the lock timeout), as a schema-4 writer that died before its seal leaves.
-    with psycopg.connect(url, autocommit=True) as other, PostgresStore(url, busy_timeout_s=0.2) as store:
-        other.execute("BEGIN")
-        other.execute("SELECT pg_advisory_xact_lock(%s, %s)", (P._LEDGER_NS, P._SEAL))
-        for run in ("r0", "r1"):
-            assert store.append(run, [ev.ProgressRecorded(kind="queued")], actor=w).positions == ()
-        other.execute("ROLLBACK")
-        assert store.unsealed_count() == 2
+    url, schema, w = _four_sealed_two_queued()
     old = QUEUE_V4.read_text().format(schema=P._quote_ident(schema), ns=P._LEDGER_NS, seal=P._SEAL,
                                       channel=P.notify_channel(schema))
     with psycopg.connect(url, autocommit=True) as conn:
