@@ -1559,8 +1559,8 @@ class PostgresStore(EventStore):
                      fence: tuple[int, str | None, str | None, bool], hooks: Callable[[], Any],
                      doing: str) -> tuple[Any, list[list[Any]], int]:
         """The write's second round trip: ONE message (a simple query of several statements,
-        parameters bound here), _write_statements after a speculation's undoing if one
-        failed (_write).
+        parameters bound here): _write_statements, after the undoing of a refused guess
+        when there was one (_write).
 
         One message, not a pipeline of several: the server runs none of it before it has
         all of it, so a client that stalls or is cut off mid-send leaves its session idle
@@ -1751,8 +1751,9 @@ class PostgresStore(EventStore):
                     # returned it. Anything later: the proof passed, the head is the
                     # guessed one (a taken key, say).
                     proof = core + 1
-                    if len(results) < proof or (len(results) == proof and failed.sqlstate != HEAD_MOVED):
-                        raise failed
+                    if (len(results) < proof or (len(results) == proof and failed.sqlstate != HEAD_MOVED)
+                            or conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE):
+                        raise failed  # (IDLE: the COMMIT itself failed; nothing to go on in)
                     same_head = len(results) > proof
                     self._undo_pending = True  # the guess is undone in the next message
                     got = iter(results[1:core])
