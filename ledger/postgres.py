@@ -131,8 +131,12 @@ _PAGE = (
 )
 _POSITION = operator.itemgetter(2)
 #: Where a reader stops: the last sealed position, and whether committed events wait
-#: for theirs.
-_TAIL_AND_QUEUE = "SELECT position, EXISTS (SELECT 1 FROM unsealed) FROM ledger_tail"
+#: for theirs. The position is read from the order itself (one descent of its key), not
+#: from the tail row: sealers commit positions in order, so what is visible is always
+#: 1..max, and a tail row that was lost or set back (damage verify reports) neither
+#: stops a reader short nor fails it untyped.
+_TAIL_AND_QUEUE = ("SELECT coalesce((SELECT max(position) FROM ledger_order), 0), "
+                   "EXISTS (SELECT 1 FROM unsealed)")
 _RUN_COLUMNS = _COLUMNS.format(pos="coalesce(o.position, 0)")
 _INSERT = (
     "INSERT INTO events (id, run_id, seq, type, actor, lease, idem_key, idem_digest, "

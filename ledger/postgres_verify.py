@@ -57,7 +57,8 @@ def verify_snapshot(store: PostgresStore, run_id: str | None,
     spans: dict[str, tuple[int, int]] = {}
     fences: dict[str, tuple[int | None, str | None, int]] = {}
     digests: dict[str, str | None] = {}
-    total = x("SELECT position FROM ledger_tail").fetchone()[0]
+    tail = x("SELECT position FROM ledger_tail").fetchone()
+    total = tail[0] if tail is not None else x("SELECT coalesce(max(position), 0) FROM ledger_order").fetchone()[0]
     expected_pos = None
     for rec, wid in _walk(store, run_id):
         if run_id is None and rec.position:
@@ -133,8 +134,14 @@ def verify_snapshot(store: PostgresStore, run_id: str | None,
             prev = last_g = _b(g)
         if len(rows) < PAGE:
             break
-    tail_pos, tail_g = x("SELECT position, global_hash FROM ledger_tail").fetchone()
-    if chain_ok and (tail_pos, _b(tail_g)) != (cursor, last_g):
+    tail = x("SELECT position, global_hash FROM ledger_tail").fetchone()
+    if tail is None:
+        problems.append(Problem("tail_mismatch", None, None, None,
+                                f"the ledger_tail row is gone (the log ends at {cursor}): it was deleted "
+                                "behind the store; new writes cannot be sealed until it is restored"))
+        tail = (None, None)
+    tail_pos, tail_g = tail
+    if tail_pos is not None and chain_ok and (tail_pos, _b(tail_g)) != (cursor, last_g):
         problems.append(Problem("tail_mismatch", None, None, tail_pos,
                                 f"the ledger_tail row says position {tail_pos}, the log ends at {cursor}: "
                                 "events were removed or the tail was edited behind the store"))

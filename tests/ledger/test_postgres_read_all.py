@@ -192,3 +192,20 @@ def test_a_page_finds_its_write_ids_through_the_position_key_only():
         assert "ledger_order_pkey" in plan, plan
         assert _key(store.read_all(after_position=7000, until_position=7002)) == [
             (7001, "r35", 1), (7002, "r35", 2)]
+
+
+@pytest.mark.parametrize("damage", ["DELETE FROM ledger_tail", "UPDATE ledger_tail SET position = 2"])
+def test_a_reader_reads_the_whole_order_whatever_the_tail_row_says(damage):
+    """The tail row lost or set back behind the store (found by a review): a reader still
+    reads every sealed position (it stops at the order's own end, not the row's), and
+    verify reports the row, typed, never a raw error."""
+    url = fresh_url()
+    with PostgresStore(url) as store:
+        store.append("a", [ev.ProgressRecorded(kind="k", detail=str(i)) for i in range(5)], actor=W,
+                     expected_seq=0)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(damage)
+    with PostgresStore(url) as store:
+        assert [r.position for r in store.read_all()] == [1, 2, 3, 4, 5]
+        assert [r.position for r in store.read_all(page=2)] == [1, 2, 3, 4, 5]
+        assert any(p.kind == "tail_mismatch" for p in store.verify())
