@@ -1630,7 +1630,8 @@ class PostgresStore(EventStore):
         it), or when the guess would need the server: a decision, a check or a hook that
         reads; a refusal (refusals are given from the head read under the lock, never
         from what this store remembered); a result with nothing to write (a repeated key
-        is answered 'duplicate' first); a batch larger than one block of ids."""
+        is answered 'duplicate' first); a batch larger than one block of ids; a fold that
+        is not lean; a hook that reads the position it is given (attach)."""
         known = self._heads.get(run_id)
         if known is None or not self._guessable or (aggregate is not None and not aggregate.lean):
             # (a fold that is not lean reads the run's events after a refused guess
@@ -1664,11 +1665,11 @@ class PostgresStore(EventStore):
             )
 
             def hooks() -> Any:
-                new_state, known = _MISSING, []
+                new_state, folds = _MISSING, []
                 if aggregate is not None:
                     new_state = aggregate.evolve_all(state, written)
-                    known = [(aggregate, new_state)]
-                return new_state, self._run_hooks(run_id, new_head, known)
+                    folds = [(aggregate, new_state)]
+                return new_state, self._run_hooks(run_id, new_head, folds)
 
             out, batch = self._write_statements(rows, new_head, fence, hooks)
         except Exception:  # noqa: BLE001 - a read, a refusal, or the caller's own signal
