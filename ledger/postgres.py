@@ -313,6 +313,11 @@ _CURRVAL = "currval('events_id_seq')"
 preparable(_INSERT)
 preparable(_INSERT_MANY)
 preparable(_UPSERT_HEAD)
+#: The head of a run that has one (read under the run's lock, or proved by a guess): an
+#: UPDATE, which costs less than the upsert's attempt to insert first.
+_MOVE_HEAD = preparable(
+    "UPDATE heads SET last_seq=%s, last_hash=%s, lease=%s, lease_holder=%s, max_lease=%s, "
+    "last_position=%s WHERE run_id=%s")
 preparable(_DUPLICATE)
 _RUNS_SINCE = (
     "SELECT h.run_id FROM heads h WHERE h.run_id IN (SELECT e.run_id FROM ledger_order o "
@@ -1536,9 +1541,13 @@ class PostgresStore(EventStore):
             batch.append((_INSERT_MANY, (first[1], first[4], first[5], first[8], first[9], first[10], first[14],
                                          list(cols[0]), list(cols[2]), list(cols[3]), list(cols[6]),
                                          list(cols[7]), list(cols[11]), list(cols[12]), list(cols[13]))))
-        batch.append((_UPSERT_HEAD, (run_id, new_head.last_seq, new_head.last_hash, new_head.lease,
-                                     new_head.lease_holder, max_lease, new_head.first_position,
-                                     new_head.last_position)))
+        if new_head.last_seq > len(rows):  # the run had a head before this write
+            batch.append((_MOVE_HEAD, (new_head.last_seq, new_head.last_hash, new_head.lease,
+                                       new_head.lease_holder, max_lease, new_head.last_position, run_id)))
+        else:
+            batch.append((_UPSERT_HEAD, (run_id, new_head.last_seq, new_head.last_hash, new_head.lease,
+                                         new_head.lease_holder, max_lease, new_head.first_position,
+                                         new_head.last_position)))
         if digest_moved:
             batch.append((_MOVE_DIGEST, (token_digest, run_id)))
         if self._hooks:
