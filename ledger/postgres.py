@@ -915,13 +915,12 @@ class _Guess(msgspec.Struct):
     """A write made before the first round trip from the head this store's last write to
     the run left (_guess): the statements that prove that head and write, how many events,
     the head they leave (its last write id filled in once the server gave the block), the
-    fence, the lease digest before, and what the hooks returned."""
+    fence, what the hooks returned, and the remembered head it was made from."""
 
     batch: list
     n: int
     new_head: Head
     fence: tuple
-    lease_digest: str | None
     out: Any
     known: tuple  # (head, highest lease, lease digest) the guess was made from
 
@@ -1687,7 +1686,7 @@ class PostgresStore(EventStore):
         finally:
             self._fast = False
         batch.insert(0, (_EXPECT_HEAD, (run_id, head.last_seq, head.last_hash)))
-        return _Guess(batch, len(rows), new_head, fence, lease_digest, out, known)
+        return _Guess(batch, len(rows), new_head, fence, out, known)
 
     def _know_head(self, head: Head, fence: tuple[int, str | None, str | None, bool],
                    digest_before: str | None) -> None:
@@ -1847,7 +1846,7 @@ class PostgresStore(EventStore):
         base = results[1][0][0]
         ids = [base + i for i in range(guess.n)]
         new_head = msgspec.structs.replace(guess.new_head, last_position=ids[-1])
-        self._know_head(new_head, guess.fence, guess.lease_digest)
+        self._know_head(new_head, guess.fence, guess.known[2])
         positions = self._positions_after(results, n, ids)
         new_state, folded = guess.out
         return self._committed(run_id, aggregate, new_head, folded, new_state, guess.n, positions)
