@@ -10,7 +10,9 @@ an aggregate's 100 pending events in one save), configured by its environment ke
 handoff-ledger's side uses the public API only: ``Ledger("postgresql://...")`` and its
 commands, ``Ledger.store.append`` / ``read_all`` where the scenario is about the store.
 Nothing here reaches into ledger/postgres.py, so these scenarios keep measuring whatever
-its write path becomes.
+its write path becomes. The one exception is pg-command-single's "writes alone" side
+(postgres_floor.py), which captures the store's messages to measure the floor under a
+command, and says so.
 
 Every side works in a fresh schema of the run's own database (benchmarks/postgres_server.py),
 at the server's own durability: ``synchronous_commit`` as the server has it (``on`` by
@@ -31,8 +33,9 @@ from handoff.ledger import events as ev
 from . import peers
 from .common import REPO, WORKER, expect, raw_decoder, raw_encoder, run_events
 from .harness import Ctx, Goal, Measured, Scenario, Side, Trial, register
+from .postgres_floor import floor_side
 from .postgres_proxy import CountingProxy
-from .postgres_server import Schema, unavailable
+from .postgres_server import CpuMeter, Schema, unavailable
 
 AREA = "postgres"
 ES_REQUIRES = ("eventsourcing", "psycopg")
@@ -123,11 +126,14 @@ def _cmd_handoff(ctx: Ctx) -> Trial:
     lease = _working_run(lg, run_id)
     base = lg.checkpoint(run_id).progress_seq
     details = _progress_details(n)
+    meter = CpuMeter(schema.db_url)
 
-    def run() -> None:
+    def run() -> Measured:
+        meter.start()
         progress = lg.progress
         for i, detail in enumerate(details):
             progress(run_id, lease, "tool_outcome", detail, key=f"step-{i}", worker="w1")
+        return Measured(metrics=meter.stop(n))
 
     def check() -> None:
         expect("progress_seq", lg.checkpoint(run_id).progress_seq, base + n)
@@ -141,11 +147,14 @@ def _cmd_raw(ctx: Ctx) -> Trial:
     schema = Schema()
     conn = _raw_conn(schema)
     payloads = _progress_payloads(n)
+    meter = CpuMeter(schema.db_url)
 
-    def run() -> None:
+    def run() -> Measured:
+        meter.start()
         execute = conn.execute
         for seq, payload in enumerate(payloads, 1):
             execute(RAW_INSERT, ("run-cmd", seq, payload))
+        return Measured(metrics=meter.stop(n))
 
     return Trial(run, lambda: expect("row count", _raw_count(conn), n), _closing(conn, schema))
 
@@ -157,12 +166,15 @@ def _cmd_es(ctx: Ctx) -> Trial:
     agg = peers.es_new_run()
     app.save(agg)
     details = _progress_details(n)
+    meter = CpuMeter(schema.db_url)
 
-    def run() -> None:
+    def run() -> Measured:
+        meter.start()
         save, progress = app.save, agg.progress
         for d in details:
             progress("tool_outcome", d)
             save(agg)
+        return Measured(metrics=meter.stop(n))
 
     def check() -> None:
         expect("the aggregate's version", app.repository.get(agg.id).version, n + 1)
@@ -192,6 +204,9 @@ register(
         peers=(
             _side("eventsourcing.postgres", _cmd_es, requires=ES_REQUIRES,
                   note=ES_NOTE + "; aggregate.progress() then app.save() per event"),
+            _side("writes alone (floor)", floor_side(_ledger, _working_run, _progress_details),
+                  note="the same commands' writes (event + seal, head, views) in the store's "
+                  "own messages, pre-built: no decision, reads or checks (postgres_floor.py)"),
         ),
         goal=0.5,
         goals=(Goal("at least 2.0x eventsourcing.postgres per-event save", min_ratio=2.0,

@@ -182,3 +182,57 @@ def durable(info: dict[str, Any]) -> bool:
     """Whether a commit on this server returns only once its WAL is on disk (the
     default), as every goal assumes."""
     return info.get("fsync") == "on" and info.get("synchronous_commit") != "off"
+
+
+class CpuMeter:
+    """CPU time spent per unit of work, on both sides of the wire: the client process's
+    (``time.process_time``) and the server backends' of this database (each backend's
+    ``/proc/<pid>/schedstat``, so only when the server runs on this machine).
+
+    Why CPU and not only wall time: wall time on a shared two-core machine moves with
+    whatever else runs, and hides where a command's time goes; CPU per event is what
+    bounds a CPU-bound run (many writers on two cores), and what a write path can shave.
+    A backend that starts during the window counts whole; one that ends during it is
+    lost (none of the scenarios that use this meter closes a connection while timed).
+    """
+
+    def __init__(self, db_url: str) -> None:
+        self.db_url = db_url
+        self._client = 0.0
+        self._server: dict[int, int] | None = None
+
+    def _backends(self) -> dict[int, int]:
+        import psycopg
+
+        with psycopg.connect(self.db_url, autocommit=True) as conn:
+            pids = [r[0] for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND backend_type = 'client backend' AND pid <> pg_backend_pid()")]
+        out = {}
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/schedstat") as f:
+                    out[pid] = int(f.read().split()[0])
+            except OSError:  # not on this machine, or gone
+                continue
+        return out
+
+    def start(self) -> None:
+        """Read both clocks; the server's only if its backends are visible here."""
+        import time
+
+        self._server = self._backends()
+        self._client = time.process_time()
+
+    def stop(self, units: int) -> dict[str, float]:
+        """Microseconds of CPU per unit since :meth:`start`: ``client_cpu_us`` always,
+        ``server_cpu_us`` when the server's backends could be read."""
+        import time
+
+        client = (time.process_time() - self._client) / units * 1e6
+        after = self._backends()
+        metrics = {"client_cpu_us": client}
+        if after and self._server is not None:
+            ns = sum(v - self._server.get(pid, 0) for pid, v in after.items())
+            metrics["server_cpu_us"] = ns / 1000 / units
+        return metrics
