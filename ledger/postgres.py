@@ -780,6 +780,39 @@ def _explain(exc: BaseException, doing: str, where: str) -> LedgerError:
     return StoreUnavailable(f"PostgreSQL failed while {doing} on {where}: {text}", cause=text)
 
 
+def _require_utf8(conn: Any, where: str) -> None:
+    """Refuse a database whose text would not come back exactly as written.
+
+    The store asks for client encoding UTF8 at connect (so PGCLIENTENCODING, the address
+    or a database default cannot change it); the server's own encoding must be UTF8 too:
+    on SQL_ASCII the driver returns text as bytes and the server neither checks nor
+    converts it, on a narrower one some characters cannot be stored at all.
+    """
+    server = conn.info.parameter_status("server_encoding")
+    if server is None:  # not reported (some poolers): ask
+        server = conn.execute("SHOW server_encoding").fetchone()[0]
+    db = conn.info.dbname
+    if server.upper() != "UTF8":
+        name = db if re.fullmatch(r"[a-z_][a-z0-9_]*", db) else _quote_ident(db)
+        raise StoreUnavailable(
+            f"the database {db} ({where}) uses encoding {server}, but a handoff ledger needs a "
+            "UTF8 database: every run id, name and payload must come back exactly as it was "
+            "written, which only UTF8 guarantees. Nothing was created or written. A database's "
+            "encoding cannot be changed; create one with UTF8 (drop this one first to reuse its "
+            f"name): CREATE DATABASE {name} ENCODING 'UTF8' TEMPLATE template0; then use its "
+            "address",
+            database=db, server_encoding=server,
+        )
+    if conn.info.encoding != "utf-8":
+        raise StoreUnavailable(
+            f"the connection to {where} uses client encoding "
+            f"{conn.info.parameter_status('client_encoding')} although the store asked for UTF8 "
+            "(a connection pooler in between?); text would not round-trip, so nothing was "
+            "written. Connect to the server directly, or have the pooler keep client_encoding UTF8",
+            database=db, client_encoding=conn.info.parameter_status("client_encoding"),
+        )
+
+
 def _b(v: Any) -> Any:
     return bytes(v) if isinstance(v, (memoryview, bytearray)) else v
 
@@ -1031,11 +1064,12 @@ class PostgresStore(EventStore):
         try:
             conn = _GuardedConnection.connect(
                 self.url, autocommit=True, connect_timeout=max(1, int(self.connect_timeout_s)),
-                application_name="handoff-ledger",
+                application_name="handoff-ledger", client_encoding="UTF8",
             )
         except psycopg.Error as exc:
             raise _explain(exc, "connecting", self.path) from exc
         try:
+            _require_utf8(conn, self.path)  # before anything is read or created
             ms = max(1, int(self.busy_timeout_s * 1000))
             conn.execute(f"SET lock_timeout = {ms}")
             # A session that dies or is cut off inside a transaction must not hold a run or
@@ -1052,6 +1086,9 @@ class PostgresStore(EventStore):
         except psycopg.Error as exc:
             conn.close()
             raise _explain(exc, "connecting", self.path) from exc
+        except StoreUnavailable:
+            conn.close()
+            raise
         self._server_at = (int(server_us), (t0 + t1) // 2)
         conn.handoff_prepared = set()  # a new session has prepared nothing
         # psycopg's own automatic preparing is off: after a ROLLBACK or a DROP it clears
@@ -1375,7 +1412,7 @@ class PostgresStore(EventStore):
             if self._listener is not None:
                 self._listener.close()
         conn = psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, int(self.connect_timeout_s)),
-                               application_name="handoff-ledger-listen")
+                               application_name="handoff-ledger-listen", client_encoding="UTF8")
         schema = conn.execute("SELECT current_schema()").fetchone()[0]
         conn.execute(f"LISTEN {notify_channel(schema)}")
         self._listener = conn

@@ -272,7 +272,6 @@ def test_a_write_whose_hooks_kept_only_some_views_leaves_them_to_catch_up():
     from handoff.ledger import events as ev
     from handoff.ledger.store import Actor
     from handoff.projections.engine import BY_NAME, Projector
-    from handoff.reducers.checkpoint import AGGREGATE
 
     url = fresh_url()
     with Ledger(url) as lg:
