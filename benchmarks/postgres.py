@@ -26,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 from handoff.ledger import events as ev
@@ -131,15 +132,17 @@ def _cmd_handoff(ctx: Ctx) -> Trial:
     def run() -> Measured:
         meter.start()
         progress = lg.progress
+        t0 = time.perf_counter()
         for i, detail in enumerate(details):
             progress(run_id, lease, "tool_outcome", detail, key=f"step-{i}", worker="w1")
-        return Measured(metrics=meter.stop(n))
+        seconds = time.perf_counter() - t0
+        return Measured(seconds=seconds, metrics=meter.stop(n))
 
     def check() -> None:
         expect("progress_seq", lg.checkpoint(run_id).progress_seq, base + n)
         expect("the projected progress_seq", lg.status(run_id)["progress_seq"], base + n)
 
-    return Trial(run, check, _closing(lg, schema))
+    return Trial(run, check, _closing(meter, lg, schema))
 
 
 def _cmd_raw(ctx: Ctx) -> Trial:
@@ -152,11 +155,13 @@ def _cmd_raw(ctx: Ctx) -> Trial:
     def run() -> Measured:
         meter.start()
         execute = conn.execute
+        t0 = time.perf_counter()
         for seq, payload in enumerate(payloads, 1):
             execute(RAW_INSERT, ("run-cmd", seq, payload))
-        return Measured(metrics=meter.stop(n))
+        seconds = time.perf_counter() - t0
+        return Measured(seconds=seconds, metrics=meter.stop(n))
 
-    return Trial(run, lambda: expect("row count", _raw_count(conn), n), _closing(conn, schema))
+    return Trial(run, lambda: expect("row count", _raw_count(conn), n), _closing(meter, conn, schema))
 
 
 def _cmd_es(ctx: Ctx) -> Trial:
@@ -171,15 +176,17 @@ def _cmd_es(ctx: Ctx) -> Trial:
     def run() -> Measured:
         meter.start()
         save, progress = app.save, agg.progress
+        t0 = time.perf_counter()
         for d in details:
             progress("tool_outcome", d)
             save(agg)
-        return Measured(metrics=meter.stop(n))
+        seconds = time.perf_counter() - t0
+        return Measured(seconds=seconds, metrics=meter.stop(n))
 
     def check() -> None:
         expect("the aggregate's version", app.repository.get(agg.id).version, n + 1)
 
-    return Trial(run, check, _closing(app, schema))
+    return Trial(run, check, _closing(meter, app, schema))
 
 
 register(

@@ -89,7 +89,7 @@ def database_url() -> str:
     if _state["db"] is None:
         name = "handoff_bench_" + secrets.token_hex(6)
         with _admin() as conn:
-            conn.execute(f"CREATE DATABASE {name}")
+            conn.execute(f"CREATE DATABASE {name} ENCODING 'UTF8' TEMPLATE template0")  # the store needs UTF8
         _state["db"] = name
         atexit.register(drop_database)
     return _with_db(SERVER, _state["db"])
@@ -192,33 +192,45 @@ class CpuMeter:
     Why CPU and not only wall time: wall time on a shared two-core machine moves with
     whatever else runs, and hides where a command's time goes; CPU per event is what
     bounds a CPU-bound run (many writers on two cores), and what a write path can shave.
-    A backend that starts during the window counts whole; one that ends during it is
-    lost (none of the scenarios that use this meter closes a connection while timed).
+
+    A pid is counted only if this machine's process of that pid is a postgres process
+    that started when the server says that backend did (a server elsewhere, or in
+    another pid namespace, has pids that name unrelated processes here). A backend that
+    starts during the window counts whole; one that ends during it is lost (none of the
+    scenarios that use this meter closes a connection while timed). The meter's own
+    connection, opened here and kept, is left out; reading the backends costs it one
+    query at each end, outside the window the scenario times itself.
     """
 
     def __init__(self, db_url: str) -> None:
-        self.db_url = db_url
+        import psycopg
+
+        self._conn = psycopg.connect(db_url, autocommit=True)
         self._client = 0.0
         self._server: dict[int, int] | None = None
 
-    def _backends(self) -> dict[int, int]:
-        import psycopg
+    def close(self) -> None:
+        self._conn.close()
 
-        with psycopg.connect(self.db_url, autocommit=True) as conn:
-            pids = [r[0] for r in conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                "AND backend_type = 'client backend' AND pid <> pg_backend_pid()")]
+    def _backends(self) -> dict[int, int] | None:
+        """{pid: CPU ns} of the database's client backends, or None when any of them is
+        not a process of this machine (then nothing of the server is counted)."""
+        rows = self._conn.execute(
+            "SELECT pid, extract(epoch FROM backend_start)::float8 FROM pg_stat_activity "
+            "WHERE datname = current_database() AND backend_type = 'client backend' "
+            "AND pid <> pg_backend_pid()").fetchall()
         out = {}
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/schedstat") as f:
-                    out[pid] = int(f.read().split()[0])
-            except OSError:  # not on this machine, or gone
-                continue
+        for pid, started in rows:
+            ns = _local_backend_cpu(pid, started)
+            if ns is None:
+                if _gone(pid):
+                    continue  # ended between the query and the read: nothing to count
+                return None
+            out[pid] = ns
         return out
 
     def start(self) -> None:
-        """Read both clocks; the server's only if its backends are visible here."""
+        """Read both clocks; the server's only if its backends are processes here."""
         import time
 
         self._server = self._backends()
@@ -226,7 +238,7 @@ class CpuMeter:
 
     def stop(self, units: int) -> dict[str, float]:
         """Microseconds of CPU per unit since :meth:`start`: ``client_cpu_us`` always,
-        ``server_cpu_us`` when the server's backends could be read."""
+        ``server_cpu_us`` when the server's backends are processes of this machine."""
         import time
 
         client = (time.process_time() - self._client) / units * 1e6
@@ -236,3 +248,42 @@ class CpuMeter:
             ns = sum(v - self._server.get(pid, 0) for pid, v in after.items())
             metrics["server_cpu_us"] = ns / 1000 / units
         return metrics
+
+
+def _boot_time() -> float | None:
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _gone(pid: int) -> bool:
+    import os
+
+    return not os.path.exists(f"/proc/{pid}")
+
+
+def _local_backend_cpu(pid: int, started: float) -> int | None:
+    """The CPU nanoseconds of this machine's process ``pid`` if it is the backend that
+    the server says started at ``started`` (epoch seconds), else None."""
+    import os
+
+    boot = _boot_time()
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if not f.read().startswith(b"postgres"):
+                return None
+        with open(f"/proc/{pid}/stat") as f:
+            # the fields after the command's closing parenthesis; starttime is field 22
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open(f"/proc/{pid}/schedstat") as f:
+            ns = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if boot is None or abs(boot + ticks / os.sysconf("SC_CLK_TCK") - started) > 2.0:
+        return None
+    return ns

@@ -282,7 +282,8 @@ _QUICK_LITERAL: dict[type, Any] = {
 def _execute_call(conn: Any, name: str, params: list[str] | int, args: Any) -> str:
     """``EXECUTE name(arguments)``, each argument a literal (psycopg quotes what _literal
     does not know)."""
-    values = [args[k] for k in params] if type(params) is list else args
+    values = ([args[k] for k in params] if type(params) is list
+              else args if type(args) in (tuple, list) else list(args))
     if not values:
         return f"EXECUTE {name}"
     quick = _QUICK_LITERAL.get
@@ -793,14 +794,15 @@ def _require_utf8(conn: Any, where: str) -> None:
         server = conn.execute("SHOW server_encoding").fetchone()[0]
     db = conn.info.dbname
     if server.upper() != "UTF8":
-        name = db if re.fullmatch(r"[a-z_][a-z0-9_]*", db) else _quote_ident(db)
+        name = '"' + db.replace('"', '""') + '"'  # quoted: the name may be a keyword (user)
         raise StoreUnavailable(
             f"the database {db} ({where}) uses encoding {server}, but a handoff ledger needs a "
             "UTF8 database: every run id, name and payload must come back exactly as it was "
             "written, which only UTF8 guarantees. Nothing was created or written. A database's "
-            "encoding cannot be changed; create one with UTF8 (drop this one first to reuse its "
-            f"name): CREATE DATABASE {name} ENCODING 'UTF8' TEMPLATE template0; then use its "
-            "address",
+            "encoding cannot be changed; create one with UTF8 under another name: CREATE "
+            f"DATABASE {_quote_ident(db + '_utf8')} ENCODING 'UTF8' TEMPLATE template0; then use "
+            f"its address (to reuse the name {name}, first save what this database holds, "
+            "with pg_dump, before dropping it)",
             database=db, server_encoding=server,
         )
     if conn.info.encoding != "utf-8":

@@ -43,7 +43,7 @@ def database_url() -> str:
             name = "handoff_test_" + secrets.token_hex(6)
             try:
                 with _admin() as conn:
-                    conn.execute(f"CREATE DATABASE {name}")
+                    conn.execute(f"CREATE DATABASE {name} ENCODING 'UTF8' TEMPLATE template0")  # the store needs UTF8
                 _state["db"] = name
             except Exception as exc:  # psycopg.OperationalError and friends
                 _state["error"] = f"PostgreSQL at {SERVER} is unreachable: {str(exc).strip()[:200]}"

@@ -80,7 +80,8 @@ def assert_refusal(exc: BaseException | str, name: str) -> None:
     assert f"database {name} " in text and "uses encoding SQL_ASCII" in text, text
     assert "needs a UTF8 database" in text and "exactly as it was written" in text, text
     assert "Nothing was created or written" in text, text
-    assert f"CREATE DATABASE {name} ENCODING 'UTF8' TEMPLATE template0" in text, text
+    assert f'CREATE DATABASE "{name}_utf8" ENCODING \'UTF8\' TEMPLATE template0' in text, text
+    assert f'to reuse the name "{name}", first save what this database holds, with pg_dump' in text, text
 
 
 # --- init on a SQL_ASCII database ----------------------------------------------------
