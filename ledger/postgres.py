@@ -37,7 +37,6 @@ import msgspec
 
 from . import events as ev
 from .errors import (
-    CorruptLedger,
     IdempotencyConflict,
     InvalidInput,
     LedgerError,
