@@ -357,21 +357,37 @@ def _report(proc: subprocess.Popen) -> dict[str, Any]:
 
 def _release(procs: list[subprocess.Popen], total: int,
              listener: subprocess.Popen | None = None) -> Measured:
-    """Start every writer at once; the window runs from the first start to the last end."""
+    """Start every writer at once; the window runs from the first start to the last end.
+    ``cpu_busy``: the share of the machine's CPU time in use from the release to the last
+    report (all processes, /proc/stat), which says whether the run was CPU-bound."""
+    busy = _cpu_times()
     for p in procs:
         p.stdin.write(b"go\n")  # type: ignore[union-attr]
     for p in procs:
         p.stdin.close()  # type: ignore[union-attr]
     reports = [_report(p) for p in procs]
+    busy_end = _cpu_times()
     done = sum(r["done"] for r in reports)
     if done != total:
         raise RuntimeError(f"the writers did {done} commands, expected {total}")
     window = max(r["end"] for r in reports) - min(r["start"] for r in reports)
     metrics = {"lock_errors": float(sum(r["errors"] for r in reports))}
+    if busy is not None and busy_end is not None and busy_end[0] > busy[0]:
+        metrics["cpu_busy"] = 1 - (busy_end[1] - busy[1]) / (busy_end[0] - busy[0])
     if listener is not None:
         listener.stdin.close()  # type: ignore[union-attr]
         metrics["notifications"] = float(_report(listener)["received"])
     return Measured(seconds=window, metrics=metrics)
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(all, idle) CPU ticks of the machine since boot, or None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(v), v[3] + v[4]  # idle + iowait
 
 
 def _kill(procs: list[subprocess.Popen]) -> None:
