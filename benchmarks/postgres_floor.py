@@ -3,8 +3,8 @@ sends them, with nothing else.
 
 Why this exists: the command's goals (issue 12: at least 0.5x a raw INSERT, at least 2x
 eventsourcing's save) are ratios of whole commands. Whether a goal is out of reach for
-any write path that keeps the ledger's promises is a question about the writes those
-promises need: the event row with its run chain, the ledger-wide seal (position and
+a write path that makes the ledger's writes as it makes them today is a question about
+those writes alone (another schema would have a floor of its own): the event row with its run chain, the ledger-wide seal (position and
 global chain, given by the insert's trigger), the run's head (fencing) and the inline
 views (never behind the write). This side measures exactly those statements, in the
 store's own message, with the store's own prepared statements and literals, and with
