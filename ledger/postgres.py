@@ -222,28 +222,32 @@ class _Sql(str):
     __slots__ = ()
 
 
+#: The literal of a value of the commonest types, found by the value's exact type: the
+#: one place for them, which _literal starts from and _execute_call looks up directly (a
+#: write builds about seventy literals a command).
+_QUICK_LITERAL: dict[type, Any] = {
+    str: lambda v: None if "\x00" in v else "'" + v.replace("'", "''") + "'",
+    int: str,
+    bytes: lambda v: "'\\x" + v.hex() + "'",
+    type(None): lambda v: "NULL",
+    _Sql: str.__str__,
+    bool: lambda v: "true" if v else "false",
+}
+
+
 def _literal(v: Any) -> str | None:
     """``v`` as an SQL literal for an EXECUTE's argument list (the prepared statement's
     parameter types convert it), or None for a value psycopg must quote. Only on a
     connection with standard_conforming_strings on and UTF-8 (``handoff_literals``):
     there a quote is the one character a string literal must double."""
     t = type(v)
-    if t is _Sql:
-        return v
+    quick = _QUICK_LITERAL.get(t)
+    if quick is not None:
+        return quick(v)  # type: ignore[no-any-return]
     if t is list and v and type(v[0]) is _Sql:
         return "ARRAY[" + ",".join(v) + "]::bigint[]"
-    if t is str:
-        return None if "\x00" in v else "'" + v.replace("'", "''") + "'"
-    if t is int:
-        return str(v)
-    if t is bytes:
-        return "'\\x" + v.hex() + "'"
-    if v is None:
-        return "NULL"
     if t is float:  # quoted: float8in reads the shortest repr back exactly (-0.0 too)
         return "'" + repr(v) + "'" if math.isfinite(v) else None
-    if t is bool:
-        return "true" if v else "false"
     if t is list:
         items = [_element(i) for i in v]
         return None if None in items else "'{" + ",".join(items).replace("'", "''") + "}'"  # type: ignore[arg-type]
@@ -264,18 +268,6 @@ def _element(v: Any) -> str | None:
     if t is bool:
         return "t" if v else "f"
     return None
-
-
-#: The literal of a value of the commonest types, found by the value's exact type (the
-#: rest go through _literal): a write builds about seventy a command.
-_QUICK_LITERAL: dict[type, Any] = {
-    str: lambda v: None if "\x00" in v else "'" + v.replace("'", "''") + "'",
-    int: str,
-    bytes: lambda v: "'\\x" + v.hex() + "'",
-    type(None): lambda v: "NULL",
-    _Sql: str.__str__,
-    bool: lambda v: "true" if v else "false",
-}
 
 
 def _execute_call(conn: Any, name: str, params: list[str] | int, args: Any) -> str:
