@@ -862,6 +862,7 @@ class Ledger:
             return Sent("confirmed", False, cp.delivery.receipt or "", "", 0, cp)
         adapter = da.adapter_for(cp.target, policy, timeout_s=timeout_s, env=env)
         bundle = db.build(cp)
+        adapter.prepare(bundle, key, run_id)  # what the send could never carry: refused before the record
         honours = dl.honours_keys(cp.target)
 
         def refuse_resend(c: Checkpoint) -> None:

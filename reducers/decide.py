@@ -23,8 +23,10 @@ from handoff.ledger.errors import (
     IllegalTransition,
     InvalidInput,
     LeaseHeld,
+    LedgerError,
     NotAuthorized,
     RunExists,
+    SanitizationRequired,
     StaleLease,
     TerminalRun,
     UnknownArtifact,
@@ -35,6 +37,7 @@ from handoff.ledger.store import Actor, check_seq
 
 from . import commands as C
 from . import sanitize as sz
+from . import targets
 from . import transitions as T
 from .checkpoint import Checkpoint
 
@@ -180,18 +183,17 @@ def _open(cp: Checkpoint, c: C.Open, ctx: Context) -> list[ev.Event]:
     ]
 
 
-_USERINFO = re.compile(r"^https?://[^/?#]*@", re.I)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
 def _send_policy(p: object, target: str) -> ev.SendPolicy:
-    """The limits of a send by the ledger itself; a target carrying a credential is refused,
-    since the target is written to the log in clear."""
-    if _USERINFO.match(target):
-        raise InvalidInput(
-            "target carries a user name or password before '@'; the target is stored in the log in "
-            "clear. Put the secret in an environment variable and name it with --token-env "
-            "(send.token_env in a contract file)", field="target")
+    """The limits of a send by the ledger itself. The target is checked here too: one that
+    carries a credential is refused (it is written to the log in clear), and an adapter
+    target must parse (targets.parse), so one the ledger could never send to is refused
+    now rather than at every send."""
+    if targets.carries_credential(target):
+        raise InvalidInput(targets.CREDENTIAL_REFUSED, field="target")
+    targets.parse(target)
     if not isinstance(p, ev.SendPolicy):
         raise InvalidInput("send must be a SendPolicy", field="send")
     if p.token_env and not _ENV_NAME.fullmatch(p.token_env):
@@ -409,8 +411,16 @@ def _deliver(cp: Checkpoint, c: C.Deliver, ctx: Context) -> list[ev.Event]:
     if not isinstance(bundle, str) or (bundle and not _HEX_DIGEST.fullmatch(bundle)):
         raise InvalidInput("bundle_sha256 must be a hex sha256 or empty", field="bundle_sha256")
     # A public target's gate applies to every send, a repeat under an open key included.
-    sz.gate(d, run_id=cp.run_id, key=key, bundle_sha256=bundle,
-            artifacts=[(a.path, a.sha256) for a in cp.artifacts if a.exists])
+    try:
+        sz.gate(d, run_id=cp.run_id, key=key, bundle_sha256=bundle,
+                artifacts=[(a.path, a.sha256) for a in cp.artifacts if a.exists])
+    except LedgerError:
+        raise
+    except Exception as exc:  # a detector that fails must not read as a pass, nor escape untyped
+        raise SanitizationRequired(
+            f"a sanitization detector failed while checking the delivery key of run {cp.run_id} "
+            f"({type(exc).__name__}); nothing was recorded and delivery to its public target stays refused. "
+            "Try another key; if it keeps failing, check the contract's sanitize patterns") from None
     same = d.attempt(key)
     if same is not None:
         if same.open:

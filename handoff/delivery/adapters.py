@@ -21,23 +21,23 @@ import http.client
 import json
 import os
 import re
-import shlex
-import signal
 import socket
 import ssl
 import stat
 import subprocess
+import sys
 import tempfile
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping
 
 import msgspec
 
 from handoff.ledger import events as ev
 from handoff.ledger.errors import InvalidInput
+from handoff.reducers import targets
 
 from .bundle import Bundle
+from .group import Group
 
 
 class SendResult(msgspec.Struct, frozen=True):
@@ -61,9 +61,14 @@ def _clean(text: str, limit: int = 120) -> str:
 
 
 class Adapter:
-    """Base: ``send_once`` answers (outcome, receipt, error); ``send`` adds retries."""
+    """Base: ``prepare`` checks a send before the attempt is recorded; ``send_once``
+    answers (outcome, receipt, error); ``send`` adds retries."""
 
     honours_keys = True
+
+    def prepare(self, bundle: Bundle, key: str, run_id: str) -> None:
+        """Refuse (typed) what this send could never carry, before the attempt is recorded:
+        a refusal here leaves the log unchanged and the key free."""
 
     def send_once(self, bundle: Bundle, key: str, run_id: str) -> tuple[str, str, str]:  # pragma: no cover
         raise NotImplementedError
@@ -85,23 +90,55 @@ class Adapter:
 # --- webhooks ------------------------------------------------------------------------
 
 
+#: What a header value may hold here: visible ASCII with inner spaces. http.client would
+#: send Latin-1 too, but a receiver may read those bytes as anything, so a key it keeps
+#: could differ from the key the ledger holds.
+_HEADER_VALUE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
+#: A bearer token: visible ASCII, no space (RFC 6750's b64token is narrower still).
+_TOKEN = re.compile(r"[\x21-\x7e]+")
+
+
+def _unfit(value: str) -> str:
+    """What in ``value`` a header cannot carry, said without showing any of it (the value
+    may be a secret)."""
+    if value != value.strip():
+        return "a space or line break at its start or end"
+    for ch in value:
+        if ch in "\r\n":
+            return "a line break"
+        if ch < " " or ch == "\x7f":
+            return "a control character"
+        if ch > "\x7e":
+            return "a non-ASCII character"
+    return "a space"
+
+
+def check_token(token: str, token_env: str) -> None:
+    """Refuse a bearer token that an ``Authorization`` header cannot carry unchanged. The
+    message names the variable and what is wrong, never the token or any part of it."""
+    if not _TOKEN.fullmatch(token):
+        raise InvalidInput(
+            f"the bearer token in ${token_env} holds {_unfit(token)}, which an Authorization header cannot "
+            f"carry; set ${token_env} to the token alone, exactly as the service issued it (visible ASCII "
+            "characters). Nothing was recorded or sent", field="token_env")
+
+
 class HttpAdapter(Adapter):
     """POST the bundle as JSON, with the key as ``Idempotency-Key``: a receiver that keeps
-    keys answers a repeat without acting twice, which is what makes a retry safe."""
+    keys answers a repeat without acting twice, which is what makes a retry safe.
 
-    def __init__(self, target: str, *, timeout_s: float, token: str | None = None) -> None:
-        u = urllib.parse.urlsplit(target)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise InvalidInput(f"target {target[:200]} is not an http(s) URL with a host", field="target")
-        if u.username or u.password:
-            raise InvalidInput("the target URL carries a credential; use send.token_env", field="target")
-        self.scheme, self.host = u.scheme, u.hostname
-        try:
-            self.port = u.port or (443 if u.scheme == "https" else 80)
-        except ValueError:
-            raise InvalidInput(f"target {target[:200]} has an invalid port", field="target") from None
-        self.path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    Every header is checked in ``prepare``, before the attempt is recorded; the request is
+    then built (``putrequest``/``putheader``, which only buffer) before a byte is written,
+    so anything that still goes wrong there is a failure known to have sent nothing."""
+
+    def __init__(self, target: str, *, timeout_s: float, token: str | None = None, token_env: str = "") -> None:
+        t = targets.parse(target)
+        if not isinstance(t, targets.HttpTarget):
+            raise InvalidInput(f"target {target[:200]!r} is not an http(s) URL", field="target")
+        self.scheme, self.host, self.port, self.path = t.scheme, t.host, t.port, t.path
         self.timeout_s = timeout_s
+        if token is not None:
+            check_token(token, token_env or "the token variable")
         self._token = token
 
     def _connection(self) -> http.client.HTTPConnection:
@@ -110,21 +147,40 @@ class HttpAdapter(Adapter):
                                                context=ssl.create_default_context())
         return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
 
-    def send_once(self, bundle: Bundle, key: str, run_id: str) -> tuple[str, str, str]:
+    def _headers(self, bundle: Bundle, key: str, run_id: str) -> dict[str, str]:
+        if not _HEADER_VALUE.fullmatch(key):
+            raise InvalidInput(
+                f"delivery key {key[:80]!r} holds {_unfit(key)}, which a webhook's Idempotency-Key header "
+                "cannot carry unchanged; choose a key of visible ASCII characters (letters, digits, "
+                "punctuation, inner spaces), e.g. report-v1. Nothing was recorded or sent. An attempt "
+                "already recorded under this key (by hand) is settled with 'handoff delivered' or "
+                "'handoff delivery-failed'", field="key")
         headers = {
             "Content-Type": "application/json", "Idempotency-Key": key, "X-Handoff-Run": run_id,
-            "X-Handoff-Bundle-Sha256": bundle.sha256,
+            "X-Handoff-Bundle-Sha256": bundle.sha256, "Content-Length": str(len(bundle.data)),
         }
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
+        return headers
+
+    def prepare(self, bundle: Bundle, key: str, run_id: str) -> None:
+        self._headers(bundle, key, run_id)
+
+    def send_once(self, bundle: Bundle, key: str, run_id: str) -> tuple[str, str, str]:
         conn = self._connection()
         try:
             try:
                 conn.connect()
             except (OSError, ssl.SSLError) as exc:  # nothing left this machine
                 return "not_sent", "", f"could not connect to {self.host}:{self.port} ({_oserror(exc)}); nothing was sent"
+            try:  # buffered only: nothing is written before endheaders
+                conn.putrequest("POST", self.path)
+                for name, value in self._headers(bundle, key, run_id).items():
+                    conn.putheader(name, value)
+            except Exception as exc:  # noqa: BLE001 - no text of it: it may quote the token
+                return "failed", "", f"the request could not be built ({type(exc).__name__}); nothing was sent"
             try:
-                conn.request("POST", self.path, body=bundle.data, headers=headers)
+                conn.endheaders(message_body=bundle.data)
                 resp = conn.getresponse()
                 answer = resp.read(65_536)
             except (TimeoutError, socket.timeout):
@@ -183,12 +239,10 @@ class FileAdapter(Adapter):
     through a link planted meanwhile."""
 
     def __init__(self, target: str) -> None:
-        u = urllib.parse.urlsplit(target)
-        if u.scheme != "file" or u.netloc not in ("", "localhost") or not u.path.startswith("/"):
-            raise InvalidInput(f"target {target[:200]} must be file:///ABSOLUTE/DIR", field="target")
-        self.dir = urllib.parse.unquote(u.path)
-        if "\x00" in self.dir:
-            raise InvalidInput("the target directory's name holds a NUL byte", field="target")
+        t = targets.parse(target)
+        if not isinstance(t, targets.FileTarget):
+            raise InvalidInput(f"target {target[:200]!r} must be file:///ABSOLUTE/DIR", field="target")
+        self.dir = t.dir
 
     def _open_dir(self) -> int:
         try:
@@ -277,46 +331,48 @@ class FileAdapter(Adapter):
 
 class CmdAdapter(Adapter):
     """Run a command once with the bundle and the artifacts as files; exit status 0 means
-    delivered, any other that it delivered nothing. Killed at the timeout (with its whole
-    process group), its outcome is unknown, and since a command does not honour keys it is
-    never run again for that key: a person settles it."""
+    delivered, any other that it delivered nothing. It runs in a process group of its own
+    that ends with the sender (group.Group): killed at the timeout, or when the sender
+    dies, it ends with everything it started. Killed at the timeout, its outcome is
+    unknown, and since a command does not honour keys it is never run again for that key:
+    a person settles it."""
 
     honours_keys = False
 
     def __init__(self, target: str, *, timeout_s: float, env: Mapping[str, str] | None = None) -> None:
-        try:
-            self.argv = shlex.split(target[len("cmd:"):])
-        except ValueError as exc:
-            raise InvalidInput(f"target {target[:200]}: the command cannot be split into words ({exc})",
-                               field="target") from None
-        if not self.argv:
-            raise InvalidInput("target cmd: names no command", field="target")
+        t = targets.parse(target)
+        if not isinstance(t, targets.CmdTarget):
+            raise InvalidInput(f"target {target[:200]!r} is not a cmd: target", field="target")
+        self.argv = list(t.argv)
         self.timeout_s = timeout_s
         self.env = dict(os.environ if env is None else env)
 
     def send_once(self, bundle: Bundle, key: str, run_id: str) -> tuple[str, str, str]:
-        with tempfile.TemporaryDirectory(prefix="handoff-deliver-") as work:
-            arts = os.path.join(work, "artifacts")
-            os.mkdir(arts, 0o700)
-            for name, data in bundle.files:
-                with open(os.path.join(arts, name), "xb") as f:
-                    f.write(data)
-            path = os.path.join(work, "bundle.json")
-            with open(path, "xb") as f:
-                f.write(bundle.data)
+        # The work directory is removed even if the command left something it cannot
+        # delete: that must not hide how the command ended.
+        try:
+            workdir = tempfile.TemporaryDirectory(prefix="handoff-deliver-", ignore_cleanup_errors=True)
+        except OSError as exc:
+            return "failed", "", f"the command's files could not be prepared ({_oserror(exc)}); nothing ran"
+        with workdir as work:
+            try:
+                arts, path = _stage(work, bundle)
+                out = tempfile.TemporaryFile(dir=work)
+            except OSError as exc:  # before the command exists: known to have sent nothing
+                return "failed", "", f"the command's files could not be prepared ({_oserror(exc)}); nothing ran"
             env = {**self.env, "HANDOFF_DELIVERY_KEY": key, "HANDOFF_RUN_ID": run_id, "HANDOFF_BUNDLE": path,
                    "HANDOFF_BUNDLE_SHA256": bundle.sha256, "HANDOFF_ARTIFACTS": arts}
-            with tempfile.TemporaryFile(dir=work) as out:
+            with out:
                 try:
-                    proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                            cwd=work, env=env, start_new_session=True)
-                except OSError as exc:
-                    return "failed", "", f"the command could not start ({exc.strerror}); nothing ran"
-                try:
-                    code = proc.wait(timeout=self.timeout_s)
-                except subprocess.TimeoutExpired:
-                    _kill_group(proc)
-                    return _AGAIN, "", f"the command ran past {self.timeout_s:g}s and was killed"
+                    running = Group(self.argv, stdout=out, cwd=work, env=env)
+                except (OSError, subprocess.SubprocessError) as exc:
+                    return "failed", "", f"the command could not start ({_oserror(exc)}); nothing ran"
+                with running:
+                    try:
+                        code = running.wait(self.timeout_s)
+                    except subprocess.TimeoutExpired:
+                        running.kill()
+                        return _AGAIN, "", f"the command ran past {self.timeout_s:g}s and was killed"
                 out.seek(0)
                 digest = hashlib.sha256(out.read()).hexdigest()
         if code == 0:
@@ -326,12 +382,18 @@ class CmdAdapter(Adapter):
         return "failed", "", f"the command exited {code} (output sha256 {digest[:16]})"
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        proc.kill()
-    proc.wait()
+def _stage(work: str, bundle: Bundle) -> tuple[str, str]:
+    """Write the artifacts (under their sent names, distinct by construction in
+    bundle.py) and the bundle into ``work``; the directory and the file's paths."""
+    arts = os.path.join(work, "artifacts")
+    os.mkdir(arts, 0o700)
+    for name, data in bundle.files:
+        with open(os.path.join(arts, name), "xb") as f:
+            f.write(data)
+    path = os.path.join(work, "bundle.json")
+    with open(path, "xb") as f:
+        f.write(bundle.data)
+    return arts, path
 
 
 def adapter_for(target: str, send: ev.SendPolicy, *, timeout_s: float | None = None,
@@ -347,7 +409,7 @@ def adapter_for(target: str, send: ev.SendPolicy, *, timeout_s: float | None = N
             if not token:
                 raise InvalidInput(f"the contract sends a bearer token from ${send.token_env}, which is not "
                                    "set; set it in the environment of this command", field="token_env")
-        return HttpAdapter(target, timeout_s=timeout, token=token)
+        return HttpAdapter(target, timeout_s=timeout, token=token, token_env=send.token_env)
     if target.startswith("file://"):
         adapter = FileAdapter(target)
         adapter.check()

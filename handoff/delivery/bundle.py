@@ -105,14 +105,22 @@ def _read(path: str, want_sha: str, limit: int) -> bytes:
 
 
 def _names(paths: list[str]) -> list[str]:
-    """File names to send under: the base name, numbered where two would clash."""
-    seen: dict[str, int] = {}
+    """File names to send under, distinct by construction: each artifact keeps its base
+    name unless an earlier one took it; a later one is numbered ``N-name`` with the
+    smallest N that no artifact's own name and no name given so far uses. So ``a/r.md``,
+    ``b/r.md``, ``c/1-r.md`` become ``r.md``, ``2-r.md``, ``1-r.md``. The same list
+    always gives the same names, so a check and a delivery measure the same bundle."""
+    bases = [os.path.basename(p) or "artifact" for p in paths]
+    taken = set(bases)  # every artifact's own name, so a number never lands on a later one's
+    given: set[str] = set()
     out = []
-    for p in paths:
-        base = os.path.basename(p) or "artifact"
-        n = seen.get(base, 0)
-        seen[base] = n + 1
-        out.append(base if n == 0 else f"{n}-{base}")
+    for base in bases:
+        name, n = base, 0
+        while name in given or (n and name in taken):
+            n += 1
+            name = f"{n}-{base}"
+        given.add(name)
+        out.append(name)
     return out
 
 
