@@ -8,9 +8,12 @@ Each answer is one of three, and the difference is the whole point:
   before the answer, a command killed mid-run). Only a target that honours the delivery
   key may be sent to again under that key (reducers.delivery.honours_keys).
 
-Adapters never raise for what happens at the target; they raise (typed, before anything
-is sent) only when the target or the settings cannot be used at all. Secrets (a bearer
-token read from the environment) go into the request only, never into a receipt or error.
+Adapters never raise for what happens at the target; they raise (typed) only when the
+target, the settings or this send (``prepare``: a key a header cannot carry) cannot be
+used at all, and the ledger asks before it records the attempt. What fails after that but
+before a byte leaves (the request cannot be built, a command's files cannot be written) is
+``failed``: known not to have been sent. Secrets (a bearer token read from the
+environment) go into the request only, never into a receipt or error.
 """
 
 from __future__ import annotations
