@@ -28,7 +28,6 @@ import socket
 import ssl
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping

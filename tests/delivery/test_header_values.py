@@ -6,7 +6,6 @@ but before a byte left is recorded as a failure, so a new key can follow."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 
