@@ -919,7 +919,7 @@ class Ledger:
         if len(findings) > MAX_RECORDED_FINDINGS:  # the log keeps the first ones and a count of the rest
             rest = findings[MAX_RECORDED_FINDINGS:]
             kept = (*findings[:MAX_RECORDED_FINDINGS],
-                    ev.Finding("more", f"{len(rest)} more findings", 0, sum(f.count for f in rest)))
+                    ev.Finding(sz.MORE, f"{len(rest)} more findings", 0, sum(f.count for f in rest)))
         cmd = C.Sanitize(passed=not findings, bundle_sha256=bundle.sha256, items=bundle.items, findings=kept,
                          rules_sha256=sz.rules_digest(cp.delivery.patterns))
         out = self.execute(run_id, cmd, actor=Actor("owner", by))

@@ -207,10 +207,11 @@ REFERENCE = {
     "email": re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"),
     "host_name": re.compile(r"\b(?:[a-z0-9-]+\.)+(?:local|localdomain|internal|intranet|corp|lan|home\.arpa)\b",
                             re.I),
-    "secret": re.compile(r"(?i:password|passwd|secret|api[_-]?key|token)[ \t]*[:=]\s*['\"]?[^\s'\"]{8,}"),
+    "secret": re.compile(r"(?i:password|passwd|secret|api[_-]?key|token)[ \t\"'`\\]*(?::=?|=>?|>)\s*"
+                         r"(?:\\?[\"'`][^\"'`\\\n]{4,}|[^\s\"'`\\<]{8,})"),
 }
 PIECES = st.sampled_from(["a", "b", "x1", "-", ".", "@", " ", "\t", ":", "=", "\n", "internal", "corp", "com", "org",
-                          "token", "Password", "secret", "api_key", "abcdefghij", "'", "%", "_"])
+                          "token", "Password", "secret", "api_key", "abcdefghij", "'", '"', ">", "\\", "%", "_"])
 
 
 @settings(max_examples=int(os.environ.get("HANDOFF_DETECTOR_EXAMPLES", "300")), deadline=None)
