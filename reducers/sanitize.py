@@ -48,7 +48,7 @@ class _Anchored:
         #: Any letter or digit of any script may start the match too (an IDN address).
         self.letters = letters
         self.keywords = keywords
-        self.ends = frozenset(k[-1] for k in keywords)
+        self.ends = frozenset(k[-2:] for k in keywords)  # two letters: one would pass every "https:"
         #: The anchor matches a bounded prefix; an accepted match then extends over this
         #: class (one pass), so anchors that are rejected never read far ahead: no anchor
         #: costs more than its own few characters, whatever the text (an attacker's file).
@@ -64,7 +64,7 @@ class _Anchored:
                 while i > last and text[i - 1] in _BETWEEN:
                     i -= 1
                 word = None
-                if i > last and text[i - 1].lower() in self.ends:  # a cheap test first: anchors abound
+                if i - 2 >= last and text[i - 2:i].lower() in self.ends:  # a cheap test first: anchors abound
                     word = next((k for k in self.keywords if text[max(last, i - len(k)):i].lower() == k), None)
                 if word is None:
                     continue
@@ -105,7 +105,7 @@ DETECTORS: dict[str, tuple[re.Pattern[str] | _Anchored, ...]] = {
     )) + (
         # password = "...", {"api_key": "..."}, {'token': '...'}, <secret>...</secret>: a value
         # after a secret's keyword, quoted (any length from 4, spaces and all) or bare (8 on).
-        _Anchored(r"(?::=?|=>?|>)\s*(?:\\?[\"'`][^\"'`\\\n]{4}|[^\s\"'`\\<]{8})", keywords=SECRET_KEYWORDS,
+        _Anchored(r"[:=>][=>]?\s*(?:\\?[\"'`][^\"'`\\\n]{4}|[^\s\"'`\\<]{8})", keywords=SECRET_KEYWORDS,
                   # the rest of a quoted value (its quote and four characters behind), or of a bare one
                   right=r"(?<=[\"'`][^\"'`\\\n]{4})[^\"'`\\\n]*|[^\s\"'`\\<]*"),
     ),
