@@ -1870,14 +1870,15 @@ def backup(dest: str, replace: bool, as_json: bool) -> None:
                    "the ledger file's permissions, then moved into place. A symbolic link there is "
                    "refused.")
 @click.option("--redact", is_flag=True,
-              help="Write a sanitized derivative for sharing outside: names and paths become salted "
-              "digests, free text passes the sanitization detectors; structure, states, times and seqs "
-              "stay. It cannot be imported.")
+              help="Write a sanitized derivative for sharing outside: only structure stays (types, seqs, "
+              "times, states, outcomes, numbers, content digests); every other value, free text and "
+              "names included, becomes a salted digest. It cannot be imported.")
 @click.option("--salt-env", default=None, metavar="VAR",
               help="With --redact: read the salt from this environment variable, so the same salt gives "
               "the same digests in every export (default: a fresh random salt per file).")
 @click.option("--redact-field", "redact_fields", multiple=True, metavar="FIELD",
-              help="With --redact: a further payload field to replace by its digest (repeatable).")
+              help="With --redact: a payload field to replace by its digest even where it would be "
+              "kept, such as to_state (repeatable).")
 @json_option
 def export(runs: tuple[str, ...], all_runs: bool, output: str, redact: bool, salt_env: str | None,
            redact_fields: tuple[str, ...], as_json: bool) -> None:
@@ -2348,7 +2349,7 @@ with `-o FILE --json` it prints `{"output", "events", "runs"}`.
 With `--redact`, the first line is `{"redacted": true, "format", "salt_id", "detectors",
 "runs", "note"}` and each event line `{"redacted": true, "run_id", "seq", "type", "actor",
 "lease", "idempotency_key", "recorded_us", "schema_version", "position", "payload"}`,
-names and paths as salted digests (docs/delivery.md); `-o FILE --json` adds
+every value outside the structure as a salted digest (docs/delivery.md); `-o FILE --json` adds
 `"redacted": true`. Such a file is refused by import (`RedactedExportRefused`, exit 2).
 **deliver --send**: `{"run_id", "status", "sent", "receipt", "error", "tries", "target",
 "delivery"}`: `status` is `confirmed`, `failed` or `unknown` (exit 1 unless confirmed);

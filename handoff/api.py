@@ -920,7 +920,7 @@ class Ledger:
         if len(findings) > MAX_RECORDED_FINDINGS:  # the log keeps the first ones and a count of the rest
             rest = findings[MAX_RECORDED_FINDINGS:]
             kept = (*findings[:MAX_RECORDED_FINDINGS],
-                    ev.Finding("more", f"{len(rest)} more findings", 0, sum(f.count for f in rest)))
+                    ev.Finding(sz.MORE, f"{len(rest)} more findings", 0, sum(f.count for f in rest)))
         cmd = C.Sanitize(passed=not findings, bundle_sha256=bundle.sha256, items=bundle.items, findings=kept,
                          rules_sha256=sz.rules_digest(cp.delivery.patterns))
         out = self.execute(run_id, cmd, actor=Actor("owner", by))
@@ -1269,9 +1269,11 @@ class Ledger:
     def export_redacted(self, run_ids: list[str] | None = None, *, salt: bytes | None = None,
                         fields: Any = ()) -> Iterator[bytes]:
         """``export`` made fit to share outside (handoff/redact.py): a header line saying it is
-        redacted, then each event with names and paths as salted digests and free text through
-        the sanitization detectors. ``salt`` (default: fresh random bytes) keeps digests stable
-        across exports made with it; keep it secret. Never importable (RedactedExportRefused).
+        redacted, then each event with only its structure as it is (types, seqs, times,
+        states, outcomes, numbers, content digests: ``redact.KEPT``) and every other value a
+        salted digest; ``fields`` digests further fields. ``salt`` (default: fresh random
+        bytes) keeps digests stable across exports made with it; keep it secret. Never
+        importable (RedactedExportRefused).
         """
         import secrets
 
@@ -1286,14 +1288,8 @@ class Ledger:
         for f in fields:
             if not isinstance(f, str) or not f:
                 raise InvalidInput("fields must be payload field names", field="fields")
-        patterns: list[str] = []
         chosen = None if run_ids is None else list(run_ids)
-        for head in self.store.list_runs():
-            if chosen is None or head.run_id in chosen:
-                first = next(iter(self.store.read_run(head.run_id, until_seq=1)), None)
-                if first is not None and isinstance(first.event, ev.HandoffOpened):
-                    patterns.extend(first.event.sanitize_patterns)
-        return redact.lines(self.export(run_ids), salt, chosen, fields=fields, patterns=patterns)
+        return redact.lines(self.export(run_ids), salt, chosen, fields=fields)
 
     def export_to(self, path: str | os.PathLike[str], run_ids: list[str] | None = None, *, redact: bool = False,
                   salt: bytes | None = None, fields: Any = ()) -> dict[str, Any]:

@@ -9,9 +9,13 @@ detector matches is exactly what must not be copied anywhere, the log included.
 from __future__ import annotations
 
 import bisect
+import codecs
+import functools
 import hashlib
 import hmac
 import re
+import sys
+import unicodedata
 from collections.abc import Iterable, Iterator
 
 from handoff.ledger import events as ev
@@ -21,7 +25,7 @@ from .delivery import Delivery
 
 #: Bumped whenever a built-in detector changes, so a check's ``rules_sha256`` says which
 #: detectors it ran.
-DETECTORS_VERSION = "1"
+DETECTORS_VERSION = "2"
 
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 
@@ -38,11 +42,13 @@ class _Anchored:
     ``password = ...``. The regex engine alone would try every position of the text."""
 
     def __init__(self, anchor: str, left: str = "", *, keywords: tuple[str, ...] = (), right: str = "",
-                 flags: int = 0) -> None:
+                 flags: int = 0, letters: bool = False) -> None:
         self.anchor = re.compile(anchor, flags)
         self.left = frozenset(left)
+        #: Any letter or digit of any script may start the match too (an IDN address).
+        self.letters = letters
         self.keywords = keywords
-        self.ends = frozenset(k[-1] for k in keywords)
+        self.ends = frozenset(k[-2:] for k in keywords)  # two letters: one would pass every "https:"
         #: The anchor matches a bounded prefix; an accepted match then extends over this
         #: class (one pass), so anchors that are rejected never read far ahead: no anchor
         #: costs more than its own few characters, whatever the text (an attacker's file).
@@ -55,16 +61,16 @@ class _Anchored:
             start = m.start()
             if self.keywords:
                 i = start
-                while i > last and text[i - 1] in " \t":
+                while i > last and text[i - 1] in _BETWEEN:
                     i -= 1
                 word = None
-                if i > last and text[i - 1].lower() in self.ends:  # a cheap test first: anchors abound
+                if i - 2 >= last and text[i - 2:i].lower() in self.ends:  # a cheap test first: anchors abound
                     word = next((k for k in self.keywords if text[max(last, i - len(k)):i].lower() == k), None)
                 if word is None:
                     continue
                 start = i - len(word)
             else:
-                while start > last and text[start - 1] in self.left:
+                while start > last and (text[start - 1] in self.left or self.letters and text[start - 1].isalnum()):
                     start -= 1
                 if start == m.start():
                     continue
@@ -76,6 +82,14 @@ class _Anchored:
 
 
 _ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+#: Words that name a secret when a value is assigned to them: matched at the end of the
+#: key, in any case, so ``client_secret``, ``AWS_SECRET_ACCESS_KEY`` and ``apiKey`` count.
+SECRET_KEYWORDS = ("password", "passwd", "passphrase", "secret", "apikey", "api_key", "api-key", "token",
+                   "access_key", "accesskey", "secret_key", "secretkey", "private_key", "privatekey",
+                   "credential", "credentials")
+#: What may stand between a key and its ``:`` or ``=``: spaces and the key's closing quote,
+#: escaped or not (``"password": ``, ``\\"token\\": ``, ``'api_key' => ``).
+_BETWEEN = frozenset(" \t\"'`\\")
 DETECTORS: dict[str, tuple[re.Pattern[str] | _Anchored, ...]] = {
     # A key or token in a known format.
     "secret": tuple(re.compile(p) for p in (
@@ -88,8 +102,13 @@ DETECTORS: dict[str, tuple[re.Pattern[str] | _Anchored, ...]] = {
         r"-----BEGIN [A-Z ]*PRIVATE KEY-----",                    # PEM private keys
         r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWT
         r"[Bb][Ee][Aa][Rr][Ee][Rr]\s+[A-Za-z0-9._~+/=-]{16,}",     # an Authorization value
-    )) + (_Anchored(r"[:=]\s*['\"]?[^\s'\"]{8}", right=r"[^\s'\"]*",  # password = ..., token: ...
-                    keywords=("password", "passwd", "secret", "apikey", "api_key", "api-key", "token")),),
+    )) + (
+        # password = "...", {"api_key": "..."}, {'token': '...'}, <secret>...</secret>: a value
+        # after a secret's keyword, quoted (any length from 4, spaces and all) or bare (8 on).
+        _Anchored(r"[:=>][=>]?\s*(?:\\?[\"'`][^\"'`\\\n]{4}|[^\s\"'`\\<]{8})", keywords=SECRET_KEYWORDS,
+                  # the rest of a quoted value (its quote and four characters behind), or of a bare one
+                  right=r"(?<=[\"'`][^\"'`\\\n]{4})[^\"'`\\\n]*|[^\s\"'`\\<]*"),
+    ),
     # A home directory, in any of its spellings.
     "home_dir": tuple(re.compile(p) for p in (
         r"~(?<![\w.]~)/[^\s]*", r"/home/[^/\s]+", r"/Users/[^/\s]+", r"/root(?:/|\b)",
@@ -112,7 +131,8 @@ DETECTORS: dict[str, tuple[re.Pattern[str] | _Anchored, ...]] = {
         _Anchored(r"\.(?:localdomain|local|internal|intranet|corp|lan|home\.arpa)\b", _ALNUM + "-.", flags=re.I),
         re.compile(r"localhost\b", re.I),
     ),
-    "email": (_Anchored(r"@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b", _ALNUM + "._%+-"),),
+    # Internationalised too: letters of any script, an IDN's punycode top-level domain.
+    "email": (_Anchored(r"@[\w-]+(?:\.[\w-]+)*\.(?:[^\W\d_]{2,}|xn--[\w-]+)\b", _ALNUM + "._%+-", letters=True),),
 }
 
 MAX_PATTERNS = 50
@@ -164,14 +184,98 @@ def _spans(rx: re.Pattern[str] | _Anchored, text: str) -> Iterator[tuple[int, in
 
 _NEWLINE = re.compile("\n")
 
-#: The detector name of a part that could not be scanned (not UTF-8 text): failing closed.
+#: The detector name of a part that could not be scanned (not text, or text holding NULs
+#: that is not UTF-16): failing closed.
 UNSCANNABLE = "unscannable"
+#: The detector name of the one finding that stands for the findings past those a check
+#: records (handoff/api.py, ``sanitize``).
+MORE = "more"
+
+#: Control characters no text holds (whitespace aside): a UTF-16 reading that has them is
+#: not text but binary read two bytes at a time.
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
 
 
-def scan(parts: Iterable[tuple[str, str | None]], patterns: Iterable[str] = ()) -> tuple[ev.Finding, ...]:
-    """Every finding in ``parts`` ((name, text) pairs; text None for a part that is not
-    text), one per detector and line, in order of part, line and detector. A part that
-    cannot be read as text is a finding of its own: what cannot be scanned cannot pass.
+@functools.cache
+def _format_chars() -> re.Pattern[str]:
+    """Every Unicode format character (category Cf: zero-width spaces and joiners, the soft
+    hyphen, byte-order marks, bidi controls): invisible, so they can split a key without
+    changing how it reads. Built on first use, not at import (a walk over every code point)."""
+    ranges: list[list[int]] = []
+    for c in range(sys.maxunicode + 1):
+        if unicodedata.category(chr(c)) == "Cf":
+            if ranges and ranges[-1][1] == c - 1:
+                ranges[-1][1] = c
+            else:
+                ranges.append([c, c])
+    # As ranges: a class of single astral characters makes the engine ten times slower.
+    return re.compile("[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in ranges) + "]")
+
+
+def _utf16(raw: bytes) -> str | None:
+    """``raw`` read as UTF-16 when it looks like it, else None: NULs fill at least a quarter
+    of one byte position (the high byte of Latin text) and few of the other, it decodes
+    strictly, and the result holds no control characters (binary data read as UTF-16
+    does). A byte-order mark is dropped first. UTF-16 without NULs (CJK text alone) stays
+    unscannable: nothing tells it from binary."""
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) and not raw.startswith(codecs.BOM_UTF32_LE):
+        raw = raw[2:]
+    even, odd = raw[0::2].count(0), raw[1::2].count(0)
+    high, low = max(even, odd), min(even, odd)
+    if len(raw) % 2 or high * 4 < len(raw) // 2 or low * 8 > high:
+        return None
+    codec = "utf-16-le" if odd > even else "utf-16-be"
+    try:
+        text = raw.decode(codec)
+    except UnicodeDecodeError:
+        return None
+    return None if _CONTROL.search(text) else text
+
+
+def readings(text: str | bytes | None) -> tuple[str, ...]:
+    """The texts the detectors judge of one part: none when it cannot be read (a finding
+    ``unscannable``), usually one.
+
+    A detector matches spelling, so a part is first read as what it says: Unicode format
+    characters removed, then NFKC (fullwidth and other compatibility letters become plain
+    ones), so ``pass<zero-width space>word`` and ``ｐａｓｓｗｏｒｄ`` read ``password``.
+    Bytes are UTF-8, or UTF-16 where they look like it (a byte-order mark, or the NULs of
+    UTF-16 text without one); anything else is unscannable. Text holding a NUL (which no
+    detector can see across) is unscannable unless it reads as UTF-16, and then it is read
+    both ways, as UTF-16 and as its bytes without the NULs, so UTF-16 in one place hides
+    no UTF-8 in another."""
+    if text is None:
+        return ()
+    if isinstance(text, str):
+        if "\x00" not in text:
+            return (_plain(text),)
+        text = text.encode("utf-8", "surrogatepass")
+    if b"\x00" not in text and not text.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        try:
+            return (_plain(text.decode("utf-8")),)
+        except UnicodeDecodeError:
+            return ()
+    wide = _utf16(text)
+    if wide is None:
+        return ()
+    out = [_plain(wide)]
+    narrow = _plain(text.replace(b"\x00", b"").decode("utf-8", "replace"))
+    if narrow != out[0]:
+        out.append(narrow)
+    return () if any("\x00" in t for t in out) else tuple(out)
+
+
+def _plain(text: str) -> str:
+    if text.isascii():  # nothing to normalise: the common case stays as fast as it was
+        return text
+    return unicodedata.normalize("NFKC", _format_chars().sub("", text))
+
+
+def scan(parts: Iterable[tuple[str, str | bytes | None]], patterns: Iterable[str] = ()) -> tuple[ev.Finding, ...]:
+    """Every finding in ``parts`` ((name, text) pairs; text as str, as the bytes of a
+    file, or None for a part that is not text), one per detector and line, in order of
+    part, line and detector. A part that cannot be read as text is a finding of its own:
+    what cannot be scanned cannot pass. Each part is judged as ``readings`` reads it.
 
     Each detector runs over a whole part at once (the regex engine's loop, not Python's),
     and a match is placed on the line where it starts; a match may run across a line end.
@@ -179,16 +283,21 @@ def scan(parts: Iterable[tuple[str, str | None]], patterns: Iterable[str] = ()) 
     detectors = _detectors(patterns)
     found: list[ev.Finding] = []
     for name, text in parts:
-        if text is None:
+        texts = readings(text)
+        if not texts:
             found.append(ev.Finding(UNSCANNABLE, name, 0))
             continue
-        ends = [m.start() for m in _NEWLINE.finditer(text)]
         hits: dict[tuple[int, int], int] = {}
-        for order, (_det, rxs) in enumerate(detectors):
-            for rx in rxs:
-                for start, _end in _spans(rx, text):
-                    line = bisect.bisect_left(ends, start) + 1
-                    hits[(line, order)] = hits.get((line, order), 0) + 1
+        for reading in texts:
+            ends = [m.start() for m in _NEWLINE.finditer(reading)]
+            seen: dict[tuple[int, int], int] = {}
+            for order, (_det, rxs) in enumerate(detectors):
+                for rx in rxs:
+                    for start, _end in _spans(rx, reading):
+                        line = bisect.bisect_left(ends, start) + 1
+                        seen[(line, order)] = seen.get((line, order), 0) + 1
+            for where, n in seen.items():  # two readings of one part: count a match once
+                hits[where] = max(hits.get(where, 0), n)
         for (line, order), n in sorted(hits.items()):
             found.append(ev.Finding(detectors[order][0], name, line, n))
     return tuple(found)
@@ -250,16 +359,3 @@ def salted(salt: bytes, value: str, kind: str = "h") -> str:
     without the salt it cannot be reversed or guessed by trying values."""
     mac = hmac.new(salt, kind.encode() + b"\0" + value.encode("utf-8", "surrogatepass"), hashlib.sha256)
     return f"[{kind}~{mac.hexdigest()[:16]}]"  # no ":" or "=": it must not look like "secret: ..."
-
-
-def redact(text: str, salt: bytes, patterns: Iterable[str] = ()) -> str:
-    """``text`` with every detector match replaced by its salted stand-in."""
-    for det, rxs in _detectors(patterns):
-        for rx in rxs:
-            out, at = [], 0
-            for start, end in _spans(rx, text):
-                if start < end:  # a user's pattern may match empty text inside a longer one
-                    out += [text[at:start], salted(salt, text[start:end], det)]
-                    at = end
-            text = "".join(out) + text[at:]
-    return text

@@ -40,6 +40,15 @@ class Watch(msgspec.Struct, frozen=True):
     watcher_seen_us: int | None = None
 
 
+#: Every classification ``classify`` gives: a fixed vocabulary, so a redacted export may
+#: show it as it is (handoff/redact.py). tests/delivery/test_redact_allowlist.py reads
+#: this module's ``Health(...)`` calls to keep it whole.
+CLASSIFICATIONS = frozenset({
+    "unopened", "silent", "blocked", "needs_reconciliation", "needs_worker", "delivery_ambiguous",
+    "awaiting_owner", "delivering", "unclaimed", "unavailable", "stalled", "healthy",
+})
+
+
 class Health(msgspec.Struct, frozen=True):
     classification: str
     reason: str

@@ -48,13 +48,14 @@ class Bundle(msgspec.Struct, frozen=True):
     """What a delivery sends and what a sanitization check scans.
 
     ``data`` are the bytes sent; ``files`` the artifacts' own bytes by sent name (a
-    ``cmd:`` target gets them as files); ``parts`` the texts the detectors read (None for
-    content that is not text); ``items`` the digests a check records."""
+    ``cmd:`` target gets them as files); ``parts`` what the detectors read (text, or an
+    artifact's bytes, which reducers.sanitize.readings decodes); ``items`` the digests a
+    check records."""
 
     data: bytes
     sha256: str
     files: tuple[tuple[str, bytes], ...]
-    parts: tuple[tuple[str, str | None], ...]
+    parts: tuple[tuple[str, str | bytes | None], ...]
     items: tuple[ev.ScannedItem, ...]
 
 
@@ -139,7 +140,7 @@ def build(cp: Checkpoint, *, max_bytes: int | None = None, inline: bool | None =
     names = _names([a.path for a in arts])
     sent: list[SentArtifact] = []
     files: list[tuple[str, bytes]] = []
-    parts: list[tuple[str, str | None]] = [("run id", cp.run_id), ("summary", cp.result.summary)]
+    parts: list[tuple[str, str | bytes | None]] = [("run id", cp.run_id), ("summary", cp.result.summary)]
     items = [ev.ScannedItem("summary", _sha(cp.result.summary.encode()), len(cp.result.summary.encode()))]
     total = 0
     for a, name in zip(arts, names):
@@ -153,12 +154,10 @@ def build(cp: Checkpoint, *, max_bytes: int | None = None, inline: bool | None =
         extra: dict[str, Any] = {}
         if inline:
             try:
-                text: str | None = data.decode("utf-8")
-                extra["content"] = text
+                extra["content"] = data.decode("utf-8")
             except UnicodeDecodeError:
-                text = None
                 extra["content_base64"] = base64.b64encode(data).decode()
-            parts.append((f"artifact {name}", text))
+            parts.append((f"artifact {name}", data))  # the detectors read the bytes (UTF-16 too)
         sent.append(SentArtifact(name, a.kind, len(data), a.sha256, **extra))
     parts.append(("artifact names", "\n".join(f"{s.name} {s.kind}" for s in sent)))
     doc = BundleDoc(FORMAT, cp.run_id, cp.result.summary, tuple(sent))

@@ -179,18 +179,6 @@ def test_plain_words_pass(words):
     assert sz.scan([("summary", words)]) == ()
 
 
-@settings(max_examples=200, deadline=None)
-@given(parts=st.lists(st.one_of(WORDS, *PLANTED.values()), max_size=8), salt=st.binary(min_size=16, max_size=32))
-def test_redacted_text_passes_and_is_stable(parts, salt):
-    text = " ".join(parts)
-    once = sz.redact(text, salt)
-    assert sz.scan([("x", once)]) == ()
-    assert sz.redact(text, salt) == once
-    for p in parts:
-        if sz.scan([("p", p)]):
-            assert p not in once
-
-
 def test_the_gate_is_silent_for_a_target_that_is_not_public():
     from handoff.reducers.delivery import Delivery
 
@@ -207,10 +195,11 @@ REFERENCE = {
     "email": re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b"),
     "host_name": re.compile(r"\b(?:[a-z0-9-]+\.)+(?:local|localdomain|internal|intranet|corp|lan|home\.arpa)\b",
                             re.I),
-    "secret": re.compile(r"(?i:password|passwd|secret|api[_-]?key|token)[ \t]*[:=]\s*['\"]?[^\s'\"]{8,}"),
+    "secret": re.compile(r"(?i:password|passwd|secret|api[_-]?key|token)[ \t\"'`\\]*(?::=?|=>?|>)\s*"
+                         r"(?:\\?[\"'`][^\"'`\\\n]{4,}|[^\s\"'`\\<]{8,})"),
 }
 PIECES = st.sampled_from(["a", "b", "x1", "-", ".", "@", " ", "\t", ":", "=", "\n", "internal", "corp", "com", "org",
-                          "token", "Password", "secret", "api_key", "abcdefghij", "'", "%", "_"])
+                          "token", "Password", "secret", "api_key", "abcdefghij", "'", '"', ">", "\\", "%", "_"])
 
 
 @settings(max_examples=int(os.environ.get("HANDOFF_DETECTOR_EXAMPLES", "300")), deadline=None)

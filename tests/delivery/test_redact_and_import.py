@@ -20,7 +20,7 @@ def test_a_redacted_export_keeps_structure_and_hides_names_paths_and_secrets(lg,
     lg.deliver(run, "alice", "v1", send=True)
     lines = [json.loads(x) for x in lg.export_redacted([run], salt=SALT)]
     head, events = lines[0], lines[1:]
-    assert head["redacted"] is True and head["format"] == "handoff-redacted-export/1" and "not a ledger" in head["note"]
+    assert head["redacted"] is True and head["format"] == "handoff-redacted-export/2" and "not a ledger" in head["note"]
     original = [json.loads(x) for x in lg.export([run])]
     assert [(e["seq"], e["type"], e["recorded_us"]) for e in events] == \
         [(e["seq"], e["type"], e["recorded_us"]) for e in original]
@@ -101,8 +101,10 @@ def test_an_import_refuses_a_forged_public_delivery(tmp_path):
 
 
 def test_a_named_field_is_digested_too(lg, tmp_path):
+    """--redact-field hides a field even where the export would show it (here a state)."""
     run = ready_run(lg, tmp_path, "chat:#ops")
     plain = [json.loads(x) for x in lg.export_redacted([run], salt=SALT)]
-    named = [json.loads(x) for x in lg.export_redacted([run], salt=SALT, fields=("goal",))]
-    assert plain[1]["payload"]["goal"] == "write the report"
-    assert named[1]["payload"]["goal"].startswith("[name~") and "write the report" not in json.dumps(named)
+    named = [json.loads(x) for x in lg.export_redacted([run], salt=SALT, fields=("to_state", "from_state"))]
+    moves = [i for i, e in enumerate(plain) if e.get("type") == "state_changed"]
+    assert plain[moves[0]]["payload"]["to_state"] == "planning"
+    assert named[moves[0]]["payload"]["to_state"].startswith("[name~") and '"planning"' not in json.dumps(named)
