@@ -40,6 +40,16 @@ class Watch(msgspec.Struct, frozen=True):
     watcher_seen_us: int | None = None
 
 
+#: Every classification ``classify`` gives, and so the only ones an observation or a
+#: recovery decision may record: decide refuses any other (on append and on import),
+#: so what a report or a terminal shows as a classification is one of these words.
+#: docs/cli.md lists them under ``health.classification``.
+CLASSIFICATIONS = frozenset({
+    "healthy", "unavailable", "stalled", "blocked", "unclaimed", "needs_reconciliation", "needs_worker",
+    "delivery_ambiguous", "awaiting_owner", "delivering", "silent", "unopened",
+})
+
+
 class Health(msgspec.Struct, frozen=True):
     classification: str
     reason: str
