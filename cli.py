@@ -57,7 +57,9 @@ def _error(kind: str, message: str, *, as_json: bool) -> None:
 
         click.echo(json.dumps({"error": {"type": kind, "message": message}}), err=True)
     else:
-        click.echo(f"Error: {message}", err=True)
+        from handoff.render import visible
+
+        click.echo(f"Error: {visible(message)}", err=True)  # a path or a value it names may hold escapes
 
 
 def _undecodable(value: str) -> int | None:
@@ -112,6 +114,9 @@ class HandoffGroup(click.Group):
             if as_json:
                 _error(type(exc).__name__, exc.format_message(), as_json=True)
             else:
+                from handoff.render import visible
+
+                exc.message = visible(exc.message)  # click quotes what it refused, escapes and all
                 exc.show()
             sys.exit(exc.exit_code)
         except BrokenPipeError:
@@ -285,10 +290,12 @@ def key_option(f: Any) -> Any:
 
 
 def _printable(text: str) -> str:
-    """Text with any undecodable byte of a file name (a lone surrogate) shown as \\xNN."""
-    if _undecodable(text) is None:
-        return text
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    """Output of several lines with each line made ``render.visible``: an undecodable byte of
+    a file name shows as \\xNN, a control character as an escape, and the lines stay the
+    ones the renderer meant (JSON stays JSON: its escapes are JSON's)."""
+    from handoff.render import lines
+
+    return lines(text.split("\n"))
 
 
 def _emit(doc: dict[str, Any], as_json: bool, text: str | None) -> None:
@@ -1742,7 +1749,7 @@ def verify(run: str | None, expect_head: tuple[str, ...], as_json: bool) -> None
                 click.echo("not checked: " + "; ".join(skipped))
             if doc["db_roles"]:  # the server's word on who inserted the events (PostgreSQL)
                 click.echo("written by database roles: "
-                           + ", ".join(f"{role} ({n} events)" for role, n in doc["db_roles"].items()))
+                           + ", ".join(f"{R.visible(role)} ({n} events)" for role, n in doc["db_roles"].items()))
         else:
             if probs:
                 click.echo(R.table(["PROBLEM", "RUN", "SEQ", "POSITION", "DETAIL"],

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from handoff.ledger.errors import InvalidInput
 from handoff.ledger.events import Policy as _StoredPolicy
 from handoff.ledger.events import SendPolicy as _StoredSend
+from handoff.ledger.store import CONTROL_RE
 
 _NAME = dict(min_length=1, max_length=200)
 _DEFAULT = _StoredPolicy()  # the defaults' one home: the stored event's own
@@ -24,8 +25,12 @@ _SEND = _StoredSend()
 
 
 def _printable(value: str) -> str:
-    if any(ord(c) < 32 and c not in "\n\t" or ord(c) == 127 for c in value):
-        raise ValueError("must not contain NUL or control characters")
+    # The store's one rule (store.CONTROL_CHARS), said before decide would say it, so a
+    # contract's every bad field is named at once.
+    m = CONTROL_RE.search(value)
+    if m is not None:
+        raise ValueError(f"must not contain control characters or bidirectional text controls "
+                         f"(U+{ord(m.group()):04X} at character {m.start()})")
     return value
 
 

@@ -7,8 +7,9 @@ store, the clock or the terminal. The documents are the ``--json`` shapes of
 docs/cli.md; changing one changes a documented interface.
 
 Text:
-    ``iso``, ``iso_ms`` (times), ``one_line``, ``table`` / ``table_lines`` (aligned
-    columns), ``summarize`` (an event in one line), ``format_packet``, ``format_log``.
+    ``visible`` (ledger text made safe to print: the one home of that rule), ``iso``,
+    ``iso_ms`` (times), ``one_line``, ``table`` / ``table_lines`` (aligned columns),
+    ``summarize`` (an event in one line), ``format_packet``, ``format_log``.
 Documents:
     ``packet`` is ``Ledger.status`` itself; ``write_doc``, ``delivery_doc``, ``log_row``,
     ``run_row``, ``stall_row`` and ``action_doc`` build the others.
@@ -16,20 +17,56 @@ Documents:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from handoff.ledger.store import CONTROL_CHARS
 from handoff.reducers import delivery as dl
 from handoff.reducers.checkpoint import iso
 
 __all__ = [
-    "iso", "iso_ms", "one_line", "cells", "table_lines", "table", "summarize", "format_packet",
+    "visible", "lines", "iso", "iso_ms", "one_line", "cells", "table_lines", "table", "summarize", "format_packet",
     "LOG_HEADERS", "log_row", "log_rows", "log_cells", "format_log", "write_doc", "delivery_doc",
     "run_row", "stall_row", "action_doc", "LEDGER_LOG_HEADERS", "ledger_row", "ledger_log_cells", "format_diff",
 ]
 
 
 # --- text pieces -------------------------------------------------------------------------
+
+
+#: What ``visible`` escapes: what the ledger refuses on input (store.CONTROL_CHARS, which
+#: an older log or an imported one may still hold), tab and newline, the Unicode line and
+#: paragraph separators, and lone surrogates (an undecodable byte of a file name or of
+#: the environment, as Python reads them).
+_UNSAFE = re.compile(f"[\t\n{CONTROL_CHARS}\u2028\u2029\ud800-\udfff]")
+_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = m.group()
+    if c in _NAMED:
+        return _NAMED[c]
+    if "\udc80" <= c <= "\udcff":  # surrogateescape's stand-in for the byte it could not decode
+        return f"\\x{ord(c) - 0xDC00:02x}"
+    return f"\\u{ord(c):04x}"  # also a valid JSON escape, so JSON text stays JSON
+
+
+def visible(text: object) -> str:
+    """``text`` safe to print as (part of) one line: every character that could start a
+    line, move the cursor, act as a terminal escape or reorder what a reader sees is shown
+    as an escape instead (``\\n``, ``\\t``, ``\\u001b``, ``\\u202e``; an undecodable byte as
+    ``\\xNN``). Every text renderer prints ledger text through it, so a reason, a detail or
+    a name can never forge a line of output or hide what follows it. Idempotent: a
+    backslash is left as it is."""
+    text = str(text)
+    return _UNSAFE.sub(_escape, text) if _UNSAFE.search(text) else text
+
+
+def lines(rows: Iterable[object]) -> str:
+    """Lines of output joined by newlines, each made ``visible``: a line is only ever the
+    line its renderer meant, whatever text it holds."""
+    return "\n".join(visible(r) for r in rows)
 
 
 def iso_ms(text: str | None) -> str | None:
@@ -41,14 +78,15 @@ def iso_ms(text: str | None) -> str | None:
 
 
 def one_line(text: object, limit: int = 72) -> str:
-    """``text`` on one line (runs of whitespace become one space), cut to ``limit`` with '…'."""
-    text = " ".join(str(text).split())
+    """``text`` on one line (runs of whitespace become one space, the rest ``visible``), cut
+    to ``limit`` with '…'."""
+    text = visible(" ".join(str(text).split()))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def cells(row: Iterable[Any]) -> list[str]:
-    """A table row as strings: None prints as '-', a newline as a space."""
-    return [("-" if c is None else str(c)).replace("\n", " ") for c in row]
+    """A table row as strings: None prints as '-', each cell ``visible`` (one line)."""
+    return ["-" if c is None else visible(c) for c in row]
 
 
 def table_lines(rows: Iterable[Sequence[str]], widths: Sequence[int]) -> list[str]:
@@ -64,7 +102,7 @@ def table(headers: list[str], rows: Iterable[Iterable[Any]]) -> str:
     for row in body:
         for i, c in enumerate(row):
             widths[i] = max(widths[i], len(c))
-    return "\n".join(table_lines([headers, *body], widths))
+    return "\n".join(table_lines([headers, *body], widths))  # cells are visible already
 
 
 # --- events and packets --------------------------------------------------------------------
@@ -162,7 +200,7 @@ def format_packet(p: dict[str, Any]) -> str:
         rows.append(("submitted", one_line(p["result"]["summary"] or "(no summary)", 100) + f" (seq {p['result']['seq']})"))
     rows.append(("last seq", f"{p['last_seq']}, updated {iso(p.get('updated_at'))}"))
     width = max(len(k) for k, _ in rows)
-    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    out = [f"{k.ljust(width)}  {v}" for k, v in rows]
     for title, items, fmt in (
         ("blockers", p["blockers"], lambda b: [f"#{b['id']}", b["reason"], "next: " + b["next_action"], f"seq {b['seq']}"]),
         ("artifacts", p["artifacts"], lambda a: [a["kind"], a["path"], f"{a['bytes']} B" if a["exists"] else "MISSING",
@@ -171,12 +209,12 @@ def format_packet(p: dict[str, Any]) -> str:
         ("pending effects", p["pending_effects"], lambda e: [e["key"], one_line(e["what"], 60), f"lease {e['lease']}", f"seq {e['seq']}"]),
     ):
         if items:
-            lines.append(f"{title}:")
+            out.append(f"{title}:")
             body = table([""] * len(fmt(items[0])), [fmt(i) for i in items]).split("\n")[1:]
-            lines.extend("  " + b for b in body)
+            out.extend("  " + b for b in body)
         else:
-            lines.append(f"{title.ljust(width)}  none")
-    return "\n".join(lines)
+            out.append(f"{title.ljust(width)}  none")
+    return lines(out)
 
 
 # --- the timeline --------------------------------------------------------------------------
@@ -280,28 +318,28 @@ def format_diff(doc: dict[str, Any]) -> str:
             f"(heartbeats left out: {doc['heartbeats']['a']} and {doc['heartbeats']['b']})")
     first = doc["first_divergence"]
     if first is None:
-        return head + "\nthe same: every step matches"
-    lines = [head, f"the same for {doc['common_steps']} step(s); first divergence at step {first['step']}: {first['what']}"]
+        return lines([head, "the same: every step matches"])
+    out = [head, f"the same for {doc['common_steps']} step(s); first divergence at step {first['step']}: {first['what']}"]
     for side in ("a", "b"):
         w = first[side]
-        lines.append(f"  {side}: " + ("(no more events)" if w is None else
-                                      f"{w['run_id']} seq {w['seq']} {w['type']} at {iso_ms(w['at'])}"))
+        out.append(f"  {side}: " + ("(no more events)" if w is None else
+                                   f"{w['run_id']} seq {w['seq']} {w['type']} at {iso_ms(w['at'])}"))
     for d in first["differs"]:
-        lines.append(f"  {d['field']}: a {one_line(d['a'], 60)!s} | b {one_line(d['b'], 60)!s}")
+        out.append(f"  {d['field']}: a {one_line(d['a'], 60)!s} | b {one_line(d['b'], 60)!s}")
     af = doc["after"]
-    lines.append("after it:")
+    out.append("after it:")
     for key in ("state", "progress_seq"):
         v = af[key]
-        lines.append(f"  {key}: a {v['a']}, b {v['b']}" + ("" if v["a"] != v["b"] else " (same)"))
+        out.append(f"  {key}: a {v['a']}, b {v['b']}" + ("" if v["a"] != v["b"] else " (same)"))
     arts = af["artifacts"]
-    lines.append(f"  artifacts: {len(arts['same'])} the same by sha256; changed: {', '.join(arts['changed']) or 'none'}; "
-                 f"only in a: {', '.join(arts['only_a']) or 'none'}; only in b: {', '.join(arts['only_b']) or 'none'}")
+    out.append(f"  artifacts: {len(arts['same'])} the same by sha256; changed: {', '.join(arts['changed']) or 'none'}; "
+              f"only in a: {', '.join(arts['only_a']) or 'none'}; only in b: {', '.join(arts['only_b']) or 'none'}")
     ev_diff = af["evidence"]
-    lines.append("  evidence: " + (", ".join(f"{k} a {v['a']} b {v['b']}" for k, v in ev_diff.items()) or "the same"))
+    out.append("  evidence: " + (", ".join(f"{k} a {v['a']} b {v['b']}" for k, v in ev_diff.items()) or "the same"))
     da, db = af["delivery"]["a"], af["delivery"]["b"]
-    lines.append(f"  delivery: a {da['status']}" + (f" ({da['receipt']})" if da["receipt"] else "")
-                 + f", b {db['status']}" + (f" ({db['receipt']})" if db["receipt"] else ""))
+    out.append(f"  delivery: a {da['status']}" + (f" ({da['receipt']})" if da["receipt"] else "")
+              + f", b {db['status']}" + (f" ({db['receipt']})" if db["receipt"] else ""))
     for side in ("a", "b"):
         counts = af["events_after"][side]
-        lines.append(f"  events after it in {side}: " + (", ".join(f"{n} {t}" for t, n in counts.items()) or "none"))
-    return "\n".join(lines)
+        out.append(f"  events after it in {side}: " + (", ".join(f"{n} {t}" for t, n in counts.items()) or "none"))
+    return lines(out)

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import html
 import json
+import re
 from typing import Any
 
 from handoff.reducers.checkpoint import iso
 from handoff.reducers.timeline import KEYFRAME_EVERY, Item, Timeline
+from handoff.render import visible
 
 __all__ = ["html_report", "markdown_report", "render", "FORMATS", "BIN_OVER", "BINS"]
 
@@ -40,8 +41,28 @@ def _x(tl: Timeline, us: int) -> float:
     return round(_X0 + (us - tl.start_us) / span * (_X1 - _X0), 1)
 
 
+_HTML_SPECIAL = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"})
+
+
 def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    """The one escape of the HTML report: every text node and every attribute value passes
+    through it (``_tag`` applies it to attributes), so no ledger string, however crafted,
+    can close an attribute or a tag. ``_tag`` always quotes with '"', so "'" stays as it is
+    (the CSP's 'none' reads as written)."""
+    return str(text).translate(_HTML_SPECIAL)
+
+
+def _tag(name: str, attrs: dict[str, object] | None = None, inner: str = "", *, void: bool = False) -> str:
+    """An element with every attribute value escaped (None leaves it out). ``inner`` is
+    markup already built by ``_tag`` or escaped by ``_e``."""
+    at = "".join(f' {k}="{_e(v)}"' for k, v in (attrs or {}).items() if v is not None)
+    return f"<{name}{at}/>" if void else f"<{name}{at}>{inner}</{name}>"
+
+
+def _cls(*tokens: str) -> str:
+    """A class attribute from names, some of which come from the log (a kind, a state): each
+    kept to letters, digits, '-' and '_', so a name can neither add a class nor break out."""
+    return " ".join(re.sub(r"[^A-Za-z0-9_-]", "_", t) for t in tokens if t)
 
 
 def _json_for_script(doc: Any) -> str:
@@ -59,29 +80,28 @@ def _clock(us: int) -> str:
 
 
 def _item_svg(tl: Timeline, item: Item, y: int) -> str:
-    title = f"<title>seq {item.seq}: {_e(item.label)}</title>"
+    title = _tag("title", None, _e(f"seq {item.seq}: {item.label}"))
     x = _x(tl, item.start_us)
-    attrs = f'data-seq="{item.seq}"' + (f' data-end-seq="{item.end_seq}"' if item.end_seq is not None else "")
+    seqs = {"data-seq": item.seq, "data-end-seq": item.end_seq}
     if item.end_us is not None or item.open:
         end = _x(tl, item.end_us if item.end_us is not None else tl.end_us)
         w = max(2.0, round(end - x, 1))
-        cls = f"span {item.kind}" + (" open" if item.open else "")
         text = ""
         if item.lane == "state" and w > 8 * len(item.label) + 8:  # a band wide enough names its state
-            text = f'<text class="band-label" x="{round(x + 4, 1)}" y="{y + _LANE_H / 2 + 4}">{_e(item.label)}</text>'
-        return (f'<rect class="ev {cls}" {attrs} x="{x}" y="{y + 4}" width="{w}" height="{_LANE_H - 8}" rx="2">'
-                f"{title}</rect>{text}")
+            text = _tag("text", {"class": "band-label", "x": round(x + 4, 1), "y": y + _LANE_H / 2 + 4}, _e(item.label))
+        return _tag("rect", {"class": _cls("ev", "span", item.kind, "open" if item.open else ""), **seqs, "x": x,
+                             "y": y + 4, "width": w, "height": _LANE_H - 8, "rx": 2}, title) + text
     cy = y + _LANE_H / 2
-    return (f'<path class="ev mark {item.kind}" {attrs} d="M{x} {cy - 7}L{x + 6} {cy}L{x} {cy + 7}L{x - 6} {cy}Z">'
-            f"{title}</path>")
+    return _tag("path", {"class": _cls("ev", "mark", item.kind), **seqs,
+                         "d": f"M{x} {cy - 7}L{x + 6} {cy}L{x} {cy + 7}L{x - 6} {cy}Z"}, title)
 
 
 def _beats_svg(tl: Timeline, y: int) -> str:
     beats = tl.beats
     if len(beats) <= BIN_OVER:
         return "".join(
-            f'<rect class="ev beat" data-seq="{s}" x="{_x(tl, us) - 0.5}" y="{y + 5}" width="1.5" '
-            f'height="{_LANE_H - 10}"><title>seq {s}: heartbeat at {_e(iso(us, ms=True))}</title></rect>'
+            _tag("rect", {"class": "ev beat", "data-seq": s, "x": _x(tl, us) - 0.5, "y": y + 5, "width": 1.5,
+                          "height": _LANE_H - 10}, _tag("title", None, _e(f"seq {s}: heartbeat at {iso(us, ms=True)}")))
             for s, us in beats)
     span = max(1, tl.end_us - tl.start_us)
     bins: list[list[int]] = [[] for _ in range(BINS)]
@@ -94,34 +114,33 @@ def _beats_svg(tl: Timeline, y: int) -> str:
         if not seqs:
             continue
         h = max(2.0, round((_LANE_H - 8) * len(seqs) / most, 1))
-        out.append(
-            f'<rect class="bin" data-first="{seqs[0]}" data-last="{seqs[-1]}" data-count="{len(seqs)}" '
-            f'x="{round(_X0 + i * w, 1)}" y="{round(y + _LANE_H - 4 - h, 1)}" width="{round(max(1.0, w - 0.5), 1)}" '
-            f'height="{h}"><title>{len(seqs)} heartbeats, seq {seqs[0]} to {seqs[-1]}</title></rect>')
+        out.append(_tag("rect", {
+            "class": "bin", "data-first": seqs[0], "data-last": seqs[-1], "data-count": len(seqs),
+            "x": round(_X0 + i * w, 1), "y": round(y + _LANE_H - 4 - h, 1), "width": round(max(1.0, w - 0.5), 1),
+            "height": h}, _tag("title", None, _e(f"{len(seqs)} heartbeats, seq {seqs[0]} to {seqs[-1]}"))))
     return "".join(out)
 
 
 def _timeline_svg(tl: Timeline) -> str:
     rows = {lane: i for i, (lane, _) in enumerate(tl.lanes)}
     height = _AXIS_H + _LANE_H * len(tl.lanes) + 6
-    parts = [f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {_W} {height}" '
-             f'width="100%" role="img" aria-label="timeline of run {_e(tl.run_id)}">']
+    parts = []
     for i in range(7):  # the time axis
         us = tl.start_us + (tl.end_us - tl.start_us) * i // 6
         x = _x(tl, us)
         anchor = "start" if i == 0 else "end" if i == 6 else "middle"
-        parts.append(f'<line class="tick" x1="{x}" y1="{_AXIS_H - 8}" x2="{x}" y2="{height}"/>'
-                     f'<text class="axis" x="{x}" y="{_AXIS_H - 14}" text-anchor="{anchor}">{_clock(us)}</text>')
+        parts.append(_tag("line", {"class": "tick", "x1": x, "y1": _AXIS_H - 8, "x2": x, "y2": height}, void=True)
+                     + _tag("text", {"class": "axis", "x": x, "y": _AXIS_H - 14, "text-anchor": anchor}, _e(_clock(us))))
     for lane, title in tl.lanes:
         y = _AXIS_H + rows[lane] * _LANE_H
-        parts.append(f'<g class="lane" data-lane="{_e(lane)}"><rect class="lane-bg" x="0" y="{y}" width="{_W}" '
-                     f'height="{_LANE_H}"/><text class="lane-title" x="6" y="{y + _LANE_H / 2 + 4}">{_e(title)}</text>')
+        inner = [_tag("rect", {"class": "lane-bg", "x": 0, "y": y, "width": _W, "height": _LANE_H}, void=True),
+                 _tag("text", {"class": "lane-title", "x": 6, "y": y + _LANE_H / 2 + 4}, _e(title))]
         if lane == "heartbeats":
-            parts.append(_beats_svg(tl, y))
-        parts.extend(_item_svg(tl, it, y) for it in tl.items if it.lane == lane)
-        parts.append("</g>")
-    parts.append("</svg>")
-    return "".join(parts)
+            inner.append(_beats_svg(tl, y))
+        inner.extend(_item_svg(tl, it, y) for it in tl.items if it.lane == lane)
+        parts.append(_tag("g", {"class": "lane", "data-lane": lane}, "".join(inner)))
+    return _tag("svg", {"id": "timeline", "xmlns": "http://www.w3.org/2000/svg", "viewBox": f"0 0 {_W} {height}",
+                        "width": "100%", "role": "img", "aria-label": f"timeline of run {tl.run_id}"}, "".join(parts))
 
 
 # --- the page ------------------------------------------------------------------------
@@ -258,10 +277,10 @@ def _script_data(tl: Timeline, db_hint: str) -> dict[str, Any]:
 def _answers_html(tl: Timeline) -> str:
     rows = []
     for a in tl.answers:
-        proofs = "".join(f'<a class="proof" href="#ev-{s}" data-seq="{s}">seq {s}</a>' for s in a.proof)
-        rows.append(f'<dt>{_e(a.question)}</dt><dd data-answer="{_e(a.id)}"><span class="answer">{_e(a.answer)}'
-                    f"</span>{proofs}</dd>")
-    return "<dl>" + "".join(rows) + "</dl>"
+        proofs = "".join(_tag("a", {"class": "proof", "href": f"#ev-{s}", "data-seq": s}, _e(f"seq {s}")) for s in a.proof)
+        rows.append(_tag("dt", None, _e(a.question))
+                    + _tag("dd", {"data-answer": a.id}, _tag("span", {"class": "answer"}, _e(a.answer)) + proofs))
+    return _tag("dl", None, "".join(rows))
 
 
 def _events_html(tl: Timeline) -> str:
@@ -271,13 +290,15 @@ def _events_html(tl: Timeline) -> str:
         if r["type"] == "heartbeat_recorded" and len(tl.beats) > BIN_OVER:
             beats += 1
             continue
-        rows.append(f'<tr id="ev-{r["seq"]}" data-seq="{r["seq"]}"><td>{r["seq"]}</td><td>{_e(_clock(r["at_us"]))}</td>'
-                    f'<td>{_e(r["actor"])}</td><td class="type">{_e(r["type"])}</td><td>{_e(r["summary"])}</td></tr>')
+        cells = [_tag("td", None, _e(r["seq"])), _tag("td", None, _e(_clock(r["at_us"]))), _tag("td", None, _e(r["actor"])),
+                 _tag("td", {"class": "type"}, _e(r["type"])), _tag("td", None, _e(r["summary"]))]
+        rows.append(_tag("tr", {"id": f"ev-{r['seq']}", "data-seq": r["seq"]}, "".join(cells)))
     skipped = beats + sum(1 for c in tl.compact if c[2] == "heartbeat_recorded")
-    note = (f'<p class="note">{skipped} heartbeats are in the heartbeat lane\'s bins, not listed here.</p>'
+    note = (_tag("p", {"class": "note"}, _e(f"{skipped} heartbeats are in the heartbeat lane's bins, not listed here."))
             if skipped else "")
-    return ('<table id="events"><thead><tr><th>seq</th><th>time (UTC)</th><th>actor</th><th>type</th>'
-            "<th>what</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>" + note)
+    head = "".join(_tag("th", None, _e(h)) for h in ("seq", "time (UTC)", "actor", "type", "what"))
+    return (_tag("table", {"id": "events"}, _tag("thead", None, _tag("tr", None, head)) + _tag("tbody", None, "".join(rows)))
+            + note)
 
 
 def html_report(tl: Timeline, *, as_of: str | None = None, db_hint: str = "") -> str:
@@ -291,29 +312,36 @@ def html_report(tl: Timeline, *, as_of: str | None = None, db_hint: str = "") ->
     fork = ""
     if tl.fork:
         f = tl.fork
-        fork = (f'<p id="fork">Forked from <code>{_e(f["parent"])}</code> at its seq {f["parent_seq"]} (seq {f["seq"]} '
-                f"here): the packets include the origin's history; its events are in <code>handoff report "
-                f'{_e(f["parent"])} --at {f["parent_seq"]}</code>.</p>')
+        fork = _tag("p", {"id": "fork"}, _e("Forked from ") + _tag("code", None, _e(f["parent"]))
+                    + _e(f" at its seq {f['parent_seq']} (seq {f['seq']} here): the packets include the origin's "
+                         "history; its events are in ")
+                    + _tag("code", None, _e(f"handoff report {f['parent']} --at {f['parent_seq']}")) + ".")
     cut = as_of or f"the end of the log (seq {tl.last_seq})"
     legend = ("state bands; a lease span per worker (blue held, green released, red revoked, violet superseded); "
               "heartbeat ticks apart from progress marks (filled: progress, hollow: activity only); watchdog "
               "windows (yellow stalled, red unavailable) and actions; blockers; side effects; artifacts and "
               "evidence; review; delivery attempts and the confirmation.")
+    story = _tag("div", {"id": "story"}, "".join([
+        _tag("section", {"id": "summary"}, _tag("h2", None, "Summary") + _answers_html(tl) + fork),
+        _tag("section", {"id": "lanes"},
+             _tag("h2", None, _e(f"Timeline, {iso(tl.start_us, ms=True)} to {iso(tl.end_us, ms=True)} (UTC)"))
+             + _timeline_svg(tl) + _tag("p", {"class": "legend"}, _e(legend))),
+        _tag("section", {"id": "event-list"}, _tag("h2", None, "Events") + _events_html(tl)),
+    ]))
     return "".join([
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
-        f'<meta http-equiv="Content-Security-Policy" content="{csp}">',
+        _tag("meta", {"http-equiv": "Content-Security-Policy", "content": csp}, void=True),
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>Incident report: {_e(tl.run_id)}</title><style>{_CSS}</style></head><body>",
-        f'<header><h1>Incident report: run <span id="run-id">{_e(tl.run_id)}</span></h1>',
-        f"<p>{_e(p['goal'])} &middot; owner {_e(p['owner'])} &rarr; {_e(p['target'])} &middot; "
-        f"as the ledger stood at {_e(cut)}, {_e(iso(tl.end_us, ms=True))}</p></header>",
-        '<main><div id="story"><section id="summary"><h2>Summary</h2>', _answers_html(tl), fork, "</section>",
-        f'<section id="lanes"><h2>Timeline, {_e(iso(tl.start_us, ms=True))} to {_e(iso(tl.end_us, ms=True))} '
-        f"(UTC)</h2>", _timeline_svg(tl), f'<p class="legend">{_e(legend)}</p></section>',
-        '<section id="event-list"><h2>Events</h2>', _events_html(tl), "</section></div>",
+        _tag("title", None, _e(f"Incident report: {tl.run_id}")), f"<style>{_CSS}</style></head><body>",
+        _tag("header", None, _tag("h1", None, _e("Incident report: run ") + _tag("span", {"id": "run-id"}, _e(tl.run_id)))
+             + _tag("p", None, f"{_e(p['goal'])} &middot; owner {_e(p['owner'])} &rarr; {_e(p['target'])} &middot; "
+                               f"as the ledger stood at {_e(cut)}, {_e(iso(tl.end_us, ms=True))}")),
+        "<main>", story,
         '<aside id="asof"><h2 id="asof-title">Select an event</h2><p id="asof-note" class="note">Click any mark, span, '
         "row or proof link: its whole record shows here, and the checkpoint packet as it stood right after it."
         '</p><div id="asof-record"></div><h2>Packet right after this event</h2><div id="asof-packet"></div></aside></main>',
+        # The data block is JSON made safe for a script element (no '<', '>' or '&' survives);
+        # the scripts and styles are fixed text, hashed into the CSP.
         f'<script type="application/json" id="report-data">{data}</script>',
         f"<script>{_JS}</script></body></html>\n",
     ])
@@ -326,9 +354,10 @@ _MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_[]<>|"})
 
 
 def _md(text: object) -> str:
-    """Ledger text on one line with Markdown's active characters escaped: a goal or a
-    detail cannot become a link, an image that fetches, HTML or a table cell break."""
-    return " ".join(str(text).split()).translate(_MD_SPECIAL)
+    """Ledger text on one line (``render.one_line``'s rule, uncut) with Markdown's active
+    characters escaped: a goal or a detail cannot become a link, an image that fetches,
+    HTML, a table cell break or a terminal escape."""
+    return visible(" ".join(str(text).split())).translate(_MD_SPECIAL)
 
 
 def markdown_report(tl: Timeline, *, as_of: str | None = None) -> str:

@@ -19,6 +19,7 @@ from handoff.ledger.errors import IdempotencyConflict, InvalidInput, LedgerError
 from handoff.reducers import commands as C
 from handoff.reducers.checkpoint import Checkpoint, iso
 from handoff.reducers.stall import Health
+from handoff.render import visible
 
 from .api import WATCHER_PREFIX, Ledger, check_seconds
 
@@ -42,8 +43,8 @@ class Action(msgspec.Struct, frozen=True):
     def line(self) -> str:
         lease = "-" if self.lease is None else str(self.lease)
         failed = "FAILED " if self.outcome == "failed" else ""
-        return (f"{self.run_id} {self.classification} -> {failed}{self.action} "
-                f"(lease {lease}, progress_seq {self.progress_seq}): {self.reason}")
+        return visible(f"{self.run_id} {self.classification} -> {failed}{self.action} "
+                       f"(lease {lease}, progress_seq {self.progress_seq}): {self.reason}")
 
 
 def default_name() -> str:

@@ -29,7 +29,14 @@ if TYPE_CHECKING:
 
 RUN_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 ACTOR_KINDS = ("worker", "owner", "watchdog", "operator")
-ACTOR_NAME_RE = re.compile(r"[^\x00-\x1f\x7f]{1,128}")
+#: The characters no text in the ledger may hold (tab and newline aside, which free text
+#: may): C0 controls and DEL, the C1 controls (U+0080-U+009F, which some terminals obey
+#: as escapes), and the bidirectional embeddings, overrides and isolates (U+202A-U+202E,
+#: U+2066-U+2069), which make a terminal or a page show text in another order than the
+#: one stored. ``check_chars`` applies it; names, keys and ``render.visible`` build on it.
+CONTROL_CHARS = "\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
+CONTROL_RE = re.compile(f"[{CONTROL_CHARS}]")
+ACTOR_NAME_RE = re.compile(f"[^\t\n{CONTROL_CHARS}]{{1,128}}")
 DEFAULT_MAX_PAYLOAD = 1 << 20
 GENESIS_HASH = b"\x00" * 32
 
@@ -219,6 +226,22 @@ def check_utf8(value: str, field: str) -> str:
             f"character {exc.start}); pass it as UTF-8",
             field=field,
         ) from None
+    return value
+
+
+def check_chars(value: str, field: str) -> str:
+    """Refuse text holding a character of ``CONTROL_CHARS``, naming the field, the
+    character and where it is: such text could rewrite the lines or the order in which
+    a terminal, a report or a chat shows it."""
+    m = CONTROL_RE.search(value)
+    if m is not None:
+        kind = ("a bidirectional text control" if m.group() >= "\u202a" else
+                "a C1 control character" if m.group() >= "\x80" else "a NUL or control character")
+        raise InvalidInput(
+            f"{field} contains {kind} (U+{ord(m.group()):04X} at character {m.start()}); only "
+            "printable text, tabs and newlines are accepted",
+            field=field,
+        )
     return value
 
 

@@ -33,15 +33,15 @@ from handoff.ledger.errors import (
     UnknownEffect,
     UnknownRun,
 )
-from handoff.ledger.store import Actor, check_seq
+from handoff.ledger.store import Actor, check_chars, check_seq
 
 from . import commands as C
 from . import sanitize as sz
 from . import targets
 from . import transitions as T
 from .checkpoint import Checkpoint
+from .stall import CLASSIFICATIONS
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 MAX_TEXT = 16_384
 MAX_NAME = 200
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -66,13 +66,7 @@ def _text(field: str, value: object, *, max_len: int = MAX_TEXT, empty: bool = T
         raise InvalidInput(f"{field} must not be empty", field=field)
     if len(value) > max_len:
         raise InvalidInput(f"{field} is {len(value)} characters, over the limit of {max_len}", field=field)
-    if _CONTROL.search(value):
-        raise InvalidInput(
-            f"{field} contains a NUL or control character; only printable text, tabs and "
-            "newlines are accepted",
-            field=field,
-        )
-    return value
+    return check_chars(value, field)  # the one rule for control characters, names and keys use it too
 
 
 def _name(field: str, value: object) -> str:
@@ -93,8 +87,8 @@ def _seconds(field: str, value: object) -> float:
 
 
 def _choice(field: str, value: object, allowed) -> str:
-    if value not in allowed:
-        raise InvalidInput(f"{field} must be one of {', '.join(sorted(allowed))}, got {value!r}", field=field)
+    if not isinstance(value, str) or value not in allowed:
+        raise InvalidInput(f"{field} must be one of {', '.join(sorted(allowed))}, got {value!r:.80}", field=field)
     return value  # type: ignore[return-value]
 
 
@@ -571,7 +565,7 @@ def _fork(cp: Checkpoint, c: C.Fork, ctx: Context) -> list[ev.Event]:
 
 def _observe(cp: Checkpoint, c: C.Observe, ctx: Context) -> list[ev.Event]:
     return [ev.WatchdogObserved(
-        watcher=ctx.actor.name, classification=_name("classification", c.classification),
+        watcher=ctx.actor.name, classification=_choice("classification", c.classification, CLASSIFICATIONS),
         progress_seq=_count("progress_seq", c.progress_seq), reason=_text("reason", c.reason),
         interval_s=float(c.interval_s),
     )]
@@ -581,7 +575,7 @@ def _recover(cp: Checkpoint, c: C.Recover, ctx: Context) -> list[ev.Event]:
     action = _choice("action", c.action, T.RECOVERY_ACTIONS)
     reason = _text("reason", c.reason)
     decided = ev.RecoveryDecided(
-        watcher=ctx.actor.name, action=action, classification=_name("classification", c.classification),
+        watcher=ctx.actor.name, action=action, classification=_choice("classification", c.classification, CLASSIFICATIONS),
         progress_seq=_count("progress_seq", c.progress_seq), reason=reason,
     )
     if action == "revoke_lease":

@@ -40,12 +40,14 @@ class Watch(msgspec.Struct, frozen=True):
     watcher_seen_us: int | None = None
 
 
-#: Every classification ``classify`` gives: a fixed vocabulary, so a redacted export may
-#: show it as it is (handoff/redact.py). tests/delivery/test_redact_allowlist.py reads
-#: this module's ``Health(...)`` calls to keep it whole.
+#: Every classification ``classify`` gives, and so the only ones an observation or a
+#: recovery decision may record: decide refuses any other (on append and on import), so
+#: what a report, a terminal or a redacted export shows as a classification is one of
+#: these words. tests/delivery/test_redact_allowlist.py reads this module's ``Health(...)``
+#: calls to keep the set whole; docs/cli.md lists them under ``health.classification``.
 CLASSIFICATIONS = frozenset({
-    "unopened", "silent", "blocked", "needs_reconciliation", "needs_worker", "delivery_ambiguous",
-    "awaiting_owner", "delivering", "unclaimed", "unavailable", "stalled", "healthy",
+    "healthy", "unavailable", "stalled", "blocked", "unclaimed", "needs_reconciliation", "needs_worker",
+    "delivery_ambiguous", "awaiting_owner", "delivering", "silent", "unopened",
 })
 
 

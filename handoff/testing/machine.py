@@ -344,9 +344,10 @@ class LedgerMachine(RuleBasedStateMachine):
         out = self.issue(run_id, Actor("owner", owner), cmd)
         return None if isinstance(out, E.LedgerError) else run_id
 
-    @rule(run=runs, what=st.sampled_from(["goal\x00", "x" * 20_000]))
+    @rule(run=runs, what=st.sampled_from(["goal\x00", "goal\x9b2J", "go\u202elag", "x" * 20_000]))
     def bad_opens_and_texts(self, run: str, what: str) -> None:
-        """Reopening a run, and text with a NUL or over the size limit: refused, nothing written."""
+        """Reopening a run, and text with a NUL, a C1 control, a bidi override or over the
+        size limit: refused, nothing written."""
         m = self.model.runs[run]
         self.issue(run, Actor("owner", m.owner or "alice"), C.Open(goal="again", target="chat:#ops", owner="alice"))
         self.issue(run, WATCHDOG, C.Observe(classification="healthy", progress_seq=0, reason=what))
@@ -520,7 +521,8 @@ class LedgerMachine(RuleBasedStateMachine):
         out = self.issue(child, actor, C.Fork(parent=parent, at_seq=at))
         return multiple() if isinstance(out, E.LedgerError) else child
 
-    @rule(run=runs, classification=st.sampled_from(["healthy", "stalled", "unavailable"]),
+    # A classification outside stall.CLASSIFICATIONS (a watcher's own "alive", markup) is refused.
+    @rule(run=runs, classification=st.sampled_from(["healthy", "stalled", "unavailable", "alive", 'x"><a href=y>']),
           whom=st.sampled_from(["watchdog", "operator", "owner"]))
     def observe(self, run: str, classification: str, whom: str) -> None:
         actor, _ = self.actor_for(run, whom)

@@ -9,17 +9,17 @@ mistake in either shows as a disagreement rather than being copied.
 from __future__ import annotations
 
 import copy
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from handoff.ledger import errors as E
 from handoff.ledger import events as ev
-from handoff.ledger.store import Actor
+from handoff.ledger.store import CONTROL_RE, Actor
 from handoff.reducers import commands as C
 from handoff.reducers import transitions as T
 from handoff.reducers.checkpoint import Checkpoint
+from handoff.reducers.stall import CLASSIFICATIONS
 
 __all__ = ["RunModel", "Expect", "Model", "COMPARED", "model_value"]
 
@@ -101,12 +101,9 @@ class Expect:
         return "duplicate" if self.duplicate else "unchanged" if self.unchanged else "committed"
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-
-
 def _bad_text(value: str, *, max_len: int = 16_384, empty: bool = True) -> bool:
     """Text the ledger refuses: control characters (NUL included), too long, or blank."""
-    return bool(_CONTROL.search(value)) or len(value) > max_len or (not empty and not value.strip())
+    return bool(CONTROL_RE.search(value)) or len(value) > max_len or (not empty and not value.strip())
 
 
 class _No(Exception):
@@ -455,13 +452,15 @@ class Model:
         return ["run_forked"]
 
     def _observe(self, r: RunModel, c: C.Observe, a: Actor) -> list[str]:
-        if _bad_text(c.classification, max_len=200, empty=False) or _bad_text(c.reason):
+        if c.classification not in CLASSIFICATIONS or _bad_text(c.reason):
             _refuse(E.InvalidInput, "bad classification or reason")
         return ["watchdog_observed"]
 
     def _recover(self, r: RunModel, c: C.Recover, a: Actor) -> list[str]:
         if c.action not in T.RECOVERY_ACTIONS:
             _refuse(E.InvalidInput, f"no recovery action {c.action}")
+        if c.classification not in CLASSIFICATIONS:
+            _refuse(E.InvalidInput, f"no classification {c.classification}")
         if c.action == "revoke_lease":
             if r.lease is None:
                 _refuse(E.StaleLease, "no lease to revoke")
