@@ -1420,15 +1420,17 @@ class Ledger:
         Every line's hash chain is verified, and every new event is admitted only if a live
         command could have written it at that point (``reducers.admit``: the command is
         decided again against the run's fold, fenced on the lease, and its actor, time and
-        size checked). Lines are read and inserted as they come, inside one write
-        transaction, so memory stays flat in the size of the file. A refusal names the line
-        and leaves the ledger as it was. Importing the same export twice changes nothing.
+        size checked). ``lines``: a file object (binary or text; read in bounded chunks, a
+        line longer than any event the store accepts is refused) or an iterable of lines.
+        Lines are read and inserted as they come, inside one write transaction, so memory
+        stays flat in the size of the file. A refusal names the line and leaves the ledger
+        as it was. Importing the same export twice changes nothing.
         """
         where = {"line": 0}
         pending: dict[str, admission.Pending] = {}
 
         def items() -> Iterator[tuple[Recorded, bytes | None, int]]:
-            for lineno, rec, digest, size in portable.parse_lines(lines):
+            for lineno, rec, digest, size in portable.parse_lines(lines, self.store.max_payload):
                 where["line"] = lineno
                 yield rec, digest, size
 
