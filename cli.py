@@ -583,9 +583,14 @@ def open_(as_json: bool, key: str | None, contract_file: Any, **p: Any) -> None:
         missing = [name for name in ("goal", "target", "owner") if p.get(name) is None]
         if missing:
             raise click.UsageError(f"missing option --{missing[0]} (or give the whole contract with --contract FILE)")
+    given_contract = None
+    if contract_file is not None:  # read and checked before any ledger file is made
+        from handoff import contract
+
+        given_contract = contract.load(contract.read(contract_file))
     with _ledger(create=True) as lg:
-        if contract_file is not None:
-            run_id = lg.open_contract(contract_file.read(), key=key)
+        if given_contract is not None:
+            run_id = lg.open_contract(given_contract, key=key)
         else:
             run_id = lg.open(**_open_kwargs(p), key=key)
         cp = lg.checkpoint(run_id)

@@ -231,9 +231,6 @@ ARTIFACT_MAX_BYTES = 1 << 30
 #: The environment variable that sets another limit for every call that does not give one.
 ARTIFACT_MAX_ENV = "HANDOFF_ARTIFACT_MAX_BYTES"
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-#: Kernel pseudo-filesystems: their files claim a size (often 0) that is not their content,
-#: and some change or block when read (/proc/kmsg consumes the kernel log).
-_PSEUDO_ROOTS = ("/proc", "/sys")
 
 
 def parse_size(value: object, field: str = "max_bytes") -> int:
@@ -274,23 +271,10 @@ def _not_regular(path: str, mode: int) -> InvalidInput | None:
     """The refusal for anything but a regular file, naming what it is, or None."""
     if stat.S_ISREG(mode):
         return None
-    kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode)
-            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
-            else "a socket" if stat.S_ISSOCK(mode) else "something else")
-    return InvalidInput(f"artifact {path} is {kind}, not a regular file, and the ledger reads only regular files "
+    return InvalidInput(f"artifact {path} is {files.file_kind(mode)}, not a regular file, and the ledger reads only regular files "
                         "(reading this could wait forever or mean nothing); write what it holds to a regular "
                         "file and record that file",
                         field="path", reason="not_regular")
-
-
-def _on_pseudo_fs(st: os.stat_result) -> str | None:
-    for root in _PSEUDO_ROOTS:
-        try:
-            if os.stat(root).st_dev == st.st_dev:
-                return root
-        except OSError:
-            continue
-    return None
 
 
 def _changed(path: str, what: str) -> InvalidInput:
@@ -347,7 +331,7 @@ def _read_bounded(path: str, fd: int, limit: int) -> tuple[int, str]:
     st = os.fstat(fd)  # what was opened, not what the path named a moment before
     if (refusal := _not_regular(path, st.st_mode)) is not None:
         raise refusal
-    if (pseudo := _on_pseudo_fs(st)) is not None:
+    if (pseudo := files.pseudo_root(path, st)) is not None:
         raise InvalidInput(f"artifact {path} is a kernel pseudo-file under {pseudo}: its reported size is not "
                            "its content and reading it can wait or change it; copy what you need into a "
                            "regular file and record that", field="path", reason="pseudo_file")
@@ -1397,9 +1381,16 @@ class Ledger:
         if os.path.exists(target):
             raw = _read_small(target, 4097, "path")
             text = raw.decode("utf-8", "replace").strip()
-            if len(raw) > 4096 or (text and "\n" in text):
-                raise InvalidInput(f"path: {path} holds more than one head digest line; it is not a file "
-                                   "'handoff head --write' made. Name another file", field="path")
+            if text and not anchor.is_digest(text):
+                # Described, never shown: a file named by mistake may hold anything.
+                kind = "text" if raw.isascii() and all(c.isprintable() or c.isspace() for c in text) else "binary data"
+                size = f"{len(raw)} bytes" if len(raw) <= 4096 else f"{os.path.getsize(target):,} bytes"
+                raise InvalidInput(
+                    f"path: {path} holds {size} of {kind} that are not a head digest (one line, "
+                    "POSITION:HASH), so it is not a file 'handoff head --write' made; it was left as it "
+                    "was. Name another file, or a new one",
+                    field="path",
+                )
             if text:
                 problem = self.check_anchor(text, field="path")
                 if problem is not None:
@@ -1417,15 +1408,17 @@ class Ledger:
         Every line's hash chain is verified, and every new event is admitted only if a live
         command could have written it at that point (``reducers.admit``: the command is
         decided again against the run's fold, fenced on the lease, and its actor, time and
-        size checked). Lines are read and inserted as they come, inside one write
-        transaction, so memory stays flat in the size of the file. A refusal names the line
-        and leaves the ledger as it was. Importing the same export twice changes nothing.
+        size checked). ``lines``: a file object (binary or text; read in bounded chunks, a
+        line longer than any event the store accepts is refused) or an iterable of lines.
+        Lines are read and inserted as they come, inside one write transaction, so memory
+        stays flat in the size of the file. A refusal names the line and leaves the ledger
+        as it was. Importing the same export twice changes nothing.
         """
         where = {"line": 0}
         pending: dict[str, admission.Pending] = {}
 
         def items() -> Iterator[tuple[Recorded, bytes | None, int]]:
-            for lineno, rec, digest, size in portable.parse_lines(lines):
+            for lineno, rec, digest, size in portable.parse_lines(lines, self.store.max_payload):
                 where["line"] = lineno
                 yield rec, digest, size
 

@@ -17,7 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from handoff.ledger.errors import InvalidInput
 from handoff.ledger.events import Policy as _StoredPolicy
 from handoff.ledger.events import SendPolicy as _StoredSend
-from handoff.ledger.store import CONTROL_RE
+from handoff.ledger.store import CONTROL_RE, DEFAULT_MAX_PAYLOAD
+
+#: The largest contract file read: a contract becomes one event, whose payload is at most
+#: the store's limit, and a file may spell each of its characters as a six-byte \\u
+#: escape. Anything longer cannot be a contract the ledger accepts, so reading stops there
+#: instead of taking memory for as long as the input lasts (``--contract /dev/zero``).
+MAX_FILE_BYTES = 6 * DEFAULT_MAX_PAYLOAD
 
 _NAME = dict(min_length=1, max_length=200)
 _DEFAULT = _StoredPolicy()  # the defaults' one home: the stored event's own
@@ -99,6 +105,21 @@ class HandoffContract(BaseModel):
     @classmethod
     def _rules(cls, v: list[str]) -> list[str]:
         return [_printable(r) for r in v]
+
+
+def read(stream: Any, name: str = "the contract") -> bytes:
+    """A contract file's bytes, at most ``MAX_FILE_BYTES``; InvalidInput past that."""
+    data = stream.read(MAX_FILE_BYTES + 1)
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogateescape")
+    if len(data) > MAX_FILE_BYTES:
+        raise InvalidInput(
+            f"{name} is longer than {MAX_FILE_BYTES:,} bytes, more than any contract the ledger accepts "
+            "(a contract is one JSON object of a few fields; see 'handoff contract-schema'). Check that "
+            "--contract names the contract file; nothing was written",
+            field="contract",
+        )
+    return data
 
 
 def load(data: bytes | str | dict[str, Any]) -> HandoffContract:

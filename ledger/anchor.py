@@ -22,22 +22,46 @@ def format_digest(position: int, global_hash: bytes) -> str:
     return f"{position}:{global_hash.hex()}"
 
 
+def is_digest(text: str) -> bool:
+    """Whether ``text`` (stripped) is a head digest ``parse_digest`` accepts."""
+    try:
+        parse_digest(text)
+    except InvalidInput:
+        return False
+    return True
+
+
 def parse_digest(text: object, field: str = "expect_head") -> tuple[int, bytes]:
     """(position, global hash) from a digest string; InvalidInput naming ``field`` otherwise."""
     if not isinstance(text, str):
         raise InvalidInput(f"{field} must be a head digest string, got {type(text).__name__}", field=field)
     m = _DIGEST.fullmatch(text.strip().lower())
     if m is None:
-        shown = text.strip()[:80]
+        # What was given is described, never shown: it is often a file's contents
+        # (--expect-head "$(cat FILE)"), and a wrong file may hold anything.
         raise InvalidInput(
-            f"{field}: {shown!r} is not a head digest; one looks like 1234:<64 hex digits>, as "
-            "printed by 'handoff head'",
+            f"{field}: the value given ({len(text.strip())} characters) is not a head digest: "
+            f"{_what_is_wrong(text.strip())}. One looks like 1234:<64 hex digits>, as printed by "
+            "'handoff head'",
             field=field,
         )
     position = int(m.group(1))
     if position >= 2**63:
         raise InvalidInput(f"{field}: position {position} is out of range", field=field)
     return position, bytes.fromhex(m.group(2))
+
+
+def _what_is_wrong(text: str) -> str:
+    if not text:
+        return "it is empty"
+    position, colon, digest = text.partition(":")
+    if not colon:
+        return "it has no ':' between a position and a hash"
+    if not (position.isascii() and position.isdigit()) or len(position) > 19:
+        return "the part before ':' is not a position (a whole number)"
+    if len(digest) != 64:
+        return f"the hash after ':' has {len(digest)} characters, not 64"
+    return "the hash after ':' is not hexadecimal"
 
 
 def anchor_problem(store: EventStore, position: int, global_hash: bytes) -> Problem | None:

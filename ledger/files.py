@@ -18,6 +18,35 @@ from .errors import InvalidInput, StoreUnavailable
 
 #: The mode of a copy whose source has no file (an in-memory or server-side store).
 PRIVATE_MODE = 0o600
+#: Kernel pseudo-filesystems: their files claim a size (often 0) that is not their content,
+#: some change or block when read (/proc/kmsg consumes the kernel log), and writing to
+#: them does something else entirely (/proc/self/mem is the process's own memory).
+PSEUDO_ROOTS = ("/proc", "/sys")
+
+
+def file_kind(mode: int) -> str:
+    """What a file is, in words, from its ``st_mode``: "a regular file", "a directory",
+    "a FIFO (named pipe)", ..., for refusals that say what was found."""
+    return ("a regular file" if stat.S_ISREG(mode) else "a directory" if stat.S_ISDIR(mode)
+            else "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a symbolic link" if stat.S_ISLNK(mode) else "something else")
+
+
+def pseudo_root(path: str, st: os.stat_result) -> str | None:
+    """The kernel pseudo-filesystem (``PSEUDO_ROOTS``) that ``path``, whose stat is ``st``,
+    lives on, or None: by device (procfs mounted elsewhere too) or by where the path
+    resolves (the filesystems mounted under /sys, such as cgroups, have devices of their own)."""
+    real = os.path.realpath(path)
+    for root in PSEUDO_ROOTS:
+        if real == root or real.startswith(root + "/"):
+            return root
+        try:
+            if os.stat(root).st_dev == st.st_dev:
+                return root
+        except OSError:
+            continue
+    return None
 
 
 def copy_mode(source: str | None) -> int:

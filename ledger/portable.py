@@ -13,7 +13,7 @@ import msgspec
 
 from . import events as ev
 from .errors import InvalidInput, RedactedExportRefused
-from .store import GENESIS_HASH, Recorded, chain_hash, check_run_id
+from .store import DEFAULT_MAX_PAYLOAD, GENESIS_HASH, Recorded, chain_hash, check_run_id
 
 
 #: Every integer of a line fits SQLite's INTEGER (and the msgpack header the hash covers):
@@ -49,6 +49,62 @@ class ExportedEvent(_Line, frozen=True, forbid_unknown_fields=True):
     db_role: str | None = None
 
 
+#: The most bytes a line holds besides its payload: the keys, three hashes, seven
+#: integers, and the run id, actor, key and database role at their longest, each
+#: character at its worst (4 UTF-8 bytes, or a 6-byte escape). That comes to about 2.5 KB
+#: (tests/faults/test_import_limits.py builds the largest one); the rest is margin.
+ENVELOPE_BYTES = 4096
+#: How much of an input a reader asks for at once.
+READ_CHUNK = 1 << 16
+
+
+def line_limit(max_payload: int = DEFAULT_MAX_PAYLOAD) -> int:
+    """The longest line an export of a store with ``max_payload`` can hold: anything longer
+    cannot be an event that store accepts, so a reader refuses it without reading on."""
+    return max_payload + ENVELOPE_BYTES
+
+
+def _too_long(lineno: int, max_payload: int) -> InvalidInput:
+    return InvalidInput(
+        f"line {lineno} is longer than {line_limit(max_payload):,} bytes, the most one exported event "
+        f"can take (a payload of at most {max_payload:,} bytes and its envelope); this is not an "
+        "export ('handoff export' writes one event per line). Nothing was imported",
+        field=f"line {lineno}", reason="line_too_long",
+    )
+
+
+def read_lines(source: Any, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Iterator[bytes]:
+    """The lines of ``source`` (a file object, binary or text), read in chunks of
+    ``READ_CHUNK``, each at most ``line_limit(max_payload)`` bytes without its newline.
+
+    Never more than one line and one chunk are held, so an input with no newline (a
+    stream of zeros, a device, a binary file) costs bounded memory and is refused as
+    soon as its first line passes the limit; ``readline()`` would read it whole first."""
+    limit = line_limit(max_payload)
+    pending = bytearray()
+    lineno = 0
+    while chunk := source.read(READ_CHUNK):
+        if isinstance(chunk, str):
+            chunk = chunk.encode("utf-8", "surrogateescape")
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            lineno += 1
+            if len(pending) + end - start > limit:
+                raise _too_long(lineno, max_payload)
+            if pending:
+                pending += chunk[start:end]
+                yield bytes(pending)
+                pending.clear()
+            else:
+                yield chunk[start:end]
+            start = end + 1
+        pending += chunk[start:]
+        if len(pending) > limit:
+            raise _too_long(lineno + 1, max_payload)
+    if pending:
+        yield bytes(pending)
+
+
 _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder(ExportedEvent)
 
@@ -76,17 +132,23 @@ def _unhex(value: str, field: str, lineno: int) -> bytes:
     return raw
 
 
-def parse_lines(lines: Iterable[bytes | str]) -> Iterator[tuple[int, Recorded, bytes | None, int]]:
-    """Decode and check each line: shape, run id, payload decodable, hash chain intact.
+def parse_lines(lines: Any, max_payload: int = DEFAULT_MAX_PAYLOAD,
+                ) -> Iterator[tuple[int, Recorded, bytes | None, int]]:
+    """Decode and check each line: length, shape, run id, payload decodable, hash chain intact.
 
-    Raises InvalidInput naming the line for the first problem; yields (line number,
-    Recorded) otherwise. Chains are checked per run in file order, so a file must hold
-    each run's events in seq order (as ``export`` writes them).
+    ``lines``: a file object (read with ``read_lines``, in bounded chunks) or an iterable
+    of lines. Raises InvalidInput naming the line for the first problem; yields (line
+    number, Recorded) otherwise. Chains are checked per run in file order, so a file must
+    hold each run's events in seq order (as ``export`` writes them).
     """
     last: dict[str, tuple[int, bytes]] = {}
-    for lineno, line in enumerate(lines, 1):
+    limit = line_limit(max_payload)
+    source: Iterable[bytes | str] = read_lines(lines, max_payload) if hasattr(lines, "read") else lines
+    for lineno, line in enumerate(source, 1):
         if isinstance(line, str):
             line = line.encode("utf-8", "surrogateescape")
+        if len(line) > limit and len(line.rstrip(b"\r\n")) > limit:
+            raise _too_long(lineno, max_payload)
         if not line.strip():
             continue
         try:

@@ -23,6 +23,7 @@ from typing import Any, Literal, TypeVar
 import msgspec
 
 from . import events as ev
+from . import files
 from .errors import (
     CorruptLedger,
     IdempotencyConflict,
@@ -499,6 +500,46 @@ def _sniff(path: str) -> LedgerError | None:
     return NotALedger(_not_a_ledger(path, "it is not a database at all: its first bytes are not SQLite's header"))
 
 
+def _unusable_path(path: str) -> NotALedger | None:
+    """Why ``path`` can never hold a ledger, judged before SQLite opens it, or None.
+
+    Only a regular file on a disk can: opening a FIFO or a device can block or have
+    effects, a directory is no file, and a kernel pseudo-file's size and bytes are not
+    stored data (SQLite's writes to /proc/self/mem fail as I/O errors, which would read as
+    a failing disk). A path that does not exist is judged by its directory."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(path))
+        try:
+            root = files.pseudo_root(parent, os.stat(parent))
+        except OSError:
+            return None  # no such directory: creating the file says so
+        if root is None:
+            return None
+        return NotALedger(
+            f"{path} would be a new file on the kernel pseudo-filesystem {root}, which holds no "
+            "regular file the ledger can use. Check the path given by --db or HANDOFF_DB, and name "
+            "a file on a disk"
+        )
+    except OSError:
+        return None  # unreadable: opening it reports why
+    if not stat.S_ISREG(st.st_mode):
+        return NotALedger(_not_usable(path, files.file_kind(st.st_mode)))
+    root = files.pseudo_root(path, st)
+    if root is not None:
+        return NotALedger(_not_usable(path, f"a kernel pseudo-file under {root} (its size and bytes are "
+                                            "not stored data, and writing to it acts on the system)"))
+    return None
+
+
+def _not_usable(path: str, kind: str) -> str:
+    return (
+        f"{path} is {kind}, not a regular file the ledger can use. Check the path given by --db or "
+        "HANDOFF_DB, or name a new file and create it with 'handoff --db FILE init'"
+    )
+
+
 def _not_a_ledger(path: str, why: str) -> str:
     return (
         f"{path} is not a handoff ledger; {why}. Check the path given by --db or "
@@ -729,9 +770,10 @@ class SqliteStore(EventStore):
     def _connect(self, *, create: bool, readonly: bool) -> sqlite3.Connection:
         path = self.path
         if not self._memory:
+            refusal = _unusable_path(path)
+            if refusal is not None:
+                raise refusal
             exists = os.path.exists(path)
-            if exists and not stat.S_ISREG(os.stat(path).st_mode):
-                raise NotALedger(f"{path} is not a regular file, so it cannot be a ledger")
             if exists:
                 refusal = _sniff(path)
                 if refusal is not None:

@@ -255,7 +255,7 @@ CASES = [
     Case("oversized payloads", "goal of 100,000 characters", [*OPEN, "--goal", "g" * 100_000], 2, "goal",
          lambda lg, w: lg.open(goal="g" * 100_000, target="t", owner="o"), "goal"),
     Case("oversized payloads", "10 MB contract", lambda w: contract(w, good_contract(goal="x" * 10_000_000)), 2,
-         "goal", lambda lg, w: lg.open_contract(good_contract(goal="x" * 10_000_000)), "goal"),
+         "longer than", lambda lg, w: lg.open_contract(good_contract(goal="x" * 10_000_000)), "goal"),
     Case("oversized payloads", "2 MiB event appended to the raw store", None, 2, "",
          lambda lg, w: lg.store.append("r1", [ev.ProgressRecorded(kind="note", detail="x" * (2 << 20))],
                                        actor=Actor("operator", "x")), "events[0]"),
