@@ -213,13 +213,14 @@ def test_kinds_classifications_watchers_and_patterns_are_digested(tmp_path):
         lg.transition("r1", tok, "executing")
         lg.artifact("r1", tok, str(art), kind="customer-globex-dump")
         lg.evidence("r1", "globex-audit", "pass", lease=tok)
-        lg.observe("r1", "watch.globex-dc1", "bob-looks-slow", 1)
         lg.observe("r1", "watch.globex-dc1", "stalled", 1)
         events, text = exported(lg, ["r1"])
-    for hidden in ("globex", "bob-looks-slow", "falcon"):
+    for hidden in ("globex", "falcon"):
         assert hidden not in text, hidden
     observed = [e["payload"]["classification"] for e in events[1:] if e["type"] == "watchdog_observed"]
-    assert observed[0].startswith("[text~") and observed[1] == "stalled"
+    # A classification outside the fixed set cannot be recorded at all (decide refuses it);
+    # one from the set stays readable. The schema walk above digests any other value.
+    assert observed == ["stalled"]
     recorded = next(e for e in events[1:] if e["type"] == "artifact_recorded")["payload"]
     assert recorded["kind"].startswith("[text~") and recorded["bytes"] == 2 and len(recorded["sha256"]) == 64
 
