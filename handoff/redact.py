@@ -34,6 +34,11 @@ PATH_FIELDS = frozenset({"path", "result_path", "artifacts", "name", "item"})
 KEPT_FIELDS = frozenset({"type", "from_state", "to_state", "outcome", "disposition", "classification",
                          "action", "kind", "detector", "sha256", "bundle_sha256", "rules_sha256", "approved",
                          "passed", "exists", "advances"})
+#: Fields holding a map under the caller's own names (a record's ``attrs``): a key there may
+#: read like a kept field (``kind``) without being one, so no value in it is kept as
+#: structure. Its keys are free text; a key named like a name or path field (or in
+#: ``--redact-field``) is digested as one; numbers and booleans stay.
+FREE_MAPS = frozenset({"attrs"})
 
 
 def salt_id(salt: bytes) -> str:
@@ -58,6 +63,9 @@ class Redactor:
         self.patterns = tuple(patterns)
 
     def value(self, field: str, v: Any) -> Any:
+        if field in FREE_MAPS and isinstance(v, dict):
+            return {sz.redact(k, self.salt, self.patterns): self.value("" if k in KEPT_FIELDS else k, x)
+                    for k, x in v.items()}
         if isinstance(v, dict):
             return {k: self.value(k, x) for k, x in v.items()}
         if isinstance(v, list):
