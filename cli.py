@@ -301,7 +301,7 @@ def attr_value(text: str) -> Any:
         return text == "true"
     if len(text) >= 2 and text[0] == text[-1] == '"':
         return text[1:-1]
-    if _ATTR_INT.fullmatch(text):
+    if _ATTR_INT.fullmatch(text) and text != "-0":
         from handoff.reducers.decide import ATTR_INT_RANGE
 
         low, high = ATTR_INT_RANGE
