@@ -279,3 +279,25 @@ def test_maps_within_bounds_round_trip_and_others_write_nothing(tmp_path_factory
         assert again == stored
         for m, got in zip(maps, again):  # the same types, not only equal values (True == 1)
             assert [type(v) for v in got.values()] == [type(v) for v in m.values()]
+
+
+def test_attrs_and_declared_kinds_on_every_backend(backend):
+    # The same bytes on every backend: PostgreSQL stores the payload as written, and its
+    # export imports into a SQLite file unchanged.
+    with Ledger(backend.address()) as lg:
+        lg.open(goal="g", target="chat:#ops", owner="alice", run_id="b1", progress_kinds={"executing": ["llm_step"]})
+        lease = lg.claim("b1", "w1")
+        lg.transition("b1", lease, "planning")
+        lg.transition("b1", lease, "executing")
+        lg.progress("b1", lease, "llm_step", attrs=ATTRS)
+        before = log(lg)
+        refused(lg, E.InvalidInput, lambda: lg.progress("b1", lease, "llm_step", attrs={"x": math.inf}), "attrs[x]")
+        refused(lg, E.InvalidInput, lambda: lg.progress("b1", lease, "other_step"), "llm_step")
+        assert log(lg) == before
+        last = list(lg.log("b1"))[-1]
+        assert ev.attrs_of(last.event) == ATTRS and last.event.advances is True
+        assert lg.checkpoint("b1").progress_kinds == {"executing": ("llm_step",)}
+        exported = list(lg.export())
+    with Ledger(os.path.join(str(backend.tmp_path), "copy.db")) as copy:
+        copy.import_lines(exported)
+        assert [r.payload for r in copy.log("b1")] == [r.payload for r in before if r.run_id == "b1"]
