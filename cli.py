@@ -8,6 +8,7 @@ agent pays for ``handoff progress`` on every event, so each command imports what
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Any
 
@@ -289,6 +290,66 @@ def key_option(f: Any) -> Any:
                         help="Idempotency key: repeating the same command with it writes nothing new.")(f)
 
 
+#: How ``--attr KEY=VALUE`` reads VALUE, in words for --help and docs/cli.md.
+ATTR_HELP = ("A fact about this step as KEY=VALUE (repeatable), e.g. model=claude-sonnet, "
+             "gen_ai.usage.input_tokens=1200, cost_usd=0.012. VALUE true or false is a boolean; a number "
+             "written as it prints (42, -7, 0.25) is a number; anything else is text, as given (007, 1e3 "
+             "and 3.10 stay text). To keep a number as text, put it in double quotes: build='\"42\"'.")
+_ATTR_INT = re.compile(r"-?(0|[1-9][0-9]*)")
+_ATTR_DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)\.[0-9]+")
+
+
+def attr_value(text: str) -> Any:
+    """VALUE of ``--attr KEY=VALUE``: a number only when it reads back as the very text
+    given, so nothing typed is changed on the way in (3.10 stays "3.10", 007 stays "007")."""
+    if text in ("true", "false"):
+        return text == "true"
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        return text[1:-1]
+    if _ATTR_INT.fullmatch(text) and text != "-0":
+        from handoff.reducers.decide import ATTR_INT_RANGE
+
+        low, high = ATTR_INT_RANGE
+        if len(text) > 20 or not low <= int(text) <= high:
+            raise click.BadParameter(f"{text[:30]} is a whole number outside the 64-bit range; to record it as "
+                                     f"text, put it in double quotes ('\"{text[:30]}\"')")
+        return int(text)
+    if _ATTR_DECIMAL.fullmatch(text) and repr(float(text)) == text:
+        return float(text)
+    return text
+
+
+class AttrParam(click.ParamType):
+    """``KEY=VALUE``, read as (key, value); the bounds are the library's (check_attrs)."""
+
+    name = "KEY=VALUE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        key, eq, text = str(value).partition("=")
+        if not eq or not key:
+            self.fail(f"{value[:60]!r} is not KEY=VALUE (for example model=claude-sonnet)", param, ctx)
+        try:
+            return key, attr_value(text)
+        except click.BadParameter as exc:
+            self.fail(f"{key[:64]}: {exc.message}", param, ctx)
+
+
+def attr_option(f: Any) -> Any:
+    return click.option("--attr", "attr_pairs", multiple=True, type=AttrParam(), help=ATTR_HELP)(f)
+
+
+def _attrs(pairs: tuple[tuple[str, Any], ...]) -> dict[str, Any] | None:
+    """The --attr pairs as one map; a key given twice is a usage error, not a silent pick."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise click.UsageError(f"--attr {key} is given twice; give each key once")
+        out[key] = value
+    return out or None
+
+
 def _printable(text: str) -> str:
     """Output of several lines with each line made ``render.visible``: an undecodable byte of
     a file name shows as \\xNN, a control character as an escape, and the lines stay the
@@ -521,6 +582,9 @@ def open_options(required: bool) -> Any:
             click.option("--token-env", default="", metavar="VAR",
                          help="Environment variable holding a bearer token for a webhook target; only its "
                          "name is stored."),
+            click.option("--progress-kind", "progress_kinds", multiple=True, metavar="STATE:KIND",
+                         help="A progress kind of this run's own, counted as progress in a working state, e.g. "
+                         "executing:llm_step (repeatable). Fixed at open: later, any other kind is refused."),
         ]
         for opt in reversed(opts):
             f = opt(f)
@@ -536,8 +600,19 @@ def _open_kwargs(p: dict[str, Any]) -> dict[str, Any]:
         heartbeat_timeout_s=p["heartbeat_timeout"], progress_timeout_s=p["progress_timeout"],
         retry_budget=p["retry_budget"], delivery_timeout_s=p["delivery_timeout"], owner_cap=p["owner_cap"],
         public=bool(p["public"]), sanitize_patterns=tuple(p["sanitize_patterns"]),
-        send=_send_policy(p),
+        send=_send_policy(p), progress_kinds=_progress_kinds(p["progress_kinds"]),
     )
+
+
+def _progress_kinds(given: tuple[str, ...]) -> dict[str, list[str]] | None:
+    """--progress-kind STATE:KIND pairs as the contract's map; the library checks names."""
+    out: dict[str, list[str]] = {}
+    for item in given:
+        state, colon, kind = item.partition(":")
+        if not colon or not state or not kind:
+            raise click.UsageError(f"--progress-kind {item[:60]!r} must be STATE:KIND, e.g. executing:llm_step")
+        out.setdefault(state, []).append(kind)
+    return out or None
 
 
 def _send_policy(p: dict[str, Any]) -> Any:
@@ -574,7 +649,7 @@ def open_(as_json: bool, key: str | None, contract_file: Any, **p: Any) -> None:
     """
     if contract_file is not None:
         given = [name for name in ("goal", "target", "owner", "run_id", "result_path", "public") if p.get(name) is not None]
-        given += [name for name in ("sanitize_patterns", "token_env") if p.get(name)]
+        given += [name for name in ("sanitize_patterns", "token_env", "progress_kinds") if p.get(name)]
         if given:
             raise click.UsageError(
                 f"--contract holds the whole contract; drop --{given[0].replace('_', '-')} "
@@ -628,8 +703,9 @@ def claim(run: str, worker: str, key: str | None, as_json: bool) -> None:
 @main.command()
 @worker_run_argument
 @lease_option()
+@attr_option
 @json_option
-def heartbeat(run: str, lease: str, as_json: bool) -> None:
+def heartbeat(run: str, lease: str, attr_pairs: tuple[tuple[str, Any], ...], as_json: bool) -> None:
     """Say the lease holder is alive. Heartbeats are liveness, never progress.
 
     It takes no --key: a heartbeat changes no authority, and a repeated one only says
@@ -640,7 +716,7 @@ def heartbeat(run: str, lease: str, as_json: bool) -> None:
         handoff heartbeat $RUN --lease $LEASE
     """
     with _ledger() as lg:
-        out = lg.heartbeat(run, lease)
+        out = lg.heartbeat(run, lease, attrs=_attrs(attr_pairs))
     _report(out, as_json, "heartbeat recorded")
 
 
@@ -668,12 +744,15 @@ def transition(run: str, lease: str, to: str, reason: str, key: str | None, as_j
 @worker_run_argument
 @lease_option()
 @click.option("--kind", required=True,
-              help="plan_committed, tool_outcome, child_result, diff_validated, verifier_result; "
-                   "or a non-progress kind such as note, tool_retry, waiting.")
+              help="plan_committed, tool_outcome, child_result, diff_validated, verifier_result, or a kind "
+                   "the contract declared (--progress-kind at open); or a non-progress kind such as note, "
+                   "tool_retry, waiting.")
 @click.option("--detail", default="", help="What happened.")
+@attr_option
 @key_option
 @json_option
-def progress(run: str, lease: str, kind: str, detail: str, key: str | None, as_json: bool) -> None:
+def progress(run: str, lease: str, kind: str, detail: str, attr_pairs: tuple[tuple[str, Any], ...], key: str | None,
+             as_json: bool) -> None:
     """Record a step. Only the state's progress kinds advance progress_seq.
 
     With --key, a retried report writes nothing new.
@@ -683,7 +762,7 @@ def progress(run: str, lease: str, kind: str, detail: str, key: str | None, as_j
         handoff progress $RUN --lease $LEASE --kind tool_outcome --detail "tests pass" --key step-7
     """
     with _ledger() as lg:
-        out = lg.progress(run, lease, kind, detail, key=key)
+        out = lg.progress(run, lease, kind, detail, key=key, attrs=_attrs(attr_pairs))
     _report(out, as_json, f"{kind} recorded, progress_seq {out.checkpoint.progress_seq}")
 
 
@@ -697,10 +776,11 @@ def progress(run: str, lease: str, kind: str, detail: str, key: str | None, as_j
 @click.option("--max-bytes", "max_bytes", default=None, metavar="SIZE",
               help="Refuse a file larger than this, e.g. 64M or 2G (default: $HANDOFF_ARTIFACT_MAX_BYTES, "
                    "else 1G).")
+@attr_option
 @key_option
 @json_option
 def artifact(run: str, path: str | None, lease: str, kind: str, root: str | None, max_bytes: str | None,
-             key: str | None, as_json: bool) -> None:
+             attr_pairs: tuple[tuple[str, Any], ...], key: str | None, as_json: bool) -> None:
     """Record a file the run produced; the ledger reads its size and sha256 itself.
 
     Inside 'handoff run', RUN may be left out (it is $HANDOFF_RUN).
@@ -719,7 +799,7 @@ def artifact(run: str, path: str | None, lease: str, kind: str, root: str | None
             raise click.UsageError("give RUN and PATH (RUN may be left out only when HANDOFF_RUN is set)")
     with _ledger() as lg:
         out = lg.artifact(run, lease, path, kind=kind, root=root, key=key,
-                          max_bytes=max_bytes)
+                          max_bytes=max_bytes, attrs=_attrs(attr_pairs))
     art = out.checkpoint.artifacts[-1] if out.checkpoint.artifacts else None
     extra = {} if art is None else {"artifact": {"path": art.path, "kind": art.kind, "bytes": art.bytes,
                                                  "sha256": art.sha256, "exists": art.exists}}
@@ -767,10 +847,11 @@ def artifact_withdraw(run: str, path: str, reason: str, lease: str | None, by: s
 @click.option("--outcome", required=True, type=click.Choice(["pass", "fail", "skipped"]))
 @click.option("--detail", default="", help="What the check saw.")
 @click.option("--by", default=None, help="Operator name when acting without a lease.")
+@attr_option
 @key_option
 @json_option
 def evidence(run: str, lease: str | None, kind: str, outcome: str, detail: str, by: str | None,
-             key: str | None, as_json: bool) -> None:
+             attr_pairs: tuple[tuple[str, Any], ...], key: str | None, as_json: bool) -> None:
     """Record a check that was run and how it came out. Delivery needs a pass and no fail.
 
     \b
@@ -778,7 +859,7 @@ def evidence(run: str, lease: str | None, kind: str, outcome: str, detail: str, 
         handoff evidence $RUN --lease $LEASE --kind tests --outcome pass --detail "42 passed"
     """
     with _ledger() as lg:
-        out = lg.evidence(run, kind, outcome, detail, lease=lease, by=by, key=key)
+        out = lg.evidence(run, kind, outcome, detail, lease=lease, by=by, key=key, attrs=_attrs(attr_pairs))
     _report(out, as_json, f"evidence {kind}: {outcome}")
 
 
@@ -831,8 +912,10 @@ def unblock(run: str, resolution: str, blocker_id: int | None, lease: str | None
 @lease_option()
 @click.option("--key", required=True, help="The side effect's own key (unique within the run).")
 @click.option("--what", required=True, help="What is about to happen outside (e.g. 'POST /deploy v42').")
+@attr_option
 @json_option
-def effect_start(run: str, lease: str, key: str, what: str, as_json: bool) -> None:
+def effect_start(run: str, lease: str, key: str, what: str, attr_pairs: tuple[tuple[str, Any], ...],
+                 as_json: bool) -> None:
     """Record that an external side effect is about to start, before starting it.
 
     Until its outcome is confirmed, a lost worker leaves the run 'unknown' and the
@@ -843,7 +926,7 @@ def effect_start(run: str, lease: str, key: str, what: str, as_json: bool) -> No
         handoff effect-start $RUN --lease $LEASE --key deploy-v42 --what "deploy v42 to staging"
     """
     with _ledger() as lg:
-        out = lg.effect_start(run, lease, key, what)
+        out = lg.effect_start(run, lease, key, what, attrs=_attrs(attr_pairs))
     _report(out, as_json, f"side effect {key} started")
 
 
@@ -855,9 +938,10 @@ def effect_start(run: str, lease: str, key: str, what: str, as_json: bool) -> No
 @click.option("--note", default="", help="How you know (for a reconciliation).")
 @lease_option(required=False)
 @click.option("--by", default=None, help="Operator name when acting without a lease.")
+@attr_option
 @json_option
 def effect_confirm(run: str, key: str, outcome: str, note: str, lease: str | None, by: str | None,
-                   as_json: bool) -> None:
+                   attr_pairs: tuple[tuple[str, Any], ...], as_json: bool) -> None:
     """Record a side effect's outcome (a reconciliation when its worker was lost).
 
     \b
@@ -865,7 +949,7 @@ def effect_confirm(run: str, key: str, outcome: str, note: str, lease: str | Non
         handoff effect-confirm $RUN --key deploy-v42 --outcome done --note "v42 is live on staging"
     """
     with _ledger() as lg:
-        out = lg.effect_confirm(run, key, outcome, note=note, lease=lease, by=by)
+        out = lg.effect_confirm(run, key, outcome, note=note, lease=lease, by=by, attrs=_attrs(attr_pairs))
     _report(out, as_json, f"side effect {key}: {outcome}")
 
 

@@ -13,7 +13,7 @@ import math
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -44,7 +44,7 @@ from handoff.reducers import admit as admission
 from handoff.reducers import commands as C
 from handoff.reducers import stall
 from handoff.reducers.checkpoint import AGGREGATE, Checkpoint, iso, packet
-from handoff.reducers.decide import Context, decide
+from handoff.reducers.decide import Context, check_attrs, check_progress_kinds, decide
 from handoff.projections import Projector, queries
 
 #: The policy defaults; their one home is ``ledger.events.Policy`` (a contract that omits a
@@ -573,12 +573,14 @@ class Ledger:
         retry_budget: int = POLICY.retry_budget, delivery_timeout_s: float = POLICY.delivery_timeout_s,
         owner_cap: int = POLICY.owner_cap, key: str | None = None,
         actor: Actor | None = None, public: bool = False, sanitize_patterns: tuple[str, ...] = (),
-        send: ev.SendPolicy | None = None,
+        send: ev.SendPolicy | None = None, progress_kinds: Mapping[str, Any] | None = None,
     ) -> str:
         """Write a run's contract. ``public``: the target is visible to others, so delivery
         needs a passing sanitization check (``sanitize``); ``sanitize_patterns`` add the
         owner's own regular expressions to the built-in detectors; ``send`` sets how the
-        ledger sends to an adapter target (``deliver(send=True)``, docs/delivery.md)."""
+        ledger sends to an adapter target (``deliver(send=True)``, docs/delivery.md);
+        ``progress_kinds`` declares kinds of the run's own that count as progress in a
+        working state (``{"executing": ["llm_step"]}``), fixed from now on."""
         if run_id is None and key is not None:
             # The id follows from the key and the owner, so a retry cannot open a second run.
             check_idempotency_key(key)
@@ -590,7 +592,8 @@ class Ledger:
         policy = ev.Policy(heartbeat_timeout_s, progress_timeout_s, retry_budget, delivery_timeout_s, owner_cap)
         cmd = C.Open(goal=goal, target=target, owner=owner, origin=origin, result_path=result_path,
                      stop_rules=tuple(stop_rules), require_review=require_review, policy=policy,
-                     public=public, sanitize_patterns=tuple(sanitize_patterns), send=send or ev.SendPolicy())
+                     public=public, sanitize_patterns=tuple(sanitize_patterns), send=send or ev.SendPolicy(),
+                     progress_kinds=check_progress_kinds(progress_kinds))
         self.execute(run_id, cmd, actor=actor or Actor("owner", owner if isinstance(owner, str) and owner else "?"), key=key)
         return run_id
 
@@ -609,7 +612,7 @@ class Ledger:
             heartbeat_timeout_s=p.heartbeat_timeout_s, progress_timeout_s=p.progress_timeout_s,
             retry_budget=p.retry_budget, delivery_timeout_s=p.delivery_timeout_s, owner_cap=p.owner_cap,
             key=key, public=c.public, sanitize_patterns=tuple(c.sanitize_patterns),
-            send=ev.SendPolicy(**c.send.model_dump()),
+            send=ev.SendPolicy(**c.send.model_dump()), progress_kinds=c.progress_kinds,
         )
 
     def claim(self, run_id: str, worker: str, *, key: str | None = None) -> LeaseToken:
@@ -715,26 +718,36 @@ class Ledger:
 
     # A worker's ``lease`` below is the token claim returned; a bare number is refused.
 
-    def heartbeat(self, run_id: str, lease: str, *, worker: str | None = None) -> Outcome:
+    # ``attrs``, where a record takes them: a few facts about the step (model, tokens in and
+    # out, cost, tool, trace and span ids) as {name: text, number or bool}; the bounds are
+    # reducers.decide.check_attrs'. They show in the log, the report and the export.
+
+    def heartbeat(self, run_id: str, lease: str, *, worker: str | None = None,
+                  attrs: Mapping[str, Any] | None = None) -> Outcome:
         t = lease_token(lease)
-        return self.execute(run_id, C.Heartbeat(lease=t.lease), actor=self._worker(worker, run_id, t), token=t)
+        return self.execute(run_id, C.Heartbeat(lease=t.lease, attrs=check_attrs(attrs)),
+                            actor=self._worker(worker, run_id, t), token=t)
 
     def transition(self, run_id: str, lease: str, to: str, *, reason: str = "", worker: str | None = None, key: str | None = None) -> Outcome:
         t = lease_token(lease)
         return self.execute(run_id, C.Transition(lease=t.lease, to=to, reason=reason), actor=self._worker(worker, run_id, t),
                             key=key, token=t)
 
-    def progress(self, run_id: str, lease: str, kind: str, detail: str = "", *, key: str | None = None, worker: str | None = None) -> Outcome:
+    def progress(self, run_id: str, lease: str, kind: str, detail: str = "", *, key: str | None = None, worker: str | None = None,
+                 attrs: Mapping[str, Any] | None = None) -> Outcome:
         t = lease_token(lease)
-        return self.execute(run_id, C.Progress(lease=t.lease, kind=kind, detail=detail), actor=self._worker(worker, run_id, t),
-                            key=key, token=t)
+        cmd = C.Progress(lease=t.lease, kind=kind, detail=detail, attrs=check_attrs(attrs))
+        return self.execute(run_id, cmd, actor=self._worker(worker, run_id, t), key=key, token=t)
 
     def artifact(self, run_id: str, lease: str, path: str, *, kind: str = "result", root: str | None = None,
-                 key: str | None = None, worker: str | None = None, max_bytes: int | str | None = None) -> Outcome:
+                 key: str | None = None, worker: str | None = None, max_bytes: int | str | None = None,
+                 attrs: Mapping[str, Any] | None = None) -> Outcome:
         """Measure a file (``measure``: regular files only, at most ``max_bytes``) and record it."""
         t = lease_token(lease)
+        checked = check_attrs(attrs)  # before the file is read: a refusal costs nothing
         real, size, sha, exists = measure(path, root=root, max_bytes=max_bytes)
-        cmd = C.RecordArtifact(lease=t.lease, path=real, kind=kind, bytes=size, sha256=sha, exists=exists)
+        cmd = C.RecordArtifact(lease=t.lease, path=real, kind=kind, bytes=size, sha256=sha, exists=exists,
+                               attrs=checked)
         return self.execute(run_id, cmd, actor=self._worker(worker, run_id, t), key=key, token=t)
 
     def withdraw_artifact(self, run_id: str, path: str, reason: str, *, lease: str | None = None,
@@ -756,10 +769,12 @@ class Ledger:
         return self.execute(run_id, cmd, actor=actor, key=key, token=t)
 
     def evidence(self, run_id: str, kind: str, outcome: str, detail: str = "", *, lease: str | None = None,
-                 actor: Actor | None = None, key: str | None = None, by: str | None = None) -> Outcome:
+                 actor: Actor | None = None, key: str | None = None, by: str | None = None,
+                 attrs: Mapping[str, Any] | None = None) -> Outcome:
         t = None if lease is None else lease_token(lease)
         actor = self._actor(run_id, t, actor, by)
-        cmd = C.RecordEvidence(kind=kind, outcome=outcome, detail=detail, lease=t and t.lease)  # type: ignore[arg-type]
+        cmd = C.RecordEvidence(kind=kind, outcome=outcome, detail=detail, lease=t and t.lease,  # type: ignore[arg-type]
+                               attrs=check_attrs(attrs))
         return self.execute(run_id, cmd, actor=actor, key=key, token=t)
 
     def block(self, run_id: str, reason: str, next_action: str, *, lease: str | None = None,
@@ -776,15 +791,19 @@ class Ledger:
         return self.execute(run_id, C.Unblock(resolution=resolution, blocker_id=blocker_id, lease=t and t.lease),
                             actor=actor, key=key, token=t)
 
-    def effect_start(self, run_id: str, lease: str, key: str, what: str, *, worker: str | None = None) -> Outcome:
+    def effect_start(self, run_id: str, lease: str, key: str, what: str, *, worker: str | None = None,
+                     attrs: Mapping[str, Any] | None = None) -> Outcome:
         t = lease_token(lease)
-        return self.execute(run_id, C.StartEffect(lease=t.lease, key=key, what=what), actor=self._worker(worker, run_id, t), token=t)
+        cmd = C.StartEffect(lease=t.lease, key=key, what=what, attrs=check_attrs(attrs))
+        return self.execute(run_id, cmd, actor=self._worker(worker, run_id, t), token=t)
 
     def effect_confirm(self, run_id: str, key: str, outcome: str, *, note: str = "", lease: str | None = None,
-                       actor: Actor | None = None, by: str | None = None) -> Outcome:
+                       actor: Actor | None = None, by: str | None = None,
+                       attrs: Mapping[str, Any] | None = None) -> Outcome:
         t = None if lease is None else lease_token(lease)
         actor = self._actor(run_id, t, actor, by)
-        cmd = C.ConfirmEffect(key=key, outcome=outcome, note=note, lease=t and t.lease)  # type: ignore[arg-type]
+        cmd = C.ConfirmEffect(key=key, outcome=outcome, note=note, lease=t and t.lease,  # type: ignore[arg-type]
+                              attrs=check_attrs(attrs))
         return self.execute(run_id, cmd, actor=actor, token=t)
 
     def submit(self, run_id: str, lease: str, summary: str = "", *, worker: str | None = None, key: str | None = None) -> Outcome:

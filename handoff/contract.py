@@ -18,6 +18,7 @@ from handoff.ledger.errors import InvalidInput
 from handoff.ledger.events import Policy as _StoredPolicy
 from handoff.ledger.events import SendPolicy as _StoredSend
 from handoff.ledger.store import CONTROL_RE, DEFAULT_MAX_PAYLOAD
+from handoff.reducers.decide import MAX_DECLARED_KINDS, check_progress_kinds
 
 #: The largest contract file read: a contract becomes one event, whose payload is at most
 #: the store's limit, and a file may spell each of its characters as a six-byte \\u
@@ -96,10 +97,24 @@ class HandoffContract(BaseModel):
     public: bool = Field(False, description="The target is visible to others: delivery needs a passing sanitization check over what is sent.")
     sanitize_patterns: list[str] = Field(default_factory=list, max_length=50, description="The owner's own regular expressions, checked with the built-in detectors.")
     send: Send = Field(default_factory=Send)
+    progress_kinds: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Kinds of the run's own that count as progress, by working state (planning, executing, "
+        f"verifying), e.g. {{\"executing\": [\"llm_step\"]}}; new names only, at most {MAX_DECLARED_KINDS} in all. "
+        "Fixed when the run opens.")
 
     _printable_fields = field_validator("goal", "target", "owner", "origin", "result_path")(
         classmethod(lambda cls, v: v if v is None else _printable(v))
     )
+
+    @field_validator("progress_kinds")
+    @classmethod
+    def _kinds(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        try:
+            check_progress_kinds(v)  # the rule's one home; the ledger checks it again at open
+        except InvalidInput as exc:
+            raise ValueError(exc.message) from None
+        return v
 
     @field_validator("stop_rules")
     @classmethod

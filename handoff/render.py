@@ -17,6 +17,7 @@ Documents:
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -26,7 +27,8 @@ from handoff.reducers import delivery as dl
 from handoff.reducers.checkpoint import iso
 
 __all__ = [
-    "visible", "lines", "iso", "iso_ms", "one_line", "cells", "table_lines", "table", "summarize", "format_packet",
+    "visible", "lines", "iso", "iso_ms", "one_line", "cells", "table_lines", "table", "summarize", "attrs_text",
+    "format_packet",
     "LOG_HEADERS", "log_row", "log_rows", "log_cells", "format_log", "write_doc", "delivery_doc",
     "run_row", "stall_row", "action_doc", "LEDGER_LOG_HEADERS", "ledger_row", "ledger_log_cells", "format_diff",
 ]
@@ -109,7 +111,34 @@ def table(headers: list[str], rows: Iterable[Iterable[Any]]) -> str:
 
 
 def summarize(event: Any) -> str:
-    """One line on what an event says, for timelines."""
+    """One line on what an event says, for timelines: what it records, then its ``attrs``."""
+    from handoff.ledger import events as ev
+
+    return _said(event) + attrs_text(ev.attrs_of(event))
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_.:/@+-]+")
+
+
+def attrs_text(attrs: dict[str, Any]) -> str:
+    """A record's attributes as a compact suffix: `` {model=x, tokens=12}``, empty when none.
+    Text that is not one plain word is shown JSON-quoted, so a value holding ``, `` or
+    ``}`` cannot pass for another attribute; booleans print as true/false, as given."""
+    if not attrs:
+        return ""
+    shown = []
+    for k, v in attrs.items():
+        if isinstance(v, bool):
+            text = "true" if v else "false"
+        elif isinstance(v, str):
+            text = v if _PLAIN.fullmatch(v) and v not in ("true", "false") else json.dumps(v, ensure_ascii=False)
+        else:
+            text = repr(v)
+        shown.append(f"{k}={text}")
+    return " {" + ", ".join(shown) + "}"
+
+
+def _said(event: Any) -> str:
     from handoff.ledger import events as ev
 
     e = event

@@ -10,13 +10,27 @@ from __future__ import annotations
 from typing import Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 #: Bumped when the meaning of stored payloads changes in a way a reader must know.
 #: Version 1 lacked ProgressRecorded.advances, ArtifactRecorded.exists,
 #: WatchdogObserved.interval_s and Policy.delivery_timeout_s / owner_cap; readers default them.
 #: Version 2 lacked LeaseGranted.token_digest: such a lease has no token, and no write can
 #: prove it holds it (docs/reliability.md, "Lease tokens").
-SCHEMA_VERSION = 3
+#: Version 3 lacked the workers' ``attrs`` and HandoffOpened.progress_kinds: a reader that
+#: does not know declared kinds would refuse a history that uses them.
+SCHEMA_VERSION = 4
+#: From this version on, decoding a payload and encoding the event again gives the very
+#: bytes that were stored: fields added since are left out while unset (``UNSET``), so
+#: an event without them encodes as its version wrote it. An import compares the two.
+CANONICAL_SINCE = 3
+
+#: What a worker may attach to a record: model, tokens, cost, tool, trace and span ids.
+#: String keys; text, whole or decimal numbers, or booleans. The bounds are rules, kept in
+#: reducers/decide.py (``check_attrs``); here is only the shape a payload may have.
+Attrs = dict[str, str | int | float | bool]
+#: A contract's own progress kinds, by working state (reducers/decide.py checks them).
+DeclaredKinds = dict[str, tuple[str, ...]]
 
 
 class Event(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=False):
@@ -67,6 +81,7 @@ class HandoffOpened(Event, tag="handoff_opened"):
     public: bool = False
     sanitize_patterns: tuple[str, ...] = ()
     send: SendPolicy = SendPolicy()
+    progress_kinds: DeclaredKinds | UnsetType = UNSET
 
 
 class LeaseGranted(Event, tag="lease_granted"):
@@ -106,6 +121,8 @@ class AuthorityTransferred(Event, tag="authority_transferred"):
 class HeartbeatRecorded(Event, tag="heartbeat_recorded"):
     """The lease holder is alive. Says nothing about progress."""
 
+    attrs: Attrs | UnsetType = UNSET
+
 
 class StateChanged(Event, tag="state_changed"):
     """The lifecycle moved from one state to another (see reducers/transitions.py)."""
@@ -121,6 +138,7 @@ class ProgressRecorded(Event, tag="progress_recorded"):
     kind: str
     detail: str = ""
     advances: bool = True
+    attrs: Attrs | UnsetType = UNSET
 
 
 class ArtifactRecorded(Event, tag="artifact_recorded"):
@@ -131,6 +149,7 @@ class ArtifactRecorded(Event, tag="artifact_recorded"):
     bytes: int
     sha256: str
     exists: bool = True
+    attrs: Attrs | UnsetType = UNSET
 
 
 class EvidenceRecorded(Event, tag="evidence_recorded"):
@@ -139,6 +158,7 @@ class EvidenceRecorded(Event, tag="evidence_recorded"):
     kind: str
     outcome: Literal["pass", "fail", "skipped"]
     detail: str = ""
+    attrs: Attrs | UnsetType = UNSET
 
 
 class BlockerRaised(Event, tag="blocker_raised"):
@@ -161,6 +181,7 @@ class SideEffectStarted(Event, tag="side_effect_started"):
 
     key: str
     what: str
+    attrs: Attrs | UnsetType = UNSET
 
 
 class SideEffectConfirmed(Event, tag="side_effect_confirmed"):
@@ -168,6 +189,7 @@ class SideEffectConfirmed(Event, tag="side_effect_confirmed"):
 
     key: str
     outcome: Literal["done", "absent"]
+    attrs: Attrs | UnsetType = UNSET
 
 
 class ReconciliationRecorded(Event, tag="reconciliation_recorded"):
@@ -176,6 +198,7 @@ class ReconciliationRecorded(Event, tag="reconciliation_recorded"):
     key: str
     outcome: Literal["done", "absent"]
     note: str = ""
+    attrs: Attrs | UnsetType = UNSET
 
 
 class ResultSubmitted(Event, tag="result_submitted"):
@@ -367,6 +390,18 @@ def decode_many(payloads: list[bytes]) -> list[Event]:
         if events is not None and len(events) == len(payloads):
             return events
     return [_decoder.decode(p) for p in payloads]
+
+
+def attrs_of(event: object) -> dict[str, str | int | float | bool]:
+    """An event's attributes as a plain dict (empty when it has none, or no such field)."""
+    attrs = getattr(event, "attrs", UNSET)
+    return {} if attrs is UNSET else dict(attrs)
+
+
+def declared_kinds(opened: HandoffOpened) -> dict[str, tuple[str, ...]]:
+    """A contract's own progress kinds as a plain dict (empty when it declared none)."""
+    kinds = opened.progress_kinds
+    return {} if kinds is UNSET else dict(kinds)
 
 
 def tag_of_type(cls: type[Event]) -> str:

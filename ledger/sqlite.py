@@ -341,7 +341,7 @@ class _Import:
             )
         check_imported_envelope(r, self.store.max_payload, self.store._clock())
         event = ev.decode(r.payload)
-        if r.schema_version == ev.SCHEMA_VERSION and ev.encode(event) != r.payload:
+        if r.schema_version >= ev.CANONICAL_SINCE and ev.encode(event) != r.payload:
             # A live write stores the canonical encoding; anything else (a duplicated key,
             # unknown fields, other spacing) reads differently in different JSON parsers.
             raise InvalidInput(

@@ -53,7 +53,8 @@ def command_of(event: ev.Event, lease: int | None) -> C.Command | None:
         case ev.HandoffOpened():
             return C.Open(goal=e.goal, target=e.target, owner=e.owner, origin=e.origin, result_path=e.result_path,
                           stop_rules=e.stop_rules, require_review=e.require_review, policy=e.policy,
-                          public=e.public, sanitize_patterns=e.sanitize_patterns, send=e.send)
+                          public=e.public, sanitize_patterns=e.sanitize_patterns, send=e.send,
+                          progress_kinds=e.progress_kinds)
         case ev.LeaseGranted():
             # A grant exported before lease tokens has no digest: no token can prove it, so
             # nobody writes under it after the import; a placeholder lets decide judge the rest.
@@ -65,26 +66,26 @@ def command_of(event: ev.Event, lease: int | None) -> C.Command | None:
         case ev.AuthorityTransferred():
             return C.TransferAuthority(action=e.action, to=e.to)
         case ev.HeartbeatRecorded():
-            return C.Heartbeat(lease=lease)  # type: ignore[arg-type]
+            return C.Heartbeat(lease=lease, attrs=e.attrs)  # type: ignore[arg-type]
         case ev.StateChanged():
             return C.Transition(lease=lease, to=e.to_state, reason=e.reason)  # type: ignore[arg-type]
         case ev.ProgressRecorded():
-            return C.Progress(lease=lease, kind=e.kind, detail=e.detail)  # type: ignore[arg-type]
+            return C.Progress(lease=lease, kind=e.kind, detail=e.detail, attrs=e.attrs)  # type: ignore[arg-type]
         case ev.ArtifactRecorded():
             return C.RecordArtifact(lease=lease, path=e.path, kind=e.kind, bytes=e.bytes,  # type: ignore[arg-type]
-                                    sha256=e.sha256, exists=e.exists)
+                                    sha256=e.sha256, exists=e.exists, attrs=e.attrs)
         case ev.EvidenceRecorded():
-            return C.RecordEvidence(kind=e.kind, outcome=e.outcome, detail=e.detail, lease=lease)
+            return C.RecordEvidence(kind=e.kind, outcome=e.outcome, detail=e.detail, lease=lease, attrs=e.attrs)
         case ev.BlockerRaised():
             return C.Block(reason=e.reason, next_action=e.next_action, lease=lease)
         case ev.BlockerCleared():
             return C.Unblock(resolution=e.resolution, blocker_id=e.blocker_id, lease=lease)
         case ev.SideEffectStarted():
-            return C.StartEffect(lease=lease, key=e.key, what=e.what)  # type: ignore[arg-type]
+            return C.StartEffect(lease=lease, key=e.key, what=e.what, attrs=e.attrs)  # type: ignore[arg-type]
         case ev.SideEffectConfirmed():
-            return C.ConfirmEffect(key=e.key, outcome=e.outcome, lease=lease)
+            return C.ConfirmEffect(key=e.key, outcome=e.outcome, lease=lease, attrs=e.attrs)
         case ev.ReconciliationRecorded():
-            return C.ConfirmEffect(key=e.key, outcome=e.outcome, note=e.note, lease=lease)
+            return C.ConfirmEffect(key=e.key, outcome=e.outcome, note=e.note, lease=lease, attrs=e.attrs)
         case ev.ResultSubmitted():
             return C.Submit(lease=lease, summary=e.summary)  # type: ignore[arg-type]
         case ev.ReviewDecided():

@@ -82,6 +82,8 @@ class Checkpoint(msgspec.Struct, frozen=True):
     stop_rules: tuple[str, ...] = ()
     require_review: bool = False
     policy: ev.Policy = ev.Policy()
+    #: The contract's own progress kinds by working state (transitions.progress_kinds_in).
+    progress_kinds: dict[str, tuple[str, ...]] = {}
     worker: str | None = None
     lease: int | None = None
     max_lease: int = 0
@@ -183,6 +185,7 @@ def _opened(d: _Draft, rec: Any, e: ev.HandoffOpened) -> None:
     d.result_path, d.stop_rules, d.require_review, d.policy = (
         e.result_path, e.stop_rules, e.require_review, e.policy,
     )
+    d.progress_kinds = ev.declared_kinds(e)
     d.opened_us = rec.recorded_us
     d.state = T.QUEUED
 

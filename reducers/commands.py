@@ -9,12 +9,15 @@ from __future__ import annotations
 from typing import Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
-from handoff.ledger.events import Finding, Policy, ScannedItem, SendPolicy
+from handoff.ledger.events import Attrs, DeclaredKinds, Finding, Policy, ScannedItem, SendPolicy
 
 
 class Command(msgspec.Struct, frozen=True, tag_field="command"):
-    pass
+    """Fields added after a command was first stored (``attrs``, ``progress_kinds``) are
+    ``UNSET`` when not given, so a command without them still encodes to the bytes an
+    earlier version stored for its idempotency key."""
 
 
 class Open(Command, tag="open"):
@@ -29,6 +32,7 @@ class Open(Command, tag="open"):
     public: bool = False
     sanitize_patterns: tuple[str, ...] = ()
     send: SendPolicy = SendPolicy()
+    progress_kinds: DeclaredKinds | UnsetType = UNSET
 
 
 class Claim(Command, tag="claim"):
@@ -41,6 +45,7 @@ class Claim(Command, tag="claim"):
 
 class Heartbeat(Command, tag="heartbeat"):
     lease: int
+    attrs: Attrs | UnsetType = UNSET
 
 
 class Transition(Command, tag="transition"):
@@ -53,6 +58,7 @@ class Progress(Command, tag="progress"):
     lease: int
     kind: str
     detail: str = ""
+    attrs: Attrs | UnsetType = UNSET
 
 
 class RecordArtifact(Command, tag="artifact"):
@@ -64,6 +70,7 @@ class RecordArtifact(Command, tag="artifact"):
     bytes: int
     sha256: str
     exists: bool
+    attrs: Attrs | UnsetType = UNSET
 
 
 class RecordEvidence(Command, tag="evidence"):
@@ -71,6 +78,7 @@ class RecordEvidence(Command, tag="evidence"):
     outcome: Literal["pass", "fail", "skipped"]
     detail: str = ""
     lease: int | None = None
+    attrs: Attrs | UnsetType = UNSET
 
 
 class Block(Command, tag="block"):
@@ -89,6 +97,7 @@ class StartEffect(Command, tag="effect_start"):
     lease: int
     key: str
     what: str
+    attrs: Attrs | UnsetType = UNSET
 
 
 class ConfirmEffect(Command, tag="effect_confirm"):
@@ -96,6 +105,7 @@ class ConfirmEffect(Command, tag="effect_confirm"):
     outcome: Literal["done", "absent"]
     note: str = ""
     lease: int | None = None
+    attrs: Attrs | UnsetType = UNSET
 
 
 class Submit(Command, tag="submit"):

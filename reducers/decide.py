@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from handoff.ledger import events as ev
 from handoff.ledger.errors import (
@@ -33,7 +35,7 @@ from handoff.ledger.errors import (
     UnknownEffect,
     UnknownRun,
 )
-from handoff.ledger.store import Actor, check_chars, check_seq
+from handoff.ledger.store import Actor, check_chars, check_seq, check_utf8
 
 from . import commands as C
 from . import sanitize as sz
@@ -74,6 +76,104 @@ def _name(field: str, value: object) -> str:
     if "\n" in v or "\t" in v:
         raise InvalidInput(f"{field} must be a single line", field=field)
     return v
+
+
+#: The bounds of a record's ``attrs``: a few facts about one step (model, tokens, cost,
+#: tool, trace and span ids), not a place to store output. Keys may be dotted, as
+#: OpenTelemetry names are (``gen_ai.usage.input_tokens``).
+MAX_ATTRS = 32
+MAX_ATTR_KEY = 64
+MAX_ATTR_TEXT = 1_000
+ATTR_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,%d}" % MAX_ATTR_KEY)
+#: Whole numbers must fit a signed 64-bit integer, what every reader of JSON can hold.
+ATTR_INT_RANGE = (-(2**63), 2**63 - 1)
+
+
+def check_attrs(value: object, field: str = "attrs") -> ev.Attrs | UnsetType:
+    """A record's attributes, refused (InvalidInput naming the key) past their bounds.
+
+    Called by the API before a command is built and again by every handler, so a map
+    inside an imported event meets the same rule. An empty map is ``UNSET``: the event
+    then encodes as it did before attributes existed."""
+    if value is UNSET or value is None:
+        return UNSET
+    if not isinstance(value, Mapping):
+        raise InvalidInput(f"{field} must be a map of names to text, numbers or true/false, got "
+                           f"{type(value).__name__}", field=field)
+    if len(value) > MAX_ATTRS:
+        raise InvalidInput(f"{field} has {len(value)} entries, over the limit of {MAX_ATTRS}; keep the few "
+                           "facts about this step (model, tokens, cost, tool, trace id)", field=field)
+    out: dict[str, str | int | float | bool] = {}
+    for key, v in value.items():
+        if not isinstance(key, str) or not ATTR_KEY.fullmatch(key):
+            shown = repr(key)[:80]
+            raise InvalidInput(f"{field} key {shown} must be 1 to {MAX_ATTR_KEY} characters from letters, digits "
+                               "and . _ : -", field=field)
+        where = f"{field}[{key}]"
+        if isinstance(v, bool):
+            out[key] = bool(v)
+        elif isinstance(v, int):
+            low, high = ATTR_INT_RANGE
+            if not low <= v <= high:
+                raise InvalidInput(f"{where} is a whole number outside the 64-bit range ({low} to {high}); "
+                                   "pass it as text", field=f"{field}.{key}")
+            out[key] = int(v)
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                raise InvalidInput(f"{where} is {v!r}; a number must be finite", field=f"{field}.{key}")
+            out[key] = float(v)
+        elif isinstance(v, str):
+            check_utf8(v, where)
+            out[key] = str(_text(where, v, max_len=MAX_ATTR_TEXT))
+        else:
+            raise InvalidInput(f"{where} must be text, a number or true/false, got {type(v).__name__}",
+                               field=f"{field}.{key}")
+    return out or UNSET
+
+
+#: The bounds of a contract's own progress kinds (``progress_kinds``).
+MAX_DECLARED_KINDS = 32
+KIND_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+def check_progress_kinds(value: object, field: str = "progress_kinds") -> ev.DeclaredKinds | UnsetType:
+    """A contract's own progress kinds by working state, checked when the run opens.
+
+    Only new names: a built-in kind keeps the state the table gives it, and activity that
+    never counts (``note``, ``waiting``, ...) cannot be declared progress, so noise stays
+    noise. The result lists states in lifecycle order, each state's kinds in the order
+    given and once; none at all is ``UNSET``."""
+    if value is UNSET or value is None:
+        return UNSET
+    if not isinstance(value, Mapping):
+        raise InvalidInput(f"{field} must map working states to lists of kind names", field=field)
+    declarable = ", ".join(s for s in T.STATES if s in T.DECLARABLE)
+    out: dict[str, list[str]] = {}
+    for state, kinds in value.items():
+        if state not in T.DECLARABLE:
+            raise InvalidInput(f"{field}: {str(state)[:60]!r} is not a working state; kinds may be declared "
+                               f"for {declarable}", field=field)
+        if isinstance(kinds, str) or not isinstance(kinds, (list, tuple)):
+            raise InvalidInput(f"{field}.{state} must be a list of kind names", field=field)
+        own = out.setdefault(state, [])
+        for kind in kinds:
+            if not isinstance(kind, str) or not KIND_NAME.fullmatch(kind):
+                raise InvalidInput(f"{field}.{state}: {repr(kind)[:80]} is not a kind name (a lowercase letter, "
+                                   "then up to 63 lowercase letters, digits or _)", field=field)
+            if kind in T.NOT_PROGRESS:
+                raise InvalidInput(f"{field}.{state}: {kind} is activity that never counts as progress; it "
+                                   "cannot be declared progress", field=field)
+            if kind in T.ALL_PROGRESS_KINDS:
+                where = ", ".join(s for s, ks in T.PROGRESS_KINDS.items() if kind in ks)
+                raise InvalidInput(f"{field}.{state}: {kind} is a built-in progress kind (of {where}); declare "
+                                   "a name of your own", field=field)
+            if kind not in own:
+                own.append(kind)
+    total = sum(len(k) for k in out.values())
+    if total > MAX_DECLARED_KINDS:
+        raise InvalidInput(f"{field} declares {total} kinds, over the limit of {MAX_DECLARED_KINDS}", field=field)
+    ordered = {s: tuple(out[s]) for s in T.STATES if out.get(s)}
+    return ordered or UNSET
 
 
 def _count(field: str, value: object, *, low: int = 0, high: int = 2**53) -> int:
@@ -173,6 +273,7 @@ def _open(cp: Checkpoint, c: C.Open, ctx: Context) -> list[ev.Event]:
             public=bool(c.public),
             sanitize_patterns=sz.check_patterns(c.sanitize_patterns),
             send=send,
+            progress_kinds=check_progress_kinds(c.progress_kinds),
         )
     ]
 
@@ -245,7 +346,7 @@ def _claim(cp: Checkpoint, c: C.Claim, ctx: Context) -> list[ev.Event]:
 
 
 def _heartbeat(cp: Checkpoint, c: C.Heartbeat, ctx: Context) -> list[ev.Event]:
-    return [ev.HeartbeatRecorded()]
+    return [ev.HeartbeatRecorded(attrs=check_attrs(c.attrs))]
 
 
 def _transition(cp: Checkpoint, c: C.Transition, ctx: Context) -> list[ev.Event]:
@@ -262,21 +363,29 @@ def _transition(cp: Checkpoint, c: C.Transition, ctx: Context) -> list[ev.Event]
 def _progress(cp: Checkpoint, c: C.Progress, ctx: Context) -> list[ev.Event]:
     kind = _name("kind", c.kind)
     detail = _text("detail", c.detail)
+    attrs = check_attrs(c.attrs)
+    declared = cp.progress_kinds
     if kind in T.NOT_PROGRESS:
         if cp.state not in T.WORKING | {T.BLOCKED, T.UNKNOWN}:
             raise IllegalProgress(f"run {cp.run_id} is {cp.state}; no worker activity is expected now")
-        return [ev.ProgressRecorded(kind=kind, detail=detail, advances=False)]
-    if kind in T.PROGRESS_KINDS.get(cp.state, ()) and cp.state in T.WORKING:
-        return [ev.ProgressRecorded(kind=kind, detail=detail, advances=True)]
-    if kind in T.ALL_PROGRESS_KINDS:
-        where = [s for s, kinds in T.PROGRESS_KINDS.items() if kind in kinds]
-        expected = sorted(T.PROGRESS_KINDS.get(cp.state, ()))
-        how = (f"in {cp.state} progress is {', '.join(expected)}" if expected and cp.state in T.WORKING
+        return [ev.ProgressRecorded(kind=kind, detail=detail, advances=False, attrs=attrs)]
+    own = T.progress_kinds_in(cp.state, declared) if cp.state in T.WORKING else frozenset()
+    if kind in own:
+        return [ev.ProgressRecorded(kind=kind, detail=detail, advances=True, attrs=attrs)]
+    where = T.states_of_kind(kind, declared)
+    if where:
+        how = (f"in {cp.state} progress is {', '.join(sorted(own))}" if own
                else "record it with 'handoff block' or 'handoff effect-confirm'" if where[0] in (T.BLOCKED, T.UNKNOWN)
                else f"move the run to {where[0]} first")
         raise IllegalProgress(f"'{kind}' is progress in {', '.join(where)}, not while run {cp.run_id} is {cp.state}; {how}")
-    known = sorted(T.ALL_PROGRESS_KINDS | T.NOT_PROGRESS)
-    raise InvalidInput(f"unknown progress kind {kind!r}; known kinds: {', '.join(known)}", field="kind")
+    counts = (f"progress in {cp.state} is {', '.join(sorted(own))}" if own
+              else f"nothing counts as progress while it is {cp.state}")
+    raise InvalidInput(
+        f"unknown progress kind {kind!r} for run {cp.run_id}: {counts}; activity that never counts is "
+        f"{', '.join(sorted(T.NOT_PROGRESS))}. A kind of your own must be declared in the contract when the "
+        "run is opened (progress_kinds; 'handoff open --progress-kind STATE:KIND')",
+        field="kind",
+    )
 
 
 def _artifact(cp: Checkpoint, c: C.RecordArtifact, ctx: Context) -> list[ev.Event]:
@@ -285,14 +394,14 @@ def _artifact(cp: Checkpoint, c: C.RecordArtifact, ctx: Context) -> list[ev.Even
         raise InvalidInput("sha256 must be 64 lowercase hex digits", field="sha256")
     return [ev.ArtifactRecorded(
         path=_text("path", c.path, max_len=4096, empty=False), kind=_name("kind", c.kind),
-        bytes=_count("bytes", c.bytes), sha256=sha, exists=bool(c.exists),
+        bytes=_count("bytes", c.bytes), sha256=sha, exists=bool(c.exists), attrs=check_attrs(c.attrs),
     )]
 
 
 def _evidence(cp: Checkpoint, c: C.RecordEvidence, ctx: Context) -> list[ev.Event]:
     return [ev.EvidenceRecorded(
         kind=_name("kind", c.kind), outcome=_choice("outcome", c.outcome, {"pass", "fail", "skipped"}),  # type: ignore[arg-type]
-        detail=_text("detail", c.detail),
+        detail=_text("detail", c.detail), attrs=check_attrs(c.attrs),
     )]
 
 
@@ -325,6 +434,7 @@ def _unblock(cp: Checkpoint, c: C.Unblock, ctx: Context) -> list[ev.Event]:
 def _effect_start(cp: Checkpoint, c: C.StartEffect, ctx: Context) -> list[ev.Event]:
     key = _name("key", c.key)
     what = _text("what", c.what, empty=False)
+    attrs = check_attrs(c.attrs)
     if cp.state not in T.WORKING:
         raise IllegalTransition(f"run {cp.run_id} is {cp.state}; side effects start only while planning, executing or verifying")
     for e in cp.pending_effects:
@@ -334,12 +444,13 @@ def _effect_start(cp: Checkpoint, c: C.StartEffect, ctx: Context) -> list[ev.Eve
             raise IdempotencyConflict(f"side effect key {key!r} is already in use on run {cp.run_id} for {e.what!r}")
     if any(k == key for k, _ in cp.settled_effects):
         raise IdempotencyConflict(f"side effect key {key!r} was already used and settled on run {cp.run_id}; use a new key")
-    return [ev.SideEffectStarted(key=key, what=what)]
+    return [ev.SideEffectStarted(key=key, what=what, attrs=attrs)]
 
 
 def _effect_confirm(cp: Checkpoint, c: C.ConfirmEffect, ctx: Context) -> list[ev.Event]:
     key = _name("key", c.key)
     outcome = _choice("outcome", c.outcome, {"done", "absent"})
+    attrs = check_attrs(c.attrs)
     pending = next((e for e in cp.pending_effects if e.key == key), None)
     if pending is None:
         if (key, outcome) in cp.settled_effects:
@@ -348,8 +459,8 @@ def _effect_confirm(cp: Checkpoint, c: C.ConfirmEffect, ctx: Context) -> list[ev
             raise IdempotencyConflict(f"side effect {key!r} on run {cp.run_id} was already settled with another outcome")
         raise UnknownEffect(f"no side effect with key {key!r} was started on run {cp.run_id}; check 'handoff status {cp.run_id}'")
     if ctx.actor.kind == T.WORKER and pending.lease == cp.lease:
-        return [ev.SideEffectConfirmed(key=key, outcome=outcome)]  # type: ignore[arg-type]
-    return [ev.ReconciliationRecorded(key=key, outcome=outcome, note=_text("note", c.note))]  # type: ignore[arg-type]
+        return [ev.SideEffectConfirmed(key=key, outcome=outcome, attrs=attrs)]  # type: ignore[arg-type]
+    return [ev.ReconciliationRecorded(key=key, outcome=outcome, note=_text("note", c.note), attrs=attrs)]  # type: ignore[arg-type]
 
 
 def _submit(cp: Checkpoint, c: C.Submit, ctx: Context) -> list[ev.Event]:

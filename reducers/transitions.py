@@ -85,6 +85,22 @@ NOT_PROGRESS = frozenset(
     {"token_callback", "tool_retry", "tool_requested", "verifier_heartbeat", "waiting", "note", "worker_restart"}
 )
 ALL_PROGRESS_KINDS = frozenset().union(*PROGRESS_KINDS.values())
+#: States whose progress a contract may extend with kinds of its own (``progress_kinds``,
+#: fixed at open): the working states. Blocked and unknown have their own commands.
+DECLARABLE = WORKING
+
+
+def progress_kinds_in(state: str, declared: dict[str, tuple[str, ...]]) -> frozenset[str]:
+    """What counts as progress in ``state`` for a run whose contract declared ``declared``:
+    the table's kinds, plus the contract's own for a working state."""
+    own = declared.get(state, ()) if state in DECLARABLE else ()
+    return PROGRESS_KINDS.get(state, frozenset()) | frozenset(own)
+
+
+def states_of_kind(kind: str, declared: dict[str, tuple[str, ...]]) -> list[str]:
+    """The states in which ``kind`` counts as progress for such a run, in lifecycle order."""
+    return [s for s in STATES if kind in progress_kinds_in(s, declared)]
+
 
 #: Event types whose arrival advances progress_seq. Heartbeats, leases, watchdog
 #: observations, a side effect merely started and a delivery merely attempted do not.

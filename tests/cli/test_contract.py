@@ -61,5 +61,5 @@ def test_the_schema_describes_every_field():
     s = schema()
     assert set(s["properties"]) == {"goal", "target", "owner", "origin", "run_id", "result_path",
                                     "stop_rules", "require_review", "policy", "public", "sanitize_patterns",
-                                    "send"}
+                                    "send", "progress_kinds"}
     assert s["additionalProperties"] is False

@@ -43,7 +43,11 @@ def progress_table() -> str:
         rows.append(f"| {state} | {shown} | {_HOW.get(state, '`progress`')} |")
     logged = ", ".join(f"`{k}`" for k in sorted(T.NOT_PROGRESS))
     advancing = ", ".join(f"`{k}`" for k in sorted(T.ADVANCING_EVENTS))
+    declarable = ", ".join(s for s in T.STATES if s in T.DECLARABLE)
     return "\n".join(rows) + (
+        f"\n\nA run's contract may add kinds of its own in {declarable} (`progress_kinds`; "
+        "`handoff open --progress-kind executing:llm_step`): they count there as the table's do, and are fixed "
+        "when the run opens. A kind of the table or one logged without counting cannot be declared."
         f"\n\nLogged without counting, in any working state and in blocked or unknown: {logged}."
         f"\n\nEvents that advance `progress_seq` wherever they occur: {advancing}.\n"
     )
