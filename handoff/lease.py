@@ -340,13 +340,75 @@ class LeaseCore:
     def _not_held(self) -> LedgerError:
         if self.fence is not None and self.fence.gone:
             return self.fence.error()
-        when = "has ended" if self.state == "ended" else "has not been entered"
+        when = "has not been entered" if self.state in ("new", "entering") else "has ended"
         return InvalidInput(f"the lease block on run {self.run_id} {when}; its verbs work only inside "
                             "'with lg.lease(...) as lease:' (or 'async with')", field="lease")
 
     def stop_text(self, exc: BaseException) -> str:
         message = str(exc).strip()
         return f"{self.worker} stopped: {type(exc).__name__}" + (f": {message}" if message else "")
+
+    # --- the verbs, as calls on a Ledger (one mapping for the sync and async blocks) ---
+
+    def heartbeat(self, **kw: Any) -> Callable[[Ledger], Outcome]:
+        t = self.token
+        return lambda lg: lg.heartbeat(self.run_id, t, worker=self.worker, **kw)
+
+    def progress(self, kind: str, detail: str, **kw: Any) -> Callable[[Ledger], Outcome]:
+        t = self.token
+        return lambda lg: lg.progress(self.run_id, t, kind, detail, worker=self.worker, **kw)
+
+    def transition(self, to: str, **kw: Any) -> Callable[[Ledger], Outcome]:
+        t = self.token
+        return lambda lg: lg.transition(self.run_id, t, to, worker=self.worker, **kw)
+
+    def artifact(self, path: str, **kw: Any) -> Callable[[Ledger], Outcome]:
+        t = self.token
+        return lambda lg: lg.artifact(self.run_id, t, path, worker=self.worker, **kw)
+
+    def evidence(self, kind: str, outcome: str, detail: str, **kw: Any) -> Callable[[Ledger], Outcome]:
+        t = self.token
+        return lambda lg: lg.evidence(self.run_id, kind, outcome, detail, lease=t, actor=Actor("worker", self.worker),
+                                      **kw)
+
+    def block(self, reason: str, next_action: str, **kw: Any) -> Callable[[Ledger], Outcome]:
+        t = self.token
+        return lambda lg: lg.block(self.run_id, reason, next_action, lease=t, actor=Actor("worker", self.worker),
+                                   **kw)
+
+    def submit(self, summary: str, **kw: Any) -> Callable[[Ledger], Outcome]:
+        t = self.token
+        return lambda lg: lg.submit(self.run_id, t, summary, worker=self.worker, **kw)
+
+    def effect_start(self, key: str, what: str, **kw: Any) -> Callable[[Ledger], Outcome]:
+        t = self.token
+        return lambda lg: lg.effect_start(self.run_id, t, key, what, worker=self.worker, **kw)
+
+    def effect_confirm(self, fx: Effect) -> Callable[[Ledger], Outcome]:
+        t = self.token
+        return lambda lg: lg.effect_confirm(
+            self.run_id, fx.key, fx.outcome or "done", note=bounded_text(fx.note, lg, self.run_id) if fx.note else "",
+            lease=t, actor=Actor("worker", self.worker))
+
+    def end(self, lg: Ledger, exc: BaseException | None) -> None:
+        """The block's end, with the fence stopped: release, or record why the work stopped
+        and release; nothing once the lease is gone (``LeaseLost`` if the block did not raise)."""
+        fence = self.fence
+        assert fence is not None
+        self.state = "ended"
+        if fence.gone:
+            if exc is None:
+                raise fence.error()
+            return  # a lost lease's worker writes nothing more
+        if exc is None:
+            lg.release(self.run_id, fence.token, f"{self.worker} finished its lease block", worker=self.worker)
+            return
+        try:
+            record_end(lg, self.run_id, fence.token, self.worker, bounded_text(self.stop_text(exc), lg, self.run_id),
+                       failed=True)
+        except LedgerError as failed:
+            exc.add_note(f"handoff: the stop could not be recorded ({failed.message}); the watchdog will "
+                         "revoke the lease once its heartbeat timeout passes")
 
 
 class Lease:
@@ -403,60 +465,46 @@ class Lease:
             self.on_lost(self)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        core, fence = self.core, self.core.fence
+        fence = self.core.fence
         assert fence is not None and self._threads is not None
         fence.expired()  # a fence due now trips before anything is recorded
         self._threads.stop(wait_s=0 if fence.gone else None)
-        core.state = "ended"
-        if fence.gone:
-            if exc is None:
-                raise fence.error()
-            return  # a lost lease's worker writes nothing more
-        if exc is None:
-            self.lg.release(core.run_id, fence.token, f"{core.worker} finished its lease block", worker=core.worker)
-            return
-        try:
-            record_end(self.lg, core.run_id, fence.token, core.worker,
-                       bounded_text(core.stop_text(exc), self.lg, core.run_id), failed=True)
-        except LedgerError as failed:
-            exc.add_note(f"handoff: the stop could not be recorded ({failed.message}); the watchdog will "
-                         "revoke the lease once its heartbeat timeout passes")
+        self.core.end(self.lg, exc)
 
     # --- the verbs: each checked before it writes and after it returns ----------------
 
-    def _do(self, call: Callable[..., Outcome], *args: Any, **kw: Any) -> Outcome:
-        self.core.check()
+    def _do(self, call: Callable[[Ledger], Outcome]) -> Outcome:
+        core = self.core
+        core.check()
         try:
-            out = call(*args, **kw)
+            out = call(self.lg)
         except (StaleLease, TerminalRun) as exc:
-            assert self.core.fence is not None
-            self.core.fence.ended(exc)
-            raise self.core.fence.error() from exc
-        self.core.check()  # a write that waited past the fence must not let the work go on
+            assert core.fence is not None
+            core.fence.ended(exc)
+            raise core.fence.error() from exc
+        core.check()  # a write that waited past the fence must not let the work go on
         return out
 
     def heartbeat(self, **kw: Any) -> Outcome:
-        return self._do(self.lg.heartbeat, self.run_id, self.token, worker=self.worker, **kw)
+        return self._do(self.core.heartbeat(**kw))
 
     def progress(self, kind: str, detail: str = "", **kw: Any) -> Outcome:
-        return self._do(self.lg.progress, self.run_id, self.token, kind, detail, worker=self.worker, **kw)
+        return self._do(self.core.progress(kind, detail, **kw))
 
     def transition(self, to: str, **kw: Any) -> Outcome:
-        return self._do(self.lg.transition, self.run_id, self.token, to, worker=self.worker, **kw)
+        return self._do(self.core.transition(to, **kw))
 
     def artifact(self, path: str, **kw: Any) -> Outcome:
-        return self._do(self.lg.artifact, self.run_id, self.token, path, worker=self.worker, **kw)
+        return self._do(self.core.artifact(path, **kw))
 
     def evidence(self, kind: str, outcome: str, detail: str = "", **kw: Any) -> Outcome:
-        return self._do(self.lg.evidence, self.run_id, kind, outcome, detail, lease=self.token,
-                        actor=Actor("worker", self.worker), **kw)
+        return self._do(self.core.evidence(kind, outcome, detail, **kw))
 
     def block(self, reason: str, next_action: str, **kw: Any) -> Outcome:
-        return self._do(self.lg.block, self.run_id, reason, next_action, lease=self.token,
-                        actor=Actor("worker", self.worker), **kw)
+        return self._do(self.core.block(reason, next_action, **kw))
 
     def submit(self, summary: str = "", **kw: Any) -> Outcome:
-        return self._do(self.lg.submit, self.run_id, self.token, summary, worker=self.worker, **kw)
+        return self._do(self.core.submit(summary, **kw))
 
     @contextmanager
     def effect(self, key: str, what: str, **kw: Any) -> Iterator[Effect]:
@@ -464,22 +512,15 @@ class Lease:
         the block ends normally (or as ``fx.done()``/``fx.absent()`` said). An exception
         leaves the outcome unknown (the world may have changed before it was raised) and
         the run needs reconciling, unless ``fx.absent(why)`` was said first."""
-        self._do(self.lg.effect_start, self.run_id, self.token, key, what, worker=self.worker, **kw)
+        self._do(self.core.effect_start(key, what, **kw))
         fx = Effect(key)
         try:
             yield fx
         except BaseException:
             if fx.outcome == "absent":
-                self._confirm(fx)
+                self._do(self.core.effect_confirm(fx))
             raise
-        if fx.outcome is None:
-            fx.done(fx.note)
-        self._confirm(fx)
-
-    def _confirm(self, fx: Effect) -> None:
-        self._do(self.lg.effect_confirm, self.run_id, fx.key, fx.outcome or "done",
-                 note=bounded_text(fx.note, self.lg, self.run_id) if fx.note else "", lease=self.token,
-                 actor=Actor("worker", self.worker))
+        self._do(self.core.effect_confirm(fx))
 
 
 def start(lg: Ledger, core: LeaseCore, key: str | None, on_lost: Callable[[Fence], None]) -> Fence:
