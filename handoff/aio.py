@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
-from handoff.ledger.errors import InvalidInput, StaleLease, TerminalRun
+from handoff.ledger.errors import InvalidInput, StaleLease, StoreUnavailable, TerminalRun
 from handoff.ledger.store import LeaseToken, Recorded
 
 from .api import Ledger, Outcome
@@ -395,14 +395,18 @@ class AsyncLease:
 
     async def _do(self, call: Callable[[Ledger], Outcome]) -> Outcome:
         core = self.core
-        core.check()
-        try:
-            out = await self.alg.run(call)
-        except (StaleLease, TerminalRun) as exc:
-            fence = core.fence
-            assert fence is not None
-            await self.alg.run(lambda lg: fence.ended(exc))
-            raise fence.error() from exc
+        while True:
+            core.check()
+            try:
+                out = await self.alg.run(call)
+                break
+            except (StaleLease, TerminalRun) as exc:
+                fence = core.fence
+                assert fence is not None
+                await self.alg.run(lambda lg: fence.ended(exc))
+                raise fence.error() from exc
+            except StoreUnavailable:
+                await asyncio.sleep(core.retry_in())  # nothing was written: wait while the lease can be proven
         core.check()  # a write that waited past the fence must not let the work go on
         return out
 
@@ -426,6 +430,10 @@ class AsyncLease:
 
     async def submit(self, summary: str = "", **kw: Any) -> Outcome:
         return await self._do(self.core.submit(summary, **kw))
+
+    async def confirm(self, key: str, outcome: str, note: str = "", **kw: Any) -> Outcome:
+        """As ``Lease.confirm``: a side effect's outcome, found by looking at the world."""
+        return await self._do(self.core.confirm(key, outcome, note, **kw))
 
     @asynccontextmanager
     async def effect(self, key: str, what: str, **kw: Any) -> AsyncIterator[Effect]:

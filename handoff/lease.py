@@ -16,6 +16,7 @@ timeout cannot have started before it, whatever another host's clock says
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from handoff.ledger.errors import InvalidInput, LeaseLost, LedgerError, StaleLease, TerminalRun
+from handoff.ledger.errors import InvalidInput, LeaseLost, LedgerError, StaleLease, StoreUnavailable, TerminalRun
 from handoff.ledger.store import Actor, LeaseToken
 from handoff.reducers import transitions as T
 
@@ -89,7 +90,7 @@ class Fence:
         #: Monotonic time the last recorded heartbeat (or the claim) was sent.
         self.last_ok = time.monotonic() if since is None else since
         self.on_lost = on_lost
-        self.say = say or (lambda msg: None)
+        self.say = say or logging.getLogger("handoff.lease").warning
         self.lost = False  # the ledger said the lease ended (revoked, superseded, run closed)
         self.lost_reason = ""
         self.fenced = False  # no heartbeat recorded in time: the lease can no longer be proven
@@ -337,6 +338,12 @@ class LeaseCore:
         if self.fence.expired():
             raise self.fence.error()
 
+    def retry_in(self) -> float:
+        """How long to wait before retrying a write the store could not take (locked, out
+        of reach: nothing written): a heartbeat interval, never past the fence."""
+        assert self.fence is not None
+        return max(0.005, min(self.fence.interval_s, self.fence.time_left()))
+
     def _not_held(self) -> LedgerError:
         if self.fence is not None and self.fence.gone:
             return self.fence.error()
@@ -389,6 +396,11 @@ class LeaseCore:
         return lambda lg: lg.effect_confirm(
             self.run_id, fx.key, fx.outcome or "done", note=bounded_text(fx.note, lg, self.run_id) if fx.note else "",
             lease=t, actor=Actor("worker", self.worker))
+
+    def confirm(self, key: str, outcome: str, note: str, **kw: Any) -> Callable[[Ledger], Outcome]:
+        t = self.token
+        return lambda lg: lg.effect_confirm(self.run_id, key, outcome, note=note, lease=t,
+                                            actor=Actor("worker", self.worker), **kw)
 
     def end(self, lg: Ledger, exc: BaseException | None) -> None:
         """The block's end, with the fence stopped: release, or record why the work stopped
@@ -475,13 +487,17 @@ class Lease:
 
     def _do(self, call: Callable[[Ledger], Outcome]) -> Outcome:
         core = self.core
-        core.check()
-        try:
-            out = call(self.lg)
-        except (StaleLease, TerminalRun) as exc:
-            assert core.fence is not None
-            core.fence.ended(exc)
-            raise core.fence.error() from exc
+        while True:
+            core.check()
+            try:
+                out = call(self.lg)
+                break
+            except (StaleLease, TerminalRun) as exc:
+                assert core.fence is not None
+                core.fence.ended(exc)
+                raise core.fence.error() from exc
+            except StoreUnavailable:
+                time.sleep(core.retry_in())  # nothing was written: wait while the lease can be proven
         core.check()  # a write that waited past the fence must not let the work go on
         return out
 
@@ -505,6 +521,11 @@ class Lease:
 
     def submit(self, summary: str = "", **kw: Any) -> Outcome:
         return self._do(self.core.submit(summary, **kw))
+
+    def confirm(self, key: str, outcome: str, note: str = "", **kw: Any) -> Outcome:
+        """The outcome (``done``/``absent``) of a side effect started earlier, such as one a
+        lost lease left open: a reconciliation, after looking at the world."""
+        return self._do(self.core.confirm(key, outcome, note, **kw))
 
     @contextmanager
     def effect(self, key: str, what: str, **kw: Any) -> Iterator[Effect]:
