@@ -199,3 +199,37 @@ def test_an_async_agent_fences_itself_and_a_second_worker_resumes(store_cut, tmp
                  cut_s=TIMEOUT_S * 2, cut_took_s=round(cut_done - cut_at, 3),
                  last_action_before_possible_revoke_s=round(could_revoke - max(at for at, _ in done), 3),
                  late_worker_writes=late)
+
+
+def test_a_sync_block_stops_its_tool_through_on_lost_while_the_file_is_locked(tmp_path, procs):
+    """The sync form: the fence thread calls ``on_lost`` in time for the tool to stop
+    before the watchdog could revoke, and the block's end raises ``LeaseLost``."""
+    import threading
+
+    cut = SqliteCut(tmp_path, procs)
+    world = tmp_path / "world"
+    stop = threading.Event()
+    with Ledger(cut.db, busy_timeout_s=0.25) as lg:
+        run = lg.open(goal="g", target="chat:#ops", owner="alice", heartbeat_timeout_s=TIMEOUT_S)
+        with pytest.raises(LeaseLost) as info:
+            with lg.lease(run, worker="agent-1", on_lost=lambda lease: stop.set()) as lease:
+                lease.transition("planning")
+                started = time.monotonic()
+                while not stop.is_set():  # a tool that checks its stop flag between steps
+                    act(world, "step")
+                    if len(actions(world)) == 10:
+                        cut_done = (cut.cut(), time.time())[1]
+                    time.sleep(0.05)
+                    assert time.monotonic() - started < 60, "the fence never tripped"
+        assert info.value.details["why"] == "fenced"
+        time.sleep(TIMEOUT_S)
+        back_at = time.time()
+        cut.heal()
+        log = list(lg.log(run))
+    proofs = [r.recorded_us for r in log if r.type in ("heartbeat_recorded", "lease_granted")
+              and r.recorded_us / 1e6 < back_at]
+    could_revoke = max(proofs) / 1e6 + TIMEOUT_S
+    done = [at for at, _ in actions(world)]
+    assert [at for at in done if at >= cut_done], "the tool never acted after the cut"
+    assert max(done) < could_revoke
+    assert [r.type for r in log if r.recorded_us / 1e6 >= could_revoke] == []
