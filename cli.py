@@ -2195,8 +2195,10 @@ def run(join: str | None, worker: str, heartbeat_every: float | None, grace: flo
     CMD gets HANDOFF_DB, HANDOFF_RUN, HANDOFF_LEASE and HANDOFF_WORKER in its
     environment and reports progress, artifacts and its result itself ('handoff
     progress --kind ...' needs no RUN or --lease there). SIGINT and SIGTERM are
-    forwarded to it. When it ends, how it ended (exit code or signal) is recorded and
-    the lease released. If the lease is lost (revoked by the watchdog, the run closed),
+    forwarded to it. Its stderr is passed through to yours. When it ends, how it ended
+    (exit code or signal; after a failure also the last lines of its stderr, with
+    anything that looks like a secret replaced) is recorded and the lease released; the
+    report shows it on the lease's span. If the lease is lost (revoked by the watchdog, the run closed),
     CMD is stopped and the wrapper says so and exits 1; otherwise it exits with CMD's
     status (128+N for signal N).
 

@@ -17,9 +17,10 @@ from handoff.ledger.errors import *  # noqa: F401,F403  (pure: the typed errors 
 _LAZY = {
     "Ledger": "handoff.api", "Outcome": "handoff.api", "import_into": "handoff.api",
     "measure": "handoff.api", "Actor": "handoff.ledger.store", "Sent": "handoff.api",
+    "AsyncLedger": "handoff.aio",
 }
 
-__all__ = ["Ledger", "Outcome", "Sent", "Actor", "measure", "import_into",
+__all__ = ["Ledger", "AsyncLedger", "Outcome", "Sent", "Actor", "measure", "import_into",
            *sorted(n for n, v in vars(_errors).items() if isinstance(v, type) and issubclass(v, Exception))]
 
 

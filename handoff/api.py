@@ -625,6 +625,18 @@ class Ledger:
         """
         return self.claim_outcome(run_id, worker, key=key).token
 
+    def lease(self, run_id: str, *, worker: str, token: str | None = None, heartbeat_s: float | None = None,
+              fence_margin_s: float | None = None, on_lost: Callable[[Any], None] | None = None,
+              key: str | None = None) -> Any:
+        """A lease held in a block: ``with lg.lease(run, worker="agent-1") as lease:``
+        claims (or adopts ``token``), heartbeats while the block runs, fences itself when
+        no heartbeat can be recorded, and releases (or records why the work stopped) at
+        its end. The block's verbs need no token (``handoff.lease.Lease``)."""
+        from handoff.lease import Lease
+
+        return Lease(self, run_id, worker=worker, token=token, heartbeat_s=heartbeat_s,
+                     fence_margin_s=fence_margin_s, on_lost=on_lost, key=key)
+
     def claim_outcome(self, run_id: str, worker: str, *, key: str | None = None) -> Claimed:
         """``claim`` with the write it made (for the CLI's --json)."""
         secret, digest = new_lease_secret()

@@ -15,6 +15,7 @@ is trusted (docs/reliability.md, "A worker cut off from the ledger").
 
 from __future__ import annotations
 
+import collections
 import os
 import signal
 import subprocess
@@ -27,14 +28,15 @@ from typing import Any
 import msgspec
 
 from handoff.ledger.errors import InvalidInput, LedgerError, StaleLease, TerminalRun, UnknownRun
-from handoff.ledger.store import Actor, LeaseToken
-from handoff.reducers import transitions as T
+from handoff.ledger.store import LeaseToken
 
 from .api import Ledger
+from .lease import NOTE_STATES, BeatThreads, Fence, bounded_text, check_margin, fence_margin, heartbeat_interval, record_end
 
-#: States in which a non-advancing "note" is accepted from the lease holder.
-_NOTE_STATES = T.WORKING | {T.BLOCKED, T.UNKNOWN}
-_SUBMITTED = frozenset({T.READY_FOR_REVIEW, T.SUCCEEDED})
+#: How much of a failed child's stderr is recorded with its exit: its last lines, at most
+#: this many characters (then bounded again, with the exit status, by ``lease.MAX_STOP_TEXT``).
+TAIL_LINES = 5
+TAIL_CHARS = 400
 
 #: What ``handoff run`` exits with when it stopped its child because no heartbeat could be
 #: recorded for the heartbeat timeout less the fence margin (EX_TEMPFAIL: try again later).
@@ -83,80 +85,50 @@ def _foreground() -> bool:
     return False
 
 
-class _Beater(threading.Thread):
-    """Heartbeats for the child until stopped; stops the child when the lease is lost."""
+def _stop_child(child: subprocess.Popen[Any], grace_s: float) -> None:
+    """SIGTERM, then SIGKILL once ``grace_s`` has passed."""
+    if child.poll() is not None:
+        return
+    try:
+        child.terminate()
+        child.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        child.kill()
+    except ProcessLookupError:
+        pass
 
-    def __init__(self, lg: Ledger, run_id: str, token: LeaseToken, worker: str, interval_s: float,
-                 child: subprocess.Popen[Any], grace_s: float, say: Callable[[str], None]) -> None:
-        super().__init__(name=f"handoff-heartbeat-{run_id}", daemon=True)
-        self.lg, self.run_id, self.worker = lg, run_id, worker
-        self.token, self.lease = token, token.lease  # the token writes; the number is what is said
-        self.interval_s, self.child, self.grace_s, self.say = interval_s, child, grace_s, say
-        self.stop = threading.Event()
-        self.lost = False
-        self.lost_reason = ""
-        self.released_by_child = False
-        self._warned: set[str] = set()
-        #: Monotonic time the last recorded heartbeat (or the claim) was sent: the ledger
-        #: stamped it no earlier, so the watchdog's timeout cannot have started before it.
-        self.last_ok = time.monotonic()
-        self.fenced = False
-        self.silent_s = 0.0
+
+class _StderrTail(threading.Thread):
+    """Passes the child's stderr through to ours as it comes and keeps its last lines, so a
+    crash is recorded with what the child said last (``TAIL_LINES``, at most ``TAIL_CHARS``)."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(name="handoff-run-stderr", daemon=True)
+        self.stream = stream
+        self.lines: collections.deque[bytes] = collections.deque(maxlen=TAIL_LINES + 1)
 
     def run(self) -> None:
-        while not self.stop.wait(self.interval_s):
-            sent = time.monotonic()
+        out = getattr(sys.stderr, "buffer", None)
+        partial = b""
+        while chunk := self.stream.read1(65536) if hasattr(self.stream, "read1") else self.stream.read(65536):
             try:
-                self.lg.heartbeat(self.run_id, self.token, worker=self.worker)
-                self.last_ok = sent
-            except (StaleLease, TerminalRun) as exc:
-                self._lease_ended(exc)
-                return
-            except LedgerError as exc:  # locked past the timeout, disk full: try again next beat
-                if exc.message not in self._warned:
-                    self._warned.add(exc.message)
-                    self.say(f"heartbeat not recorded ({exc.message}); retrying")
+                if out is not None:
+                    out.write(chunk)
+                    out.flush()
+                else:
+                    os.write(2, chunk)
+            except (OSError, ValueError):
+                out = None  # our stderr is gone: keep reading so the child never blocks on a full pipe
+            parts = (partial + chunk).split(b"\n")
+            partial = parts.pop()[-TAIL_CHARS:]
+            self.lines.extend(p[-TAIL_CHARS:] for p in parts)
+        if partial:
+            self.lines.append(partial)
 
-    def _lease_ended(self, exc: LedgerError) -> None:
-        how = self._how_lease_ended()
-        if how is not None and how[0] == "released" and how[1] == f"worker:{self.worker}":
-            # The child gave the lease back itself ('handoff release'): nothing was lost.
-            self.released_by_child = True
-            return
-        self.lost = True
-        if how is None:
-            self.lost_reason = exc.message
-        else:
-            kind, actor, reason = how
-            self.lost_reason = f"lease {self.lease} was {kind} by {actor}" + (f": {reason}" if reason else "")
-        self.say(f"lost lease {self.lease} on {self.run_id} ({self.lost_reason}); stopping the child "
-                 f"(SIGTERM, then SIGKILL after {self.grace_s:g}s)")
-        self._stop_child()
-
-    def _how_lease_ended(self) -> tuple[str, str, str] | None:
-        from handoff.ledger import events as ev
-
-        found = None
-        try:
-            for rec in self.lg.log(self.run_id):
-                e = rec.event
-                if isinstance(e, (ev.LeaseReleased, ev.LeaseRevoked)) and e.lease == self.lease:
-                    kind = "revoked" if isinstance(e, ev.LeaseRevoked) else "released"
-                    found = (kind, rec.actor, e.reason)
-        except LedgerError:
-            return None
-        return found
-
-    def _stop_child(self, grace_s: float | None = None) -> None:
-        if self.child.poll() is not None:
-            return
-        try:
-            self.child.terminate()
-            self.child.wait(timeout=self.grace_s if grace_s is None else grace_s)
-        except subprocess.TimeoutExpired:
-            self.child.kill()
-        except ProcessLookupError:
-            pass
+    def tail(self) -> str:
+        kept = [line.decode("utf-8", "replace").rstrip() for line in self.lines if line.strip()][-TAIL_LINES:]
+        text = " | ".join(kept)
+        return text if len(text) <= TAIL_CHARS else "…" + text[-(TAIL_CHARS - 1):]
 
 
 def run_wrapped(
@@ -176,11 +148,14 @@ def run_wrapped(
 
     The child gets ``HANDOFF_DB``, ``HANDOFF_RUN``, ``HANDOFF_LEASE`` and
     ``HANDOFF_WORKER`` in its environment. SIGINT and SIGTERM sent to the wrapper are
-    forwarded to it. When it ends, the wrapper records how (a progress ``note`` while the
-    run is being worked on, else ``worker_exit`` evidence) and releases the lease. When the
-    lease is lost it stops the child and writes nothing: a fenced worker's word is void.
+    forwarded to it. Its stderr is passed through, and the last lines kept. When it ends,
+    the wrapper records how (a progress ``note`` while the run is being worked on, else
+    ``worker_exit`` evidence; a failure with the end of its stderr, sanitized) and
+    releases the lease. When the lease is lost it stops the child and writes nothing: a
+    fenced worker's word is void.
 
-    Self-fencing: when no heartbeat has been recorded for the run's heartbeat timeout less
+    Self-fencing (``handoff.lease.Fence``, the rule every in-process lease follows too):
+    when no heartbeat has been recorded for the run's heartbeat timeout less
     ``fence_margin_s`` (default: a quarter of the timeout), by the wrapper's own monotonic
     clock, the child is stopped (SIGTERM, then SIGKILL after the grace, cut to half the
     margin so it is dead before the watchdog may revoke). The wrapper then waits up to
@@ -202,7 +177,7 @@ def run_wrapped(
 
         timeout = ((open_kwargs or {}).get("heartbeat_timeout_s", Policy().heartbeat_timeout_s) if run_id is None
                    else lg.checkpoint(run_id).policy.heartbeat_timeout_s)
-        _check_margin(fence_margin_s, timeout, run_id or "the new run")
+        check_margin(fence_margin_s, timeout, run_id or "the new run")
         if run_id is None:
             run_id = lg.open(**(open_kwargs or {}))
             say(f"opened run {run_id}")
@@ -211,8 +186,8 @@ def run_wrapped(
         lease = token.lease  # the number, for what the wrapper says; the token goes only to the child
         cp = lg.checkpoint(run_id)
         timeout = cp.policy.heartbeat_timeout_s
-        interval = heartbeat_s or max(0.05, min(timeout / 3, 30.0))
-        margin = timeout / 4 if fence_margin_s is None else fence_margin_s
+        interval = heartbeat_interval(timeout, heartbeat_s)
+        margin = fence_margin(timeout, fence_margin_s)
         say(f"{worker} holds lease {lease} on {run_id}; heartbeat every {interval:g}s; the child is "
             f"stopped if no heartbeat is recorded for {timeout - margin:g}s")
         result = WorkerResult(run_id=run_id, worker=worker, lease=lease)
@@ -223,7 +198,7 @@ def run_wrapped(
         if bindir not in path.split(os.pathsep):
             env["PATH"] = bindir + (os.pathsep + path if path else "")
         try:
-            child = subprocess.Popen(list(argv), env=env)
+            child = subprocess.Popen(list(argv), env=env, stderr=subprocess.PIPE)
         except OSError as exc:
             lg.release(run_id, token, f"could not start {argv[0]}: {exc.strerror}", worker=worker)
             result.released = True
@@ -231,9 +206,24 @@ def run_wrapped(
             result.returncode = result.exit_code
             say(f"cannot start {argv[0]!r}: {exc.strerror}; lease {lease} released")
             return result
+        stderr = _StderrTail(child.stderr)
+        stderr.start()
 
-        beater = _Beater(lg, run_id, token, worker, interval, child, grace_s, say)
-        beater.last_ok = claimed_at
+        def stop_child(fence: Fence) -> None:
+            if fence.fenced:
+                grace = min(grace_s, fence.margin_s / 2)
+                say(f"no heartbeat recorded on {run_id} for {fence.silent_s:.2f}s (limit {fence.limit_s:g}s): "
+                    f"the watchdog may soon give lease {lease} away, so the child is stopped now "
+                    f"(SIGTERM, then SIGKILL after {grace:g}s)")
+                _stop_child(child, grace)
+            elif fence.lost:
+                say(f"lost lease {lease} on {run_id} ({fence.lost_reason}); stopping the child "
+                    f"(SIGTERM, then SIGKILL after {grace_s:g}s)")
+                _stop_child(child, grace_s)
+
+        fence = Fence(lg, run_id, token, worker, timeout_s=timeout, interval_s=heartbeat_s, margin_s=fence_margin_s,
+                      since=claimed_at, on_lost=stop_child, say=say)
+        beating = BeatThreads(fence)
 
         def forward(signum: int, frame: Any) -> None:
             if signum == signal.SIGINT and _foreground():
@@ -249,65 +239,46 @@ def run_wrapped(
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 handlers[sig] = signal.signal(sig, forward)
-        beater.start()
+        beating.start()
         try:
-            rc = _wait_or_fence(child, beater, timeout - margin, margin, grace_s, say)
+            rc = _wait(child)
         finally:
-            beater.stop.set()
             # A beat stuck on an unreachable ledger must not keep the wrapper: the fence
             # path below waits for the ledger on its own terms.
-            beater.join(timeout=None if not beater.fenced else 0.1)
+            beating.stop(wait_s=0.1 if fence.fenced else None)
             for sig, old in handlers.items():
                 signal.signal(sig, old)
+        stderr.join(timeout=1.0)  # a grandchild may hold the pipe open: what came is enough
 
         if rc < 0:
             result.signal = _signame(-rc)
         else:
             result.exit_code = rc
-        if beater.fenced:
-            result.fenced, result.silent_s = True, round(beater.silent_s, 3)
+        if fence.fenced:
+            result.fenced, result.silent_s = True, round(fence.silent_s, 3)
             result.returncode = FENCED_EXIT
-            _record_fence(lg, result, token, beater, max(2 * timeout, 2.0), interval, say)
+            _record_fence(lg, result, token, max(2 * timeout, 2.0), interval, say)
             return result
-        if beater.lost:
-            result.lease_lost, result.lost_reason = True, beater.lost_reason
+        if fence.lost:
+            result.lease_lost, result.lost_reason = True, fence.lost_reason
             result.returncode = 1
             say(f"the child {result.describe()} after the lease was lost; nothing more recorded")
             return result
         result.returncode = rc if rc >= 0 else 128 - rc
-        _record_end(lg, result, token, beater.released_by_child, say)
+        _record_end(lg, result, token, fence.released_by_holder, stderr.tail() if rc != 0 else "", say)
         return result
 
 
-def _check_margin(margin: float | None, timeout: float, run: str) -> None:
-    if margin is not None and not 0 <= margin < timeout:
-        raise InvalidInput(f"the fence margin ({margin:g}s) must be less than {run}'s heartbeat timeout "
-                           f"({timeout:g}s): the child would be stopped before it could do anything. Give a "
-                           "smaller --fence-margin, or leave it out (a quarter of the timeout)",
-                           field="fence_margin")
-
-
-def _wait_or_fence(child: subprocess.Popen[Any], beater: _Beater, limit_s: float, margin_s: float,
-                   grace_s: float, say: Callable[[str], None]) -> int:
-    """Wait for the child; stop it once no heartbeat was recorded for ``limit_s``."""
+def _wait(child: subprocess.Popen[Any]) -> int:
+    """The child's exit status; a short timeout keeps signal handlers running promptly."""
     while True:
         try:
-            return child.wait(timeout=0.02)
+            return child.wait(timeout=0.05)
         except subprocess.TimeoutExpired:
             pass
-        if beater.lost or beater.fenced:
-            continue  # the child is being stopped; wait for it
-        silent = time.monotonic() - beater.last_ok
-        if silent >= limit_s:
-            beater.fenced, beater.silent_s = True, silent
-            grace = min(grace_s, margin_s / 2)
-            say(f"no heartbeat recorded on {beater.run_id} for {silent:.2f}s (limit {limit_s:g}s): the "
-                f"watchdog may soon give lease {beater.lease} away, so the child is stopped now "
-                f"(SIGTERM, then SIGKILL after {grace:g}s)")
-            beater._stop_child(grace)
 
 
-def _record_fence(lg: Ledger, result: WorkerResult, token: LeaseToken, beater: _Beater, wait_s: float,
+def _record_fence(lg: Ledger, result: WorkerResult, token: LeaseToken, wait_s: float,
                   interval_s: float, say: Callable[[str], None]) -> None:
     """After a fence: once the ledger answers, record why the child was stopped and give the
     lease back, if it is still ours; if the watchdog took it meanwhile, record nothing."""
@@ -322,7 +293,7 @@ def _record_fence(lg: Ledger, result: WorkerResult, token: LeaseToken, beater: _
                 result.lease_lost, result.lost_reason = True, f"lease {result.lease} ended while the ledger was out of reach"
                 say(f"the ledger answers again: {result.lost_reason}; nothing recorded (exit {FENCED_EXIT})")
                 return
-            if cp.state in _NOTE_STATES:
+            if cp.state in NOTE_STATES:
                 lg.progress(run_id, token, "note", text, worker=worker)
                 result.recorded = "progress note"
             else:
@@ -344,36 +315,28 @@ def _record_fence(lg: Ledger, result: WorkerResult, token: LeaseToken, beater: _
             time.sleep(interval_s)
 
 
-def _record_end(lg: Ledger, result: WorkerResult, token: str, released_by_child: bool,
+def _record_end(lg: Ledger, result: WorkerResult, token: LeaseToken, released_by_child: bool, tail: str,
                 say: Callable[[str], None]) -> None:
     run_id, lease, worker = result.run_id, result.lease, result.worker
     text = f"child {result.describe()}"
     if result.forwarded:
         text += f" (after {', '.join(result.forwarded)} was forwarded to it)"
+    said = text
+    if tail:
+        text = bounded_text(f"{text}; its stderr ended with: {tail}", lg, run_id)
     try:
-        cp = lg.checkpoint(run_id)
-        if released_by_child or cp.lease != lease:
-            result.released = released_by_child
-            say(f"the {text}; the lease was already given back")
+        if released_by_child:
+            result.released = True
+            say(f"the {said}; the lease was already given back")
             return
-        if cp.state in _NOTE_STATES:
-            lg.progress(run_id, token, "note", text, worker=worker)
-            result.recorded = "progress note"
-        elif result.exit_code != 0 and cp.state in _SUBMITTED:
-            # A worker that fails after submitting puts its result in doubt: "fail" evidence
-            # holds delivery until someone looks (a later pass of worker_exit clears it).
-            lg.evidence(run_id, "worker_exit", "fail", text, lease=token, actor=Actor("worker", worker))
-            result.recorded = "evidence"
-        else:
-            # Queued (nothing started) or a clean exit after submit: the release says it.
-            result.recorded = "release reason"
-        lg.release(run_id, token, text, worker=worker)
+        result.recorded = record_end(lg, run_id, token, worker, text, failed=result.exit_code != 0)
+        if not result.recorded:
+            say(f"the {said}; the lease was already given back")
+            return
         result.released = True
-        say(f"the {text}; recorded as {result.recorded} and lease {lease} released")
-    except (StaleLease, TerminalRun) as exc:
-        say(f"the {text}; could not record it ({exc.message})")
+        say(f"the {said}; recorded as {result.recorded} and lease {lease} released")
     except LedgerError as exc:
-        say(f"the {text}; could not record it ({exc.message})")
+        say(f"the {said}; could not record it ({exc.message})")
 
 
-__all__ = ["WorkerResult", "run_wrapped"]
+__all__ = ["FENCED_EXIT", "WorkerResult", "run_wrapped"]

@@ -84,6 +84,16 @@ class StaleLease(Refused):
         )
 
 
+class LeaseLost(Refused):
+    """A worker holding a lease in a block (``lease()``, ``handoff run``) lost it: the
+    ledger refused it (revoked, superseded, the run ended) or no heartbeat could be
+    recorded for the heartbeat timeout less the fence margin, so the watchdog may give it
+    away. Every later verb of the block is refused with this, before anything is written.
+
+    ``details["why"]`` is ``lost``, ``fenced`` or ``released`` (the holder gave it back).
+    """
+
+
 class ClaimAlreadyMade(Refused):
     """A keyed claim was retried: the claim happened once and its token cannot be shown again."""
 

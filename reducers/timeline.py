@@ -192,7 +192,10 @@ class _Builder:
                 self.proof["lease"] = [rec.seq]
             case ev.LeaseReleased() | ev.LeaseRevoked():
                 kind = "lease-revoked" if isinstance(e, ev.LeaseRevoked) else "lease-released"
-                if self.end(("lease", e.lease), rec, kind=kind, label=f"lease {e.lease} {kind[6:]}"):
+                # The reason goes on the span: why a worker stopped (a child's exit and the
+                # end of its stderr, an exception) is read where its lease ends.
+                label = f"lease {e.lease} {kind[6:]}" + (f": {e.reason}" if e.reason else "")
+                if self.end(("lease", e.lease), rec, kind=kind, label=label):
                     self.proof["lease"] = [*self.proof["lease"][:1], rec.seq]
                 for what in [w for w in self.open if w[0] == "unavailable"]:
                     self.end(what, rec)

@@ -9,6 +9,7 @@ views; this one proves what a user sees is the same whatever holds the log:
 - the packet, the log and a replay agree across backends for the same history;
 - an export of one backend imported into another folds to the same runs;
 - the watchdog revokes a silent worker's lease, once;
+- the story, the refusals and the watchdog the same through ``AsyncLedger`` (``face``);
 - the ``handoff`` command on the backend's address (``--db``), in-process and as a real
   process, where the backend lets another process open the same ledger.
 
@@ -38,6 +39,8 @@ from handoff.projections.engine import AGGREGATE
 from tests.backends import BACKENDS, OnBackend
 from tests.ledger.conformance import assert_unchanged, refused, snapshot
 from tests.support import executable
+from tests.workers.faces import FACES, Blocking
+from handoff.aio import AsyncLedger
 
 S = 1_000_000
 T0 = 1_800_000_000 * S
@@ -62,6 +65,23 @@ class Clock:
 def ledger_on(backend: OnBackend, clock: Clock, address: str | None = None) -> Ledger:
     store = backend.open(address or backend.address(), clock=clock)
     return Ledger(store=store, clock=clock)
+
+
+@pytest.fixture(params=FACES)
+def face(request):
+    """``face(ledger)``: the Ledger itself, or the same ledger through ``AsyncLedger``
+    (tests/workers/faces.py ``Blocking``): the tests taking it hold for both faces."""
+    made: list[Blocking] = []
+
+    def wrap(lg: Ledger) -> Any:
+        if request.param == "sync":
+            return lg
+        made.append(Blocking(AsyncLedger(ledger=lg)))
+        return made[-1]
+
+    yield wrap
+    for b in made:
+        b.close()
 
 
 def story(lg: Ledger, clock: Clock, tmp: Path, run: str = "r1") -> str:
@@ -96,9 +116,9 @@ def story(lg: Ledger, clock: Clock, tmp: Path, run: str = "r1") -> str:
 # --- the story through the Ledger ---------------------------------------------------------
 
 
-def test_a_whole_run_through_the_ledger(backend, tmp_path):
+def test_a_whole_run_through_the_ledger(backend, tmp_path, face):
     clock = Clock()
-    lg = ledger_on(backend, clock)
+    lg = face(ledger_on(backend, clock))
     story(lg, clock, tmp_path)
     packet = lg.status("r1")
     assert (packet["state"], packet["terminal"], packet["delivery"]["status"]) == ("delivered", True, "confirmed")
@@ -142,9 +162,9 @@ def refusals(lg: Ledger, lease: str, spent: str) -> list[tuple[str, Any, type[E.
     ]
 
 
-def test_refusals_are_typed_carry_their_exit_code_and_write_nothing(backend, tmp_path):
+def test_refusals_are_typed_carry_their_exit_code_and_write_nothing(backend, tmp_path, face):
     clock = Clock()
-    lg = ledger_on(backend, clock)
+    lg = face(ledger_on(backend, clock))
     spent = story(lg, clock, tmp_path)
     lg.open(run_id="r2", goal="g", target="chat:#ops", owner="alice")
     lease = lg.claim("r2", "w1")
@@ -160,9 +180,9 @@ def test_refusals_are_typed_carry_their_exit_code_and_write_nothing(backend, tmp
     assert lg.check() == views == []
 
 
-def test_a_revoked_lease_is_refused_and_writes_nothing(backend, tmp_path):
+def test_a_revoked_lease_is_refused_and_writes_nothing(backend, tmp_path, face):
     clock = Clock()
-    lg = ledger_on(backend, clock)
+    lg = face(ledger_on(backend, clock))
     lg.open(run_id="r", goal="g", target="chat:#ops", owner="alice")
     old = lg.claim("r", "w1")
     lg.revoke("r", "drain", actor=OPS)
@@ -175,9 +195,9 @@ def test_a_revoked_lease_is_refused_and_writes_nothing(backend, tmp_path):
 # --- the watchdog -------------------------------------------------------------------------
 
 
-def test_the_watchdog_revokes_a_silent_worker_once(backend):
+def test_the_watchdog_revokes_a_silent_worker_once(backend, face):
     clock = Clock()
-    lg = ledger_on(backend, clock)
+    lg = face(ledger_on(backend, clock))
     lg.open(run_id="r", goal="g", target="chat:#ops", owner="alice", heartbeat_timeout_s=10)
     lease = lg.claim("r", "w1")
     lg.transition("r", lease, "planning", worker="w1")
@@ -195,11 +215,11 @@ def test_the_watchdog_revokes_a_silent_worker_once(backend):
     assert lg.check() == []
 
 
-def test_a_beat_between_the_scan_and_the_action_keeps_the_lease(backend):
+def test_a_beat_between_the_scan_and_the_action_keeps_the_lease(backend, face):
     """The stall scan judges from the view row and the watchdog reads the run's packet
     later: a beat landing in between must make the revoke skip, on every backend."""
     clock = Clock()
-    lg = ledger_on(backend, clock)
+    lg = face(ledger_on(backend, clock))
     lg.open(run_id="r", goal="g", target="chat:#ops", owner="alice", heartbeat_timeout_s=10)
     lease = lg.claim("r", "w1")
     lg.transition("r", lease, "planning", worker="w1")
