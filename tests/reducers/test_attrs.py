@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from handoff import Ledger
 from handoff.ledger import errors as E
 from handoff.ledger import events as ev
-from handoff.reducers import decide as D
 from handoff.ledger.store import CONTROL_RE
+from handoff.reducers import decide as D
 from handoff.reducers import transitions as T
 
 from .helpers import OPERATOR, OWNER, bring, log, new_ledger, refused
