@@ -106,8 +106,9 @@ WORKER, OWNER, WATCHDOG, OPERATOR = "worker", "owner", "watchdog", "operator"
 #: judges progress; if its own acts counted, the stall clock would restart at the watchdog's
 #: decision instead of the work's last step, and the same stall would get a new key.
 PROGRESS_ACTORS = frozenset({WORKER, OWNER, OPERATOR})
-#: The commands that end a lease. A move only they make (into unknown, when the worker
-#: leaves a side effect unconfirmed) records that a worker is gone, not that the work moved.
+#: The commands that can end a lease (``recover`` by its revoke_lease). A move only they
+#: make (into unknown, when the worker leaves a side effect unconfirmed) records that a
+#: worker is gone, not that the work moved.
 LEASE_ENDS = frozenset({"release", "revoke", "recover"})
 LEASE_END_MOVES = frozenset(move for move, vias in MOVES.items() if set(vias) <= LEASE_ENDS)
 

@@ -164,3 +164,71 @@ def test_every_advancing_type_is_refused_to_the_watchdog_and_allowed_to_the_rest
     assert T.advances("state_changed", T.WORKER, (T.EXECUTING, T.VERIFYING))
     assert not T.advances("heartbeat_recorded", T.WORKER)
     assert WATCHDOG.kind == T.WATCHDOG
+
+
+# --- a ledger whose views an older version folded ----------------------------------------
+
+
+def _as_the_old_rule_kept_it(path: str, run_id: str, old_versions: bool) -> None:
+    """Rewrite the views as a version that counted the watchdog's move to unknown kept them:
+    progress_seq one higher, the last progress that move; optionally with the old versions."""
+    import sqlite3
+
+    from msgspec.structs import replace
+
+    from handoff.projections import views
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    (blob,) = conn.execute("SELECT packet FROM checkpoints WHERE run_id=?", (run_id,)).fetchone()
+    cp = views.decode_checkpoint(blob)
+    seq = cp.progress_seq + 1
+    last = stall.LastProgress(seq, "state:unknown", cp.last_event_us, cp.last_seq)
+    old = replace(cp, watch=replace(cp.watch, progress_seq=seq, last_progress=last))
+    conn.execute("UPDATE checkpoints SET progress_seq=?, packet=? WHERE run_id=?",
+                 (seq, views.encode_checkpoint(old), run_id))
+    conn.execute("UPDATE stall_watch SET progress_seq=?, last_progress_kind=?, last_progress_us=? WHERE run_id=?",
+                 (seq, last.kind, last.at_us, run_id))
+    if old_versions:
+        conn.execute("UPDATE projection_versions SET version = version - 1 WHERE name IN ('checkpoints', 'stall_watch')")
+    conn.close()
+
+
+def _revoked_run(tmp_path) -> tuple[str, str, int]:
+    clock = Clock()
+    path = str(tmp_path / "ledger.db")
+    lg = Ledger(path, clock=clock, synchronous="NORMAL")
+    run = bring(lg, tmp_path, T.EXECUTING)
+    lg.effect_start(run.id, run.lease, "mail-1", "mail the report", worker=run.worker)
+    clock.advance(lg.checkpoint(run.id).policy.heartbeat_timeout_s + 1)
+    watch_once(lg, name="dog", now_us=clock.now)
+    right = lg.checkpoint(run.id).progress_seq
+    lg.close()
+    return path, run.id, right
+
+
+def test_views_an_older_fold_kept_need_a_rebuild_and_a_writable_open_refolds_them(tmp_path):
+    from handoff.projections.engine import NEEDS_REBUILD
+
+    path, run_id, right = _revoked_run(tmp_path)
+    _as_the_old_rule_kept_it(path, run_id, old_versions=True)
+    with Ledger(path, readonly=True) as ro:
+        assert ro.status(run_id)["progress_seq"] == right + 1  # answered from the views as kept
+        # One line per view that needs the rebuild, not a mismatch per run.
+        assert [(d["projection"], d["run_id"], d["folded"]) for d in ro.check()] == [
+            ("checkpoints", None, NEEDS_REBUILD), ("stall_watch", None, NEEDS_REBUILD)]
+    with Ledger(path) as rw:  # any writable open refolds them from the unchanged log
+        assert rw.check() == []
+        assert rw.status(run_id)["progress_seq"] == right
+        assert rw.status(run_id)["last_progress"]["kind"] == "state:executing"
+
+
+def test_rebuild_refolds_rows_kept_by_the_old_rule(tmp_path):
+    """The same rows under the current version numbers are a real difference; a rebuild
+    is the answer."""
+    path, run_id, right = _revoked_run(tmp_path)
+    _as_the_old_rule_kept_it(path, run_id, old_versions=False)
+    with Ledger(path) as lg:
+        assert {(d["projection"], d["column"]) for d in lg.check()} >= {
+            ("checkpoints", "progress_seq"), ("stall_watch", "progress_seq")}
+        lg.rebuild()
+        assert lg.check() == [] and lg.status(run_id)["progress_seq"] == right
