@@ -1238,6 +1238,32 @@ def close(run: str, by: str, disposition: str, reason: str, operator: bool, key:
 
 @main.command()
 @run_argument
+@click.option("--by", required=True, help="The owner (or, with --operator, an operator).")
+@click.option("--reason", required=True, help="Why it goes back, for the worker who fixes it.")
+@click.option("--operator", is_flag=True, help="Reopen as an operator rather than as the owner.")
+@key_option
+@json_option
+def reopen(run: str, by: str, reason: str, operator: bool, key: str | None, as_json: bool) -> None:
+    """Send a succeeded run whose sanitization check failed back to verifying.
+
+    A public target's delivery is refused while the latest check finds something, and a
+    submitted result cannot be changed. Reopening moves the run to verifying: the worker
+    holding the lease (or, once none does, a worker that claims it) withdraws what the
+    check found ('handoff artifact-withdraw'), records the result again and submits it;
+    then check it again ('handoff sanitize'). Refused unless the run is succeeded, its
+    latest check failed and no delivery attempt waits for its outcome.
+
+    \b
+    Example:
+        handoff reopen $RUN --by alice --reason "the report quotes an API key; remove it"
+    """
+    with _ledger() as lg:
+        out = lg.reopen(run, by=by, reason=reason, as_operator=operator, key=key)
+    _report(out, as_json, "reopened; now verifying")
+
+
+@main.command()
+@run_argument
 @click.option("--at", "at_seq", required=True, type=click.IntRange(min=1), help="The parent's seq to continue from.")
 @click.option("--run-id", default=None, help="The new run's id.")
 @click.option("--by", default=None, help="Operator name (default: $HANDOFF_ACTOR, else your login name).")
@@ -2373,7 +2399,7 @@ log (`handoff log`). `delivery.status` is one of `not_ready`, `ready`, `attempte
 `blocked`, `unclaimed`, `needs_reconciliation`, `needs_worker`, `delivery_ambiguous`,
 `awaiting_owner`, `delivering`, `silent`, `unopened`; `health.action` one of `none`,
 `revoke_lease`, `mark_stalled`, `pause`, `reconcile`, `reconcile_delivery`, `claim`,
-`open`. `monitored.covered` is true only when a watcher beat within three of its
+`transition`, `open`. `monitored.covered` is true only when a watcher beat within three of its
 intervals.
 
 **status** (no RUN): `{"now", "runs": [{"run_id", "state", "owner", "target", "worker",

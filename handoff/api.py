@@ -968,6 +968,17 @@ class Ledger:
         actor = Actor("operator" if as_operator else "owner", by)
         return self.execute(run_id, C.Close(disposition=disposition, reason=reason), actor=actor, key=key)  # type: ignore[arg-type]
 
+    def reopen(self, run_id: str, *, by: str, reason: str, as_operator: bool = False,
+               key: str | None = None) -> Outcome:
+        """Send a succeeded run whose latest sanitization check failed back to verifying.
+
+        The gate refuses such a result for delivery, and after submit nobody else can change
+        it (withdraw, reject, claim are refused); this is the owner's way forward: a worker
+        then withdraws what the check found, records the result again and submits it, and
+        the new result is checked again. Refused in any other case (docs/lifecycle.md)."""
+        actor = Actor("operator" if as_operator else "owner", by)
+        return self.execute(run_id, C.Reopen(reason=reason), actor=actor, key=key)
+
     def fork(self, run_id: str, at_seq: int, *, new_run_id: str | None = None, by: str | None = None,
              key: str | None = None) -> str:
         """A child run continuing ``run_id`` at ``at_seq``; with ``key`` and no id, the

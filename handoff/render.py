@@ -192,7 +192,24 @@ def _said(event: Any) -> str:
             return f"{e.action} ({e.classification}): {e.reason}"
         case ev.RunForked():
             return f"continues {e.parent} as of seq {e.parent_seq}"
+        case ev.SanitizationChecked():
+            return _sanitization(e)
+        case ev.RunReopened():
+            return f"sent back to verifying by {e.by} (check at seq {e.check_seq} failed): {e.reason}"
     return ev.tag_of(e)
+
+
+def _sanitization(e: Any) -> str:
+    """A check's verdict and, when it failed, which detectors fired where: the detector,
+    part and line, never the matched text (a finding holds none)."""
+    from handoff.reducers.sanitize import describe
+
+    scanned = f"{len(e.items)} part{'s' if len(e.items) != 1 else ''}"
+    if e.passed:
+        return f"passed: {scanned} scanned, nothing found (sha256 {e.bundle_sha256[:12]})"
+    fired = sorted({f.detector for f in e.findings})
+    return (f"FAILED: {', '.join(fired) or 'a part could not be read'} fired in {scanned} scanned"
+            + (f" ({describe(e.findings)})" if e.findings else ""))
 
 
 def format_packet(p: dict[str, Any]) -> str:

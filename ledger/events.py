@@ -324,6 +324,16 @@ class ArtifactWithdrawn(Event, tag="artifact_withdrawn"):
     reason: str
 
 
+class RunReopened(Event, tag="run_reopened"):
+    """The owner sent a succeeded result back to verifying because its latest sanitization
+    check (the one at ``check_seq``) failed, so it cannot be delivered as it is; a worker
+    then withdraws what the check found and records the result again. ``reason`` says why."""
+
+    by: str
+    reason: str
+    check_seq: int
+
+
 AnyEvent = (
     HandoffOpened
     | LeaseGranted
@@ -352,6 +362,7 @@ AnyEvent = (
     | RecoveryDecided
     | RunForked
     | ArtifactWithdrawn
+    | RunReopened
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {

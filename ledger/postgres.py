@@ -291,9 +291,9 @@ _HEAD_FOR_UPDATE = preparable(_HEAD_SELECT + " FOR UPDATE")
 #: one guessed from (seq, hash), which a refused guess goes on from.
 _HEAD_IF_MOVED = preparable(_HEAD_SELECT + " AND NOT (last_seq = %s AND last_hash = %s) FOR UPDATE")
 _STEPS_IF_MOVED = preparable(
-    "SELECT seq, type, recorded_us, payload, hash FROM events WHERE run_id=%s AND seq>=%s "
+    "SELECT seq, type, recorded_us, payload, hash, actor FROM events WHERE run_id=%s AND seq>=%s "
     "AND NOT EXISTS (SELECT 1 FROM heads WHERE run_id=%s AND last_seq=%s AND last_hash=%s) ORDER BY seq")
-_STEPS_FROM = preparable("SELECT seq, type, recorded_us, payload, hash FROM events WHERE run_id=%s "
+_STEPS_FROM = preparable("SELECT seq, type, recorded_us, payload, hash, actor FROM events WHERE run_id=%s "
                          "AND seq>=%s ORDER BY seq")
 _MOVE_DIGEST = preparable("UPDATE heads SET lease_digest=%s WHERE run_id=%s")
 _LOCK_VIEWS_SHARED = preparable("SELECT pg_advisory_xact_lock_shared(%s, %s)")
@@ -967,7 +967,7 @@ class _Guess(msgspec.Struct):
 
 
 def _decode_steps(run_id: str, rows: Sequence[Sequence[Any]]) -> list[Step] | None:
-    """Steps from (seq, type, recorded_us, payload, ...) rows, or None when a payload does
+    """Steps from (seq, type, recorded_us, payload, ..., actor) rows, or None when a payload does
     not decode to its type (the caller then reads the run the slow way, which says why)."""
     try:
         events = ev.decode_many([_b(r[3]) for r in rows])
@@ -975,7 +975,7 @@ def _decode_steps(run_id: str, rows: Sequence[Sequence[Any]]) -> list[Step] | No
             return None
     except (msgspec.ValidationError, msgspec.DecodeError, TypeError, UnicodeDecodeError, KeyError):
         return None
-    return [Step(run_id, r[0], r[1], r[2], e) for r, e in zip(rows, events)]
+    return [Step(run_id, r[0], r[1], r[2], e, r[-1]) for r, e in zip(rows, events)]
 
 
 class PostgresStore(EventStore):
@@ -2098,7 +2098,7 @@ class PostgresStore(EventStore):
         return [_rec(r) for r in self._x(sql + " ORDER BY e.seq", args)]
 
     def _steps(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Step]:
-        sql = "SELECT seq, type, recorded_us, payload FROM events WHERE run_id=%s AND seq>%s"
+        sql = "SELECT seq, type, recorded_us, payload, actor FROM events WHERE run_id=%s AND seq>%s"
         args: list[Any] = [run_id, after_seq]
         if until_seq is not None:
             sql += " AND seq<=%s"
@@ -2107,7 +2107,7 @@ class PostgresStore(EventStore):
         steps = _decode_steps(run_id, rows)
         if steps is None:
             events = [rec.event for rec in self._read_run_page(run_id, after_seq, until_seq)]
-            steps = [Step(run_id, seq, type_, at_us, event) for (seq, type_, at_us, _), event in zip(rows, events)]
+            steps = [Step(run_id, seq, type_, at_us, event, actor) for (seq, type_, at_us, _, actor), event in zip(rows, events)]
         return steps
 
     def _lineage_steps(self, run_id: str, until_seq: int | None) -> Iterator[Step]:

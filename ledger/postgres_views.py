@@ -194,6 +194,10 @@ class PostgresViewStore(ViewStore):
         kept = dict(self._x(f"SELECT name, version FROM {VERSIONS}").fetchall())
         return [n for n, (_, v) in views.items() if kept.get(n, 1) != v]
 
+    def outdated(self, views: Mapping[str, tuple[TableSpec, int]]) -> list[str]:
+        with self._store._lock, self._store._mapped("reading the views"):
+            return self._outdated(views)
+
     def needs_prepare(self, views: Mapping[str, tuple[TableSpec, int]]) -> bool:
         with self._store._lock, self._store._mapped("reading the views"):
             existing = self._table_names()

@@ -386,7 +386,7 @@ class _Import:
             stored = Recorded(run_id, r.seq, pos, r.type, r.actor, r.lease, key, r.recorded_us,
                               r.schema_version, r.payload, r.prev_hash, r.hash)
             if self.aggregate.lean:
-                stored = Step(run_id, r.seq, r.type, r.recorded_us, event)  # type: ignore[assignment]
+                stored = Step(run_id, r.seq, r.type, r.recorded_us, event, r.actor)  # type: ignore[assignment]
             cur.state = self.aggregate.evolve(cur.state, stored)
         cur.seq, cur.hash, cur.dirty = r.seq, r.hash, True
         cur.last_position = pos
@@ -1499,8 +1499,8 @@ class SqliteStore(EventStore):
             cursor = stop
 
     def _steps_locked(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Step]:
-        """Events of one run as Steps: four columns read, the payloads decoded together."""
-        sql = "SELECT seq, type, recorded_us, payload FROM events WHERE run_id=? AND seq>?"
+        """Events of one run as Steps: five columns read, the payloads decoded together."""
+        sql = "SELECT seq, type, recorded_us, payload, actor FROM events WHERE run_id=? AND seq>?"
         args: list[Any] = [run_id, after_seq]
         if until_seq is not None:
             sql += " AND seq<=?"
@@ -1515,8 +1515,8 @@ class SqliteStore(EventStore):
             # position of the payload that does not decode or does not match its type.
             events = [rec.event for rec in self._read_run_locked(run_id, after_seq, until_seq)]
         return [
-            Step(run_id, seq, type_, at_us, event)
-            for (seq, type_, at_us, _), event in zip(rows, events)
+            Step(run_id, seq, type_, at_us, event, actor)
+            for (seq, type_, at_us, _, actor), event in zip(rows, events)
         ]
 
     def _state_locked(self, run_id: str, aggregate: Aggregate[S], head: Head | None) -> S:

@@ -136,6 +136,10 @@ class SqliteViewStore(ViewStore):
         kept = dict(conn.execute(f"SELECT name, version FROM {VERSIONS}"))
         return [n for n, (_, v) in views.items() if kept.get(n, 1) != v]
 
+    def outdated(self, views: Mapping[str, tuple[TableSpec, int]]) -> list[str]:
+        with self._store._lock:
+            return self._outdated(views)
+
     def needs_prepare(self, views: Mapping[str, tuple[TableSpec, int]]) -> bool:
         with self._store._lock:
             existing = self._table_names()

@@ -105,9 +105,11 @@ class Recorded(msgspec.Struct, frozen=True):
 class Step(msgspec.Struct, frozen=True, gc=False):
     """A decoded event with the part of its envelope a fold reads.
 
-    A store hands these to an aggregate that declares itself ``lean``: reading four
+    A store hands these to an aggregate that declares itself ``lean``: reading five
     columns and decoding a page of payloads at once costs a fraction of building a
-    full ``Recorded`` per row, and a fold never needs the hashes, actor or keys.
+    full ``Recorded`` per row, and a fold never needs the hashes, lease or keys. It does
+    need the actor (``kind:name``): whether an event moves a run's progress depends on
+    who recorded it (reducers/transitions.py, ``advances``).
     """
 
     run_id: str
@@ -115,6 +117,7 @@ class Step(msgspec.Struct, frozen=True, gc=False):
     type: str
     recorded_us: int
     event: ev.Event
+    actor: str
 
 
 class Head(msgspec.Struct, frozen=True):
@@ -177,7 +180,7 @@ class Aggregate(abc.ABC, Generic[S]):
     def initial(self, run_id: str) -> S: ...
 
     #: True when ``evolve`` reads nothing of its record but ``run_id``, ``seq``, ``type``,
-    #: ``recorded_us`` and ``event``: the store may then fold it over ``Step``s.
+    #: ``recorded_us``, ``actor`` and ``event``: the store may then fold it over ``Step``s.
     lean: bool = False
 
     @abc.abstractmethod

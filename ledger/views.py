@@ -140,6 +140,11 @@ class ViewStore(ViewWriter):
         """True if a table, the tracking rows or a version is missing or out of date."""
 
     @abc.abstractmethod
+    def outdated(self, views: Views) -> list[str]:
+        """The views among ``views`` whose rows were kept by another version of their fold
+        (or before versions were recorded): ``prepare`` remakes them, a rebuild refolds them."""
+
+    @abc.abstractmethod
     def prepare(self, views: Views) -> None:
         """Create missing tables (tracking at 0) and set views kept at another version
         back to position 0, so a catch-up refolds them. Inside a write transaction."""

@@ -24,7 +24,11 @@ from . import views
 
 Progress = Callable[[int, int], None] | None
 
-__all__ = ["BY_NAME", "PROJECTIONS", "TRACKING", "VERSIONS", "Projection", "Projector"]
+#: What ``check`` says of a view kept by another version of its fold.
+NEEDS_REBUILD = ("needs rebuild (fold rule changed): run 'handoff rebuild', or open the ledger "
+                 "writable, which refolds it")
+
+__all__ = ["BY_NAME", "NEEDS_REBUILD", "PROJECTIONS", "TRACKING", "VERSIONS", "Projection", "Projector"]
 
 
 class Projection(msgspec.Struct, frozen=True):
@@ -74,8 +78,10 @@ PROJECTIONS: tuple[Projection, ...] = (
         # 2: the packet keeps the latest evidence record of each kind; 3: no last_position
         # column (the run's position lives in the heads table alone; on PostgreSQL a write
         # learns its position only after its commit), and its delivery keeps the contract's
-        # public flag, patterns and send settings and the last sanitization check
-        version=3,
+        # public flag, patterns and send settings and the last sanitization check; 4: the
+        # watchdog's records and the moves only a lease's end makes no longer advance
+        # progress_seq (reducers/transitions.py, ``advances``)
+        version=4,
         spec=TableSpec(
             "checkpoints",
             columns(
@@ -96,8 +102,9 @@ PROJECTIONS: tuple[Projection, ...] = (
     Projection(
         name="stall_watch",
         # 2: the worker, the policy's timeouts and retry budget, and whether a verdict needs
-        # the packet: the stall scan judges a due run from this row (reducers/stall.judge)
-        version=2,
+        # the packet: the stall scan judges a due run from this row (reducers/stall.judge);
+        # 3: progress_seq and the last progress as fold version 4 of checkpoints counts them
+        version=3,
         spec=TableSpec(
             "stall_watch",
             columns(
@@ -329,7 +336,9 @@ class Projector:
         """Compare every kept row with a fresh fold of the log; return each difference.
 
         A difference is {projection, run_id, column, kept, folded}; kept or folded is
-        None where a whole row is missing on that side. Differences come projection by
+        None where a whole row is missing on that side. A view kept by another version of
+        its fold (an older ledger opened read-only) is one difference, run_id None and
+        folded ``NEEDS_REBUILD``, not one per row the new rule folds differently. Differences come projection by
         projection, runs in order of first appearance, then the kept rows nothing folds
         to (in table order). Runs are walked a page at a time, each folded once and
         compared with its own rows: memory stays flat however large the views are.
@@ -337,6 +346,12 @@ class Projector:
         store = self.store
         vs = self._views
         chosen = list({p.name: p for p in _named(names)}.values())  # each view once, in the order named
+        # A read-only open leaves views kept by another version of their fold as they are
+        # (a writable open refolds them): comparing their rows with this version's fold
+        # would report every run that the rule change touched as damage. Say what they need.
+        stale = [] if self.current else vs.outdated(self._kept(chosen))
+        if stale:
+            chosen = [p for p in chosen if p.name not in stale]
         found: dict[str, list[dict[str, Any]]] = {p.name: [] for p in chosen}
         # Kept rows no fold accounts for, with their ordinals, reported last in table order.
         extra: dict[str, list[tuple[int, str]]] = {p.name: [] for p in chosen}
@@ -369,7 +384,11 @@ class Projector:
                     for ordinal, run_id in vs.pages(p.table, (ORDINAL, "run_id"), order=(ORDINAL,))
                     if txn.head(run_id) is None
                 )
-        diffs: list[dict[str, Any]] = []
+        diffs: list[dict[str, Any]] = [
+            dict(projection=name, run_id=None, column=None, kept="rows of another fold version",
+                 folded=NEEDS_REBUILD)
+            for name in stale
+        ]
         for p in chosen:
             diffs.extend(found[p.name])
             diffs.extend(

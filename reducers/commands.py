@@ -202,11 +202,17 @@ class WithdrawArtifact(Command, tag="withdraw_artifact"):
     lease: int | None = None
 
 
+class Reopen(Command, tag="reopen"):
+    """Send a succeeded result that the sanitization gate refused back to verifying."""
+
+    reason: str
+
+
 AnyCommand = (
     Open | Claim | Heartbeat | Transition | Progress | RecordArtifact | RecordEvidence | Block
     | Unblock | StartEffect | ConfirmEffect | Submit | ReviewResult | TransferAuthority | Deliver
     | ConfirmDelivery | FailDelivery | RecordUnanswered | Sanitize | Release | Revoke | Close | Fork | Observe | Recover
-    | WithdrawArtifact
+    | WithdrawArtifact | Reopen
 )
 
 _enc = msgspec.json.Encoder()

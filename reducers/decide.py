@@ -727,6 +727,32 @@ def _withdraw_artifact(cp: Checkpoint, c: C.WithdrawArtifact, ctx: Context) -> l
     return [ev.ArtifactWithdrawn(path=path, reason=reason)]
 
 
+def _reopen(cp: Checkpoint, c: C.Reopen, ctx: Context) -> list[ev.Event]:
+    """Back to verifying, only for a result that cannot leave as it is: succeeded, its
+    latest sanitization check failed, and no send of it is under way."""
+    reason = _text("reason", c.reason, empty=False)
+    if cp.state == T.READY_FOR_REVIEW:
+        raise IllegalTransition(
+            f"run {cp.run_id} is ready_for_review: it waits for its review, and reopen is for a succeeded result. Reject the review "
+            f"instead ('handoff review {cp.run_id} --by OWNER --reject --notes ...'): that sends it back "
+            "to executing", state=cp.state, to=T.VERIFYING)
+    move = _move(cp, T.VERIFYING, "reopen", reason)
+    pending = cp.delivery.pending
+    if pending is not None:
+        raise DeliveryRefused(
+            f"delivery {pending.key!r} of run {cp.run_id} has no outcome yet; reopening now could leave a "
+            "send nobody accounted for. Record what happened first ('handoff delivered' or 'handoff "
+            "delivery-failed')")
+    check = cp.delivery.check
+    if check is None or check.passed:
+        what = "no sanitization check is recorded" if check is None else f"its latest sanitization check (seq {check.seq}) passed"
+        raise IllegalTransition(
+            f"run {cp.run_id} is succeeded and {what}: nothing stops its delivery, so it is not reopened. "
+            "Reopen sends back a result whose sanitization check failed; to stop the run instead, close it",
+            state=cp.state, to=T.VERIFYING)
+    return [ev.RunReopened(by=ctx.actor.name, reason=reason, check_seq=check.seq), move]
+
+
 HANDLERS = {
     C.Open: _open, C.Claim: _claim, C.Heartbeat: _heartbeat, C.Transition: _transition,
     C.Progress: _progress, C.RecordArtifact: _artifact, C.RecordEvidence: _evidence,
@@ -736,7 +762,7 @@ HANDLERS = {
     C.FailDelivery: _delivery_failed, C.RecordUnanswered: _unanswered, C.Sanitize: _sanitize,
     C.Release: _release, C.Revoke: _revoke, C.Close: _close,
     C.Fork: _fork, C.Observe: _observe, C.Recover: _recover,
-    C.WithdrawArtifact: _withdraw_artifact,
+    C.WithdrawArtifact: _withdraw_artifact, C.Reopen: _reopen,
 }
 #: Commands that may answer on a terminal run: observation, and the idempotent
 #: retries of the delivery that ended it (which either do nothing or refuse clearly).

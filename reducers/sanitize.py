@@ -330,7 +330,8 @@ def gate(d: Delivery, *, run_id: str, key: str, bundle_sha256: str,
     if not c.passed:
         raise SanitizationRequired(
             f"{what} and its last sanitization check (seq {c.seq}) failed: {describe(c.findings)}. Remove "
-            "those from the result, record it again, and check again")
+            "those from the result, record it again, and check again; a submitted result goes back to a "
+            f"worker first ('handoff reopen {run_id} --by OWNER --reason ...')")
     if c.seq < d.changed_seq:
         raise SanitizationRequired(
             f"{what} and what it sends changed at seq {d.changed_seq}, after the last sanitization check "

@@ -2,7 +2,8 @@
 
 The fold tracks both; ``classify`` judges them against a policy at a ``now`` the caller
 passes in. Advancement is read from the progress sequence only: a heartbeat-only loop,
-a clock that jumps back, or a replayed event never bumps it. Pure: no I/O, no clock.
+a clock that jumps back, a replayed event or the watchdog's own acts never bump it (who may
+advance it: reducers/transitions.py, ``advances``). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -114,13 +115,22 @@ def _advanced(w: Watch, rec: Recorded, kind: str) -> Watch:
     )
 
 
+def _kind(rec: Recorded) -> str:
+    """The kind of actor that recorded ``rec`` (its envelope says ``kind:name``)."""
+    return rec.actor.partition(":")[0]
+
+
 def _progress(w: Watch, rec: Recorded, e: ev.ProgressRecorded) -> Watch:
     # Whether a progress record advances is its own flag; a note (advances=False) does not.
-    return _advanced(w, rec, e.kind) if e.advances else w
+    if e.advances and T.advances("progress_recorded", _kind(rec)):
+        return _advanced(w, rec, e.kind)
+    return w
 
 
 def _state_changed(w: Watch, rec: Recorded, e: ev.StateChanged) -> Watch:
-    return _advanced(w, rec, f"state:{e.to_state}")
+    if T.advances("state_changed", _kind(rec), (e.from_state, e.to_state)):
+        return _advanced(w, rec, f"state:{e.to_state}")
+    return w
 
 
 def _advancing(tag: str) -> Callable[[Watch, Recorded, Any], Watch]:
@@ -128,7 +138,7 @@ def _advancing(tag: str) -> Callable[[Watch, Recorded, Any], Watch]:
     kind is its own; a state change's is ``state:<to>``.)"""
 
     def rule(w: Watch, rec: Recorded, e: ev.Event) -> Watch:
-        return _advanced(w, rec, tag)
+        return _advanced(w, rec, tag) if T.advances(tag, _kind(rec)) else w
 
     return rule
 
@@ -137,8 +147,9 @@ def rule_for(cls: type[ev.Event]) -> Callable[[Watch, Recorded, Any], Watch] | N
     """What an event of this type does to the watch, or None when it leaves it alone.
 
     Decided once per type (a fold looks it up per event): heartbeats move the liveness
-    clock, advancing events (by type, and progress records by their flag) the progress
-    token, and the events of ``_RULES`` the lease and watcher fields."""
+    clock, advancing events the progress token (when ``transitions.advances`` says their
+    actor and move count; progress records by their flag too), and the events of
+    ``_RULES`` the lease and watcher fields."""
     if cls is ev.HeartbeatRecorded:
         return _beat
     if cls is ev.ProgressRecorded:
@@ -201,17 +212,7 @@ def classify(
         return Health("blocked", why, "none", False)
     lost = [e for e in cp.pending_effects if e.lease != cp.lease or cp.lease is None] if cp.pending_effects else ()
     if lost or state == T.UNKNOWN:
-        keys = ", ".join(e.key for e in lost) or "(none pending)"
-        if lost:
-            return Health(
-                "needs_reconciliation",
-                f"side effect(s) {keys} started under a lost lease have no recorded outcome",
-                "reconcile", True,
-            )
-        return Health(
-            "needs_worker", "side effects are reconciled; a worker must claim and continue",
-            "claim", True,
-        )
+        return _unknown_outcome(cp, lost)
     # Only an attempt that awaits its outcome can be ambiguous, and only a finished result
     # is judged by its delivery: a run at work is spared the delivery fold (the stall scan
     # classifies every due run).
@@ -228,6 +229,37 @@ def classify(
             return Health("delivering", dwhy, "none", False)
         return Health("awaiting_owner", f"the result waits for delivery ({dstatus})", "none", False)
     return judge(*signals(cp, policy), now_us, silent_s, unchanged_s)
+
+
+def _unknown_outcome(cp, lost) -> Health:
+    """What a run with a side effect of unknown outcome (or in ``unknown``) needs next, named
+    for who holds it: a hint to "claim" a run whose lease is held would only be refused."""
+    holder = None if cp.lease is None else f"worker {cp.worker} (lease {cp.lease})"
+    # Only a move out of unknown continues the work; elsewhere the holder goes on as it was.
+    then = ("" if cp.state != T.UNKNOWN
+            else f"; then {holder} moves the run on ('handoff transition' to executing or verifying)" if holder
+            else "; then a worker claims the run ('handoff claim') and moves it to executing or verifying")
+    if lost:
+        keys = ", ".join(e.key for e in lost)
+        return Health(
+            "needs_reconciliation",
+            f"side effect(s) {keys} started under a lost lease have no recorded outcome: find out what "
+            f"happened and record it ('handoff effect-confirm RUN KEY done|absent'){then}",
+            "reconcile", True,
+        )
+    if holder:
+        return Health(
+            "needs_worker",
+            f"side effects are reconciled; {holder} holds the run and moves it on ('handoff transition' "
+            "to executing or verifying)",
+            "transition", True,
+        )
+    return Health(
+        "needs_worker",
+        "side effects are reconciled; a worker claims the run ('handoff claim'), then moves it to "
+        "executing or verifying ('handoff transition')",
+        "claim", True,
+    )
 
 
 def needs_packet(cp) -> bool:

@@ -55,6 +55,8 @@ MOVES: dict[tuple[str, str], tuple[str, ...]] = {
     (READY_FOR_REVIEW, SUCCEEDED): ("review",),
     (READY_FOR_REVIEW, EXECUTING): ("review",),
     (SUCCEEDED, DELIVERED): ("delivered",),
+    # A result the sanitization gate refused: the owner sends it back for a worker to fix.
+    (SUCCEEDED, VERIFYING): ("reopen",),
     # A worker that leaves (revoked, recovered from, or releasing) with a side effect
     # still unconfirmed leaves the run in unknown until someone reconciles it.
     (PLANNING, UNKNOWN): ("release", "revoke", "recover"),
@@ -114,6 +116,29 @@ ADVANCING_EVENTS = frozenset(
 
 WORKER, OWNER, WATCHDOG, OPERATOR = "worker", "owner", "watchdog", "operator"
 
+#: Who may move progress_seq: the people and workers doing or deciding the work. The
+#: watchdog never does, whatever it records (observations, decisions, and what a decision
+#: forces: a revoked lease's move to unknown, a pause's blocker and move to blocked). It
+#: judges progress; if its own acts counted, the stall clock would restart at the watchdog's
+#: decision instead of the work's last step, and the same stall would get a new key.
+PROGRESS_ACTORS = frozenset({WORKER, OWNER, OPERATOR})
+#: The commands that can end a lease (``recover`` by its revoke_lease). A move only they
+#: make (into unknown, when the worker leaves a side effect unconfirmed) records that a
+#: worker is gone, not that the work moved.
+LEASE_ENDS = frozenset({"release", "revoke", "recover"})
+LEASE_END_MOVES = frozenset(move for move, vias in MOVES.items() if set(vias) <= LEASE_ENDS)
+
+
+def advances(tag: str, actor_kind: str, move: tuple[str, str] | None = None) -> bool:
+    """Whether an event of type ``tag`` recorded by an actor of ``actor_kind`` advances
+    progress_seq. ``move`` is a state change's (from, to). A ``progress_recorded`` event
+    counts only with its own ``advances`` flag, which its caller checks as well."""
+    if actor_kind not in PROGRESS_ACTORS:
+        return False
+    if tag == "progress_recorded":
+        return True
+    return tag in ADVANCING_EVENTS and not (move is not None and move in LEASE_END_MOVES)
+
 #: Who may issue each command. "lease" means a worker holding the current lease;
 #: "owner" means the contract's owner by name, or whoever it transferred the action to.
 PERMISSIONS: dict[str, frozenset[str]] = {
@@ -143,6 +168,7 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     "observe": frozenset({WATCHDOG, OPERATOR}),
     "recover": frozenset({WATCHDOG, OPERATOR}),
     "withdraw_artifact": frozenset({"lease", OWNER, OPERATOR}),
+    "reopen": frozenset({OWNER, OPERATOR}),
 }
 #: Owner actions that a transfer of authority can hand to another named actor.
 TRANSFERABLE = frozenset({"review", "deliver", "delivered", "delivery_failed", "close"})

@@ -27,6 +27,7 @@ from handoff.ledger import errors as E
 from handoff.ledger import events as ev
 from handoff.ledger.store import Actor, Recorded, lease_digest
 from handoff.reducers import commands as C
+from handoff.reducers import sanitize as sz
 from handoff.reducers import transitions as T
 from handoff.reducers.checkpoint import evolve, fold
 
@@ -61,7 +62,7 @@ RULE_GROUPS: dict[str, tuple[str, ...]] = {
     "work": ("transition", "progress", "artifact", "withdraw_artifact", "evidence", "block", "unblock",
              "effect_start", "effect_confirm", "submit"),
     # the owner's part: review, transferring an action, delivery and its outcome
-    "delivery": ("review", "transfer", "deliver", "delivered", "delivery_failed"),
+    "delivery": ("review", "transfer", "deliver", "delivered", "delivery_failed", "sanitize", "reopen"),
     # ends and new branches: close, fork
     "end": ("close", "fork"),
     # the watchdog's own records
@@ -488,6 +489,23 @@ class LedgerMachine(RuleBasedStateMachine):
     def delivery_failed(self, run: str, key: str) -> None:
         m = self.model.runs[run]
         self.issue(run, Actor("owner", m.owner), C.FailDelivery(key=key, error="target returned 503"))
+
+    @rule(run=runs, passed=st.booleans(), whom=st.sampled_from(["owner", "operator"]))
+    def sanitize(self, run: str, passed: bool, whom: str) -> None:
+        """A sanitization check as a caller's scan reports it: passing, or finding a key."""
+        actor, _ = self.actor_for(run, whom)
+        digest = "ab" * 32
+        findings = () if passed else (ev.Finding(detector="aws_access_key", item="summary", line=1),)
+        self.issue(run, actor, C.Sanitize(passed=passed, bundle_sha256=digest,
+                                          items=(ev.ScannedItem(name="summary", sha256=digest, bytes=4),),
+                                          findings=findings, rules_sha256=sz.rules_digest(())))
+
+    @rule(run=runs, whom=st.sampled_from(["owner", "owner", "operator", "worker", "stranger", "watchdog"]),
+          reason=st.sampled_from(["the report quotes a key; remove it", ""]))
+    def reopen(self, run: str, whom: str, reason: str) -> None:
+        """The owner sends back a succeeded result its check refused; refused otherwise."""
+        actor, _ = self.actor_for(run, whom)
+        self.issue(run, actor, C.Reopen(reason=reason))
 
     @rule(run=runs, lease_pick=st.sampled_from(["current", "stale", "forged"]))
     def release(self, run: str, lease_pick: str) -> None:

@@ -59,6 +59,8 @@ class RunModel:
     receipts: dict[str, str] = field(default_factory=dict)
     confirmed_key: str | None = None
     confirmations: int = 0
+    #: Whether the latest sanitization check passed; None before any (and in a fork's child).
+    check_passed: bool | None = None
     #: idempotency key -> (actor, encoded command) of the request that used it
     idem: dict[str, tuple[str, bytes]] = field(default_factory=dict)
     fork_parent: str | None = None
@@ -183,6 +185,8 @@ class Model:
         self._authorize(guard, name, cmd, actor)
         new = copy.deepcopy(run) if run is not None else RunModel(run_id)
         tags = getattr(self, "_" + name)(new, cmd, actor)
+        if actor.kind == T.WATCHDOG and run is not None:
+            new.progress_seq = run.progress_seq  # it judges progress: nothing it records is progress
         if not tags:
             return Expect(unchanged=True, after=run)
         new.last_seq += len(tags)
@@ -409,6 +413,23 @@ class Model:
         r.progress_seq += 1
         return ["delivery_failed"]
 
+    def _sanitize(self, r: RunModel, c: C.Sanitize, a: Actor) -> list[str]:
+        if r.state not in (T.SUCCEEDED, T.READY_FOR_REVIEW):
+            _refuse(E.IllegalTransition, f"no result to check in {r.state}")
+        r.check_passed = bool(c.passed)
+        return ["sanitization_checked"]
+
+    def _reopen(self, r: RunModel, c: C.Reopen, a: Actor) -> list[str]:
+        if _bad_text(c.reason, empty=False):
+            _refuse(E.InvalidInput, "a reopen needs a reason")
+        if r.state != T.SUCCEEDED:
+            _refuse(E.IllegalTransition, f"only a succeeded result is reopened, not one {r.state}")
+        if r.pending_delivery is not None:
+            _refuse(E.DeliveryRefused, f"delivery {r.pending_delivery} has no outcome")
+        if r.check_passed is not False:
+            _refuse(E.IllegalTransition, "no failed sanitization check stops the delivery")
+        return ["run_reopened", *self._move(r, T.VERIFYING, "reopen")]
+
     def _release(self, r: RunModel, c: C.Release, a: Actor) -> list[str]:
         return self._lose_lease(r, "lease_released")
 
@@ -416,8 +437,7 @@ class Model:
         lost = any(lease == r.lease for _, lease in r.pending.values())
         r.lease = r.worker = None
         if lost and r.state in T.WORKING:
-            r.state = T.UNKNOWN
-            r.progress_seq += 1
+            r.state = T.UNKNOWN  # a worker gone, not the work moved: progress_seq stays
             return [tag, "state_changed"]
         return [tag]
 
@@ -448,6 +468,7 @@ class Model:
         child.lease = child.worker = None
         child.authority, child.idem = set(), {}
         child.attempts, child.receipts, child.confirmed_key, child.confirmations = {}, {}, None, 0
+        child.check_passed = None
         r.__dict__.update(child.__dict__)
         return ["run_forked"]
 

@@ -44,12 +44,21 @@ def progress_table() -> str:
     logged = ", ".join(f"`{k}`" for k in sorted(T.NOT_PROGRESS))
     advancing = ", ".join(f"`{k}`" for k in sorted(T.ADVANCING_EVENTS))
     declarable = ", ".join(s for s in T.STATES if s in T.DECLARABLE)
+    who = [w for k, w in ((T.WORKER, "a worker"), (T.OWNER, "the owner"), (T.OPERATOR, "an operator"),
+                          (T.WATCHDOG, "the watchdog")) if k in T.PROGRESS_ACTORS]
+    actors = ", ".join(who[:-1]) + f" or {who[-1]}" if len(who) > 1 else who[0]
+    lease_ends = ", ".join(f"{f} to {t}" for f, t in sorted(T.LEASE_END_MOVES))
+    ends_by = " / ".join(f"`{v}`" for v in sorted(T.LEASE_ENDS))
     return "\n".join(rows) + (
         f"\n\nA run's contract may add kinds of its own in {declarable} (`progress_kinds`; "
         "`handoff open --progress-kind executing:llm_step`): they count there as the table's do, and are fixed "
         "when the run opens. A kind of the table or one logged without counting cannot be declared."
         f"\n\nLogged without counting, in any working state and in blocked or unknown: {logged}."
-        f"\n\nEvents that advance `progress_seq` wherever they occur: {advancing}.\n"
+        f"\n\nEvents that advance `progress_seq` wherever they occur: {advancing}."
+        f"\n\nWho: only an event recorded by {actors} advances it. Nothing the watchdog records "
+        "does: its observations, its decisions, and what a decision carries out (the move to "
+        "`unknown` after it revokes a lease, the blocker and the move to `blocked` when it pauses a run). "
+        f"Lease events never do, nor a move that only the end of a lease makes ({ends_by}): {lease_ends}.\n"
     )
 
 
