@@ -245,6 +245,7 @@ class AsyncLedger:
     effect_confirm = _Call(Ledger.effect_confirm)
     submit = _Call(Ledger.submit)
     review = _Call(Ledger.review)
+    reopen = _Call(Ledger.reopen)
     transfer = _Call(Ledger.transfer)
     deliver = _Call(Ledger.deliver)
     send_delivery = _Call(Ledger.send_delivery)
