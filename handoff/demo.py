@@ -23,8 +23,38 @@ from .api import Ledger
 from .watchdog import Action, watch_once
 
 MARK = ".handoff-demo"
+#: demo-report's heartbeat timeout: how soon the watchdog revokes worker-a's lease once it is killed.
 HEARTBEAT_TIMEOUT = 1.5
+#: demo-stuck's progress timeout: how soon its still progress is flagged.
+PROGRESS_TIMEOUT = 2.0
+#: demo-stuck's heartbeat timeout. Its story is the stall, never a revocation, so a busy
+#: machine that delays worker-c's beats must not end its lease first; no wait depends on it.
+STUCK_HEARTBEAT_TIMEOUT = 10.0
+#: How often the demo's watchdog runs a pass while the story waits.
+WATCH_INTERVAL = 0.25
+#: A step that a timeout fires is given this many times (timeout + one watchdog interval),
+#: and at least this many watchdog passes, before the demo calls it failed: a loaded machine
+#: (the demo's own process starved included) makes the story slower, not wrong.
+PATIENCE = 20
+#: The steps that are the processes' own work (starting Python, writing a section, a
+#: 'handoff' command) have no timeout to derive a wait from. A wait on a worker ends at once,
+#: with its log, if the worker exits; together they may take this long, a bound that only
+#: stops a demo whose worker hangs alive.
+WORK_BUDGET_S = 600.0
+#: How long a wrapper gives its agent after SIGTERM before SIGKILL (``handoff run --grace``).
+STOP_GRACE = 5.0
 REPORT, STUCK = "demo-report", "demo-stuck"
+
+
+def fired_within(timeout_s: float) -> float:
+    """How long the demo waits for something ``timeout_s`` after its cause to be acted on."""
+    return PATIENCE * (timeout_s + WATCH_INTERVAL)
+
+
+def longest_s() -> float:
+    """The longest the demo can run before it stops itself: its work budget and the bound of
+    each wait for a timeout to fire (the revocation, the stall flag, worker-c's stop)."""
+    return WORK_BUDGET_S + sum(map(fired_within, (HEARTBEAT_TIMEOUT, PROGRESS_TIMEOUT, STOP_GRACE)))
 
 _COMMON = r"""
 import os, sys, time
@@ -112,6 +142,10 @@ class _Story:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HANDOFF_")}
         self.env = env
         self.t0 = time.monotonic()
+        self.work_until = self.t0 + WORK_BUDGET_S
+
+    def work_left(self) -> float:
+        return max(0.0, self.work_until - time.monotonic())
 
     # --- plumbing ------------------------------------------------------------------
 
@@ -130,19 +164,24 @@ class _Story:
     def shell(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run a real 'handoff' command and show it as a user would type it."""
         self.say("  $ handoff " + " ".join(_quote(a) for a in args))
-        done = subprocess.run(self.handoff(*args), env=self.env, capture_output=True, text=True, timeout=60)
+        try:
+            done = subprocess.run(self.handoff(*args), env=self.env, capture_output=True, text=True,
+                                  timeout=self.work_left())
+        except subprocess.TimeoutExpired:
+            raise DemoFailed(f"'handoff {args[0]}' did not finish within the demo's {WORK_BUDGET_S:g}s "
+                             "for its processes' own work") from None
         for line in (done.stdout + done.stderr).strip().splitlines():
             self.say("    " + line)
         if done.returncode:
             self.say(f"    (exit {done.returncode})")
         return done
 
-    def spawn_worker(self, run: str, worker: str, snippet: str) -> subprocess.Popen[Any]:
+    def spawn_worker(self, run: str, worker: str, snippet: str, heartbeat_timeout: float) -> subprocess.Popen[Any]:
         log = open(os.path.join(self.files, f"{worker}.log"), "w")
         proc = subprocess.Popen(
             # Beats five times per timeout: a loaded machine must not make a live worker look dead.
-            self.handoff("run", "--run", run, "--worker", worker, "--heartbeat-every", str(HEARTBEAT_TIMEOUT / 5),
-                         "--", sys.executable, "-P", "-c", snippet, self.files),
+            self.handoff("run", "--run", run, "--worker", worker, "--heartbeat-every", str(heartbeat_timeout / 5),
+                         "--grace", str(STOP_GRACE), "--", sys.executable, "-P", "-c", snippet, self.files),
             env=self.env, stdout=log, stderr=subprocess.STDOUT,
         )
         log.close()
@@ -158,19 +197,41 @@ class _Story:
 
     def watch_pass(self) -> None:
         assert self.lg is not None
-        self.actions.extend(watch_once(self.lg, name="demo-watchdog", interval_s=0.25))
+        self.actions.extend(watch_once(self.lg, name="demo-watchdog", interval_s=WATCH_INTERVAL))
 
-    def wait_for(self, what: str, cond: Callable[[], bool], timeout: float = 15.0) -> None:
-        """Poll ``cond``, running a watchdog pass every quarter second meanwhile."""
-        deadline = time.monotonic() + timeout
-        next_pass = 0.0
+    def wait_for(self, what: str, cond: Callable[[], bool], timeout: float | None = None, *,
+                 workers: tuple[tuple[str, subprocess.Popen[Any] | int], ...] = (), watch: bool = True) -> None:
+        """Poll ``cond`` until it holds, for at most ``timeout`` seconds (None: what is left of
+        the work budget), running a watchdog pass every ``WATCH_INTERVAL`` meanwhile (unless
+        ``watch`` is false).
+
+        ``workers`` are (name, wrapper process or agent pid) that ``cond`` waits on: if one of
+        them has ended, ``cond`` can no longer come true, so the demo stops at once and says
+        where that worker's output is, instead of waiting out the timeout.
+
+        A wait that watches gives up only once the watchdog has also had ``PATIENCE`` passes:
+        what it waits for is a pass's doing, and a starved demo makes fewer of them.
+        """
+        if timeout is None:
+            deadline = self.work_until
+            within = f"the demo's {WORK_BUDGET_S:g}s for its processes' own work"
+        else:
+            deadline = time.monotonic() + timeout
+            within = f"{timeout:g}s"
+        next_pass, passes = 0.0, 0
         while not cond():
+            for name, proc in workers:
+                if not _alive(proc):
+                    if cond():  # it finished its step just before it ended
+                        return
+                    raise DemoFailed(f"{what} did not happen: {name} ended first; see {self.path(name + '.log')}")
             now = time.monotonic()
-            if now > deadline:
-                raise DemoFailed(f"{what} did not happen within {timeout:g}s")
-            if now >= next_pass:
+            if now > deadline and (not watch or timeout is None or passes >= PATIENCE):
+                raise DemoFailed(f"{what} did not happen within {within}")
+            if watch and now >= next_pass:
                 self.watch_pass()
-                next_pass = now + 0.25
+                passes += 1
+                next_pass = now + WATCH_INTERVAL
             time.sleep(0.02)
 
     def show_actions(self, run: str) -> None:
@@ -240,17 +301,22 @@ class _Story:
                 heartbeat_timeout_s=HEARTBEAT_TIMEOUT, progress_timeout_s=60.0)
         lg.open(run_id=STUCK, goal="Export last quarter's invoices from the vendor", origin="ticket:FIN-88",
                 target="mail:finance@example.com", owner="bob",
-                heartbeat_timeout_s=HEARTBEAT_TIMEOUT, progress_timeout_s=2.0, retry_budget=3)
+                heartbeat_timeout_s=STUCK_HEARTBEAT_TIMEOUT, progress_timeout_s=PROGRESS_TIMEOUT, retry_budget=3)
         for run in (REPORT, STUCK):
             p = lg.status(run)
             self.say(f"  {run}: {p['goal']!r}, owner {p['owner']} -> target {p['target']}"
                      + (", review required" if p["require_review"] else ""))
-        self.say(f"  heartbeat timeout {HEARTBEAT_TIMEOUT:g}s for both; {STUCK} must show progress every 2s")
+        self.say(f"  {REPORT}'s worker must beat every {HEARTBEAT_TIMEOUT:g}s; "
+                 f"{STUCK} must show progress every {PROGRESS_TIMEOUT:g}s")
 
         self.step("worker-a claims demo-report and starts; worker-c claims demo-stuck.")
-        wrapper_a = self.spawn_worker(REPORT, "worker-a", WORKER_A)
-        wrapper_c = self.spawn_worker(STUCK, "worker-c", WORKER_C)
-        self.wait_for("worker-a's first section", lambda: os.path.exists(self.path("a.ready")))
+        wrapper_a = self.spawn_worker(REPORT, "worker-a", WORKER_A, HEARTBEAT_TIMEOUT)
+        wrapper_c = self.spawn_worker(STUCK, "worker-c", WORKER_C, STUCK_HEARTBEAT_TIMEOUT)
+        # No watchdog pass until both agents are at work: a slow start (Python importing on a
+        # busy machine) is not the stall this story shows, and must not be judged as one.
+        self.wait_for("worker-a's first section and worker-c's start",
+                      lambda: os.path.exists(self.path("a.ready")) and os.path.exists(self.path("c.ready")),
+                      workers=(("worker-a", wrapper_a), ("worker-c", wrapper_c)), watch=False)
         for rec in lg.log(REPORT):
             if rec.type in ("lease_granted", "progress_recorded"):
                 self.say(f"  seq {rec.seq:<3} {rec.actor:<16} {render.summarize(rec.event)}")
@@ -264,12 +330,14 @@ class _Story:
         self.say(f"  its agent process (pid {pid_a}) is frozen with SIGSTOP, still holding the token of lease 1 in memory.")
 
         self.step("The watchdog sees the heartbeat stop and revokes the lease.")
-        self.wait_for("the watchdog's revocation", lambda: self.committed(REPORT, "revoke_lease"))
+        self.wait_for("the watchdog's revocation", lambda: self.committed(REPORT, "revoke_lease"),
+                      fired_within(HEARTBEAT_TIMEOUT))
         self.show_actions(REPORT)
 
         self.step("worker-b claims demo-report and continues from the recorded progress.")
-        wrapper_b = self.spawn_worker(REPORT, "worker-b", WORKER_B)
-        self.wait_for("worker-b's claim", lambda: os.path.exists(self.path("b.ready")))
+        wrapper_b = self.spawn_worker(REPORT, "worker-b", WORKER_B, HEARTBEAT_TIMEOUT)
+        self.wait_for("worker-b's claim", lambda: os.path.exists(self.path("b.ready")),
+                      workers=(("worker-b", wrapper_b),))
         cp = lg.checkpoint(REPORT)
         self.say(f"  worker-b holds lease {cp.lease}; it resumes at {self.read('b.ready')}")
 
@@ -277,7 +345,8 @@ class _Story:
         with open(self.path("a.go"), "w"):
             pass
         os.kill(pid_a, signal.SIGCONT)
-        self.wait_for("worker-a's late write", lambda: os.path.exists(self.path("a.result")))
+        self.wait_for("worker-a's late write", lambda: os.path.exists(self.path("a.result")),
+                      workers=(("worker-a", pid_a),))
         self.stopped.remove(pid_a)
         verdict = self.read("a.result")
         self.say(f"  refused, and nothing was written: {verdict}")
@@ -287,18 +356,23 @@ class _Story:
         with open(self.path("b.go"), "w"):
             pass
         self.step("demo-stuck keeps heart-beating (and retrying) while its progress stays still:")
-        self.wait_for("the stall flag", lambda: self.committed(STUCK, "mark_stalled"))
+        self.wait_for("the stall flag", lambda: self.committed(STUCK, "mark_stalled"),
+                      fired_within(PROGRESS_TIMEOUT), workers=(("worker-c", wrapper_c),))
         self.show_actions(STUCK)
         p = lg.status(STUCK)
         self.say(f"  status says: {p['health']['classification']}: {p['health']['reason']}")
         wrapper_c.send_signal(signal.SIGTERM)
-        wrapper_c.wait(timeout=15)
+        try:  # the wrapper waits STOP_GRACE for its agent, then kills it and records the end
+            wrapper_c.wait(timeout=fired_within(STOP_GRACE))
+        except subprocess.TimeoutExpired:
+            raise DemoFailed(f"worker-c's wrapper did not stop within {fired_within(STOP_GRACE):g}s of SIGTERM; "
+                             f"see {self.path('worker-c.log')}") from None
         self.say("  SIGTERM to worker-c's wrapper is forwarded to its agent; the end is recorded, the lease released.")
         lg.close_run(STUCK, "bob", "failed", "stalled: heartbeats but no progress; vendor export never became ready")
         self.say("  bob closes demo-stuck as failed.")
 
         self.step("worker-b finishes: artifact recorded (the ledger measures it), checked, submitted.")
-        self.wait_for("worker-b's submission", lambda: wrapper_b.poll() is not None, timeout=20)
+        self.wait_for("worker-b's submission", lambda: wrapper_b.poll() is not None)
         if wrapper_b.returncode != 0:
             raise DemoFailed(f"worker-b failed (exit {wrapper_b.returncode}); see {self.path('worker-b.log')}")
         p = lg.status(REPORT)
@@ -353,6 +427,23 @@ class _Story:
             f"({doc['bytes'] // 1024} KiB, one self-contained file): open it in a browser.")
 
 
+def _alive(proc: subprocess.Popen[Any] | int) -> bool:
+    """Is this child (a Popen) or process (a pid: an agent whose wrapper was killed) still running?"""
+    if not isinstance(proc, int):
+        return proc.poll() is None
+    try:
+        os.kill(proc, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # an orphan nobody has reaped yet is a zombie: ended, though its pid answers
+        with open(f"/proc/{proc}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return True
+
+
 def _quote(arg: str) -> str:
     import shlex
 
@@ -376,4 +467,4 @@ def play(db: str = "handoff-demo.db", *, quiet: bool = False, out: Callable[[str
         story.cleanup()
 
 
-__all__ = ["play", "DemoFailed"]
+__all__ = ["play", "longest_s", "DemoFailed"]

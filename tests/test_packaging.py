@@ -17,11 +17,17 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+from handoff.demo import longest_s
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(*args: str, **kw) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, **kw)
+#: The demo stops itself within ``longest_s()``; twice that only catches a hang.
+DEMO_HANG_GUARD_S = 2 * longest_s()
+
+
+def run(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)
     assert proc.returncode == 0, f"{args}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc
 
@@ -51,13 +57,15 @@ def test_the_wheel_installs_one_name_and_runs_beside_a_package_named_ledger(tmp_
     probe = run(str(py), "-c", "import ledger, handoff, handoff.ledger.errors, handoff.cli; "
                 "print(ledger.WHO, handoff.ledger.errors.__file__)", cwd=work, env=env).stdout
     assert probe.startswith("the user project ") and str(env_dir) in probe, probe
-    demo = run(str(env_dir / "bin" / "handoff"), "--db", str(work / "demo.db"), "demo", cwd=work, env=env)
+    demo = run(str(env_dir / "bin" / "handoff"), "--db", str(work / "demo.db"), "demo", cwd=work, env=env,
+               timeout=DEMO_HANG_GUARD_S)
     assert "delivered" in demo.stdout
     verify = run(str(env_dir / "bin" / "handoff"), "--db", str(work / "demo.db"), "verify", cwd=work, env=env)
     assert verify.returncode == 0
     # The README's first command runs the demo from the checkout itself, whose handoff/
     # folder (without the layers mapped into it) must not shadow the installed package.
-    demo = run(str(env_dir / "bin" / "handoff"), "--db", str(tmp_path / "from-checkout.db"), "demo", cwd=ROOT, env=env)
+    demo = run(str(env_dir / "bin" / "handoff"), "--db", str(tmp_path / "from-checkout.db"), "demo", cwd=ROOT, env=env,
+               timeout=DEMO_HANG_GUARD_S)
     assert "delivered" in demo.stdout
 
 

@@ -249,6 +249,7 @@ def watchdog(db: str, name: str, schedule: str, out: str, pause: str = "0") -> i
     from handoff.watchdog import watch_once
 
     with Ledger(db, busy_timeout_s=30) as lg:
+        _append(out, {"started": True, "pid": os.getpid()})  # up and about to pass: time its kill from here
         for now in (int(x) for x in schedule.split(",")):
             acts = watch_once(lg, name=name, now_us=now, interval_s=1.0)
             for a in acts:

@@ -552,18 +552,32 @@ def test_row6_watchdog_killed_during_recovery_never_acts_twice(tmp_path, procs, 
     names = ("wd-a", "wd-b")  # two watchdogs at once, on top of the kills
 
     def start(name: str) -> None:
-        # ~0.25 s of start-up, then six passes 0.05 s apart: kills land before, during
-        # and between passes, and inside their write transactions.
+        # Start-up, then six passes 0.05 s apart: kills land before, during and between
+        # passes, and inside their write transactions. The kill is timed from the moment the
+        # incarnation says it is up (its "started" line), not from its spawn: on a busy
+        # machine the interpreter's start-up alone can outlast any fixed delay.
         live[name] = agent("watchdog", db, name, schedule, out, 0.05, stdout=subprocess.DEVNULL)
         procs.append(live[name])
-        started[name] = time.monotonic() + rng.uniform(0.15, 0.7)  # when to kill it
+        started[name] = rng.uniform(-0.1, 0.45)  # when to kill it, after its "started" line
+
+    def kill_due(name: str, up: dict[int, float]) -> bool:
+        pid = live[name].pid
+        return pid in up and time.monotonic() >= up[pid] + started[name]
 
     for name in names:
         start(name)
-    deadline = time.monotonic() + 300
+    limit_s = 600
+    deadline = time.monotonic() + limit_s
+    up: dict[int, float] = {}  # pid -> when its "started" line was first seen
+    seen_lines = 0
     while kills < target_kills:
-        assert time.monotonic() < deadline
+        assert time.monotonic() < deadline, f"only {kills} of {target_kills} kills landed within {limit_s}s"
         time.sleep(0.01)
+        lines = read_jsonl(out)
+        for line in lines[seen_lines:]:
+            if line.get("started"):
+                up[line["pid"]] = time.monotonic()
+        seen_lines = len(lines)
         for name in names:
             p = live[name]
             if p.poll() is not None:  # finished all passes before its kill: start it over
@@ -571,7 +585,7 @@ def test_row6_watchdog_killed_during_recovery_never_acts_twice(tmp_path, procs, 
                 restarts += 1
                 completed += 1
                 start(name)
-            elif time.monotonic() >= started[name]:
+            elif kill_due(name, up):
                 p.kill()
                 p.wait()
                 killed_pids.append(p.pid)

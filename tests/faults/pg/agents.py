@@ -1,9 +1,10 @@
 """The processes of the PostgreSQL fault tests (``python -m tests.faults.pg.agents ROLE ...``).
 
-    writer URL HISTORY NAME RUNS N [RETRIES]
+    writer URL HISTORY NAME RUNS N [RETRIES [STOP]]
         N keyed evidence records spread over RUNS (comma-separated), every attempt recorded
         (tests/faults/pg/history.py); a failed or unknown attempt is retried with the same
-        key up to RETRIES times, 0.2 s apart
+        key up to RETRIES times, 0.2 s apart. With STOP, it goes on past N until the file
+        STOP exists: a client still at work whenever the test injects a fault
     one URL HISTORY RUN KEY [REPLY_TIMEOUT]
         one keyed evidence record, recorded (the blackhole-during-COMMIT row)
     actor FILE [SECONDS]
@@ -43,7 +44,7 @@ def _ledger(url: str, reply_timeout: float | None = None, busy: float = 5.0):
     return Ledger(store=PostgresStore(url, busy_timeout_s=busy, reply_timeout_s=reply_timeout))
 
 
-def writer(url: str, history: str, name: str, runs: str, n: str, retries: str = "40") -> None:
+def writer(url: str, history: str, name: str, runs: str, n: str, retries: str = "40", stop: str = "") -> None:
     from handoff.ledger.errors import LedgerError
 
     from .history import Recorder
@@ -51,7 +52,8 @@ def writer(url: str, history: str, name: str, runs: str, n: str, retries: str = 
     rec = Recorder(history, name)
     names = runs.split(",")
     lg = None
-    for i in range(int(n)):
+    i = -1
+    while (i := i + 1) < int(n) or (stop and not os.path.exists(stop)):
         run, key = names[i % len(names)], f"{name}-{i}"
         for _ in range(int(retries) + 1):
             if lg is None:

@@ -49,16 +49,20 @@ def test_server_stopped_hard_and_restarted_during_appends(private_cluster, tmp_p
         runs = [lg.open(goal=f"run {i}", target="chat:#ops", owner="alice") for i in range(writers)]
         shared = lg.open(goal="shared", target="chat:#ops", owner="alice")
     hists = [str(tmp_path / f"h{i}.jsonl") for i in range(writers)]
+    stop = str(tmp_path / "stop")
+    # The writers go on past their plan until told to stop, so every restart finds them at
+    # work: one that finished early would leave a restart that hits no client.
     for i in range(writers):
-        procs.append(pg_agent("writer", url, hists[i], f"w{i}", f"{runs[i]},{shared}", per_writer, 200))
+        procs.append(pg_agent("writer", url, hists[i], f"w{i}", f"{runs[i]},{shared}", per_writer, 200, stop))
     restarts, down_exits = 0, []
     for _ in range(scale(1, 4)):
-        # Crash while the writers are busy: once each has been acknowledged some more.
-        seen = len(read_history(hists))
-        wait_until(lambda: len(read_history(hists)) >= seen + 20 or all(p.poll() is not None for p in procs),
-                   timeout=120, what="the writers appending")
-        if all(p.poll() is not None for p in procs):
-            break
+        # Crash while the writers are busy: once each has been acknowledged some more (a
+        # writer still starting, slow on a busy machine, would have no connection to lose).
+        seen = [len(read_history([h])) for h in hists]
+        wait_until(lambda: all(len(read_history([h])) >= seen[i] + 10 for i, h in enumerate(hists)), timeout=120,
+                   what="every writer appending")
+        _all_running(procs)
+        crashed_at = [len(read_history([h])) for h in hists]
         if how == "sigkill-postmaster":
             private_cluster.crash()
         else:
@@ -70,13 +74,34 @@ def test_server_stopped_hard_and_restarted_during_appends(private_cluster, tmp_p
         time.sleep(0.5)
         private_cluster.start()
         restarts += 1
+        # The restart hit the writers: each one's next call after the crash found its
+        # connection gone and said so (failed, or unknown if it was committing).
+        wait_until(lambda: _met_the_restart(hists, crashed_at) == set(range(writers)), timeout=120,
+                   what="every writer to meet the restart")
+    # Every writer is past its plan and past the last restart: stop them.
+    wait_until(lambda: all(sum(r["status"] == "ok" for r in read_history([h])) >= per_writer for h in hists),
+               timeout=300, what="the writers finishing their plan")
+    open(stop, "w").close()
     for p in procs:
         assert p.wait(timeout=300) == 0, p.stderr.read()
     with Ledger(url) as lg:
-        counts = check(lg, read_history(hists), _retry(lg))
-    assert restarts >= 1 and counts["failed"] + counts["unknown"] > 0, "the restart hit no client: nothing was shown"
-    assert counts["operations"] == writers * per_writer
+        history = read_history(hists)
+        counts = check(lg, history, _retry(lg))
+    assert counts["failed"] + counts["unknown"] >= restarts * writers, counts
+    planned = {f"w{i}-{k}" for i in range(writers) for k in range(per_writer)}
+    assert planned <= {r["key"] for r in history}, "a writer skipped part of its plan"
     evidence.add(f"pg_row4_server_restart[{how}]", restarts=restarts, exits_while_down=down_exits, **counts)
+
+
+def _met_the_restart(hists: list[str], crashed_at: list[int]) -> set[int]:
+    """The writers whose history, since the crash, holds a call that failed or is unknown."""
+    return {i for i, h in enumerate(hists)
+            if any(r["status"] in ("failed", "unknown") for r in read_history([h])[crashed_at[i]:])}
+
+
+def _all_running(procs) -> None:
+    for p in procs:
+        assert p.poll() is None, f"a writer ended before the restart (exit {p.returncode}):\n{p.stderr.read()}"
 
 
 def test_out_of_connections_is_a_typed_store_error_and_writes_nothing(private_cluster, evidence):

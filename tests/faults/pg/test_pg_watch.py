@@ -16,7 +16,7 @@ import time
 from collections import Counter
 
 from handoff import Ledger
-from tests.faults.conftest import read_jsonl, scale
+from tests.faults.conftest import read_jsonl, scale, wait_until
 
 from .conftest import pg_agent
 
@@ -89,7 +89,12 @@ def test_skewed_clocks_neither_revoke_early_nor_keep_late(pg_url, tmp_path, proc
     procs.extend(workers)
     for p in workers:
         assert p.wait(timeout=60) == 0, p.stderr.read()
-    time.sleep(timeout + 1.5)  # long enough for a revoke of the last one to stop, and then some
+    # The watchdogs go on until every run whose worker stamps the store's clock is revoked
+    # (the host-clock one was refused while beating), then a timeout more: no late second act.
+    with Ledger(pg_url) as lg:
+        wait_until(lambda: all(_revoke_gap(lg, runs[name]) is not None for name, (_, c) in cases.items() if c == "store"),
+                   timeout=20 * (timeout + 0.2), what="the watchdogs revoking every silent worker")
+    time.sleep(timeout)
     for w in watch:
         open(w + ".stop", "w").close()
     for p in procs:
