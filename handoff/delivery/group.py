@@ -74,14 +74,14 @@ class Group:
             self.proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT,
                                          cwd=cwd, env=dict(env), process_group=self.watcher.pid)
         except BaseException:
-            self._finish(done=True)  # nothing joined the group: let the watcher go
+            self._settle(done=True)  # nothing joined the group: let the watcher go
             raise
 
     def wait(self, timeout: float) -> int:
         """The command's exit status (negative: the signal that killed it). On
         ``subprocess.TimeoutExpired`` it is still running: call ``kill``."""
         code = self.proc.wait(timeout=timeout)
-        self._finish(done=True)
+        self._settle(done=True)
         return code
 
     def kill(self) -> None:
@@ -91,9 +91,9 @@ class Group:
         except OSError:
             self.proc.kill()
         self.proc.wait()
-        self._finish(done=False)
+        self._settle(done=False)
 
-    def _finish(self, *, done: bool) -> None:
+    def _settle(self, *, done: bool) -> None:
         if self._w < 0:
             return
         try:
