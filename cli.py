@@ -2256,6 +2256,57 @@ def run(join: str | None, worker: str, heartbeat_every: float | None, grace: flo
 
 
 @main.command()
+@click.option("--as", "role", type=click.Choice(["auditor", "owner", "operator", "worker"]), default="auditor",
+              show_default=True, help="What the server may do, fixed for its life: auditor reads only; owner adds "
+                                      "open, review, deliver, revoke, transfer, close; operator adds revoke, "
+                                      "unblock, close; worker adds claim and the lease holder's writes.")
+@click.option("--name", default=None, envvar="HANDOFF_WORKER", show_envvar=True,
+              help="Who the server acts as: the owner's or the worker's name (default: your login name).")
+@click.option("--root", default=None, type=click.Path(file_okay=False),
+              help="The directory a worker's artifacts must lie under (required with --as worker).")
+@click.option("--http", "address", default=None, metavar="HOST:PORT",
+              help="Serve streamable HTTP here (e.g. 127.0.0.1:8765) instead of stdio.")
+@click.option("--token-file", default=None, type=click.Path(dir_okay=False),
+              help="A file holding the bearer token HTTP clients must send; required to serve beyond loopback.")
+def mcp(role: str, name: str | None, root: str | None, address: str | None, token_file: str | None) -> None:
+    """Serve the ledger to an MCP host (a coding agent, a desktop assistant), over stdio or HTTP.
+
+    The host's model works through tools and never sees a lease token: claim returns the
+    lease number and the run's packet, and the server keeps the token for that MCP
+    session. Each call (or the host's ping) heartbeats the lease when due; a host that
+    stays silent longer than the heartbeat timeout loses it to the watchdog. When the
+    session ends the server releases what it still holds. docs/mcp.md shows how to
+    register it with a host.
+
+    Needs the mcp extra: pip install 'handoff-ledger[mcp]'. HTTP binds where --http says;
+    beyond 127.0.0.1 it refuses to start without --token-file, and refuses requests from
+    a web page (an Origin header).
+
+    \b
+    Example:
+        handoff --db work.db mcp --as worker --name agent-1 --root .
+        handoff --db work.db mcp --as owner --name alice --http 127.0.0.1:8765
+    """
+    try:
+        from handoff.integrations import mcp_server as ms
+    except ImportError as exc:
+        if exc.name is None or exc.name.split(".")[0] not in ("mcp", "mcp_types", "uvicorn", "starlette", "anyio"):
+            raise
+        raise click.UsageError("the MCP server needs the mcp extra: pip install 'handoff-ledger[mcp]'") from None
+    import anyio
+
+    from handoff.api import login_name
+
+    st = _state()
+    config = ms.Config(role=role, name=name or login_name(), root=root)
+    if address is None:
+        anyio.run(lambda: ms.serve_stdio(st.db, config, busy_timeout_s=st.busy_timeout))
+    else:
+        anyio.run(lambda: ms.serve_http(st.db, config, address, token_file=token_file,
+                                        busy_timeout_s=st.busy_timeout))
+
+
+@main.command()
 @click.option("--db", "db", default=None, type=click.Path(dir_okay=False),
               help="Where to build the demo ledger (default ./handoff-demo.db; HANDOFF_DB is ignored).")
 @click.option("--quiet", is_flag=True, help="Only the final packets, timeline and next commands.")

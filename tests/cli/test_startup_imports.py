@@ -23,7 +23,7 @@ PROBE = (
     "def report():\n"
     "    import msgspec._utils as u, typing\n"
     "    sys.stderr.write('PROBE ' + json.dumps({'loaded': sorted(m for m in ('pydantic', 'typing_extensions') "
-    "if m in sys.modules), 'hints_from_typing': u._get_type_hints is typing.get_type_hints}) + '\\n')\n"
+    "if m in sys.modules), 'mcp': sorted(m for m in ('mcp', 'anyio', 'starlette', 'uvicorn') if m in sys.modules), 'hints_from_typing': u._get_type_hints is typing.get_type_hints}) + '\\n')\n"
     "atexit.register(report)\n"
     "sys.argv = ['handoff', *sys.argv[1:]]\n"
     "from handoff.cli import main\n"
@@ -48,7 +48,7 @@ def test_progress_loads_neither_pydantic_nor_typing_extensions(tmp_path):
     proc, probe = _run(db, "progress", "r1", "--lease", str(token), "--kind", "plan_committed")
     assert proc.returncode == 0, proc.stderr
     assert "plan_committed recorded" in proc.stdout
-    assert probe == {"loaded": [], "hints_from_typing": True}
+    assert probe == {"loaded": [], "mcp": [], "hints_from_typing": True}
 
 
 def test_a_contract_file_still_loads_pydantic_and_typing_extensions(tmp_path):
@@ -59,5 +59,14 @@ def test_a_contract_file_still_loads_pydantic_and_typing_extensions(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "c1"
     assert probe["loaded"] == ["pydantic", "typing_extensions"]
+    assert probe["mcp"] == []
     with Ledger(db, readonly=True) as lg:
         assert lg.status("c1")["goal"] == "Write it"
+
+
+def test_the_mcp_command_is_on_the_list_without_loading_the_sdk(tmp_path):
+    """``handoff mcp`` imports its server (and the SDK) only when it runs."""
+    proc, probe = _run(str(tmp_path / "l.db"), "mcp", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "--token-file" in proc.stdout
+    assert probe["mcp"] == []

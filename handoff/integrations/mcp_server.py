@@ -1,0 +1,793 @@
+"""``handoff mcp``: the ledger as an MCP server, so an agent inside an MCP host keeps its
+handoff through tools, and never sees its lease.
+
+Why a server and not the shell: a model told to carry a lease token through its context
+can read it, repeat it and hand it to the wrong worker. Here ``claim`` returns the lease
+*number* and the run's packet; the token stays in the server, in the state of the MCP
+session that claimed (``Session``), and the worker tools take the run id only.
+
+A server has one role, fixed at start (``ROLES``), so a host grants exactly what it means
+to: the auditor reads; the owner and the operator add their own writes; the worker adds
+the lease holder's. A tool the role does not have is not registered at all, so it is
+neither listed nor callable.
+
+Liveness is the host's: while a session holds a lease, every request it sends (a tool
+call, a resource read, a ping) heartbeats the lease when one is due
+(``handoff.lease.heartbeat_interval``, the rule every worker follows). A host that stops
+calling for longer than the run's heartbeat timeout loses the lease to the watchdog: a
+stalled model is a stalled worker. When the session ends (stdio closes, an HTTP session
+is deleted or expires) the server releases what it still holds, saying why.
+
+Every call goes through ``AsyncLedger`` (the ledger's own thread), so the event loop
+never blocks. Refusals are tool errors whose text is the ledger's typed message; no
+exception ends the server.
+"""
+
+import functools
+import hmac
+import ipaddress
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.types import ToolAnnotations
+from pydantic import Field
+
+from handoff import render as R
+from handoff.aio import AsyncLedger
+from handoff.ledger.errors import InvalidInput, LedgerError
+from handoff.lease import heartbeat_interval
+from handoff.reducers import stall
+from handoff.reducers import transitions as T
+
+log = logging.getLogger("handoff.mcp")
+
+#: The roles a server may be started with; the auditor's tools are every role's.
+ROLES = ("auditor", "owner", "operator", "worker")
+#: Addresses an HTTP server may bind without a bearer token.
+LOOPBACK_NAMES = ("localhost",)
+#: A listing or log page's default and largest size (a model's context is the budget).
+PAGE, MAX_PAGE = 50, 500
+
+
+# --- the lease a session holds ------------------------------------------------------------
+
+
+@dataclass
+class Held:
+    """One lease held by one session. ``token`` is the secret; it leaves this object only
+    as an argument to the ledger."""
+
+    run_id: str
+    token: str
+    number: int
+    interval_s: float
+    last_beat: float = field(default_factory=time.monotonic)
+    lost: bool = False
+
+
+class Session:
+    """The leases one MCP session holds, keyed by run id: the only place their tokens live."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.held: dict[str, Held] = {}
+        self.ended = False
+
+    def lease(self, run_id: str) -> Held:
+        held = self.held.get(run_id)
+        if held is None:
+            raise InvalidInput(f"this MCP session holds no lease on run {run_id}: call claim with that run id "
+                               "first (after a release, a revoke or a submit, claim again to keep working)",
+                               field="run_id")
+        return held
+
+    async def beat_due(self, alg: AsyncLedger) -> None:
+        """Heartbeat every lease whose interval has passed: the session just proved it is alive."""
+        now = time.monotonic()
+        for held in list(self.held.values()):
+            if held.lost or now - held.last_beat < held.interval_s:
+                continue
+            try:
+                await alg.heartbeat(held.run_id, held.token)
+                held.last_beat = now
+            except LedgerError as exc:
+                # The lease ended under us (revoked, run closed): stop beating; the next
+                # write says why, in the ledger's own words.
+                held.lost = True
+                log.info("lease %s on run %s no longer beats: %s", held.number, held.run_id, exc.message)
+
+    async def end(self, alg: AsyncLedger, why: str) -> None:
+        """Release every lease still held (the session ended); what cannot be released is
+        left to the watchdog, which revokes it after the heartbeat timeout."""
+        self.ended = True
+        for held in list(self.held.values()):
+            if held.lost:
+                continue
+            try:
+                await alg.release(held.run_id, held.token, why)
+            except LedgerError as exc:
+                log.info("lease %s on run %s was not released: %s", held.number, held.run_id, exc.message)
+        self.held.clear()
+
+
+class Sessions:
+    """Which ``Session`` a request belongs to.
+
+    Over stdio the process serves one host on one pipe, whatever protocol era it speaks,
+    so the process is the session. Over HTTP a session is the transport's
+    (``Mcp-Session-Id``): its state lives on the SDK's per-connection object, whose exit
+    stack releases the leases when the session ends. A request with no session (the
+    stateless 2026 HTTP era) can read but cannot hold a lease.
+    """
+
+    STATE_KEY = "handoff.session"
+
+    def __init__(self, alg: AsyncLedger, *, single: Session | None = None) -> None:
+        self.alg = alg
+        self.single = single
+
+    def find(self, request_session: Any, *, create: bool = False) -> Session | None:
+        if self.single is not None:
+            return self.single
+        # The SDK keeps the per-connection object on the request's session; its exit stack
+        # is the documented place for per-connection teardown.
+        connection = getattr(request_session, "_connection", None)
+        if connection is None or getattr(connection, "session_id", None) is None:
+            if create:
+                raise InvalidInput("this request belongs to no MCP session (a stateless HTTP request), and a lease "
+                                   "needs one to live in: connect with a session (the initialize handshake) to "
+                                   "claim and work on a run", field="session")
+            return None
+        found = connection.state.get(self.STATE_KEY)
+        if found is None and create:
+            found = connection.state[self.STATE_KEY] = Session(f"HTTP session {connection.session_id}")
+            connection.exit_stack.push_async_callback(
+                found.end, self.alg, "the MCP session ended (the HTTP session was closed or expired)")
+        return found
+
+
+# --- what a model is told ----------------------------------------------------------------
+
+
+def _states() -> str:
+    return ", ".join(T.STATES)
+
+
+def _kinds() -> str:
+    return "; ".join(f"{state}: {', '.join(sorted(kinds))}" for state, kinds in T.PROGRESS_KINDS.items())
+
+
+def _moves(via: str) -> str:
+    return "; ".join(f"{a} -> {b}" for (a, b), vias in sorted(T.MOVES.items()) if via in vias)
+
+
+INSTRUCTIONS = (
+    "handoff-ledger keeps long-running work in an append-only ledger: a contract (goal, target, owner), "
+    "one lease holder at a time, progress, evidence and a delivery proven once. Read a run with status; "
+    "a worker claims a run, records progress only at meaningful boundaries, records its result file "
+    "(artifact) and its checks (evidence), and submits. The lease is kept by this server for your "
+    f"session; you never handle a token. States: {_states()}."
+)
+
+RunId = Annotated[str, Field(description="The run's id, as open, claim or the runs listing gave it.",
+                             min_length=1, max_length=128)]
+Limit = Annotated[int, Field(description="At most this many entries.", ge=1, le=MAX_PAGE)]
+After = Annotated[str | None, Field(description="Continue after this run id: the 'next' of the page before.")]
+Attrs = Annotated[dict[str, str | int | float | bool] | None,
+                  Field(description="A few facts about the step: model, tokens in and out, cost, tool.")]
+
+
+def _ledger_text(exc: LedgerError) -> str:
+    """What the model reads for a refusal: the error's type and the ledger's own sentence."""
+    return f"{exc.type}: {exc.message}"
+
+
+def _tool(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """A refusal by the ledger becomes a tool error with its typed message; the call, and
+    the server, go on. Anything else is the SDK's to report (as a tool error too)."""
+
+    @functools.wraps(fn)
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(*args, **kwargs)
+        except LedgerError as exc:
+            raise ToolError(_ledger_text(exc)) from None
+
+    return call
+
+
+READ = ToolAnnotations(readOnlyHint=True, openWorldHint=False)
+WRITE = ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=False)
+
+
+# --- the server --------------------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    """What a server is fixed to at start."""
+
+    role: str = "auditor"
+    #: Who this server acts as: the owner's name in the owner role, the worker's in the worker role.
+    name: str = ""
+    #: The directory a worker's artifacts must lie under (required for the worker role).
+    root: str | None = None
+
+
+def check_config(config: Config) -> None:
+    """Refuse a server that could not do what its role says, before anything starts."""
+    if config.role not in ROLES:
+        raise InvalidInput(f"role must be one of {', '.join(ROLES)}, got {config.role!r}", field="as")
+    if config.role in ("owner", "operator", "worker") and not config.name:
+        raise InvalidInput(f"the {config.role} role acts under a name: give --name (or set HANDOFF_WORKER)",
+                           field="name")
+    if config.role == "worker":
+        if not config.root:
+            raise InvalidInput("the worker role records files, and only under a directory you choose: give "
+                               "--root DIR (artifacts outside it are refused)", field="root")
+        if not os.path.isdir(config.root):
+            raise InvalidInput(f"--root {config.root} is not a directory", field="root")
+
+
+def build(alg: AsyncLedger, config: Config, sessions: Sessions) -> MCPServer:
+    """An ``MCPServer`` offering ``config.role``'s tools and the read-only resources."""
+    check_config(config)
+    server: MCPServer = MCPServer("handoff-ledger", instructions=INSTRUCTIONS, log_level="WARNING")
+
+    async def alive(ctx: Any, call_next: Any) -> Any:
+        # Every request from a session that holds a lease proves the host alive.
+        if ctx.request_id is not None:
+            found = sessions.find(ctx.session)
+            if found is not None and found.held:
+                await found.beat_due(alg)
+        return await call_next(ctx)
+
+    server.middleware.append(alive)
+    _auditor_tools(server, alg)
+    _resources(server, alg)
+    if config.role == "owner":
+        _owner_tools(server, alg, config)
+    elif config.role == "operator":
+        _operator_tools(server, alg, config)
+    elif config.role == "worker":
+        _worker_tools(server, alg, config, sessions)
+    return server
+
+
+def _page(limit: int) -> int:
+    return max(1, min(int(limit), MAX_PAGE))
+
+
+async def _runs_doc(alg: AsyncLedger, *, limit: int = PAGE, after: str | None = None, include_terminal: bool = False,
+                    states: tuple[str, ...] = (), owner: str | None = None) -> dict[str, Any]:
+    def read(lg: Any) -> dict[str, Any]:
+        now = lg.clock()
+        page = lg.runs_page(limit=_page(limit), after=after, include_terminal=include_terminal, states=states,
+                            owner=owner)
+        rows = [R.run_row(cp, stall.classify(cp, now_us=now)) for cp in page.items]
+        return {"now": R.iso(now), "runs": rows, "next": page.next, "more": page.more}
+
+    return await alg.run(read)
+
+
+def fold_heartbeats(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive heartbeats as one row (``heartbeats``: how many, ``first_at``/``at``):
+    a long run's log is mostly heartbeats, and a model's context is not the place for them."""
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        last = out[-1] if out else None
+        if row["type"] == "heartbeat_recorded" and last is not None and last["type"] == "heartbeat_recorded" \
+                and last["lease"] == row["lease"]:
+            last["heartbeats"] += 1
+            last["seq"], last["at"] = row["seq"], row["at"]
+            continue
+        if row["type"] == "heartbeat_recorded":
+            row = {**row, "heartbeats": 1, "first_at": row["at"], "first_seq": row["seq"]}
+        out.append(row)
+    return out
+
+
+def _auditor_tools(server: MCPServer, alg: AsyncLedger) -> None:
+    @_tool
+    async def runs(limit: Limit = PAGE, after: After = None,
+                   states: Annotated[list[str], Field(description=f"Only runs in these states ({_states()}).")] = [],
+                   owner: Annotated[str | None, Field(description="Only this owner's runs.")] = None,
+                   include_terminal: Annotated[bool, Field(description="Include runs that ended.")] = False,
+                   ) -> dict[str, Any]:
+        return await _runs_doc(alg, limit=limit, after=after, include_terminal=include_terminal,
+                               states=tuple(states), owner=owner)
+
+    @_tool
+    async def status(run_id: RunId) -> dict[str, Any]:
+        return await alg.status(run_id)
+
+    @_tool
+    async def stalls(limit: Limit = PAGE, after: After = None) -> dict[str, Any]:
+        def read(lg: Any) -> dict[str, Any]:
+            now = lg.clock()
+            page = lg.stalls_page(limit=_page(limit), after=after, now=now)
+            return {"now": R.iso(now), "stalls": [R.stall_row(cp, h) for cp, h in page.items],
+                    "next": page.next, "more": page.more}
+
+        return await alg.run(read)
+
+    @_tool
+    async def log(run_id: RunId,
+                  after_seq: Annotated[int, Field(description="Only events after this seq (the 'next' of the page "
+                                                              "before).", ge=0)] = 0,
+                  limit: Annotated[int, Field(description="At most this many events read.", ge=1,
+                                              le=MAX_PAGE)] = 100,
+                  fold: Annotated[bool, Field(description="Fold consecutive heartbeats into one row.")] = True,
+                  ) -> dict[str, Any]:
+        def read(lg: Any) -> dict[str, Any]:
+            import itertools
+
+            it = lg.log(run_id, after_seq=after_seq)
+            recs = list(itertools.islice(it, _page(limit) + 1))
+            more = len(recs) > _page(limit)
+            rows = [R.log_row(r) for r in recs[:_page(limit)]]
+            return {"run_id": run_id, "events": fold_heartbeats(rows) if fold else rows,
+                    "next": rows[-1]["seq"] if more and rows else None}
+
+        return await alg.run(read)
+
+    @_tool
+    async def replay(run_id: RunId, at_seq: Annotated[int, Field(description="The seq to stop at.", ge=1)]
+                     ) -> dict[str, Any]:
+        return await alg.status(run_id, at_seq=at_seq)
+
+    @_tool
+    async def diff(run_a: RunId, run_b: RunId) -> dict[str, Any]:
+        return await alg.diff(run_a, run_b)
+
+    @_tool
+    async def report(run_id: RunId) -> str:
+        doc = await alg.write_report(run_id, None, fmt="md")
+        return doc["text"]
+
+    tools = {
+        "runs": "List runs with their health (healthy, stalled, worker_unavailable...), oldest first, a page at a "
+                "time; pass 'next' as 'after' for the next page. Ended runs only with include_terminal.",
+        "status": "The run's checkpoint packet: state, contract, lease number and holder, progress, blockers, "
+                  "artifacts, evidence, pending side effects, review, delivery and health. Read it before acting.",
+        "stalls": "Runs whose health needs attention now, with the evidence (last heartbeat, last progress) and "
+                  "the action the watchdog would take.",
+        "log": "A run's events, oldest first, a page at a time, consecutive heartbeats folded into one row.",
+        "replay": "The run's checkpoint packet exactly as it stood at a seq.",
+        "diff": "Compare two runs (a fork and its origin, two attempts): where their histories part, and how "
+                "their ends differ.",
+        "report": "The run's incident report in Markdown: where it stands, who holds it, progress, stalls, what "
+                  "the watchdog did, delivery.",
+    }
+    for fn in (runs, status, stalls, log, replay, diff, report):
+        server.add_tool(fn, name=fn.__name__, description=tools[fn.__name__], annotations=READ)
+
+
+def _resources(server: MCPServer, alg: AsyncLedger) -> None:
+    async def read(call: Callable[[], Awaitable[Any]]) -> Any:
+        try:
+            return await call()
+        except LedgerError as exc:
+            raise ResourceError(_ledger_text(exc)) from None
+
+    @server.resource("handoff://runs", name="runs", mime_type="application/json",
+                     description="The first page of runs that have not ended, with their health.")
+    async def runs_resource() -> dict[str, Any]:
+        return await read(lambda: _runs_doc(alg))
+
+    @server.resource("handoff://runs/{run_id}/packet", name="packet", mime_type="application/json",
+                     description="A run's checkpoint packet: everything the next actor needs.")
+    async def packet_resource(run_id: str) -> dict[str, Any]:
+        return await read(lambda: alg.status(run_id))
+
+    @server.resource("handoff://runs/{run_id}/report", name="report", mime_type="text/markdown",
+                     description="A run's incident report in Markdown.")
+    async def report_resource(run_id: str) -> str:
+        doc = await read(lambda: alg.write_report(run_id, None, fmt="md"))
+        return doc["text"]
+
+
+def _write(out: Any) -> dict[str, Any]:
+    return R.write_doc(out)
+
+
+def _owner_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
+    me = config.name
+
+    @_tool
+    async def open(goal: Annotated[str, Field(description="What the run must achieve, in words a person reads.",
+                                              min_length=1)],
+                   target: Annotated[str, Field(description="Where the result must be seen: chat:#ops, "
+                                                            "file:///path, https://hook...")],
+                   result_path: Annotated[str | None, Field(description="The result file the run must "
+                                                                        "produce.")] = None,
+                   require_review: Annotated[bool, Field(description="You approve the result before "
+                                                                     "delivery.")] = False,
+                   stop_rules: Annotated[list[str], Field(description="When the worker must stop.")] = [],
+                   heartbeat_timeout_s: Annotated[float | None, Field(description="Seconds without a heartbeat "
+                                                                      "before the worker counts as gone.",
+                                                                      gt=0)] = None,
+                   progress_timeout_s: Annotated[float | None, Field(description="Seconds without progress before "
+                                                                     "the run counts as stalled.", gt=0)] = None,
+                   public: Annotated[bool, Field(description="The target is visible to others (delivery needs a "
+                                                             "passing sanitization check).")] = False,
+                   run_id: Annotated[str | None, Field(description="A run id of your choosing.")] = None,
+                   key: Annotated[str | None, Field(description="An idempotency key: a retry with the same key "
+                                                                "opens no second run.")] = None,
+                   ) -> dict[str, Any]:
+        contract: dict[str, Any] = {"goal": goal, "target": target, "owner": me, "result_path": result_path,
+                                    "require_review": require_review, "stop_rules": stop_rules,
+                                    "public": public, "run_id": run_id}
+        policy = {k: v for k, v in (("heartbeat_timeout_s", heartbeat_timeout_s),
+                                    ("progress_timeout_s", progress_timeout_s)) if v is not None}
+        if policy:
+            contract["policy"] = policy
+        opened = await alg.open_contract(contract, key=key)
+        return await alg.status(opened)
+
+    @_tool
+    async def review(run_id: RunId, approve: Annotated[bool, Field(description="true approves the result, false "
+                                                                              "sends it back to executing.")],
+                     notes: Annotated[str, Field(description="What you saw.")] = "") -> dict[str, Any]:
+        return _write(await alg.review(run_id, me, approve, notes))
+
+    @_tool
+    async def deliver(run_id: RunId,
+                      key: Annotated[str, Field(description="The delivery's idempotency key: a retry with it "
+                                                            "delivers nothing twice.", min_length=1)],
+                      send: Annotated[bool, Field(description="true: the ledger sends the result to the target "
+                                                              "itself; false: you send it and record the outcome "
+                                                              "elsewhere.")] = True) -> dict[str, Any]:
+        got = await alg.deliver(run_id, me, key, send=send)
+        if not send:
+            return _write(got)
+        return {"run_id": run_id, "status": got.status, "sent": got.sent, "receipt": got.receipt,
+                "error": got.error, "tries": got.tries, "state": got.checkpoint.state}
+
+    @_tool
+    async def revoke(run_id: RunId, reason: Annotated[str, Field(description="Why the lease is taken away.",
+                                                                 min_length=1)],
+                     lease: Annotated[int | None, Field(description="Only if this lease number still holds "
+                                                                    "it.")] = None) -> dict[str, Any]:
+        from handoff.ledger.store import Actor
+
+        return _write(await alg.revoke(run_id, reason, lease=lease, actor=Actor("owner", me)))
+
+    @_tool
+    async def transfer(run_id: RunId,
+                       action: Annotated[Literal[tuple(sorted(T.TRANSFERABLE))],  # type: ignore[valid-type]
+                                         Field(description="The action to hand over.")],
+                       to: Annotated[str, Field(description="Who may perform it from now on.", min_length=1)],
+                       ) -> dict[str, Any]:
+        return _write(await alg.transfer(run_id, action, to, by=me))
+
+    @_tool
+    async def close(run_id: RunId,
+                    disposition: Annotated[Literal[T.CLOSE_DISPOSITIONS],  # type: ignore[valid-type]
+                                           Field(description="How the run ends.")],
+                    reason: Annotated[str, Field(description="Why.")] = "") -> dict[str, Any]:
+        return _write(await alg.close_run(run_id, me, disposition, reason))
+
+    tools = {
+        "open": "Open a handoff: write the contract (goal, target, you as owner) before the work detaches. "
+                "Returns the new run's packet; a worker then claims it by its run_id.",
+        "review": "Approve or reject a submitted result (state ready_for_review).",
+        "deliver": "Deliver a succeeded run's result to its target, exactly once under the key you give.",
+        "revoke": "Take the lease away from the worker holding it (it can no longer write).",
+        "transfer": "Hand one of your actions on a run (review, deliver, close...) to someone else.",
+        "close": f"End a run without delivery: {', '.join(T.CLOSE_DISPOSITIONS)}.",
+    }
+    for fn in (open, review, deliver, revoke, transfer, close):
+        server.add_tool(fn, name=fn.__name__, description=tools[fn.__name__], annotations=WRITE)
+
+
+def _operator_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
+    me = config.name
+
+    @_tool
+    async def revoke(run_id: RunId, reason: Annotated[str, Field(description="Why the lease is taken away.",
+                                                                 min_length=1)],
+                     lease: Annotated[int | None, Field(description="Only if this lease number still holds "
+                                                                    "it.")] = None) -> dict[str, Any]:
+        return _write(await alg.revoke(run_id, reason, lease=lease, by=me))
+
+    @_tool
+    async def unblock(run_id: RunId, resolution: Annotated[str, Field(description="How the blocker went away.",
+                                                                      min_length=1)],
+                      blocker_id: Annotated[int | None, Field(description="Only this blocker (default: all).")] = None,
+                      ) -> dict[str, Any]:
+        return _write(await alg.unblock(run_id, resolution, blocker_id=blocker_id, by=me))
+
+    @_tool
+    async def close(run_id: RunId,
+                    disposition: Annotated[Literal[T.CLOSE_DISPOSITIONS],  # type: ignore[valid-type]
+                                           Field(description="How the run ends.")],
+                    reason: Annotated[str, Field(description="Why.", min_length=1)]) -> dict[str, Any]:
+        return _write(await alg.close_run(run_id, me, disposition, reason, as_operator=True))
+
+    tools = {
+        "revoke": "Take the lease away from the worker holding it, as an operator.",
+        "unblock": "Clear a run's blocker, as an operator.",
+        "close": f"End a run without delivery, as an operator: {', '.join(T.CLOSE_DISPOSITIONS)}.",
+    }
+    for fn in (revoke, unblock, close):
+        server.add_tool(fn, name=fn.__name__, description=tools[fn.__name__], annotations=WRITE)
+
+
+def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions: Sessions) -> None:
+    me, root = config.name, os.path.realpath(config.root or ".")
+
+    def mine(ctx: Context, run_id: str) -> tuple[Session, Held]:
+        found = sessions.find(ctx.request_context.session)
+        if found is None:
+            raise InvalidInput(f"this MCP session holds no lease on run {run_id}: call claim first", field="run_id")
+        return found, found.lease(run_id)
+
+    async def under_lease(ctx: Context, run_id: str, call: Callable[[str], Awaitable[Any]]) -> dict[str, Any]:
+        session, held = mine(ctx, run_id)
+        out = await call(held.token)
+        if out.checkpoint.lease != held.number:  # released or submitted: the lease is over
+            session.held.pop(run_id, None)
+        return _write(out)
+
+    @_tool
+    async def claim(run_id: RunId, ctx: Context) -> dict[str, Any]:
+        session = sessions.find(ctx.request_context.session, create=True)
+        assert session is not None
+        got = await alg.claim_outcome(run_id, me)
+        cp = got.outcome.checkpoint
+        session.held[run_id] = Held(run_id, str(got.token), got.token.lease,
+                                    heartbeat_interval(cp.policy.heartbeat_timeout_s))
+        return {"run_id": run_id, "lease": got.token.lease, "worker": me, "packet": await alg.status(run_id)}
+
+    @_tool
+    async def heartbeat(run_id: RunId, ctx: Context, attrs: Attrs = None) -> dict[str, Any]:
+        return await under_lease(ctx, run_id, lambda t: alg.heartbeat(run_id, t, attrs=attrs))
+
+    @_tool
+    async def progress(run_id: RunId, ctx: Context,
+                       kind: Annotated[str, Field(description=f"What moved. Counts as progress: {_kinds()} (and "
+                                                              "the contract's own kinds). Logged but never "
+                                                              f"progress: {', '.join(sorted(T.NOT_PROGRESS))}.")],
+                       detail: Annotated[str, Field(description="What happened, in a sentence.")] = "",
+                       attrs: Attrs = None) -> dict[str, Any]:
+        return await under_lease(ctx, run_id, lambda t: alg.progress(run_id, t, kind, detail, attrs=attrs))
+
+    @_tool
+    async def transition(run_id: RunId, ctx: Context,
+                         to: Annotated[str, Field(description=f"The next state. Moves: {_moves('transition')}.")],
+                         reason: Annotated[str, Field(description="Why.")] = "") -> dict[str, Any]:
+        return await under_lease(ctx, run_id, lambda t: alg.transition(run_id, t, to, reason=reason))
+
+    @_tool
+    async def artifact(run_id: RunId, ctx: Context,
+                       path: Annotated[str, Field(description=f"The file, relative to {root} or absolute under "
+                                                              "it; the ledger reads and measures it.",
+                                                  min_length=1)],
+                       kind: Annotated[str, Field(description="What the file is: result, log, diff...")] = "result",
+                       attrs: Attrs = None) -> dict[str, Any]:
+        where = os.path.join(root, path)  # an absolute path stays itself; the ledger refuses it outside root
+        return await under_lease(ctx, run_id, lambda t: alg.artifact(run_id, t, where, kind=kind, root=root,
+                                                                     attrs=attrs))
+
+    @_tool
+    async def evidence(run_id: RunId, ctx: Context,
+                       kind: Annotated[str, Field(description="What was checked: tests, lint, review...",
+                                                  min_length=1)],
+                       outcome: Literal["pass", "fail", "skipped"],
+                       detail: Annotated[str, Field(description="What the check saw.")] = "",
+                       attrs: Attrs = None) -> dict[str, Any]:
+        return await under_lease(ctx, run_id, lambda t: alg.evidence(run_id, kind, outcome, detail, lease=t,
+                                                                     attrs=attrs))
+
+    @_tool
+    async def effect_start(run_id: RunId, ctx: Context,
+                           key: Annotated[str, Field(description="The side effect's own key, unique in the run.",
+                                                     min_length=1)],
+                           what: Annotated[str, Field(description="What is about to happen outside, e.g. "
+                                                                  "'POST /deploy v42'.", min_length=1)],
+                           ) -> dict[str, Any]:
+        return await under_lease(ctx, run_id, lambda t: alg.effect_start(run_id, t, key, what))
+
+    @_tool
+    async def effect_confirm(run_id: RunId, ctx: Context,
+                             key: Annotated[str, Field(description="The side effect's key.", min_length=1)],
+                             outcome: Literal["done", "absent"],
+                             note: Annotated[str, Field(description="How you know.")] = "") -> dict[str, Any]:
+        return await under_lease(ctx, run_id, lambda t: alg.effect_confirm(run_id, key, outcome, note=note, lease=t))
+
+    @_tool
+    async def block(run_id: RunId, ctx: Context,
+                    reason: Annotated[str, Field(description="What the run cannot go on without.", min_length=1)],
+                    next_action: Annotated[str, Field(description="What must happen to unblock it, and by whom.",
+                                                      min_length=1)]) -> dict[str, Any]:
+        return await under_lease(ctx, run_id, lambda t: alg.block(run_id, reason, next_action, lease=t))
+
+    @_tool
+    async def unblock(run_id: RunId, ctx: Context,
+                      resolution: Annotated[str, Field(description="How the blocker went away.", min_length=1)],
+                      blocker_id: Annotated[int | None, Field(description="Only this blocker (default: "
+                                                                          "all).")] = None) -> dict[str, Any]:
+        return await under_lease(ctx, run_id, lambda t: alg.unblock(run_id, resolution, blocker_id=blocker_id,
+                                                                    lease=t))
+
+    @_tool
+    async def submit(run_id: RunId, ctx: Context,
+                     summary: Annotated[str, Field(description="One paragraph on what was done.")] = "",
+                     ) -> dict[str, Any]:
+        return await under_lease(ctx, run_id, lambda t: alg.submit(run_id, t, summary))
+
+    @_tool
+    async def release(run_id: RunId, ctx: Context,
+                      reason: Annotated[str, Field(description="Why you stop working on the run.")] = "",
+                      ) -> dict[str, Any]:
+        session, held = mine(ctx, run_id)
+        out = await alg.release(run_id, held.token, reason)
+        session.held.pop(run_id, None)
+        return _write(out)
+
+    tools = {
+        "claim": "Take a run's lease so you may work on it. Returns the lease number and the run's packet; this "
+                 "server keeps the lease for your session and heartbeats it while you keep calling. Refused while "
+                 "another worker holds the run.",
+        "heartbeat": "Say you are alive without recording progress (any call does this for you when due).",
+        "progress": "Record progress at a meaningful boundary (a plan committed, a tool's outcome, a verifier's "
+                    "result), not for every step: what counts depends on the run's state.",
+        "transition": "Move the run to its next working state.",
+        "artifact": "Record a file the work produced (the result named by the contract, a log, a diff); the "
+                    "ledger measures it and keeps its size and sha256.",
+        "evidence": "Record a check of the result (tests, lint, a review) and its outcome.",
+        "effect_start": "Before doing something outside that must not happen twice (a deploy, a payment), "
+                        "record it under a key.",
+        "effect_confirm": "Record whether a started side effect happened (done) or not (absent).",
+        "block": "Say the run cannot go on without something, and what must happen next.",
+        "unblock": "Say how a blocker went away.",
+        "submit": "Submit the result (from verifying) with its artifacts and evidence recorded first; ends your "
+                  "work on the run.",
+        "release": "Give the run back without submitting (you stop; another worker may claim it).",
+    }
+    for fn in (claim, heartbeat, progress, transition, artifact, evidence, effect_start, effect_confirm, block,
+               unblock, submit, release):
+        server.add_tool(fn, name=fn.__name__, description=tools[fn.__name__], annotations=WRITE)
+
+
+# --- running it --------------------------------------------------------------------------
+
+
+def _open_ledger(db: str, busy_timeout_s: float) -> AsyncLedger:
+    return AsyncLedger(db, busy_timeout_s=busy_timeout_s)
+
+
+async def serve_stdio(db: str, config: Config, *, busy_timeout_s: float = 5.0) -> None:
+    """Serve one host over stdin and stdout until it closes them (or SIGTERM/SIGINT); then
+    release what the session still holds."""
+    check_config(config)
+    session = Session("stdio")
+    async with _open_ledger(db, busy_timeout_s) as alg:
+        server = build(alg, config, Sessions(alg, single=session))
+        try:
+            async with anyio.create_task_group() as tg:
+                async def stop_on_signal() -> None:
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for _ in signals:
+                            tg.cancel_scope.cancel()
+                            return
+
+                tg.start_soon(stop_on_signal)
+                await server.run_stdio_async()
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await session.end(alg, "the MCP session ended (the host closed stdio)")
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8765`` for IPv6) as (host, port)."""
+    host, sep, port = str(text).rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise InvalidInput(f"--http takes HOST:PORT, e.g. 127.0.0.1:8765 (port 0: any free port); got {text!r}",
+                           field="http")
+    return host.strip("[]"), int(port)
+
+
+def read_token(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as exc:
+        raise InvalidInput(f"cannot read the token file {path}: {exc.strerror}", field="token_file") from None
+    if len(token) < 16 or any(c.isspace() for c in token):
+        raise InvalidInput(f"the token in {path} must be one line of at least 16 characters without spaces "
+                           "(e.g. from: python -c 'import secrets; print(secrets.token_urlsafe(32))')",
+                           field="token_file")
+    return token
+
+
+def check_http(host: str, token: str | None) -> None:
+    """Beyond loopback, anyone who reaches the port could act in this server's role."""
+    if not is_loopback(host) and token is None:
+        raise InvalidInput(f"refusing to serve on {host}, which is reachable beyond this machine, without a bearer "
+                           "token: give --token-file FILE (clients then send 'Authorization: Bearer <token>'), or "
+                           "bind 127.0.0.1", field="http")
+
+
+class Guard:
+    """The HTTP checks the SDK leaves to us: a bearer token (when one is set) on every
+    request, and beyond loopback no browser page at all (a request carrying an ``Origin``
+    is refused: the DNS-rebinding case; an MCP host sends none). On loopback the SDK's own
+    Host and Origin checks apply as well."""
+
+    def __init__(self, app: Any, token: str | None, loopback: bool) -> None:
+        self.app, self.token, self.loopback = app, token, loopback
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+            refusal = None
+            if self.token is not None:
+                given = headers.get("authorization", "")
+                if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+                    refusal = (401, "a bearer token is required: send 'Authorization: Bearer <token>'")
+            if refusal is None and not self.loopback and "origin" in headers:
+                refusal = (403, "requests from a web page (with an Origin header) are refused")
+            if refusal is not None:
+                from starlette.responses import PlainTextResponse
+
+                extra = {"WWW-Authenticate": "Bearer"} if refusal[0] == 401 else None
+                await PlainTextResponse(refusal[1], status_code=refusal[0], headers=extra)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def serve_http(db: str, config: Config, address: str, *, token_file: str | None = None,
+                     busy_timeout_s: float = 5.0, ready: Callable[[int], None] | None = None) -> None:
+    """Serve streamable HTTP on ``address`` until interrupted. Every check is made before
+    the port is bound; once it listens, ``ready`` is told the port (by default a line on
+    stderr names the address, so port 0 can be used)."""
+    import uvicorn
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    check_config(config)
+    host, port = parse_address(address)
+    token = read_token(token_file)
+    check_http(host, token)
+    loopback = is_loopback(host)
+    async with _open_ledger(db, busy_timeout_s) as alg:
+        server = build(alg, config, Sessions(alg))
+        # On loopback the SDK checks Host and Origin itself; beyond it Guard refuses any Origin.
+        security = None if loopback else TransportSecuritySettings(enable_dns_rebinding_protection=False)
+        app = server.streamable_http_app(host=host, transport_security=security)
+        uv = uvicorn.Server(uvicorn.Config(Guard(app, token, loopback), host=host, port=port, log_level="warning",
+                                           lifespan="on"))
+        if ready is None:
+            def ready(bound: int) -> None:
+                print(f"handoff mcp: serving http://{host}:{bound}/mcp as {config.role}", file=sys.stderr, flush=True)
+
+        async def tell() -> None:
+            while not uv.started:
+                await anyio.sleep(0.02)
+            ready(uv.servers[0].sockets[0].getsockname()[1])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(tell)
+            await uv.serve()

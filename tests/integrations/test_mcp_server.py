@@ -1,0 +1,421 @@
+"""``handoff mcp`` through the SDK's own client: real server processes over stdio and HTTP
+on the backends another process can share, and in-process servers for the unit checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters
+
+from handoff import Ledger
+from handoff.aio import AsyncLedger
+from handoff.integrations import mcp_server as ms
+from handoff.ledger.errors import InvalidInput
+from handoff.ledger.store import lease_digest
+from handoff.watchdog import watch_once
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Runs ``handoff`` in the child, after writing its pid (so a test can SIGKILL the server itself).
+LAUNCH = ("import os, sys\n"
+          "if sys.argv[1] != '-':\n"
+          "    open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+          "sys.argv = ['handoff', *sys.argv[2:]]\n"
+          "from handoff.cli import main\n"
+          "main()\n")
+WRITE_TOOLS = {"open", "review", "deliver", "revoke", "transfer", "close", "claim", "heartbeat", "progress",
+               "transition", "artifact", "evidence", "effect_start", "effect_confirm", "block", "unblock",
+               "submit", "release"}
+
+
+def env() -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if k not in ("HANDOFF_DB", "HANDOFF_WORKER")}
+    e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return e
+
+
+def stdio(db: str, *args: str, pidfile: Path | None = None) -> Client:
+    params = StdioServerParameters(command=sys.executable,
+                                   args=["-c", LAUNCH, str(pidfile or "-"), "--db", db, "mcp", *args], env=env())
+    return Client(params)
+
+
+class Seen:
+    """Everything the model was shown, to search for lease tokens afterwards."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def result(self, r: Any) -> Any:
+        self.texts.extend(c.text for c in r.content if getattr(c, "text", None) is not None)
+        if r.structured_content is not None:
+            self.texts.append(json.dumps(r.structured_content))
+        return r
+
+    def resource(self, r: Any) -> Any:
+        self.texts.extend(c.text for c in r.contents if getattr(c, "text", None) is not None)
+        return r
+
+    def assert_no_secret(self, digests: set[str]) -> None:
+        """No 43-character URL-safe window of anything shown is a lease secret (its digest
+        is what the ledger stored at the claim), nor does any shown text hold one whole."""
+        assert digests
+        for text in self.texts:
+            for run in re.findall(r"[A-Za-z0-9_-]{43,}", text):
+                for i in range(len(run) - 42):
+                    assert lease_digest(run[i:i + 43]) not in digests, "a lease secret reached the model"
+
+
+def ok(r: Any) -> dict[str, Any]:
+    assert not r.is_error, r.content[0].text
+    return r.structured_content if r.structured_content is not None else json.loads(r.content[0].text)
+
+
+def refused(r: Any) -> str:
+    assert r.is_error
+    return r.content[0].text
+
+
+def digests(lg: Ledger, run: str) -> set[str]:
+    return {rec.event.token_digest for rec in lg.log(run) if rec.type == "lease_granted"}
+
+
+def events(db: str, run: str) -> list[Any]:
+    with Ledger(db) as lg:
+        return list(lg.log(run))
+
+
+# --- end to end over stdio -------------------------------------------------------------------
+
+
+def test_a_handoff_walked_end_to_end_by_a_worker_and_an_owner_server(shared_backend, tmp_path):
+    db = shared_backend.address()
+    root = tmp_path / "work"
+    root.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    seen = Seen()
+
+    async def walk() -> str:
+        async with stdio(db, "--as", "owner", "--name", "alice") as owner, \
+                stdio(db, "--as", "worker", "--name", "agent-1", "--root", str(root)) as worker:
+            owner_tools = {t.name for t in (await owner.list_tools()).tools}
+            worker_tools = {t.name for t in (await worker.list_tools()).tools}
+            assert {"open", "review", "deliver", "status"} <= owner_tools and "claim" not in owner_tools
+            assert {"claim", "progress", "artifact", "submit"} <= worker_tools and "deliver" not in worker_tools
+            opened = ok(seen.result(await owner.call_tool("open", {
+                "goal": "Write the summary", "target": f"file://{out}", "result_path": str(root / "result.md"),
+                "require_review": True})))
+            run = opened["run_id"]
+            assert opened["owner"] == "alice"
+            claimed = ok(seen.result(await worker.call_tool("claim", {"run_id": run})))
+            assert claimed["lease"] == 1 and claimed["packet"]["state"] == "queued"
+            for tool, args in [("transition", {"to": "planning"}), ("progress", {"kind": "plan_committed"}),
+                               ("transition", {"to": "executing"}),
+                               ("progress", {"kind": "tool_outcome", "detail": "wrote it"})]:
+                ok(seen.result(await worker.call_tool(tool, {"run_id": run, **args})))
+            (root / "result.md").write_text("# Summary\n")
+            art = ok(seen.result(await worker.call_tool("artifact", {"run_id": run, "path": "result.md"})))
+            assert art["lease"] == 1
+            ok(seen.result(await worker.call_tool("transition", {"run_id": run, "to": "verifying"})))
+            ok(seen.result(await worker.call_tool("evidence", {"run_id": run, "kind": "tests", "outcome": "pass"})))
+            assert ok(seen.result(await worker.call_tool("submit", {"run_id": run, "summary": "done"})))[
+                "state"] == "ready_for_review"
+            ok(seen.result(await owner.call_tool("review", {"run_id": run, "approve": True})))
+            sent = ok(seen.result(await owner.call_tool("deliver", {"run_id": run, "key": "d1"})))
+            assert sent["status"] == "confirmed" and sent["state"] == "delivered"
+            status = ok(seen.result(await owner.call_tool("status", {"run_id": run})))
+            assert status["state"] == "delivered"
+            seen.resource(await owner.read_resource(f"handoff://runs/{run}/packet"))
+            seen.resource(await worker.read_resource(f"handoff://runs/{run}/report"))
+            seen.resource(await worker.read_resource("handoff://runs"))
+            for tool, args in [("log", {"run_id": run}), ("report", {"run_id": run}),
+                               ("runs", {"include_terminal": True})]:
+                assert not seen.result(await owner.call_tool(tool, args)).is_error
+            return run
+
+    run = anyio.run(walk)
+    assert any(out.iterdir()), "the delivery wrote nothing to the file:// target"
+    with Ledger(db) as lg:
+        seen.assert_no_secret(digests(lg, run))
+        assert lg.status(run)["state"] == "delivered"
+
+
+def test_a_killed_worker_session_loses_the_lease_and_a_second_session_continues(shared_backend, tmp_path):
+    db = shared_backend.address()
+    root = tmp_path / "work"
+    root.mkdir()
+    timeout = 2.0
+    with Ledger(db) as lg:
+        run = lg.open(goal="g", target="chat:#ops", owner="alice", heartbeat_timeout_s=timeout)
+    pidfile = tmp_path / "first.pid"
+
+    async def first_then_second() -> tuple[int, str]:
+        async with stdio(db, "--as", "worker", "--name", "second", "--root", str(root)) as second_host_later, \
+                AsyncExitStack() as stack:
+            first = await stack.enter_async_context(
+                stdio(db, "--as", "worker", "--name", "first", "--root", str(root), pidfile=pidfile))
+            ok(await first.call_tool("claim", {"run_id": run}))
+            ok(await first.call_tool("transition", {"run_id": run, "to": "planning"}))
+            # The second session's claim is refused while the first holds the run.
+            assert "LeaseHeld" in refused(await second_host_later.call_tool("claim", {"run_id": run}))
+            os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            killed_at = time.monotonic()
+            try:
+                await stack.aclose()
+            except Exception:  # the server is gone; whether the client's exit notices depends on timing
+                pass
+            # The watchdog revokes once the heartbeat timeout has passed since the last beat.
+            deadline = killed_at + timeout * 20 + 30
+            revoked_seq = None
+            await anyio.sleep(timeout)
+            while revoked_seq is None:
+                assert time.monotonic() < deadline, "the watchdog never revoked the killed worker's lease"
+                with Ledger(db) as lg:
+                    watch_once(lg, name="test-watchdog")
+                    revoked = [r for r in lg.log(run) if r.type == "lease_revoked"]
+                if revoked:
+                    revoked_seq = revoked[0].seq
+                else:
+                    await anyio.sleep(timeout / 4)
+            claimed = ok(await second_host_later.call_tool("claim", {"run_id": run}))
+            ok(await second_host_later.call_tool("progress", {"run_id": run, "kind": "plan_committed"}))
+            return revoked_seq, claimed["lease"]
+
+    revoked_seq, second_lease = anyio.run(first_then_second)
+    assert second_lease == 2
+    log = events(db, run)
+    after = [r for r in log if r.seq > revoked_seq]
+    assert after and all(r.lease != 1 for r in after), "the first session wrote after the revoke"
+    # The second session ended when its host closed stdio: its lease was released, saying why.
+    released = [r for r in log if r.type == "lease_released"]
+    assert released and released[-1].lease == 2 and "MCP session ended" in released[-1].event.reason
+
+
+def test_the_second_claim_is_refused_while_the_first_session_holds_the_run(shared_backend, tmp_path):
+    db = shared_backend.address()
+    with Ledger(db) as lg:
+        run = lg.open(goal="g", target="chat:#ops", owner="alice")
+
+    async def both() -> str:
+        async with stdio(db, "--as", "worker", "--name", "a", "--root", str(tmp_path)) as a, \
+                stdio(db, "--as", "worker", "--name", "b", "--root", str(tmp_path)) as b:
+            ok(await a.call_tool("claim", {"run_id": run}))
+            before = len(events(db, run))
+            text = refused(await b.call_tool("claim", {"run_id": run}))
+            assert len(events(db, run)) == before
+            return text
+
+    assert "LeaseHeld" in anyio.run(both)
+
+
+# --- roles, refusals and liveness, in process -------------------------------------------------
+
+
+async def _inprocess(address: str, config: ms.Config, body: Any, mode: str = "auto") -> Any:
+    async with AsyncLedger(address) as alg:
+        session = ms.Session("test")
+        server = ms.build(alg, config, ms.Sessions(alg, single=session))
+        async with Client(server, mode=mode) as client:
+            return await body(client, alg, session)
+
+
+def test_the_auditor_lists_no_write_tool_and_a_forged_call_is_refused(backend, tmp_path):
+    address = backend.address()
+
+    async def body(client: Client, alg: AsyncLedger, session: Any) -> None:
+        run = await alg.open(goal="g", target="chat:#ops", owner="alice")
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert names == {"runs", "status", "stalls", "log", "replay", "diff", "report"}
+        assert not names & WRITE_TOOLS
+        before = [r.seq async for r in alg.log(run)]
+        for tool, args in [("open", {"goal": "g", "target": "chat:#x"}), ("claim", {"run_id": run}),
+                           ("revoke", {"run_id": run, "reason": "r"}), ("close", {"run_id": run,
+                                                                                 "disposition": "cancelled"})]:
+            assert tool in refused(await client.call_tool(tool, args))
+        assert [r.seq async for r in alg.log(run)] == before
+
+    anyio.run(_inprocess, address, ms.Config(), body)
+
+
+def test_the_worker_role_cannot_deliver(backend, tmp_path):
+    async def body(client: Client, alg: AsyncLedger, session: Any) -> None:
+        run = await alg.open(goal="g", target="chat:#ops", owner="w1")
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert "deliver" not in names and "review" not in names and "claim" in names
+        before = [r.seq async for r in alg.log(run)]
+        assert refused(await client.call_tool("deliver", {"run_id": run, "key": "k"}))
+        assert [r.seq async for r in alg.log(run)] == before
+
+    anyio.run(_inprocess, backend.address(), ms.Config(role="worker", name="w1", root=str(tmp_path)), body)
+
+
+def test_refusals_are_tool_errors_with_the_ledgers_message_and_write_nothing(backend, tmp_path):
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.txt"
+    outside.write_text("x")
+
+    async def body(client: Client, alg: AsyncLedger, session: Any) -> None:
+        run = await alg.open(goal="g", target="chat:#ops", owner="alice")
+        assert "InvalidInput" in refused(await client.call_tool("progress", {"run_id": run, "kind": "note"}))
+        ok(await client.call_tool("claim", {"run_id": run}))
+        before = [r.seq async for r in alg.log(run)]
+        # The ledger's rule, in its own words: plan_committed is progress in planning only.
+        text = refused(await client.call_tool("progress", {"run_id": run, "kind": "plan_committed"}))
+        assert "IllegalProgress" in text and "planning" in text
+        # A path outside --root.
+        assert "outside the declared root" in refused(
+            await client.call_tool("artifact", {"run_id": run, "path": str(outside)}))
+        # Bad arguments are the schema's: the field is named.
+        text = refused(await client.call_tool("transition", {"run_id": run}))
+        assert "to" in text and "required" in text.lower()
+        text = refused(await client.call_tool("evidence", {"run_id": run, "kind": "tests", "outcome": "maybe"}))
+        assert "outcome" in text
+        assert [r.seq async for r in alg.log(run)] == before
+        # The server is still there.
+        assert ok(await client.call_tool("status", {"run_id": run}))["lease"] == 1
+
+    anyio.run(_inprocess, backend.address(), ms.Config(role="worker", name="w1", root=str(tmp_path)), body)
+
+
+def test_pings_heartbeat_a_held_lease_and_silence_does_not(tmp_path):
+    timeout = 0.6
+    interval = ms.heartbeat_interval(timeout)
+
+    async def body(client: Client, alg: AsyncLedger, session: Any) -> None:
+        run = await alg.open(goal="g", target="chat:#ops", owner="alice", heartbeat_timeout_s=timeout)
+
+        async def beats() -> int:
+            return len([r async for r in alg.log(run) if r.type == "heartbeat_recorded"])
+
+        ok(await client.call_tool("claim", {"run_id": run}))
+        await anyio.sleep(interval * 2)
+        assert await beats() == 0  # silence: nothing beats for the session
+        await client.send_ping()
+        assert await beats() == 1  # the ping proved the host alive, and a beat was due
+        await client.send_ping()
+        assert await beats() == 1  # not due again yet
+        assert session.held[run].number == 1
+
+    # ping exists in the handshake era only (the 2026 protocol dropped it; tool calls count there).
+    anyio.run(_inprocess, f"sqlite://{tmp_path / 'l.db'}", ms.Config(role="worker", name="w1", root=str(tmp_path)),
+              body, "legacy")
+
+
+def test_the_worker_role_refuses_to_start_without_a_root(tmp_path):
+    with pytest.raises(InvalidInput, match="--root"):
+        ms.check_config(ms.Config(role="worker", name="w1"))
+    proc = subprocess.run([sys.executable, "-m", "handoff.cli", "--db", str(tmp_path / "l.db"), "mcp", "--as",
+                           "worker"], env=env(), capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2 and "--root" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_without_the_extra_the_command_says_how_to_install_it(tmp_path):
+    code = ("import sys\nsys.modules['mcp'] = None\n"
+            f"sys.argv = ['handoff', '--db', {str(tmp_path / 'l.db')!r}, 'mcp']\n"
+            "from handoff.cli import main\nmain()\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2, proc.stderr
+    assert "pip install 'handoff-ledger[mcp]'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- HTTP ------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class HttpServer:
+    def __init__(self, db: str, host: str, *args: str, tmp: Path) -> None:
+        self.port = free_port()
+        self.errors = tmp / f"http-{self.port}.err"
+        with open(self.errors, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "handoff.cli", "--db", db, "mcp", "--http",
+                                          f"{host}:{self.port}", *args], env=env(), stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 60  # start-up only; no request is timed
+        while "serving http://" not in self.errors.read_text():  # the server names its address once it listens
+            assert self.proc.poll() is None, self.errors.read_text()
+            assert time.monotonic() < deadline, self.errors.read_text()
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+
+    def post(self, headers: dict[str, str]) -> int:
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+        req = urllib.request.Request(self.url, data=body.encode(), method="POST", headers={
+            "Content-Type": "application/json", "Accept": "application/json, text/event-stream", **headers})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def test_http_beyond_loopback_refuses_to_start_without_a_token(tmp_path):
+    with pytest.raises(InvalidInput, match="--token-file"):
+        ms.check_http("0.0.0.0", None)
+    ms.check_http("127.0.0.1", None)
+    ms.check_http("::1", None)
+    proc = subprocess.run([sys.executable, "-m", "handoff.cli", "--db", str(tmp_path / "l.db"), "mcp", "--http",
+                           "0.0.0.0:0"], env=env(), capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2 and "--token-file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_http_on_loopback_serves_the_sdk_client_and_refuses_a_foreign_origin(shared_backend, tmp_path):
+    db = shared_backend.address()
+    with Ledger(db) as lg:
+        run = lg.open(goal="g", target="chat:#ops", owner="alice")
+    server = HttpServer(db, "127.0.0.1", tmp=tmp_path)
+    try:
+        assert server.post({"Origin": "http://evil.example"}) == 403
+        assert server.post({}) == 200
+
+        async def read() -> dict[str, Any]:
+            async with Client(server.url) as client:
+                return ok(await client.call_tool("status", {"run_id": run}))
+
+        assert anyio.run(read)["run_id"] == run
+    finally:
+        server.stop()
+
+
+def test_http_beyond_loopback_needs_the_token_and_refuses_any_origin(shared_backend, tmp_path):
+    db = shared_backend.address()
+    token = "t0k3n-" + os.urandom(16).hex()
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    # 0.0.0.0 is what "beyond loopback" means; without the token nothing is served.
+    server = HttpServer(db, "0.0.0.0", "--token-file", str(token_file), tmp=tmp_path)
+    try:
+        assert server.post({}) == 401
+        assert server.post({"Authorization": "Bearer wrong-token-of-some-length"}) == 401
+        assert server.post({"Authorization": f"Bearer {token}"}) == 200
+        assert server.post({"Authorization": f"Bearer {token}", "Origin": "http://evil.example"}) == 403
+    finally:
+        server.stop()
