@@ -360,3 +360,23 @@ def salted(salt: bytes, value: str, kind: str = "h") -> str:
     without the salt it cannot be reversed or guessed by trying values."""
     mac = hmac.new(salt, kind.encode() + b"\0" + value.encode("utf-8", "surrogatepass"), hashlib.sha256)
     return f"[{kind}~{mac.hexdigest()[:16]}]"  # no ":" or "=": it must not look like "secret: ..."
+
+
+def redact(text: str, salt: bytes, patterns: Iterable[str] = ()) -> str:
+    """``text`` with every detector match replaced by its salted stand-in: what a worker's
+    stop text (an exception, the end of a child's stderr) becomes before it is recorded
+    (handoff.lease.bounded_text). Text that cannot be scanned (``readings``) is replaced
+    whole; other text is judged, and returned, as it reads (format characters removed, NFKC)."""
+    texts = readings(text)
+    if len(texts) != 1:
+        return salted(salt, text, UNSCANNABLE)
+    text = texts[0]
+    for det, rxs in _detectors(patterns):
+        for rx in rxs:
+            out, at = [], 0
+            for start, end in _spans(rx, text):
+                if start < end:  # a user's pattern may match empty text inside a longer one
+                    out += [text[at:start], salted(salt, text[start:end], det)]
+                    at = end
+            text = "".join(out) + text[at:]
+    return text
