@@ -1591,6 +1591,111 @@ def report(run: str, output: str | None, fmt: str, at_seq: int | None, as_of: in
     _emit(doc, as_json, f"{run}: report of seq 1-{doc['last_seq']} written to {doc['path']} ({doc['bytes']} bytes)")
 
 
+@main.command()
+@click.argument("runs", metavar="[RUN]...", nargs=-1)
+@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False),
+              help="Write the traces to this file as OTLP/JSON instead of sending them to a collector. Written "
+                   "whole (with --follow: one line per export, appended).")
+@click.option("--endpoint", default=None, metavar="URL",
+              help="The collector's OTLP/HTTP address (default http://localhost:4318, the standard local port; "
+                   "/v1/traces is added unless given).")
+@click.option("--follow", is_flag=True,
+              help="Keep running: export every run of the ledger each time it changes, until Ctrl-C.")
+@click.option("--state", "state_path", default=None, type=click.Path(dir_okay=False),
+              help="With --follow: the file where the follower records how far it got, so a restart resumes there.")
+@click.option("--poll", type=click.FloatRange(min=0.05, max=3600), default=1.0, show_default=True,
+              help="With --follow: the longest wait, in seconds, before looking for changes again.")
+@json_option
+def otel(runs: tuple[str, ...], output: str | None, endpoint: str | None, follow: bool, state_path: str | None,
+         poll: float, as_json: bool) -> None:
+    """Export runs as OpenTelemetry traces, to a collector or to a file.
+
+    Each run becomes one trace in the GenAI agent conventions: a root span
+    "invoke_workflow handoff" for the run, an "invoke_agent WORKER" span per lease (how
+    it ended: released, revoked, lost, superseded or still held), an "execute_tool" span
+    per side effect (confirmed, or unknown until reconciled), and the run's other events
+    (state changes, heartbeats, progress, blockers, evidence, delivery) as span events.
+    The ledger's own facts are attributes under handoff.* (run id, seqs, progress_seq,
+    lease, state, health); the token counts and model a worker recorded in attrs are
+    summed as gen_ai.usage.*. Idempotency keys, lease tokens and delivery addresses are
+    never exported.
+
+    The ids are derived from the run, so exporting a run twice sends the same trace (a
+    collector keeps one copy). A worker that recorded its own trace_id (and span_id) in
+    attrs finds the run's spans in its trace. Needs the otel extra: pip install
+    'handoff-ledger[otel]'.
+
+    With --follow, runs are exported as they change, read from the ledger-wide log; the
+    position is kept in the --state file, never in the ledger, and a follower restarted
+    with the same file resumes after the last export the collector took. An export the
+    collector does not take is retried every --poll seconds.
+
+    With --json, prints {"runs": [{"run_id", "trace_id", "spans", "first_seq",
+    "last_seq"}], "spans", "output", "endpoint"}; with --follow, one such document per
+    export, one per line, with "position" added.
+
+    \b
+    Example:
+        handoff otel $RUN -o trace.json
+        handoff otel $RUN --endpoint http://localhost:4318
+        handoff otel --follow --state otel.state
+    """
+    try:
+        from handoff.integrations import otel as ot
+    except ImportError as exc:
+        raise click.UsageError(f"handoff otel needs the OpenTelemetry packages ({exc.name} is missing): "
+                               "pip install 'handoff-ledger[otel]'") from exc
+    if output is not None and endpoint is not None:
+        raise click.UsageError("give -o FILE or --endpoint URL, not both")
+    if follow and runs:
+        raise click.UsageError("--follow exports every run as it changes; give no RUN with it")
+    if not follow and not runs:
+        raise click.UsageError("name at least one RUN to export, or use --follow to export every run as it changes")
+    if follow and state_path is None:
+        raise click.UsageError("--follow needs --state FILE: where it records how far it got, so a restart "
+                               "resumes there (a new file starts from the beginning of the ledger)")
+    if state_path is not None and not follow:
+        raise click.UsageError("--state is for --follow")
+    where = output if output is not None else ot.traces_url(endpoint or ot.DEFAULT_ENDPOINT)
+    with _ledger() as lg:
+        if not follow:
+            if output is not None:
+                doc = ot.write_json(lg, list(runs), output)
+            else:
+                doc = ot.export_runs(lg, list(runs), ot.otlp_exporter(where), where=where)
+            doc.setdefault("output", None)
+            doc["endpoint"] = None if output is not None else where
+            _emit(doc, as_json, f"{doc['spans']} spans of {len(doc['runs'])} run(s) sent to {where}: " + ", ".join(
+                f"{r['run_id']} trace {r['trace_id']}" for r in doc["runs"]))
+            return
+        import signal
+
+        exporter = ot.JsonLinesExporter(output) if output is not None else ot.otlp_exporter(where)
+        stop = {"flag": False}
+
+        def _stop(signum: int, frame: Any) -> None:
+            stop["flag"] = True
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _stop)
+
+        def on_export(doc: dict[str, Any]) -> None:
+            doc["output"], doc["endpoint"] = output, None if output is not None else where
+            if as_json:
+                import json
+
+                click.echo(_printable(json.dumps(doc, ensure_ascii=False)))
+            else:
+                click.echo(_printable(f"position {doc['position']}: {doc['spans']} spans of "
+                                      f"{', '.join(r['run_id'] for r in doc['runs'])} sent to {where}"))
+
+        def on_error(exc: Any) -> None:
+            click.echo(_printable(f"Error: {exc.message} (retrying in {poll:g}s)"), err=True)
+
+        ot.follow(lg, exporter, state_path or "", where=where, poll_s=poll, should_stop=lambda: stop["flag"],
+                  on_export=on_export, on_error=on_error)
+
+
 def _quote_arg(arg: str) -> str:
     import shlex
 

@@ -236,6 +236,13 @@ class BackendUnavailable(StoreUnavailable):
     """The ledger address names a storage backend this installation does not have."""
 
 
+class CollectorUnavailable(LedgerError):
+    """A trace could not be handed to its collector (unreachable, refused, or it answered
+    with an error): the ledger is untouched and a follower's position did not move."""
+
+    exit_code = 3
+
+
 # --- a check found damage (exit 4) -------------------------------------------------
 
 

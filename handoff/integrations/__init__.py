@@ -1,6 +1,7 @@
-"""Bridges between the ledger and the frameworks agents run in.
+"""Bridges between the ledger and the frameworks agents run in, each behind an optional extra.
 
-Each integration is a module of its own, imported only by whoever uses it: the SDK it
-speaks to is an optional extra (``pip install 'handoff-ledger[mcp]'`` and the like), so
-this package imports nothing at all.
+``mcp_server`` (an MCP server), ``otel`` (OpenTelemetry traces), ``pydantic_ai`` and
+``openai_agents``. Each is a module of its own, imported only by code that uses it; the SDK
+it speaks to is an optional extra (``pip install 'handoff-ledger[mcp]'`` and the like), so
+importing this package imports none of them.
 """

@@ -1,6 +1,8 @@
 """What a command process loads: a shell agent pays every import on every event.
 
-``handoff progress`` must not load pydantic (only a contract file needs it) nor
+``handoff progress`` must not load pydantic (only a contract file needs it), the
+integrations' frameworks (OpenTelemetry, pydantic-ai, the OpenAI Agents SDK: only the
+command or program that uses one loads it) nor
 typing_extensions (msgspec imports it when installed; cli.py loads msgspec without it,
 see ``_load_msgspec``), and a command that reads a contract file must still get both,
 working, in the same process.
@@ -22,7 +24,8 @@ PROBE = (
     "import atexit, json, sys\n"
     "def report():\n"
     "    import msgspec._utils as u, typing\n"
-    "    sys.stderr.write('PROBE ' + json.dumps({'loaded': sorted(m for m in ('pydantic', 'typing_extensions') "
+    "    watched = ('pydantic', 'typing_extensions', 'opentelemetry', 'pydantic_ai', 'agents')\n"
+    "    sys.stderr.write('PROBE ' + json.dumps({'loaded': sorted(m for m in watched "
     "if m in sys.modules), 'mcp': sorted(m for m in ('mcp', 'anyio', 'starlette', 'uvicorn') if m in sys.modules), 'hints_from_typing': u._get_type_hints is typing.get_type_hints}) + '\\n')\n"
     "atexit.register(report)\n"
     "sys.argv = ['handoff', *sys.argv[1:]]\n"
@@ -70,3 +73,11 @@ def test_the_mcp_command_is_on_the_list_without_loading_the_sdk(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "--token-file" in proc.stdout
     assert probe["mcp"] == []
+
+
+def test_the_otel_command_loads_opentelemetry_only_when_it_runs(tmp_path):
+    db = str(tmp_path / "l.db")
+    Ledger(db).close()
+    proc, probe = _run(db, "otel", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert probe["loaded"] == []
