@@ -1971,12 +1971,18 @@ def verify(run: str | None, expect_head: tuple[str, ...], as_json: bool) -> None
                 click.echo("written by database roles: "
                            + ", ".join(f"{R.visible(role)} ({n} events)" for role, n in doc["db_roles"].items()))
         else:
+            # Each table, then the summary, as paragraphs of their own: a blank line between
+            # them, so the last row never reads as part of the next header or the summary.
+            tables = []
             if probs:
-                click.echo(R.table(["PROBLEM", "RUN", "SEQ", "POSITION", "DETAIL"],
-                                  [[p["kind"], p["run_id"], p["seq"], p["position"], p["message"]] for p in probs]))
+                tables.append(R.table(["PROBLEM", "RUN", "SEQ", "POSITION", "DETAIL"],
+                                      [[p["kind"], p["run_id"], p["seq"], p["position"], p["message"]] for p in probs]))
             if diffs:
-                click.echo(R.table(["PROJECTION", "RUN", "COLUMN", "KEPT", "FOLDED"],
-                                  [[d["projection"], d["run_id"], d["column"], d["kept"], d["folded"]] for d in diffs]))
+                tables.append(R.table(["PROJECTION", "RUN", "COLUMN", "KEPT", "FOLDED"],
+                                      [[d["projection"], d["run_id"], d["column"], d["kept"], d["folded"]]
+                                       for d in diffs]))
+            for text in tables:
+                click.echo(text + "\n")
             click.echo(f"{len(probs)} problem(s) in the log, {len(diffs)} projection difference(s)", err=True)
             if skipped:
                 click.echo("not checked: " + "; ".join(skipped), err=True)

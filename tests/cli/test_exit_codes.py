@@ -117,6 +117,11 @@ def test_4_verify_finds_a_tampered_event(h):
                   "WHERE seq = 1 AND run_id = 'r1'")
     result = h("verify", code=4)
     assert "bad_hash" in result.stdout
+    # Each table ends in a blank line, so the next header (and the summary on stderr, in a
+    # terminal) starts a paragraph of its own instead of running on from the last row.
+    problems, _, rest = result.stdout.partition("\n\n")
+    assert problems.startswith("PROBLEM") and rest.startswith("PROJECTION"), result.stdout
+    assert result.stdout.endswith("\n\n") and "problem(s) in the log" in result.stderr
     doc = h.json("verify", code=4)
     assert doc["ok"] is False and doc["problems"][0]["kind"] == "bad_hash"
 
