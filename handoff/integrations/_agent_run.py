@@ -129,12 +129,13 @@ class AgentRun:
             await lease.progress("plan_committed", "the model's first answer", attrs=attrs or None)
             await lease.transition(T.EXECUTING)
 
-    async def tool_failed(self, text: str, attrs: dict[str, Any]) -> None:
-        """A tool that failed: a note (no progress), its text through the sanitizer."""
+    async def note(self, text: str, attrs: dict[str, Any] | None = None) -> None:
+        """A note, not progress (a tool that failed, something the trace showed), its text
+        through the sanitizer's detectors."""
         lease = self.lease
         assert lease is not None
         text = await self.alg.run(lambda ledger: bounded_text(text, ledger, self.run_id))
-        await lease.progress("note", text, attrs=attrs)
+        await lease.progress("note", text, attrs=attrs or None)
 
     async def tool_returned(self, tool_name: str, attrs: dict[str, Any]) -> None:
         assert self.lease is not None

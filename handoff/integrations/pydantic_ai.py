@@ -112,7 +112,7 @@ class HandoffCapability(AbstractCapability[Any]):
             else:
                 result = await handler(args)
         except Exception as exc:
-            await run.tool_failed(f"tool {call.tool_name} raised {type(exc).__name__}: {exc}", attrs)
+            await run.note(f"tool {call.tool_name} raised {type(exc).__name__}: {exc}", attrs)
             raise
         await run.tool_returned(call.tool_name, attrs)
         return result
