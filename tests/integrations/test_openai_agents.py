@@ -15,13 +15,15 @@ import pytest
 
 pytest.importorskip("agents")
 
-from agents import Agent, RunConfig, Runner, function_tool, set_trace_processors  # noqa: E402
+from agents import Agent, RunConfig, Runner, add_trace_processor, function_tool, set_trace_processors  # noqa: E402
+from agents.tracing import TracingProcessor  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 from agents.usage import Usage  # noqa: E402
 
 from handoff import Ledger  # noqa: E402
 from handoff.integrations.openai_agents import LedgerRunHooks, LedgerTracingProcessor  # noqa: E402
 from handoff.ledger.errors import Refused  # noqa: E402
+from handoff.reducers import trace as tr  # noqa: E402
 from handoff.watchdog import watch_once  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -38,6 +40,22 @@ def offline(monkeypatch):
     set_trace_processors([LedgerTracingProcessor()])
     yield
     set_trace_processors([])
+
+
+class TraceIds(TracingProcessor):
+    """The SDK's trace ids, as a collector would see them."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    def on_trace_start(self, trace) -> None:
+        self.ids.append(trace.trace_id)
+
+    def on_trace_end(self, trace) -> None: ...
+    def on_span_start(self, span) -> None: ...
+    def on_span_end(self, span) -> None: ...
+    def shutdown(self) -> None: ...
+    def force_flush(self) -> None: ...
 
 
 def tools(posts: list[str], *, boom: bool = False, raise_out: bool = False):
@@ -71,11 +89,15 @@ def test_a_full_run_with_an_sdk_handoff_between_agents_is_recorded_and_submitted
                    [assistant_message("summary posted")])
     writer = Agent("writer", model=model, tools=[post, search])
     triage = Agent("triage", model=model, handoffs=[writer])
+    seen = TraceIds()
+    add_trace_processor(seen)
     with Ledger(str(tmp_path / "l.db")) as lg:
         run = lg.open(goal="Post a summary", target="chat:#x", owner="alice", run_id="o1")
         result = asyncio.run(kept(lg, run, triage, side_effects={"post"}, output_path=str(tmp_path / "out.md")))
         p = lg.status(run)
         recs = list(lg.log(run))
+        joined = tr.build(lg.store.history(run), run).trace_id
+    assert seen.ids == [f"trace_{joined}"]  # handoff otel puts the run in the SDK's own trace
     assert posts == ["a"] and result.final_output == "summary posted"
     assert p["state"] == "succeeded" and p["lease"] is None and p["pending_effects"] == []
     types = [r.type for r in recs]
