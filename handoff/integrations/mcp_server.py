@@ -37,8 +37,8 @@ from typing import Annotated, Any, Literal
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ResourceError, ToolError
-from mcp.types import ToolAnnotations
+from mcp.server.mcpserver.exceptions import ResourceError
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from handoff import render as R
@@ -191,6 +191,14 @@ def _ledger_text(exc: LedgerError) -> str:
     return f"{exc.type}: {exc.message}"
 
 
+def refusal(exc: LedgerError) -> CallToolResult:
+    """A ledger refusal as the tool's own error result (``isError``), text exactly the
+    ledger's: a ``ToolError`` raised instead would reach the model behind the SDK's
+    "Error executing tool X: " prefix, and a model that retries with what it reads should
+    read the ledger's sentence, not the SDK's wrapping of it."""
+    return CallToolResult(content=[TextContent(type="text", text=_ledger_text(exc))], is_error=True)
+
+
 def _tool(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """A refusal by the ledger becomes a tool error with its typed message; the call, and
     the server, go on. Anything else is the SDK's to report (as a tool error too)."""
@@ -200,7 +208,7 @@ def _tool(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         try:
             return await fn(*args, **kwargs)
         except LedgerError as exc:
-            raise ToolError(_ledger_text(exc)) from None
+            return refusal(exc)
 
     return call
 

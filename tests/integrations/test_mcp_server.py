@@ -419,3 +419,25 @@ def test_http_beyond_loopback_needs_the_token_and_refuses_any_origin(shared_back
         assert server.post({"Authorization": f"Bearer {token}", "Origin": "http://evil.example"}) == 403
     finally:
         server.stop()
+
+
+def test_a_refusal_reads_exactly_as_the_ledgers_typed_message(backend, tmp_path):
+    """No SDK wrapping ("Error executing tool ..."): the model reads the ledger's own text."""
+
+    async def body(client: Client, alg: AsyncLedger, session: Any) -> None:
+        run = await alg.open(goal="g", target="chat:#ops", owner="alice")
+        ok(await client.call_tool("claim", {"run_id": run}))
+        before = [r.seq async for r in alg.log(run)]
+        r = await client.call_tool("progress", {"run_id": run, "kind": "plan_committed"})
+        assert r.is_error and len(r.content) == 1
+        # The same refusal straight from the library, with the same token: the text must match it.
+        try:
+            await alg.progress(run, session.held[run].token, "plan_committed")
+        except ms.LedgerError as exc:
+            expected = f"{exc.type}: {exc.message}"
+        else:
+            raise AssertionError("the ledger accepted plan_committed in queued")
+        assert r.content[0].text == expected and expected.startswith("IllegalProgress: ")
+        assert [r.seq async for r in alg.log(run)] == before
+
+    anyio.run(_inprocess, backend.address(), ms.Config(role="worker", name="w1", root=str(tmp_path)), body)
