@@ -86,7 +86,7 @@ class Session:
         held = self.held.get(run_id)
         if held is None:
             raise InvalidInput(f"this MCP session holds no lease on run {run_id}: call claim with that run id "
-                               "first (after a release, a revoke or a submit, claim again to keep working)",
+                               "first (after a release or a revoke, claim again to keep working)",
                                field="run_id")
         return held
 
@@ -262,10 +262,8 @@ def build(alg: AsyncLedger, config: Config, sessions: Sessions) -> MCPServer:
     server.middleware.append(alive)
     _auditor_tools(server, alg)
     _resources(server, alg)
-    if config.role == "owner":
-        _owner_tools(server, alg, config)
-    elif config.role == "operator":
-        _operator_tools(server, alg, config)
+    if config.role in ("owner", "operator"):
+        _person_tools(server, alg, config)
     elif config.role == "worker":
         _worker_tools(server, alg, config, sessions)
     return server
@@ -408,8 +406,27 @@ def _write(out: Any) -> dict[str, Any]:
     return R.write_doc(out)
 
 
-def _owner_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
-    me = config.name
+#: What a person's server offers beyond reading, by role: every path a run can take ends with
+#: one of these or a worker's tool. The owner settles the work (review, the sanitization gate,
+#: delivery sent by the ledger or by hand, reopen after a failed check, fork to continue after
+#: the end, reconcile an unknown side effect, clear a blocker only it can clear); the operator
+#: keeps runs moving when nobody else can (revoke, unblock, reconcile, reopen, fork, close).
+OWNER_TOOLS = ("open", "review", "sanitize", "deliver", "delivered", "delivery_failed", "reopen", "revoke",
+               "transfer", "unblock", "effect_confirm", "fork", "close")
+OPERATOR_TOOLS = ("revoke", "unblock", "effect_confirm", "reopen", "fork", "close")
+
+DeliveryKey = Annotated[str, Field(description="The delivery's idempotency key: the one you gave deliver.",
+                                   min_length=1)]
+
+
+def _person_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
+    """The owner's or the operator's tools (``OWNER_TOOLS``, ``OPERATOR_TOOLS``), each
+    recorded under the server's ``--name`` in that role: the ledger's permission table
+    decides the rest (an owner acts on its own runs, or on what was transferred to it)."""
+    from handoff.ledger.store import Actor
+
+    me, operator = config.name, config.role == "operator"
+    actor = Actor("operator" if operator else "owner", me)
 
     @_tool
     async def open(goal: Annotated[str, Field(description="What the run must achieve, in words a person reads.",
@@ -449,12 +466,17 @@ def _owner_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
         return _write(await alg.review(run_id, me, approve, notes))
 
     @_tool
+    async def sanitize(run_id: RunId) -> dict[str, Any]:
+        return await alg.sanitize(run_id, me)
+
+    @_tool
     async def deliver(run_id: RunId,
                       key: Annotated[str, Field(description="The delivery's idempotency key: a retry with it "
                                                             "delivers nothing twice.", min_length=1)],
                       send: Annotated[bool, Field(description="true: the ledger sends the result to the target "
-                                                              "itself; false: you send it and record the outcome "
-                                                              "elsewhere.")] = True) -> dict[str, Any]:
+                                                              "itself; false: you send it, then record the outcome "
+                                                              "with delivered or delivery_failed.")] = True,
+                      ) -> dict[str, Any]:
         got = await alg.deliver(run_id, me, key, send=send)
         if not send:
             return _write(got)
@@ -462,13 +484,30 @@ def _owner_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
                 "error": got.error, "tries": got.tries, "state": got.checkpoint.state}
 
     @_tool
+    async def delivered(run_id: RunId, key: DeliveryKey,
+                        receipt: Annotated[str, Field(description="What proves the target has it: a message id, "
+                                                                  "a URL, a commit.", min_length=1)],
+                        ) -> dict[str, Any]:
+        return _write(await alg.delivered(run_id, key, receipt, by=me))
+
+    @_tool
+    async def delivery_failed(run_id: RunId, key: DeliveryKey,
+                              error: Annotated[str, Field(description="What went wrong.", min_length=1)],
+                              ) -> dict[str, Any]:
+        return _write(await alg.delivery_failed(run_id, key, error, by=me))
+
+    @_tool
+    async def reopen(run_id: RunId,
+                     reason: Annotated[str, Field(description="Why the result must change (what the check found).",
+                                                  min_length=1)]) -> dict[str, Any]:
+        return _write(await alg.reopen(run_id, by=me, reason=reason, as_operator=operator))
+
+    @_tool
     async def revoke(run_id: RunId, reason: Annotated[str, Field(description="Why the lease is taken away.",
                                                                  min_length=1)],
                      lease: Annotated[int | None, Field(description="Only if this lease number still holds "
                                                                     "it.")] = None) -> dict[str, Any]:
-        from handoff.ledger.store import Actor
-
-        return _write(await alg.revoke(run_id, reason, lease=lease, actor=Actor("owner", me)))
+        return _write(await alg.revoke(run_id, reason, lease=lease, actor=actor))
 
     @_tool
     async def transfer(run_id: RunId,
@@ -479,56 +518,71 @@ def _owner_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
         return _write(await alg.transfer(run_id, action, to, by=me))
 
     @_tool
-    async def close(run_id: RunId,
-                    disposition: Annotated[Literal[T.CLOSE_DISPOSITIONS],  # type: ignore[valid-type]
-                                           Field(description="How the run ends.")],
-                    reason: Annotated[str, Field(description="Why.")] = "") -> dict[str, Any]:
-        return _write(await alg.close_run(run_id, me, disposition, reason))
-
-    tools = {
-        "open": "Open a handoff: write the contract (goal, target, you as owner) before the work detaches. "
-                "Returns the new run's packet; a worker then claims it by its run_id.",
-        "review": "Approve or reject a submitted result (state ready_for_review).",
-        "deliver": "Deliver a succeeded run's result to its target, exactly once under the key you give.",
-        "revoke": "Take the lease away from the worker holding it (it can no longer write).",
-        "transfer": "Hand one of your actions on a run (review, deliver, close...) to someone else.",
-        "close": f"End a run without delivery: {', '.join(T.CLOSE_DISPOSITIONS)}.",
-    }
-    for fn in (open, review, deliver, revoke, transfer, close):
-        server.add_tool(fn, name=fn.__name__, description=tools[fn.__name__], annotations=WRITE)
-
-
-def _operator_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
-    me = config.name
-
-    @_tool
-    async def revoke(run_id: RunId, reason: Annotated[str, Field(description="Why the lease is taken away.",
-                                                                 min_length=1)],
-                     lease: Annotated[int | None, Field(description="Only if this lease number still holds "
-                                                                    "it.")] = None) -> dict[str, Any]:
-        return _write(await alg.revoke(run_id, reason, lease=lease, by=me))
-
-    @_tool
     async def unblock(run_id: RunId, resolution: Annotated[str, Field(description="How the blocker went away.",
                                                                       min_length=1)],
                       blocker_id: Annotated[int | None, Field(description="Only this blocker (default: all).")] = None,
                       ) -> dict[str, Any]:
-        return _write(await alg.unblock(run_id, resolution, blocker_id=blocker_id, by=me))
+        return _write(await alg.unblock(run_id, resolution, blocker_id=blocker_id, actor=actor))
+
+    @_tool
+    async def effect_confirm(run_id: RunId,
+                             key: Annotated[str, Field(description="The side effect's key (status lists the "
+                                                                   "pending ones).", min_length=1)],
+                             outcome: Literal["done", "absent"],
+                             note: Annotated[str, Field(description="How you know.")] = "") -> dict[str, Any]:
+        return _write(await alg.effect_confirm(run_id, key, outcome, note=note, actor=actor))
+
+    @_tool
+    async def fork(run_id: RunId,
+                   at_seq: Annotated[int, Field(description="The seq to continue from (log shows them); before "
+                                                            "the run ended.", ge=1)],
+                   new_run_id: Annotated[str | None, Field(description="The new run's id (default: derived from "
+                                                                       "the parent's).")] = None,
+                   key: Annotated[str | None, Field(description="An idempotency key: a retry with the same key "
+                                                                "forks no second child.")] = None,
+                   ) -> dict[str, Any]:
+        child = await alg.fork(run_id, at_seq, new_run_id=new_run_id, key=key, actor=actor)
+        return {"run_id": child, "parent": run_id, "parent_seq": at_seq, "packet": await alg.status(child)}
 
     @_tool
     async def close(run_id: RunId,
                     disposition: Annotated[Literal[T.CLOSE_DISPOSITIONS],  # type: ignore[valid-type]
                                            Field(description="How the run ends.")],
-                    reason: Annotated[str, Field(description="Why.", min_length=1)]) -> dict[str, Any]:
-        return _write(await alg.close_run(run_id, me, disposition, reason, as_operator=True))
+                    reason: Annotated[str, Field(description="Why (an operator must say).")] = "",
+                    ) -> dict[str, Any]:
+        if operator and not reason.strip():
+            # Someone else's run ends on an operator's word: the owner will want to read why.
+            raise InvalidInput("an operator closes a run with a reason: say why it ends", field="reason")
+        return _write(await alg.close_run(run_id, me, disposition, reason, as_operator=operator))
 
+    as_whom = ", as an operator" if operator else ""
     tools = {
-        "revoke": "Take the lease away from the worker holding it, as an operator.",
-        "unblock": "Clear a run's blocker, as an operator.",
-        "close": f"End a run without delivery, as an operator: {', '.join(T.CLOSE_DISPOSITIONS)}.",
+        "open": "Open a handoff: write the contract (goal, target, you as owner) before the work detaches. "
+                "Returns the new run's packet; a worker then claims it by its run_id.",
+        "review": "Approve or reject a submitted result (state ready_for_review).",
+        "sanitize": "Check what a delivery would send now for secrets, private paths and addresses, and record "
+                    "the check. A public target's delivery needs a passing check of exactly that content; the "
+                    "findings name detector, part and line, never the matched text.",
+        "deliver": "Deliver a succeeded run's result to its target, exactly once under the key you give (a public "
+                   "target needs a passing sanitize first).",
+        "delivered": "Record that a delivery you sent yourself (deliver with send false) reached the target, "
+                     "with its receipt; the run becomes delivered.",
+        "delivery_failed": "Record that a delivery you sent yourself failed; deliver again under a new key.",
+        "reopen": f"Send a succeeded run whose latest sanitization check failed back to verifying{as_whom}, so a "
+                  "worker can withdraw what the check found, record the result again and submit it.",
+        "revoke": f"Take the lease away from the worker holding it{as_whom} (it can no longer write).",
+        "transfer": "Hand one of your actions on a run (review, deliver, close...) to someone else.",
+        "unblock": f"Clear a run's blocker{as_whom}, saying how it went away; the run returns to where it was.",
+        "effect_confirm": f"Record{as_whom} whether a side effect left without an outcome happened (done) or not "
+                          "(absent): the first step out of the unknown state.",
+        "fork": f"Start a new run{as_whom} that continues this one as it stood at a seq (to continue after the "
+                "run ended, or to try again from a good point). Returns the new run's id and packet.",
+        "close": f"End a run without delivery{as_whom}: {', '.join(T.CLOSE_DISPOSITIONS)}.",
     }
-    for fn in (revoke, unblock, close):
-        server.add_tool(fn, name=fn.__name__, description=tools[fn.__name__], annotations=WRITE)
+    fns = {fn.__name__: fn for fn in (open, review, sanitize, deliver, delivered, delivery_failed, reopen, revoke,
+                                      transfer, unblock, effect_confirm, fork, close)}
+    for name in OPERATOR_TOOLS if operator else OWNER_TOOLS:
+        server.add_tool(fns[name], name=name, description=tools[name], annotations=WRITE)
 
 
 def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions: Sessions) -> None:
@@ -551,6 +605,16 @@ def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions:
     async def claim(run_id: RunId, ctx: Context) -> dict[str, Any]:
         session = sessions.find(ctx.request_context.session, create=True)
         assert session is not None
+        held = session.held.get(run_id)
+        if held is not None and not held.lost:
+            packet = await alg.status(run_id)
+            if packet["lease"] == held.number:
+                # This session holds the run already (a retry, or a claim after submit or a
+                # reopen): the ledger's LeaseHeld would tell the model to use a token it
+                # never saw, so answer with the lease it has.
+                return {"run_id": run_id, "lease": held.number, "worker": me, "packet": packet,
+                        "already_held": True}
+            session.held.pop(run_id, None)  # that lease ended; claim anew
         got = await alg.claim_outcome(run_id, me)
         cp = got.outcome.checkpoint
         session.held[run_id] = Held(run_id, str(got.token), got.token.lease,
@@ -586,6 +650,16 @@ def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions:
         where = os.path.join(root, path)  # an absolute path stays itself; the ledger refuses it outside root
         return await under_lease(ctx, run_id, lambda t: alg.artifact(run_id, t, where, kind=kind, root=root,
                                                                      attrs=attrs))
+
+    @_tool
+    async def withdraw_artifact(run_id: RunId, ctx: Context,
+                                path: Annotated[str, Field(description="The artifact's path as artifact recorded "
+                                                                       "it (status lists them), or relative to "
+                                                                       f"{root}.", min_length=1)],
+                                reason: Annotated[str, Field(description="Why it no longer counts.",
+                                                             min_length=1)]) -> dict[str, Any]:
+        where = os.path.join(root, path)  # a recorded (absolute) path stays itself
+        return await under_lease(ctx, run_id, lambda t: alg.withdraw_artifact(run_id, where, reason, lease=t))
 
     @_tool
     async def evidence(run_id: RunId, ctx: Context,
@@ -646,24 +720,27 @@ def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions:
     tools = {
         "claim": "Take a run's lease so you may work on it. Returns the lease number and the run's packet; this "
                  "server keeps the lease for your session and heartbeats it while you keep calling. Refused while "
-                 "another worker holds the run.",
+                 "another worker holds the run; if this session holds it already, answers with that lease.",
         "heartbeat": "Say you are alive without recording progress (any call does this for you when due).",
         "progress": "Record progress at a meaningful boundary (a plan committed, a tool's outcome, a verifier's "
                     "result), not for every step: what counts depends on the run's state.",
         "transition": "Move the run to its next working state.",
         "artifact": "Record a file the work produced (the result named by the contract, a log, a diff); the "
                     "ledger measures it and keeps its size and sha256.",
+        "withdraw_artifact": "Take back an artifact recorded by mistake or found unfit (for example what a "
+                             "failed sanitization check named), so it no longer counts for submit; record the "
+                             "corrected file again with artifact. The log keeps both records.",
         "evidence": "Record a check of the result (tests, lint, a review) and its outcome.",
         "effect_start": "Before doing something outside that must not happen twice (a deploy, a payment), "
                         "record it under a key.",
         "effect_confirm": "Record whether a started side effect happened (done) or not (absent).",
         "block": "Say the run cannot go on without something, and what must happen next.",
         "unblock": "Say how a blocker went away.",
-        "submit": "Submit the result (from verifying) with its artifacts and evidence recorded first; ends your "
-                  "work on the run.",
+        "submit": "Submit the result (from verifying) with its artifacts and evidence recorded first. You keep "
+                  "the lease until you release it: if the owner reopens the run, continue under it.",
         "release": "Give the run back without submitting (you stop; another worker may claim it).",
     }
-    for fn in (claim, heartbeat, progress, transition, artifact, evidence, effect_start, effect_confirm, block,
+    for fn in (claim, heartbeat, progress, transition, artifact, withdraw_artifact, evidence, effect_start, effect_confirm, block,
                unblock, submit, release):
         server.add_tool(fn, name=fn.__name__, description=tools[fn.__name__], annotations=WRITE)
 

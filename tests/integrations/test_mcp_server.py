@@ -36,9 +36,10 @@ LAUNCH = ("import os, sys\n"
           "sys.argv = ['handoff', *sys.argv[2:]]\n"
           "from handoff.cli import main\n"
           "main()\n")
-WRITE_TOOLS = {"open", "review", "deliver", "revoke", "transfer", "close", "claim", "heartbeat", "progress",
-               "transition", "artifact", "evidence", "effect_start", "effect_confirm", "block", "unblock",
-               "submit", "release"}
+WRITE_TOOLS = {"open", "review", "sanitize", "deliver", "delivered", "delivery_failed", "reopen", "revoke",
+               "transfer", "fork", "close", "claim", "heartbeat", "progress", "transition", "artifact",
+               "withdraw_artifact", "evidence", "effect_start", "effect_confirm", "block", "unblock", "submit",
+               "release"}
 
 
 def env() -> dict[str, str]:
@@ -441,3 +442,172 @@ def test_a_refusal_reads_exactly_as_the_ledgers_typed_message(backend, tmp_path)
         assert [r.seq async for r in alg.log(run)] == before
 
     anyio.run(_inprocess, backend.address(), ms.Config(role="worker", name="w1", root=str(tmp_path)), body)
+
+
+# --- the owner's and the operator's paths, in process ------------------------------------------
+
+
+async def _people(address: str, root: Path, body: Any, *roles: ms.Config) -> Any:
+    """One ledger, one in-process server per config (each its own session), their clients."""
+    async with AsyncLedger(address) as alg, AsyncExitStack() as stack:
+        clients = []
+        for config in roles:
+            server = ms.build(alg, config, ms.Sessions(alg, single=ms.Session(config.role)))
+            clients.append(await stack.enter_async_context(Client(server)))
+        return await body(alg, *clients)
+
+
+def owner_cfg(name: str = "alice") -> ms.Config:
+    return ms.Config(role="owner", name=name)
+
+
+def worker_cfg(root: Path, name: str = "w1") -> ms.Config:
+    return ms.Config(role="worker", name=name, root=str(root))
+
+
+async def seqs(alg: AsyncLedger, run: str) -> list[int]:
+    return [r.seq async for r in alg.log(run)]
+
+
+def test_an_owner_finishes_a_public_delivery_through_the_gate_a_reopen_and_a_send_by_hand(backend, tmp_path):
+    """The gate refuses a result with a private path; the owner checks, reopens, the worker
+    withdraws and records the clean file, the check passes, and the owner records a send by
+    hand: first failed, then delivered under a new key."""
+    root = tmp_path / "work"
+    root.mkdir()
+    report = root / "report.md"
+
+    async def body(alg: AsyncLedger, owner: Client, worker: Client) -> None:
+        run = ok(await owner.call_tool("open", {"goal": "g", "target": f"file://{tmp_path / 'out'}",
+                                                "result_path": str(report), "public": True}))["run_id"]
+        ok(await worker.call_tool("claim", {"run_id": run}))
+        for tool, args in [("transition", {"to": "planning"}), ("transition", {"to": "executing"})]:
+            ok(await worker.call_tool(tool, {"run_id": run, **args}))
+        report.write_text("# Report\n\nLogs are in /home/alice/incident/logs.txt\n")
+        ok(await worker.call_tool("artifact", {"run_id": run, "path": "report.md"}))
+        ok(await worker.call_tool("transition", {"run_id": run, "to": "verifying"}))
+        ok(await worker.call_tool("evidence", {"run_id": run, "kind": "tests", "outcome": "pass"}))
+        assert ok(await worker.call_tool("submit", {"run_id": run}))["state"] == "succeeded"
+
+        before = await seqs(alg, run)
+        assert refused(await owner.call_tool("deliver", {"run_id": run, "key": "v1", "send": False})
+                       ).startswith("SanitizationRequired: ")
+        assert await seqs(alg, run) == before
+        checked = ok(await owner.call_tool("sanitize", {"run_id": run}))
+        assert checked["passed"] is False and checked["findings"]
+        assert "/home/alice" not in json.dumps(checked)  # where, never what
+        assert ok(await owner.call_tool("reopen", {"run_id": run, "reason": "a private path"}))["state"] == \
+            "verifying"
+
+        # The worker still holds its lease after submit; its claim (a confused retry) answers with it.
+        assert ok(await worker.call_tool("claim", {"run_id": run}))["lease"] == 1
+        ok(await worker.call_tool("withdraw_artifact", {"run_id": run, "path": "report.md",
+                                                        "reason": "it named a private path"}))
+        report.write_text("# Report\n\nThe service recovered at 10:04.\n")
+        ok(await worker.call_tool("artifact", {"run_id": run, "path": "report.md"}))
+        assert ok(await worker.call_tool("submit", {"run_id": run}))["state"] == "succeeded"
+
+        assert ok(await owner.call_tool("sanitize", {"run_id": run}))["passed"] is True
+        ok(await owner.call_tool("deliver", {"run_id": run, "key": "v1", "send": False}))
+        ok(await owner.call_tool("delivery_failed", {"run_id": run, "key": "v1", "error": "the channel refused"}))
+        ok(await owner.call_tool("deliver", {"run_id": run, "key": "v2", "send": False}))
+        done = ok(await owner.call_tool("delivered", {"run_id": run, "key": "v2", "receipt": "msg-42"}))
+        assert done["state"] == "delivered"
+        packet = ok(await owner.call_tool("status", {"run_id": run}))
+        assert packet["state"] == "delivered"
+        people = [r.actor async for r in alg.log(run) if r.type in (
+            "sanitization_checked", "run_reopened", "delivery_failed", "delivery_confirmed")]
+        assert people and set(people) == {"owner:alice"}
+
+    anyio.run(_people, backend.address(), root, body, owner_cfg(), worker_cfg(root))
+
+
+def test_an_owner_clears_a_blocker_reconciles_a_side_effect_and_forks_its_own_run_only(backend, tmp_path):
+    async def body(alg: AsyncLedger, owner: Client, worker: Client, mallory: Client) -> None:
+        run = ok(await owner.call_tool("open", {"goal": "g", "target": "chat:#ops"}))["run_id"]
+        ok(await worker.call_tool("claim", {"run_id": run}))
+        ok(await worker.call_tool("transition", {"run_id": run, "to": "planning"}))
+        ok(await worker.call_tool("block", {"run_id": run, "reason": "needs the deploy key",
+                                            "next_action": "the owner grants it"}))
+        assert ok(await owner.call_tool("unblock", {"run_id": run, "resolution": "granted"}))["state"] == "planning"
+        ok(await worker.call_tool("transition", {"run_id": run, "to": "executing"}))
+        ok(await worker.call_tool("effect_start", {"run_id": run, "key": "deploy-1", "what": "POST /deploy"}))
+        assert ok(await owner.call_tool("revoke", {"run_id": run, "reason": "the worker hung"}))["state"] == \
+            "unknown"
+        ok(await owner.call_tool("effect_confirm", {"run_id": run, "key": "deploy-1", "outcome": "done",
+                                                    "note": "the deploy log shows v42"}))
+        packet = ok(await owner.call_tool("status", {"run_id": run}))
+        assert packet["pending_effects"] == [] and packet["health"]["action"] == "claim"
+
+        # Another owner may not fork alice's run: refused, no child written.
+        at = (await seqs(alg, run))[2]
+        text = refused(await mallory.call_tool("fork", {"run_id": run, "at_seq": at, "new_run_id": "child-m"}))
+        assert text.startswith("NotAuthorized: ")
+        with pytest.raises(ms.LedgerError):
+            await alg.status("child-m")
+        forked = ok(await owner.call_tool("fork", {"run_id": run, "at_seq": at, "new_run_id": "child-a"}))
+        assert forked["run_id"] == "child-a" and forked["packet"]["state"] == "planning"
+        assert [r.actor async for r in alg.log("child-a")][-1] == "owner:alice"
+
+    anyio.run(_people, backend.address(), tmp_path, body, owner_cfg(), worker_cfg(tmp_path), owner_cfg("mallory"))
+
+
+def test_an_operator_reconciles_forks_and_closes_with_a_reason(backend, tmp_path):
+    async def body(alg: AsyncLedger, operator: Client, worker: Client) -> None:
+        names = {t.name for t in (await operator.list_tools()).tools}
+        assert names >= set(ms.OPERATOR_TOOLS) and not names & {"open", "review", "deliver", "sanitize", "claim"}
+        run = await alg.open(goal="g", target="chat:#ops", owner="alice")
+        ok(await worker.call_tool("claim", {"run_id": run}))
+        ok(await worker.call_tool("transition", {"run_id": run, "to": "planning"}))
+        ok(await worker.call_tool("effect_start", {"run_id": run, "key": "k", "what": "charge the card"}))
+        ok(await operator.call_tool("revoke", {"run_id": run, "reason": "stuck"}))
+        ok(await operator.call_tool("effect_confirm", {"run_id": run, "key": "k", "outcome": "absent"}))
+        child = ok(await operator.call_tool("fork", {"run_id": run, "at_seq": 1}))["run_id"]
+        assert [r.actor async for r in alg.log(child)][-1] == "operator:ops"
+        before = await seqs(alg, run)
+        assert refused(await operator.call_tool("close", {"run_id": run, "disposition": "cancelled"})
+                       ).startswith("InvalidInput: ")
+        assert await seqs(alg, run) == before
+        ok(await operator.call_tool("close", {"run_id": run, "disposition": "cancelled", "reason": "superseded"}))
+        assert [r.actor async for r in alg.log(run) if r.type == "run_closed"] == ["operator:ops"]
+
+    anyio.run(_people, backend.address(), tmp_path, body, ms.Config(role="operator", name="ops"),
+              worker_cfg(tmp_path))
+
+
+def test_a_worker_and_an_auditor_cannot_call_the_owners_or_the_operators_tools(backend, tmp_path):
+    async def body(alg: AsyncLedger, worker: Client, auditor: Client) -> None:
+        run = await alg.open(goal="g", target="chat:#ops", owner="w1")
+        people = set(ms.OWNER_TOOLS) | set(ms.OPERATOR_TOOLS)
+        args = {"run_id": run, "key": "k", "receipt": "r", "error": "e", "reason": "r", "at_seq": 1,
+                "goal": "g", "target": "chat:#x", "approve": True, "disposition": "cancelled", "action": "deliver",
+                "to": "w2", "resolution": "r", "outcome": "done"}
+        for client, mine in ((worker, {"unblock", "effect_confirm"}), (auditor, set())):
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert not names & (people - mine)
+            before = await seqs(alg, run)
+            for tool in sorted(people - mine):
+                assert tool in refused(await client.call_tool(tool, args))
+            assert await seqs(alg, run) == before
+            assert [r.run_id async for r in alg.log(run)]  # the run is still there, and nothing else was made
+
+    anyio.run(_people, backend.address(), tmp_path, body, worker_cfg(tmp_path, "w1"), ms.Config())
+
+
+def test_a_claim_by_the_session_that_holds_the_run_answers_with_its_lease(backend, tmp_path):
+    """The ledger's LeaseHeld would tell a model to use a token it never saw: a session's
+    repeated claim answers with the lease it holds, and writes nothing."""
+
+    async def body(client: Client, alg: AsyncLedger, session: Any) -> None:
+        run = await alg.open(goal="g", target="chat:#ops", owner="alice")
+        assert ok(await client.call_tool("claim", {"run_id": run}))["lease"] == 1
+        before = await seqs(alg, run)
+        again = ok(await client.call_tool("claim", {"run_id": run}))
+        assert again["lease"] == 1 and again["already_held"] is True
+        assert await seqs(alg, run) == before
+        # Once the lease is gone (revoked), the session's claim takes a new one.
+        await alg.revoke(run, "test", by="ops")
+        assert ok(await client.call_tool("claim", {"run_id": run}))["lease"] == 2
+        assert session.held[run].number == 2
+
+    anyio.run(_inprocess, backend.address(), worker_cfg(tmp_path), body)
