@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import anyio
+from mcp.server.connection import Connection
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
@@ -56,6 +57,9 @@ ROLES = ("auditor", "owner", "operator", "worker")
 LOOPBACK_NAMES = ("localhost",)
 #: A listing or log page's default and largest size (a model's context is the budget).
 PAGE, MAX_PAGE = 50, 500
+#: The reasons a lease is released with when its session ends, by transport.
+SESSION_ENDED_STDIO = "the MCP session ended (the host closed stdio)"
+SESSION_ENDED_HTTP = "the MCP session ended (the HTTP session was closed or expired)"
 
 
 # --- the lease a session holds ------------------------------------------------------------
@@ -119,14 +123,36 @@ class Session:
         self.held.clear()
 
 
+def connection_of(request_session: Any) -> Connection:
+    """The SDK's per-connection object behind a request's session: the one place this module
+    reads a private attribute of the SDK.
+
+    Why: a lease must be released when its HTTP session ends (the client's DELETE, the
+    session's idle expiry). The SDK's ``Connection`` is built for exactly that (its
+    ``state`` lives as long as the session, and its ``exit_stack`` is unwound, shielded,
+    however the session ends), but mcp 2.x (2.3.0 here) hands a tool or a middleware only
+    the request's ``ServerSession``, which keeps the connection as ``_connection``; the
+    public ``Context.connection`` exists but is not what handlers receive yet, and no
+    lifespan, middleware or session-manager callback is told when a session ends.
+    ``tests/integrations/test_mcp_server.py`` checks this attribute on the installed SDK
+    and fails loudly if a release renames it; here a missing one is an error, never a
+    silent "no session" (which would refuse every claim with the wrong reason).
+    """
+    connection = getattr(request_session, "_connection", None)
+    if not isinstance(connection, Connection):
+        raise RuntimeError("the installed mcp SDK no longer keeps the per-connection object on "
+                           "ServerSession._connection; handoff.integrations.mcp_server.connection_of must follow it")
+    return connection
+
+
 class Sessions:
     """Which ``Session`` a request belongs to.
 
     Over stdio the process serves one host on one pipe, whatever protocol era it speaks,
     so the process is the session. Over HTTP a session is the transport's
-    (``Mcp-Session-Id``): its state lives on the SDK's per-connection object, whose exit
-    stack releases the leases when the session ends. A request with no session (the
-    stateless 2026 HTTP era) can read but cannot hold a lease.
+    (``Mcp-Session-Id``): its state lives on the SDK's per-connection object
+    (``connection_of``), whose exit stack releases the leases when the session ends. A
+    request with no session (the stateless 2026 HTTP era) can read but cannot hold a lease.
     """
 
     STATE_KEY = "handoff.session"
@@ -138,10 +164,8 @@ class Sessions:
     def find(self, request_session: Any, *, create: bool = False) -> Session | None:
         if self.single is not None:
             return self.single
-        # The SDK keeps the per-connection object on the request's session; its exit stack
-        # is the documented place for per-connection teardown.
-        connection = getattr(request_session, "_connection", None)
-        if connection is None or getattr(connection, "session_id", None) is None:
+        connection = connection_of(request_session)
+        if connection.session_id is None:
             if create:
                 raise InvalidInput("this request belongs to no MCP session (a stateless HTTP request), and a lease "
                                    "needs one to live in: connect with a session (the initialize handshake) to "
@@ -150,8 +174,7 @@ class Sessions:
         found = connection.state.get(self.STATE_KEY)
         if found is None and create:
             found = connection.state[self.STATE_KEY] = Session(f"HTTP session {connection.session_id}")
-            connection.exit_stack.push_async_callback(
-                found.end, self.alg, "the MCP session ended (the HTTP session was closed or expired)")
+            connection.exit_stack.push_async_callback(found.end, self.alg, SESSION_ENDED_HTTP)
         return found
 
 
@@ -772,7 +795,7 @@ async def serve_stdio(db: str, config: Config, *, busy_timeout_s: float = 5.0) -
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await session.end(alg, "the MCP session ended (the host closed stdio)")
+                await session.end(alg, SESSION_ENDED_STDIO)
 
 
 def is_loopback(host: str) -> bool:

@@ -611,3 +611,110 @@ def test_a_claim_by_the_session_that_holds_the_run_answers_with_its_lease(backen
         assert session.held[run].number == 2
 
     anyio.run(_inprocess, backend.address(), worker_cfg(tmp_path), body)
+
+
+# --- a worker over streamable HTTP --------------------------------------------------------------
+
+
+def test_the_installed_sdk_still_keeps_the_connection_where_connection_of_reads_it():
+    """connection_of reads ServerSession._connection (no public route in mcp 2.x): if an SDK
+    release moves it, this fails here, by name, before any lease goes unreleased."""
+    from mcp.server.connection import Connection
+    from mcp.server.session import ServerSession
+
+    connection = Connection.for_loop(None, session_id="s-1")  # type: ignore[arg-type]
+    assert ms.connection_of(ServerSession(None, connection)) is connection  # type: ignore[arg-type]
+    assert isinstance(connection.state, dict) and hasattr(connection.exit_stack, "push_async_callback")
+
+    class Moved:
+        pass
+
+    with pytest.raises(RuntimeError, match="_connection"):
+        ms.connection_of(Moved())
+
+
+def worker_http(db: str, root: Path, tmp: Path, name: str = "agent-1") -> HttpServer:
+    return HttpServer(db, "127.0.0.1", "--as", "worker", "--name", name, "--root", str(root), tmp=tmp)
+
+
+def wait_for(what: str, deadline_s: float, probe: Any, pause_s: float) -> Any:
+    """``probe()`` until it returns something truthy, failing after ``deadline_s``."""
+    deadline = time.monotonic() + deadline_s
+    while not (got := probe()):
+        assert time.monotonic() < deadline, f"{what} did not happen within {deadline_s:.0f}s"
+        time.sleep(pause_s)
+    return got
+
+
+def test_a_worker_over_http_claims_works_submits_and_its_lease_is_released_when_the_session_ends(
+        shared_backend, tmp_path):
+    db = shared_backend.address()
+    root = tmp_path / "work"
+    root.mkdir()
+    (root / "result.md").write_text("# Result\n")
+    with Ledger(db) as lg:
+        run = lg.open(goal="g", target="chat:#ops", owner="alice", result_path=str(root / "result.md"))
+    server = worker_http(db, root, tmp_path)
+    seen = Seen()
+    try:
+        async def work() -> None:
+            # A lease needs a session: the handshake era (mode legacy) gives one an Mcp-Session-Id.
+            async with Client(server.url, mode="legacy") as worker:
+                claimed = ok(seen.result(await worker.call_tool("claim", {"run_id": run})))
+                assert claimed["lease"] == 1
+                for tool, args in [("transition", {"to": "planning"}), ("progress", {"kind": "plan_committed"}),
+                                   ("transition", {"to": "executing"}), ("artifact", {"path": "result.md"}),
+                                   ("transition", {"to": "verifying"}),
+                                   ("evidence", {"kind": "tests", "outcome": "pass"})]:
+                    ok(seen.result(await worker.call_tool(tool, {"run_id": run, **args})))
+                assert ok(seen.result(await worker.call_tool("submit", {"run_id": run})))["state"] == "succeeded"
+            # Leaving the block closes the session (DELETE); the server releases what it held.
+
+        anyio.run(work)
+
+        def released() -> list[Any]:
+            return [r for r in events(db, run) if r.type == "lease_released"]
+
+        # The release follows the DELETE without any timer: the deadline only bounds a broken server.
+        [rec] = wait_for("the release at session end", 60, released, 0.05)
+        assert rec.lease == 1 and rec.event.reason == ms.SESSION_ENDED_HTTP
+    finally:
+        server.stop()
+    with Ledger(db) as lg:
+        seen.assert_no_secret(digests(lg, run))
+        assert lg.status(run)["state"] == "succeeded" and lg.status(run)["lease"] is None
+
+
+def test_an_http_session_that_goes_silent_loses_its_lease_to_the_watchdog(shared_backend, tmp_path):
+    db = shared_backend.address()
+    timeout = 1.5
+    with Ledger(db) as lg:
+        run = lg.open(goal="g", target="chat:#ops", owner="alice", heartbeat_timeout_s=timeout)
+    server = worker_http(db, tmp_path, tmp_path)
+    try:
+        async def silent() -> tuple[int, str]:
+            async with Client(server.url, mode="legacy") as worker:
+                ok(await worker.call_tool("claim", {"run_id": run}))
+                ok(await worker.call_tool("transition", {"run_id": run, "to": "planning"}))
+                # Silence: no call, no ping. The watchdog revokes once the timeout has passed.
+                await anyio.sleep(timeout)
+
+                def revoked() -> list[Any]:
+                    with Ledger(db) as lg:
+                        watch_once(lg, name="test-watchdog")
+                        return [r.seq for r in lg.log(run) if r.type == "lease_revoked"]
+
+                [seq] = await anyio.to_thread.run_sync(
+                    lambda: wait_for("the watchdog's revoke", timeout * 20 + 30, revoked, timeout / 4))
+                # The session's next write is refused in the ledger's words, and lands nothing.
+                text = refused(await worker.call_tool("progress", {"run_id": run, "kind": "plan_committed"}))
+                return seq, text
+
+        revoked_seq, text = anyio.run(silent)
+        assert text.startswith("StaleLease: ")
+    finally:
+        server.stop()
+    log = events(db, run)
+    assert not [r for r in log if r.seq > revoked_seq and r.actor == "worker:agent-1"], \
+        "the silent session wrote after the revoke"
+    assert not [r for r in log if r.type == "lease_released"]  # a revoked lease is not released again
