@@ -123,6 +123,10 @@ class Session:
         self.held.clear()
 
 
+class SdkChanged(RuntimeError):
+    """The installed mcp SDK no longer has what ``connection_of`` reads."""
+
+
 def connection_of(request_session: Any) -> Connection:
     """The SDK's per-connection object behind a request's session: the one place this module
     reads a private attribute of the SDK.
@@ -140,7 +144,7 @@ def connection_of(request_session: Any) -> Connection:
     """
     connection = getattr(request_session, "_connection", None)
     if not isinstance(connection, Connection):
-        raise RuntimeError("the installed mcp SDK no longer keeps the per-connection object on "
+        raise SdkChanged("the installed mcp SDK no longer keeps the per-connection object on "
                            "ServerSession._connection; handoff.integrations.mcp_server.connection_of must follow it")
     return connection
 
@@ -277,7 +281,12 @@ def build(alg: AsyncLedger, config: Config, sessions: Sessions) -> MCPServer:
     async def alive(ctx: Any, call_next: Any) -> Any:
         # Every request from a session that holds a lease proves the host alive.
         if ctx.request_id is not None:
-            found = sessions.find(ctx.session)
+            try:
+                found = sessions.find(ctx.session)
+            except SdkChanged:
+                # No session state can be reached, so none holds a lease to beat: reads go on,
+                # and a claim fails loudly in its own call.
+                found = None
             if found is not None and found.held:
                 await found.beat_due(alg)
         return await call_next(ctx)
@@ -296,12 +305,19 @@ def _page(limit: int) -> int:
     return max(1, min(int(limit), MAX_PAGE))
 
 
-async def _runs_doc(alg: AsyncLedger, *, limit: int = PAGE, after: str | None = None, include_terminal: bool = False,
-                    states: tuple[str, ...] = (), owner: str | None = None) -> dict[str, Any]:
+async def runs_listing(alg: AsyncLedger, *, limit: int = PAGE, after: str | None = None,
+                       include_terminal: bool = False, filters: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A page of runs with their health, as the ``runs`` tool and the ``handoff://runs``
+    resource show it: the one place this server asks the library for a run listing.
+
+    ``filters`` go to ``Ledger.runs_page`` by name, unchanged (today ``states``, ``owner``
+    and ``target``). The library's listing is growing filters of its own; offering one
+    more to the model means a parameter on the ``runs`` tool and a call that follows the
+    library here, nothing else.
+    """
     def read(lg: Any) -> dict[str, Any]:
         now = lg.clock()
-        page = lg.runs_page(limit=_page(limit), after=after, include_terminal=include_terminal, states=states,
-                            owner=owner)
+        page = lg.runs_page(limit=_page(limit), after=after, include_terminal=include_terminal, **(filters or {}))
         rows = [R.run_row(cp, stall.classify(cp, now_us=now)) for cp in page.items]
         return {"now": R.iso(now), "runs": rows, "next": page.next, "more": page.more}
 
@@ -330,10 +346,13 @@ def _auditor_tools(server: MCPServer, alg: AsyncLedger) -> None:
     async def runs(limit: Limit = PAGE, after: After = None,
                    states: Annotated[list[str], Field(description=f"Only runs in these states ({_states()}).")] = [],
                    owner: Annotated[str | None, Field(description="Only this owner's runs.")] = None,
+                   target: Annotated[str | None, Field(description="Only runs delivering to this target "
+                                                                   "(e.g. chat:#ops).")] = None,
                    include_terminal: Annotated[bool, Field(description="Include runs that ended.")] = False,
                    ) -> dict[str, Any]:
-        return await _runs_doc(alg, limit=limit, after=after, include_terminal=include_terminal,
-                               states=tuple(states), owner=owner)
+        filters = {"states": tuple(states), "owner": owner, "target": target}
+        return await runs_listing(alg, limit=limit, after=after, include_terminal=include_terminal,
+                                  filters=filters)
 
     @_tool
     async def status(run_id: RunId) -> dict[str, Any]:
@@ -411,7 +430,7 @@ def _resources(server: MCPServer, alg: AsyncLedger) -> None:
     @server.resource("handoff://runs", name="runs", mime_type="application/json",
                      description="The first page of runs that have not ended, with their health.")
     async def runs_resource() -> dict[str, Any]:
-        return await read(lambda: _runs_doc(alg))
+        return await read(lambda: runs_listing(alg))
 
     @server.resource("handoff://runs/{run_id}/packet", name="packet", mime_type="application/json",
                      description="A run's checkpoint packet: everything the next actor needs.")

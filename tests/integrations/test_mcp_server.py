@@ -629,8 +629,29 @@ def test_the_installed_sdk_still_keeps_the_connection_where_connection_of_reads_
     class Moved:
         pass
 
-    with pytest.raises(RuntimeError, match="_connection"):
+    with pytest.raises(ms.SdkChanged, match="_connection"):
         ms.connection_of(Moved())
+
+
+def test_an_sdk_that_moved_the_connection_leaves_reads_working_and_refuses_claim(backend, tmp_path, monkeypatch):
+    """What a user would meet if an SDK release moved the attribute before the server followed."""
+
+    def moved(request_session: Any) -> Any:
+        raise ms.SdkChanged("moved")
+
+    monkeypatch.setattr(ms, "connection_of", moved)
+
+    async def body() -> None:
+        async with AsyncLedger(backend.address()) as alg:
+            run = await alg.open(goal="g", target="chat:#ops", owner="alice")
+            server = ms.build(alg, worker_cfg(tmp_path), ms.Sessions(alg))  # the HTTP kind: no single session
+            async with Client(server, mode="legacy") as client:
+                assert ok(await client.call_tool("status", {"run_id": run}))["run_id"] == run
+                before = await seqs(alg, run)
+                assert (await client.call_tool("claim", {"run_id": run})).is_error
+                assert await seqs(alg, run) == before
+
+    anyio.run(body)
 
 
 def worker_http(db: str, root: Path, tmp: Path, name: str = "agent-1") -> HttpServer:
@@ -718,3 +739,23 @@ def test_an_http_session_that_goes_silent_loses_its_lease_to_the_watchdog(shared
     assert not [r for r in log if r.seq > revoked_seq and r.actor == "worker:agent-1"], \
         "the silent session wrote after the revoke"
     assert not [r for r in log if r.type == "lease_released"]  # a revoked lease is not released again
+
+
+def test_the_runs_listing_filters_and_pages_through_the_librarys_listing(backend, tmp_path):
+    async def body(client: Client, alg: AsyncLedger, session: Any) -> None:
+        mine = [await alg.open(goal="g", target="chat:#ops", owner="alice") for _ in range(3)]
+        await alg.open(goal="g", target="chat:#other", owner="alice")
+        await alg.open(goal="g", target="chat:#ops", owner="bob")
+        seen: list[str] = []
+        after = None
+        while True:
+            page = ok(await client.call_tool("runs", {"owner": "alice", "target": "chat:#ops", "limit": 2,
+                                                      **({"after": after} if after else {})}))
+            seen += [row["run_id"] for row in page["runs"]]
+            if not page["next"]:
+                break
+            after = page["next"]
+        assert sorted(seen) == sorted(mine)
+        assert ok(await client.call_tool("runs", {"states": ["planning"]}))["runs"] == []
+
+    anyio.run(_inprocess, backend.address(), ms.Config(), body)
