@@ -2369,8 +2369,10 @@ def run(join: str | None, worker: str, heartbeat_every: float | None, grace: flo
 @main.command()
 @click.option("--as", "role", type=click.Choice(["auditor", "owner", "operator", "worker"]), default="auditor",
               show_default=True, help="What the server may do, fixed for its life: auditor reads only; owner adds "
-                                      "open, review, deliver, revoke, transfer, close; operator adds revoke, "
-                                      "unblock, close; worker adds claim and the lease holder's writes.")
+                                      "open, review, sanitize, deliver and its outcome, reopen, revoke, "
+                                      "transfer, unblock, effect_confirm, fork, close; operator adds revoke, "
+                                      "unblock, effect_confirm, reopen, fork, close; worker adds claim and the "
+                                      "lease holder's writes (docs/mcp.md).")
 @click.option("--name", default=None, envvar="HANDOFF_WORKER", show_envvar=True,
               help="Who the server acts as: the owner's or the worker's name (default: your login name).")
 @click.option("--root", default=None, type=click.Path(file_okay=False),

@@ -980,9 +980,10 @@ class Ledger:
         return self.execute(run_id, C.Reopen(reason=reason), actor=actor, key=key)
 
     def fork(self, run_id: str, at_seq: int, *, new_run_id: str | None = None, by: str | None = None,
-             key: str | None = None) -> str:
+             key: str | None = None, actor: Actor | None = None) -> str:
         """A child run continuing ``run_id`` at ``at_seq``; with ``key`` and no id, the
-        child's id follows from the key, so a retried keyed fork makes one child."""
+        child's id follows from the key, so a retried keyed fork makes one child. Logged as
+        ``actor`` (the parent's owner may fork its own run), else the operator ``by`` names."""
         check_run_id(run_id)
         check_seq(at_seq, "at_seq", low=1)
         import secrets
@@ -991,7 +992,7 @@ class Ledger:
             check_idempotency_key(key)
             new_run_id = keyed_id(f"{run_id[:80]}.fork{at_seq}-k", "fork", run_id, at_seq, key)
         child = f"{run_id}.fork{at_seq}-{secrets.token_hex(2)}" if new_run_id is None else new_run_id
-        actor = Actor("operator", operator_name(by))
+        actor = actor or Actor("operator", operator_name(by))
         self.execute(child, C.Fork(parent=run_id, at_seq=at_seq), actor=actor, key=key)
         return child
 

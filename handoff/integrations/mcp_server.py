@@ -36,9 +36,10 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import anyio
+from mcp.server.connection import Connection
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ResourceError, ToolError
-from mcp.types import ToolAnnotations
+from mcp.server.mcpserver.exceptions import ResourceError
+from mcp.types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from handoff import render as R
@@ -56,6 +57,9 @@ ROLES = ("auditor", "owner", "operator", "worker")
 LOOPBACK_NAMES = ("localhost",)
 #: A listing or log page's default and largest size (a model's context is the budget).
 PAGE, MAX_PAGE = 50, 500
+#: The reasons a lease is released with when its session ends, by transport.
+SESSION_ENDED_STDIO = "the MCP session ended (the host closed stdio)"
+SESSION_ENDED_HTTP = "the MCP session ended (the HTTP session was closed or expired)"
 
 
 # --- the lease a session holds ------------------------------------------------------------
@@ -86,7 +90,7 @@ class Session:
         held = self.held.get(run_id)
         if held is None:
             raise InvalidInput(f"this MCP session holds no lease on run {run_id}: call claim with that run id "
-                               "first (after a release, a revoke or a submit, claim again to keep working)",
+                               "first (after a release or a revoke, claim again to keep working)",
                                field="run_id")
         return held
 
@@ -119,14 +123,40 @@ class Session:
         self.held.clear()
 
 
+class SdkChanged(RuntimeError):
+    """The installed mcp SDK no longer has what ``connection_of`` reads."""
+
+
+def connection_of(request_session: Any) -> Connection:
+    """The SDK's per-connection object behind a request's session: the one place this module
+    reads a private attribute of the SDK.
+
+    Why: a lease must be released when its HTTP session ends (the client's DELETE, the
+    session's idle expiry). The SDK's ``Connection`` is built for exactly that (its
+    ``state`` lives as long as the session, and its ``exit_stack`` is unwound, shielded,
+    however the session ends), but mcp 2.x (2.3.0 here) hands a tool or a middleware only
+    the request's ``ServerSession``, which keeps the connection as ``_connection``; the
+    public ``Context.connection`` exists but is not what handlers receive yet, and no
+    lifespan, middleware or session-manager callback is told when a session ends.
+    ``tests/integrations/test_mcp_server.py`` checks this attribute on the installed SDK
+    and fails loudly if a release renames it; here a missing one is an error, never a
+    silent "no session" (which would refuse every claim with the wrong reason).
+    """
+    connection = getattr(request_session, "_connection", None)
+    if not isinstance(connection, Connection):
+        raise SdkChanged("the installed mcp SDK no longer keeps the per-connection object on "
+                           "ServerSession._connection; handoff.integrations.mcp_server.connection_of must follow it")
+    return connection
+
+
 class Sessions:
     """Which ``Session`` a request belongs to.
 
     Over stdio the process serves one host on one pipe, whatever protocol era it speaks,
     so the process is the session. Over HTTP a session is the transport's
-    (``Mcp-Session-Id``): its state lives on the SDK's per-connection object, whose exit
-    stack releases the leases when the session ends. A request with no session (the
-    stateless 2026 HTTP era) can read but cannot hold a lease.
+    (``Mcp-Session-Id``): its state lives on the SDK's per-connection object
+    (``connection_of``), whose exit stack releases the leases when the session ends. A
+    request with no session (the stateless 2026 HTTP era) can read but cannot hold a lease.
     """
 
     STATE_KEY = "handoff.session"
@@ -138,10 +168,8 @@ class Sessions:
     def find(self, request_session: Any, *, create: bool = False) -> Session | None:
         if self.single is not None:
             return self.single
-        # The SDK keeps the per-connection object on the request's session; its exit stack
-        # is the documented place for per-connection teardown.
-        connection = getattr(request_session, "_connection", None)
-        if connection is None or getattr(connection, "session_id", None) is None:
+        connection = connection_of(request_session)
+        if connection.session_id is None:
             if create:
                 raise InvalidInput("this request belongs to no MCP session (a stateless HTTP request), and a lease "
                                    "needs one to live in: connect with a session (the initialize handshake) to "
@@ -150,8 +178,7 @@ class Sessions:
         found = connection.state.get(self.STATE_KEY)
         if found is None and create:
             found = connection.state[self.STATE_KEY] = Session(f"HTTP session {connection.session_id}")
-            connection.exit_stack.push_async_callback(
-                found.end, self.alg, "the MCP session ended (the HTTP session was closed or expired)")
+            connection.exit_stack.push_async_callback(found.end, self.alg, SESSION_ENDED_HTTP)
         return found
 
 
@@ -191,6 +218,14 @@ def _ledger_text(exc: LedgerError) -> str:
     return f"{exc.type}: {exc.message}"
 
 
+def refusal(exc: LedgerError) -> CallToolResult:
+    """A ledger refusal as the tool's own error result (``isError``), text exactly the
+    ledger's: a ``ToolError`` raised instead would reach the model behind the SDK's
+    "Error executing tool X: " prefix, and a model that retries with what it reads should
+    read the ledger's sentence, not the SDK's wrapping of it."""
+    return CallToolResult(content=[TextContent(type="text", text=_ledger_text(exc))], is_error=True)
+
+
 def _tool(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """A refusal by the ledger becomes a tool error with its typed message; the call, and
     the server, go on. Anything else is the SDK's to report (as a tool error too)."""
@@ -200,7 +235,7 @@ def _tool(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         try:
             return await fn(*args, **kwargs)
         except LedgerError as exc:
-            raise ToolError(_ledger_text(exc)) from None
+            return refusal(exc)
 
     return call
 
@@ -246,7 +281,12 @@ def build(alg: AsyncLedger, config: Config, sessions: Sessions) -> MCPServer:
     async def alive(ctx: Any, call_next: Any) -> Any:
         # Every request from a session that holds a lease proves the host alive.
         if ctx.request_id is not None:
-            found = sessions.find(ctx.session)
+            try:
+                found = sessions.find(ctx.session)
+            except SdkChanged:
+                # No session state can be reached, so none holds a lease to beat: reads go on,
+                # and a claim fails loudly in its own call.
+                found = None
             if found is not None and found.held:
                 await found.beat_due(alg)
         return await call_next(ctx)
@@ -254,10 +294,8 @@ def build(alg: AsyncLedger, config: Config, sessions: Sessions) -> MCPServer:
     server.middleware.append(alive)
     _auditor_tools(server, alg)
     _resources(server, alg)
-    if config.role == "owner":
-        _owner_tools(server, alg, config)
-    elif config.role == "operator":
-        _operator_tools(server, alg, config)
+    if config.role in ("owner", "operator"):
+        _person_tools(server, alg, config)
     elif config.role == "worker":
         _worker_tools(server, alg, config, sessions)
     return server
@@ -267,12 +305,19 @@ def _page(limit: int) -> int:
     return max(1, min(int(limit), MAX_PAGE))
 
 
-async def _runs_doc(alg: AsyncLedger, *, limit: int = PAGE, after: str | None = None, include_terminal: bool = False,
-                    states: tuple[str, ...] = (), owner: str | None = None) -> dict[str, Any]:
+async def runs_listing(alg: AsyncLedger, *, limit: int = PAGE, after: str | None = None,
+                       include_terminal: bool = False, filters: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A page of runs with their health, as the ``runs`` tool and the ``handoff://runs``
+    resource show it: the one place this server asks the library for a run listing.
+
+    ``filters`` go to ``Ledger.runs_page`` by name, unchanged (today ``states``, ``owner``
+    and ``target``). The library's listing is growing filters of its own; offering one
+    more to the model means a parameter on the ``runs`` tool and a call that follows the
+    library here, nothing else.
+    """
     def read(lg: Any) -> dict[str, Any]:
         now = lg.clock()
-        page = lg.runs_page(limit=_page(limit), after=after, include_terminal=include_terminal, states=states,
-                            owner=owner)
+        page = lg.runs_page(limit=_page(limit), after=after, include_terminal=include_terminal, **(filters or {}))
         rows = [R.run_row(cp, stall.classify(cp, now_us=now)) for cp in page.items]
         return {"now": R.iso(now), "runs": rows, "next": page.next, "more": page.more}
 
@@ -301,10 +346,13 @@ def _auditor_tools(server: MCPServer, alg: AsyncLedger) -> None:
     async def runs(limit: Limit = PAGE, after: After = None,
                    states: Annotated[list[str], Field(description=f"Only runs in these states ({_states()}).")] = [],
                    owner: Annotated[str | None, Field(description="Only this owner's runs.")] = None,
+                   target: Annotated[str | None, Field(description="Only runs delivering to this target "
+                                                                   "(e.g. chat:#ops).")] = None,
                    include_terminal: Annotated[bool, Field(description="Include runs that ended.")] = False,
                    ) -> dict[str, Any]:
-        return await _runs_doc(alg, limit=limit, after=after, include_terminal=include_terminal,
-                               states=tuple(states), owner=owner)
+        filters = {"states": tuple(states), "owner": owner, "target": target}
+        return await runs_listing(alg, limit=limit, after=after, include_terminal=include_terminal,
+                                  filters=filters)
 
     @_tool
     async def status(run_id: RunId) -> dict[str, Any]:
@@ -382,7 +430,7 @@ def _resources(server: MCPServer, alg: AsyncLedger) -> None:
     @server.resource("handoff://runs", name="runs", mime_type="application/json",
                      description="The first page of runs that have not ended, with their health.")
     async def runs_resource() -> dict[str, Any]:
-        return await read(lambda: _runs_doc(alg))
+        return await read(lambda: runs_listing(alg))
 
     @server.resource("handoff://runs/{run_id}/packet", name="packet", mime_type="application/json",
                      description="A run's checkpoint packet: everything the next actor needs.")
@@ -400,8 +448,27 @@ def _write(out: Any) -> dict[str, Any]:
     return R.write_doc(out)
 
 
-def _owner_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
-    me = config.name
+#: What a person's server offers beyond reading, by role: every path a run can take ends with
+#: one of these or a worker's tool. The owner settles the work (review, the sanitization gate,
+#: delivery sent by the ledger or by hand, reopen after a failed check, fork to continue after
+#: the end, reconcile an unknown side effect, clear a blocker only it can clear); the operator
+#: keeps runs moving when nobody else can (revoke, unblock, reconcile, reopen, fork, close).
+OWNER_TOOLS = ("open", "review", "sanitize", "deliver", "delivered", "delivery_failed", "reopen", "revoke",
+               "transfer", "unblock", "effect_confirm", "fork", "close")
+OPERATOR_TOOLS = ("revoke", "unblock", "effect_confirm", "reopen", "fork", "close")
+
+DeliveryKey = Annotated[str, Field(description="The delivery's idempotency key: the one you gave deliver.",
+                                   min_length=1)]
+
+
+def _person_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
+    """The owner's or the operator's tools (``OWNER_TOOLS``, ``OPERATOR_TOOLS``), each
+    recorded under the server's ``--name`` in that role: the ledger's permission table
+    decides the rest (an owner acts on its own runs, or on what was transferred to it)."""
+    from handoff.ledger.store import Actor
+
+    me, operator = config.name, config.role == "operator"
+    actor = Actor("operator" if operator else "owner", me)
 
     @_tool
     async def open(goal: Annotated[str, Field(description="What the run must achieve, in words a person reads.",
@@ -441,12 +508,17 @@ def _owner_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
         return _write(await alg.review(run_id, me, approve, notes))
 
     @_tool
+    async def sanitize(run_id: RunId) -> dict[str, Any]:
+        return await alg.sanitize(run_id, me)
+
+    @_tool
     async def deliver(run_id: RunId,
                       key: Annotated[str, Field(description="The delivery's idempotency key: a retry with it "
                                                             "delivers nothing twice.", min_length=1)],
                       send: Annotated[bool, Field(description="true: the ledger sends the result to the target "
-                                                              "itself; false: you send it and record the outcome "
-                                                              "elsewhere.")] = True) -> dict[str, Any]:
+                                                              "itself; false: you send it, then record the outcome "
+                                                              "with delivered or delivery_failed.")] = True,
+                      ) -> dict[str, Any]:
         got = await alg.deliver(run_id, me, key, send=send)
         if not send:
             return _write(got)
@@ -454,13 +526,30 @@ def _owner_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
                 "error": got.error, "tries": got.tries, "state": got.checkpoint.state}
 
     @_tool
+    async def delivered(run_id: RunId, key: DeliveryKey,
+                        receipt: Annotated[str, Field(description="What proves the target has it: a message id, "
+                                                                  "a URL, a commit.", min_length=1)],
+                        ) -> dict[str, Any]:
+        return _write(await alg.delivered(run_id, key, receipt, by=me))
+
+    @_tool
+    async def delivery_failed(run_id: RunId, key: DeliveryKey,
+                              error: Annotated[str, Field(description="What went wrong.", min_length=1)],
+                              ) -> dict[str, Any]:
+        return _write(await alg.delivery_failed(run_id, key, error, by=me))
+
+    @_tool
+    async def reopen(run_id: RunId,
+                     reason: Annotated[str, Field(description="Why the result must change (what the check found).",
+                                                  min_length=1)]) -> dict[str, Any]:
+        return _write(await alg.reopen(run_id, by=me, reason=reason, as_operator=operator))
+
+    @_tool
     async def revoke(run_id: RunId, reason: Annotated[str, Field(description="Why the lease is taken away.",
                                                                  min_length=1)],
                      lease: Annotated[int | None, Field(description="Only if this lease number still holds "
                                                                     "it.")] = None) -> dict[str, Any]:
-        from handoff.ledger.store import Actor
-
-        return _write(await alg.revoke(run_id, reason, lease=lease, actor=Actor("owner", me)))
+        return _write(await alg.revoke(run_id, reason, lease=lease, actor=actor))
 
     @_tool
     async def transfer(run_id: RunId,
@@ -471,56 +560,71 @@ def _owner_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
         return _write(await alg.transfer(run_id, action, to, by=me))
 
     @_tool
-    async def close(run_id: RunId,
-                    disposition: Annotated[Literal[T.CLOSE_DISPOSITIONS],  # type: ignore[valid-type]
-                                           Field(description="How the run ends.")],
-                    reason: Annotated[str, Field(description="Why.")] = "") -> dict[str, Any]:
-        return _write(await alg.close_run(run_id, me, disposition, reason))
-
-    tools = {
-        "open": "Open a handoff: write the contract (goal, target, you as owner) before the work detaches. "
-                "Returns the new run's packet; a worker then claims it by its run_id.",
-        "review": "Approve or reject a submitted result (state ready_for_review).",
-        "deliver": "Deliver a succeeded run's result to its target, exactly once under the key you give.",
-        "revoke": "Take the lease away from the worker holding it (it can no longer write).",
-        "transfer": "Hand one of your actions on a run (review, deliver, close...) to someone else.",
-        "close": f"End a run without delivery: {', '.join(T.CLOSE_DISPOSITIONS)}.",
-    }
-    for fn in (open, review, deliver, revoke, transfer, close):
-        server.add_tool(fn, name=fn.__name__, description=tools[fn.__name__], annotations=WRITE)
-
-
-def _operator_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
-    me = config.name
-
-    @_tool
-    async def revoke(run_id: RunId, reason: Annotated[str, Field(description="Why the lease is taken away.",
-                                                                 min_length=1)],
-                     lease: Annotated[int | None, Field(description="Only if this lease number still holds "
-                                                                    "it.")] = None) -> dict[str, Any]:
-        return _write(await alg.revoke(run_id, reason, lease=lease, by=me))
-
-    @_tool
     async def unblock(run_id: RunId, resolution: Annotated[str, Field(description="How the blocker went away.",
                                                                       min_length=1)],
                       blocker_id: Annotated[int | None, Field(description="Only this blocker (default: all).")] = None,
                       ) -> dict[str, Any]:
-        return _write(await alg.unblock(run_id, resolution, blocker_id=blocker_id, by=me))
+        return _write(await alg.unblock(run_id, resolution, blocker_id=blocker_id, actor=actor))
+
+    @_tool
+    async def effect_confirm(run_id: RunId,
+                             key: Annotated[str, Field(description="The side effect's key (status lists the "
+                                                                   "pending ones).", min_length=1)],
+                             outcome: Literal["done", "absent"],
+                             note: Annotated[str, Field(description="How you know.")] = "") -> dict[str, Any]:
+        return _write(await alg.effect_confirm(run_id, key, outcome, note=note, actor=actor))
+
+    @_tool
+    async def fork(run_id: RunId,
+                   at_seq: Annotated[int, Field(description="The seq to continue from (log shows them); before "
+                                                            "the run ended.", ge=1)],
+                   new_run_id: Annotated[str | None, Field(description="The new run's id (default: derived from "
+                                                                       "the parent's).")] = None,
+                   key: Annotated[str | None, Field(description="An idempotency key: a retry with the same key "
+                                                                "forks no second child.")] = None,
+                   ) -> dict[str, Any]:
+        child = await alg.fork(run_id, at_seq, new_run_id=new_run_id, key=key, actor=actor)
+        return {"run_id": child, "parent": run_id, "parent_seq": at_seq, "packet": await alg.status(child)}
 
     @_tool
     async def close(run_id: RunId,
                     disposition: Annotated[Literal[T.CLOSE_DISPOSITIONS],  # type: ignore[valid-type]
                                            Field(description="How the run ends.")],
-                    reason: Annotated[str, Field(description="Why.", min_length=1)]) -> dict[str, Any]:
-        return _write(await alg.close_run(run_id, me, disposition, reason, as_operator=True))
+                    reason: Annotated[str, Field(description="Why (an operator must say).")] = "",
+                    ) -> dict[str, Any]:
+        if operator and not reason.strip():
+            # Someone else's run ends on an operator's word: the owner will want to read why.
+            raise InvalidInput("an operator closes a run with a reason: say why it ends", field="reason")
+        return _write(await alg.close_run(run_id, me, disposition, reason, as_operator=operator))
 
+    as_whom = ", as an operator" if operator else ""
     tools = {
-        "revoke": "Take the lease away from the worker holding it, as an operator.",
-        "unblock": "Clear a run's blocker, as an operator.",
-        "close": f"End a run without delivery, as an operator: {', '.join(T.CLOSE_DISPOSITIONS)}.",
+        "open": "Open a handoff: write the contract (goal, target, you as owner) before the work detaches. "
+                "Returns the new run's packet; a worker then claims it by its run_id.",
+        "review": "Approve or reject a submitted result (state ready_for_review).",
+        "sanitize": "Check what a delivery would send now for secrets, private paths and addresses, and record "
+                    "the check. A public target's delivery needs a passing check of exactly that content; the "
+                    "findings name detector, part and line, never the matched text.",
+        "deliver": "Deliver a succeeded run's result to its target, exactly once under the key you give (a public "
+                   "target needs a passing sanitize first).",
+        "delivered": "Record that a delivery you sent yourself (deliver with send false) reached the target, "
+                     "with its receipt; the run becomes delivered.",
+        "delivery_failed": "Record that a delivery you sent yourself failed; deliver again under a new key.",
+        "reopen": f"Send a succeeded run whose latest sanitization check failed back to verifying{as_whom}, so a "
+                  "worker can withdraw what the check found, record the result again and submit it.",
+        "revoke": f"Take the lease away from the worker holding it{as_whom} (it can no longer write).",
+        "transfer": "Hand one of your actions on a run (review, deliver, close...) to someone else.",
+        "unblock": f"Clear a run's blocker{as_whom}, saying how it went away; the run returns to where it was.",
+        "effect_confirm": f"Record{as_whom} whether a side effect left without an outcome happened (done) or not "
+                          "(absent): the first step out of the unknown state.",
+        "fork": f"Start a new run{as_whom} that continues this one as it stood at a seq (to continue after the "
+                "run ended, or to try again from a good point). Returns the new run's id and packet.",
+        "close": f"End a run without delivery{as_whom}: {', '.join(T.CLOSE_DISPOSITIONS)}.",
     }
-    for fn in (revoke, unblock, close):
-        server.add_tool(fn, name=fn.__name__, description=tools[fn.__name__], annotations=WRITE)
+    fns = {fn.__name__: fn for fn in (open, review, sanitize, deliver, delivered, delivery_failed, reopen, revoke,
+                                      transfer, unblock, effect_confirm, fork, close)}
+    for name in OPERATOR_TOOLS if operator else OWNER_TOOLS:
+        server.add_tool(fns[name], name=name, description=tools[name], annotations=WRITE)
 
 
 def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions: Sessions) -> None:
@@ -543,6 +647,16 @@ def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions:
     async def claim(run_id: RunId, ctx: Context) -> dict[str, Any]:
         session = sessions.find(ctx.request_context.session, create=True)
         assert session is not None
+        held = session.held.get(run_id)
+        if held is not None and not held.lost:
+            packet = await alg.status(run_id)
+            if packet["lease"] == held.number:
+                # This session holds the run already (a retry, or a claim after submit or a
+                # reopen): the ledger's LeaseHeld would tell the model to use a token it
+                # never saw, so answer with the lease it has.
+                return {"run_id": run_id, "lease": held.number, "worker": me, "packet": packet,
+                        "already_held": True}
+            session.held.pop(run_id, None)  # that lease ended; claim anew
         got = await alg.claim_outcome(run_id, me)
         cp = got.outcome.checkpoint
         session.held[run_id] = Held(run_id, str(got.token), got.token.lease,
@@ -578,6 +692,16 @@ def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions:
         where = os.path.join(root, path)  # an absolute path stays itself; the ledger refuses it outside root
         return await under_lease(ctx, run_id, lambda t: alg.artifact(run_id, t, where, kind=kind, root=root,
                                                                      attrs=attrs))
+
+    @_tool
+    async def withdraw_artifact(run_id: RunId, ctx: Context,
+                                path: Annotated[str, Field(description="The artifact's path as artifact recorded "
+                                                                       "it (status lists them), or relative to "
+                                                                       f"{root}.", min_length=1)],
+                                reason: Annotated[str, Field(description="Why it no longer counts.",
+                                                             min_length=1)]) -> dict[str, Any]:
+        where = os.path.join(root, path)  # a recorded (absolute) path stays itself
+        return await under_lease(ctx, run_id, lambda t: alg.withdraw_artifact(run_id, where, reason, lease=t))
 
     @_tool
     async def evidence(run_id: RunId, ctx: Context,
@@ -638,24 +762,27 @@ def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions:
     tools = {
         "claim": "Take a run's lease so you may work on it. Returns the lease number and the run's packet; this "
                  "server keeps the lease for your session and heartbeats it while you keep calling. Refused while "
-                 "another worker holds the run.",
+                 "another worker holds the run; if this session holds it already, answers with that lease.",
         "heartbeat": "Say you are alive without recording progress (any call does this for you when due).",
         "progress": "Record progress at a meaningful boundary (a plan committed, a tool's outcome, a verifier's "
                     "result), not for every step: what counts depends on the run's state.",
         "transition": "Move the run to its next working state.",
         "artifact": "Record a file the work produced (the result named by the contract, a log, a diff); the "
                     "ledger measures it and keeps its size and sha256.",
+        "withdraw_artifact": "Take back an artifact recorded by mistake or found unfit (for example what a "
+                             "failed sanitization check named), so it no longer counts for submit; record the "
+                             "corrected file again with artifact. The log keeps both records.",
         "evidence": "Record a check of the result (tests, lint, a review) and its outcome.",
         "effect_start": "Before doing something outside that must not happen twice (a deploy, a payment), "
                         "record it under a key.",
         "effect_confirm": "Record whether a started side effect happened (done) or not (absent).",
         "block": "Say the run cannot go on without something, and what must happen next.",
         "unblock": "Say how a blocker went away.",
-        "submit": "Submit the result (from verifying) with its artifacts and evidence recorded first; ends your "
-                  "work on the run.",
+        "submit": "Submit the result (from verifying) with its artifacts and evidence recorded first. You keep "
+                  "the lease until you release it: if the owner reopens the run, continue under it.",
         "release": "Give the run back without submitting (you stop; another worker may claim it).",
     }
-    for fn in (claim, heartbeat, progress, transition, artifact, evidence, effect_start, effect_confirm, block,
+    for fn in (claim, heartbeat, progress, transition, artifact, withdraw_artifact, evidence, effect_start, effect_confirm, block,
                unblock, submit, release):
         server.add_tool(fn, name=fn.__name__, description=tools[fn.__name__], annotations=WRITE)
 
@@ -687,7 +814,7 @@ async def serve_stdio(db: str, config: Config, *, busy_timeout_s: float = 5.0) -
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await session.end(alg, "the MCP session ended (the host closed stdio)")
+                await session.end(alg, SESSION_ENDED_STDIO)
 
 
 def is_loopback(host: str) -> bool:

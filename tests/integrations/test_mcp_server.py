@@ -36,9 +36,10 @@ LAUNCH = ("import os, sys\n"
           "sys.argv = ['handoff', *sys.argv[2:]]\n"
           "from handoff.cli import main\n"
           "main()\n")
-WRITE_TOOLS = {"open", "review", "deliver", "revoke", "transfer", "close", "claim", "heartbeat", "progress",
-               "transition", "artifact", "evidence", "effect_start", "effect_confirm", "block", "unblock",
-               "submit", "release"}
+WRITE_TOOLS = {"open", "review", "sanitize", "deliver", "delivered", "delivery_failed", "reopen", "revoke",
+               "transfer", "fork", "close", "claim", "heartbeat", "progress", "transition", "artifact",
+               "withdraw_artifact", "evidence", "effect_start", "effect_confirm", "block", "unblock", "submit",
+               "release"}
 
 
 def env() -> dict[str, str]:
@@ -419,3 +420,342 @@ def test_http_beyond_loopback_needs_the_token_and_refuses_any_origin(shared_back
         assert server.post({"Authorization": f"Bearer {token}", "Origin": "http://evil.example"}) == 403
     finally:
         server.stop()
+
+
+def test_a_refusal_reads_exactly_as_the_ledgers_typed_message(backend, tmp_path):
+    """No SDK wrapping ("Error executing tool ..."): the model reads the ledger's own text."""
+
+    async def body(client: Client, alg: AsyncLedger, session: Any) -> None:
+        run = await alg.open(goal="g", target="chat:#ops", owner="alice")
+        ok(await client.call_tool("claim", {"run_id": run}))
+        before = [r.seq async for r in alg.log(run)]
+        r = await client.call_tool("progress", {"run_id": run, "kind": "plan_committed"})
+        assert r.is_error and len(r.content) == 1
+        # The same refusal straight from the library, with the same token: the text must match it.
+        try:
+            await alg.progress(run, session.held[run].token, "plan_committed")
+        except ms.LedgerError as exc:
+            expected = f"{exc.type}: {exc.message}"
+        else:
+            raise AssertionError("the ledger accepted plan_committed in queued")
+        assert r.content[0].text == expected and expected.startswith("IllegalProgress: ")
+        assert [r.seq async for r in alg.log(run)] == before
+
+    anyio.run(_inprocess, backend.address(), ms.Config(role="worker", name="w1", root=str(tmp_path)), body)
+
+
+# --- the owner's and the operator's paths, in process ------------------------------------------
+
+
+async def _people(address: str, root: Path, body: Any, *roles: ms.Config) -> Any:
+    """One ledger, one in-process server per config (each its own session), their clients."""
+    async with AsyncLedger(address) as alg, AsyncExitStack() as stack:
+        clients = []
+        for config in roles:
+            server = ms.build(alg, config, ms.Sessions(alg, single=ms.Session(config.role)))
+            clients.append(await stack.enter_async_context(Client(server)))
+        return await body(alg, *clients)
+
+
+def owner_cfg(name: str = "alice") -> ms.Config:
+    return ms.Config(role="owner", name=name)
+
+
+def worker_cfg(root: Path, name: str = "w1") -> ms.Config:
+    return ms.Config(role="worker", name=name, root=str(root))
+
+
+async def seqs(alg: AsyncLedger, run: str) -> list[int]:
+    return [r.seq async for r in alg.log(run)]
+
+
+def test_an_owner_finishes_a_public_delivery_through_the_gate_a_reopen_and_a_send_by_hand(backend, tmp_path):
+    """The gate refuses a result with a private path; the owner checks, reopens, the worker
+    withdraws and records the clean file, the check passes, and the owner records a send by
+    hand: first failed, then delivered under a new key."""
+    root = tmp_path / "work"
+    root.mkdir()
+    report = root / "report.md"
+
+    async def body(alg: AsyncLedger, owner: Client, worker: Client) -> None:
+        run = ok(await owner.call_tool("open", {"goal": "g", "target": f"file://{tmp_path / 'out'}",
+                                                "result_path": str(report), "public": True}))["run_id"]
+        ok(await worker.call_tool("claim", {"run_id": run}))
+        for tool, args in [("transition", {"to": "planning"}), ("transition", {"to": "executing"})]:
+            ok(await worker.call_tool(tool, {"run_id": run, **args}))
+        report.write_text("# Report\n\nLogs are in /home/alice/incident/logs.txt\n")
+        ok(await worker.call_tool("artifact", {"run_id": run, "path": "report.md"}))
+        ok(await worker.call_tool("transition", {"run_id": run, "to": "verifying"}))
+        ok(await worker.call_tool("evidence", {"run_id": run, "kind": "tests", "outcome": "pass"}))
+        assert ok(await worker.call_tool("submit", {"run_id": run}))["state"] == "succeeded"
+
+        before = await seqs(alg, run)
+        assert refused(await owner.call_tool("deliver", {"run_id": run, "key": "v1", "send": False})
+                       ).startswith("SanitizationRequired: ")
+        assert await seqs(alg, run) == before
+        checked = ok(await owner.call_tool("sanitize", {"run_id": run}))
+        assert checked["passed"] is False and checked["findings"]
+        assert "/home/alice" not in json.dumps(checked)  # where, never what
+        assert ok(await owner.call_tool("reopen", {"run_id": run, "reason": "a private path"}))["state"] == \
+            "verifying"
+
+        # The worker still holds its lease after submit; its claim (a confused retry) answers with it.
+        assert ok(await worker.call_tool("claim", {"run_id": run}))["lease"] == 1
+        ok(await worker.call_tool("withdraw_artifact", {"run_id": run, "path": "report.md",
+                                                        "reason": "it named a private path"}))
+        report.write_text("# Report\n\nThe service recovered at 10:04.\n")
+        ok(await worker.call_tool("artifact", {"run_id": run, "path": "report.md"}))
+        assert ok(await worker.call_tool("submit", {"run_id": run}))["state"] == "succeeded"
+
+        assert ok(await owner.call_tool("sanitize", {"run_id": run}))["passed"] is True
+        ok(await owner.call_tool("deliver", {"run_id": run, "key": "v1", "send": False}))
+        ok(await owner.call_tool("delivery_failed", {"run_id": run, "key": "v1", "error": "the channel refused"}))
+        ok(await owner.call_tool("deliver", {"run_id": run, "key": "v2", "send": False}))
+        done = ok(await owner.call_tool("delivered", {"run_id": run, "key": "v2", "receipt": "msg-42"}))
+        assert done["state"] == "delivered"
+        packet = ok(await owner.call_tool("status", {"run_id": run}))
+        assert packet["state"] == "delivered"
+        people = [r.actor async for r in alg.log(run) if r.type in (
+            "sanitization_checked", "run_reopened", "delivery_failed", "delivery_confirmed")]
+        assert people and set(people) == {"owner:alice"}
+
+    anyio.run(_people, backend.address(), root, body, owner_cfg(), worker_cfg(root))
+
+
+def test_an_owner_clears_a_blocker_reconciles_a_side_effect_and_forks_its_own_run_only(backend, tmp_path):
+    async def body(alg: AsyncLedger, owner: Client, worker: Client, mallory: Client) -> None:
+        run = ok(await owner.call_tool("open", {"goal": "g", "target": "chat:#ops"}))["run_id"]
+        ok(await worker.call_tool("claim", {"run_id": run}))
+        ok(await worker.call_tool("transition", {"run_id": run, "to": "planning"}))
+        ok(await worker.call_tool("block", {"run_id": run, "reason": "needs the deploy key",
+                                            "next_action": "the owner grants it"}))
+        assert ok(await owner.call_tool("unblock", {"run_id": run, "resolution": "granted"}))["state"] == "planning"
+        ok(await worker.call_tool("transition", {"run_id": run, "to": "executing"}))
+        ok(await worker.call_tool("effect_start", {"run_id": run, "key": "deploy-1", "what": "POST /deploy"}))
+        assert ok(await owner.call_tool("revoke", {"run_id": run, "reason": "the worker hung"}))["state"] == \
+            "unknown"
+        ok(await owner.call_tool("effect_confirm", {"run_id": run, "key": "deploy-1", "outcome": "done",
+                                                    "note": "the deploy log shows v42"}))
+        packet = ok(await owner.call_tool("status", {"run_id": run}))
+        assert packet["pending_effects"] == [] and packet["health"]["action"] == "claim"
+
+        # Another owner may not fork alice's run: refused, no child written.
+        at = (await seqs(alg, run))[2]
+        text = refused(await mallory.call_tool("fork", {"run_id": run, "at_seq": at, "new_run_id": "child-m"}))
+        assert text.startswith("NotAuthorized: ")
+        with pytest.raises(ms.LedgerError):
+            await alg.status("child-m")
+        forked = ok(await owner.call_tool("fork", {"run_id": run, "at_seq": at, "new_run_id": "child-a"}))
+        assert forked["run_id"] == "child-a" and forked["packet"]["state"] == "planning"
+        assert [r.actor async for r in alg.log("child-a")][-1] == "owner:alice"
+
+    anyio.run(_people, backend.address(), tmp_path, body, owner_cfg(), worker_cfg(tmp_path), owner_cfg("mallory"))
+
+
+def test_an_operator_reconciles_forks_and_closes_with_a_reason(backend, tmp_path):
+    async def body(alg: AsyncLedger, operator: Client, worker: Client) -> None:
+        names = {t.name for t in (await operator.list_tools()).tools}
+        assert names >= set(ms.OPERATOR_TOOLS) and not names & {"open", "review", "deliver", "sanitize", "claim"}
+        run = await alg.open(goal="g", target="chat:#ops", owner="alice")
+        ok(await worker.call_tool("claim", {"run_id": run}))
+        ok(await worker.call_tool("transition", {"run_id": run, "to": "planning"}))
+        ok(await worker.call_tool("effect_start", {"run_id": run, "key": "k", "what": "charge the card"}))
+        ok(await operator.call_tool("revoke", {"run_id": run, "reason": "stuck"}))
+        ok(await operator.call_tool("effect_confirm", {"run_id": run, "key": "k", "outcome": "absent"}))
+        child = ok(await operator.call_tool("fork", {"run_id": run, "at_seq": 1}))["run_id"]
+        assert [r.actor async for r in alg.log(child)][-1] == "operator:ops"
+        before = await seqs(alg, run)
+        assert refused(await operator.call_tool("close", {"run_id": run, "disposition": "cancelled"})
+                       ).startswith("InvalidInput: ")
+        assert await seqs(alg, run) == before
+        ok(await operator.call_tool("close", {"run_id": run, "disposition": "cancelled", "reason": "superseded"}))
+        assert [r.actor async for r in alg.log(run) if r.type == "run_closed"] == ["operator:ops"]
+
+    anyio.run(_people, backend.address(), tmp_path, body, ms.Config(role="operator", name="ops"),
+              worker_cfg(tmp_path))
+
+
+def test_a_worker_and_an_auditor_cannot_call_the_owners_or_the_operators_tools(backend, tmp_path):
+    async def body(alg: AsyncLedger, worker: Client, auditor: Client) -> None:
+        run = await alg.open(goal="g", target="chat:#ops", owner="w1")
+        people = set(ms.OWNER_TOOLS) | set(ms.OPERATOR_TOOLS)
+        args = {"run_id": run, "key": "k", "receipt": "r", "error": "e", "reason": "r", "at_seq": 1,
+                "goal": "g", "target": "chat:#x", "approve": True, "disposition": "cancelled", "action": "deliver",
+                "to": "w2", "resolution": "r", "outcome": "done"}
+        for client, mine in ((worker, {"unblock", "effect_confirm"}), (auditor, set())):
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert not names & (people - mine)
+            before = await seqs(alg, run)
+            for tool in sorted(people - mine):
+                assert tool in refused(await client.call_tool(tool, args))
+            assert await seqs(alg, run) == before
+            assert [r.run_id async for r in alg.log(run)]  # the run is still there, and nothing else was made
+
+    anyio.run(_people, backend.address(), tmp_path, body, worker_cfg(tmp_path, "w1"), ms.Config())
+
+
+def test_a_claim_by_the_session_that_holds_the_run_answers_with_its_lease(backend, tmp_path):
+    """The ledger's LeaseHeld would tell a model to use a token it never saw: a session's
+    repeated claim answers with the lease it holds, and writes nothing."""
+
+    async def body(client: Client, alg: AsyncLedger, session: Any) -> None:
+        run = await alg.open(goal="g", target="chat:#ops", owner="alice")
+        assert ok(await client.call_tool("claim", {"run_id": run}))["lease"] == 1
+        before = await seqs(alg, run)
+        again = ok(await client.call_tool("claim", {"run_id": run}))
+        assert again["lease"] == 1 and again["already_held"] is True
+        assert await seqs(alg, run) == before
+        # Once the lease is gone (revoked), the session's claim takes a new one.
+        await alg.revoke(run, "test", by="ops")
+        assert ok(await client.call_tool("claim", {"run_id": run}))["lease"] == 2
+        assert session.held[run].number == 2
+
+    anyio.run(_inprocess, backend.address(), worker_cfg(tmp_path), body)
+
+
+# --- a worker over streamable HTTP --------------------------------------------------------------
+
+
+def test_the_installed_sdk_still_keeps_the_connection_where_connection_of_reads_it():
+    """connection_of reads ServerSession._connection (no public route in mcp 2.x): if an SDK
+    release moves it, this fails here, by name, before any lease goes unreleased."""
+    from mcp.server.connection import Connection
+    from mcp.server.session import ServerSession
+
+    connection = Connection.for_loop(None, session_id="s-1")  # type: ignore[arg-type]
+    assert ms.connection_of(ServerSession(None, connection)) is connection  # type: ignore[arg-type]
+    assert isinstance(connection.state, dict) and hasattr(connection.exit_stack, "push_async_callback")
+
+    class Moved:
+        pass
+
+    with pytest.raises(ms.SdkChanged, match="_connection"):
+        ms.connection_of(Moved())
+
+
+def test_an_sdk_that_moved_the_connection_leaves_reads_working_and_refuses_claim(backend, tmp_path, monkeypatch):
+    """What a user would meet if an SDK release moved the attribute before the server followed."""
+
+    def moved(request_session: Any) -> Any:
+        raise ms.SdkChanged("moved")
+
+    monkeypatch.setattr(ms, "connection_of", moved)
+
+    async def body() -> None:
+        async with AsyncLedger(backend.address()) as alg:
+            run = await alg.open(goal="g", target="chat:#ops", owner="alice")
+            server = ms.build(alg, worker_cfg(tmp_path), ms.Sessions(alg))  # the HTTP kind: no single session
+            async with Client(server, mode="legacy") as client:
+                assert ok(await client.call_tool("status", {"run_id": run}))["run_id"] == run
+                before = await seqs(alg, run)
+                assert (await client.call_tool("claim", {"run_id": run})).is_error
+                assert await seqs(alg, run) == before
+
+    anyio.run(body)
+
+
+def worker_http(db: str, root: Path, tmp: Path, name: str = "agent-1") -> HttpServer:
+    return HttpServer(db, "127.0.0.1", "--as", "worker", "--name", name, "--root", str(root), tmp=tmp)
+
+
+def wait_for(what: str, deadline_s: float, probe: Any, pause_s: float) -> Any:
+    """``probe()`` until it returns something truthy, failing after ``deadline_s``."""
+    deadline = time.monotonic() + deadline_s
+    while not (got := probe()):
+        assert time.monotonic() < deadline, f"{what} did not happen within {deadline_s:.0f}s"
+        time.sleep(pause_s)
+    return got
+
+
+def test_a_worker_over_http_claims_works_submits_and_its_lease_is_released_when_the_session_ends(
+        shared_backend, tmp_path):
+    db = shared_backend.address()
+    root = tmp_path / "work"
+    root.mkdir()
+    (root / "result.md").write_text("# Result\n")
+    with Ledger(db) as lg:
+        run = lg.open(goal="g", target="chat:#ops", owner="alice", result_path=str(root / "result.md"))
+    server = worker_http(db, root, tmp_path)
+    seen = Seen()
+    try:
+        async def work() -> None:
+            # A lease needs a session: the handshake era (mode legacy) gives one an Mcp-Session-Id.
+            async with Client(server.url, mode="legacy") as worker:
+                claimed = ok(seen.result(await worker.call_tool("claim", {"run_id": run})))
+                assert claimed["lease"] == 1
+                for tool, args in [("transition", {"to": "planning"}), ("progress", {"kind": "plan_committed"}),
+                                   ("transition", {"to": "executing"}), ("artifact", {"path": "result.md"}),
+                                   ("transition", {"to": "verifying"}),
+                                   ("evidence", {"kind": "tests", "outcome": "pass"})]:
+                    ok(seen.result(await worker.call_tool(tool, {"run_id": run, **args})))
+                assert ok(seen.result(await worker.call_tool("submit", {"run_id": run})))["state"] == "succeeded"
+            # Leaving the block closes the session (DELETE); the server releases what it held.
+
+        anyio.run(work)
+
+        def released() -> list[Any]:
+            return [r for r in events(db, run) if r.type == "lease_released"]
+
+        # The release follows the DELETE without any timer: the deadline only bounds a broken server.
+        [rec] = wait_for("the release at session end", 60, released, 0.05)
+        assert rec.lease == 1 and rec.event.reason == ms.SESSION_ENDED_HTTP
+    finally:
+        server.stop()
+    with Ledger(db) as lg:
+        seen.assert_no_secret(digests(lg, run))
+        assert lg.status(run)["state"] == "succeeded" and lg.status(run)["lease"] is None
+
+
+def test_an_http_session_that_goes_silent_loses_its_lease_to_the_watchdog(shared_backend, tmp_path):
+    db = shared_backend.address()
+    timeout = 1.5
+    with Ledger(db) as lg:
+        run = lg.open(goal="g", target="chat:#ops", owner="alice", heartbeat_timeout_s=timeout)
+    server = worker_http(db, tmp_path, tmp_path)
+    try:
+        async def silent() -> tuple[int, str]:
+            async with Client(server.url, mode="legacy") as worker:
+                ok(await worker.call_tool("claim", {"run_id": run}))
+                ok(await worker.call_tool("transition", {"run_id": run, "to": "planning"}))
+                # Silence: no call, no ping. The watchdog revokes once the timeout has passed.
+                await anyio.sleep(timeout)
+
+                def revoked() -> list[Any]:
+                    with Ledger(db) as lg:
+                        watch_once(lg, name="test-watchdog")
+                        return [r.seq for r in lg.log(run) if r.type == "lease_revoked"]
+
+                [seq] = await anyio.to_thread.run_sync(
+                    lambda: wait_for("the watchdog's revoke", timeout * 20 + 30, revoked, timeout / 4))
+                # The session's next write is refused in the ledger's words, and lands nothing.
+                text = refused(await worker.call_tool("progress", {"run_id": run, "kind": "plan_committed"}))
+                return seq, text
+
+        revoked_seq, text = anyio.run(silent)
+        assert text.startswith("StaleLease: ")
+    finally:
+        server.stop()
+    log = events(db, run)
+    assert not [r for r in log if r.seq > revoked_seq and r.actor == "worker:agent-1"], \
+        "the silent session wrote after the revoke"
+    assert not [r for r in log if r.type == "lease_released"]  # a revoked lease is not released again
+
+
+def test_the_runs_listing_filters_and_pages_through_the_librarys_listing(backend, tmp_path):
+    async def body(client: Client, alg: AsyncLedger, session: Any) -> None:
+        mine = [await alg.open(goal="g", target="chat:#ops", owner="alice") for _ in range(3)]
+        await alg.open(goal="g", target="chat:#other", owner="alice")
+        await alg.open(goal="g", target="chat:#ops", owner="bob")
+        seen: list[str] = []
+        after = None
+        while True:
+            page = ok(await client.call_tool("runs", {"owner": "alice", "target": "chat:#ops", "limit": 2,
+                                                      **({"after": after} if after else {})}))
+            seen += [row["run_id"] for row in page["runs"]]
+            if not page["next"]:
+                break
+            after = page["next"]
+        assert sorted(seen) == sorted(mine)
+        assert ok(await client.call_tool("runs", {"states": ["planning"]}))["runs"] == []
+
+    anyio.run(_inprocess, backend.address(), ms.Config(), body)
