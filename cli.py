@@ -1610,8 +1610,9 @@ def diff(run_a: str, run_b: str, as_json: bool) -> None:
     (seq, event type, the fields that differ); then the runs' ends are compared: state
     reached, progress, artifacts by sha256, evidence and delivery.
 
-    Exit codes follow diff(1): 0 the runs are the same, 1 they differ, 2 and up trouble
-    (a run that does not exist is a usage error here, 2; a store problem 3). With --json:
+    Exit codes follow diff(1): 0 the runs are the same, 1 they differ, and as on every
+    verb, 1 with an error on stderr and nothing on stdout for a run that does not exist
+    (UnknownRun), 2 a usage mistake, 3 a store problem. With --json:
     {"run_a", "run_b", "same", "compared", "heartbeats", "common_steps",
     "first_divergence", "after"} (docs/cli.md).
 
@@ -1620,14 +1621,10 @@ def diff(run_a: str, run_b: str, as_json: bool) -> None:
         handoff diff $RUN $FORK
         handoff diff attempt-1 attempt-2 --json
     """
-    from handoff.ledger.errors import InvalidInput, UnknownRun
     from handoff import render as R
 
     with _ledger() as lg:
-        try:
-            doc = lg.diff(run_a, run_b)
-        except UnknownRun as exc:  # diff's convention: 1 means "different", so a missing run is trouble
-            raise InvalidInput(exc.message, field="run") from None
+        doc = lg.diff(run_a, run_b)  # a missing run: UnknownRun, exit 1 as on every verb (stdout stays empty)
     _emit(doc, as_json, None if as_json else R.format_diff(doc))
     click.get_current_context().exit(0 if doc["same"] else 1)
 
@@ -2530,8 +2527,9 @@ def exit_code_table() -> str:
         meaning = next(EXIT_MEANINGS[t.__name__] for t in types if t.__name__ in EXIT_MEANINGS)
         names = ", ".join(f"`{t.__name__}`" for t in types if t.__name__ != "LedgerError")
         lines.append(f"| {code} | {meaning} | {names} |")
-    lines += ["", "`diff` follows diff(1) instead: 0 the two runs are the same, 1 they differ, 2 and up "
-              "trouble (a run that does not exist is a usage error there, 2; a store problem 3)."]
+    lines += ["", "A run that does not exist (`UnknownRun`) exits 1 on every verb that names one. `diff` "
+              "follows diff(1) besides: 0 the two runs are the same, 1 they differ (with the comparison on "
+              "stdout; a missing run leaves stdout empty and says so on stderr), 2 and up trouble."]
     from handoff.worker import FENCED_EXIT
 
     lines.append(f"| {FENCED_EXIT} | `run` only: no heartbeat could be recorded for the heartbeat timeout less "

@@ -457,10 +457,17 @@ class Ledger:
         stands where it classified it) and the result is ``unchanged``.
         """
         token = self._token_for(run_id, cmd, actor, token)
-        result, state = self.store.execute(
-            run_id, AGGREGATE, self._decider(run_id, cmd, actor, guard), actor=actor, idempotency_key=key,
-            digest_of=C.request_bytes(cmd) if key else None, lease=token,
-        )
+        try:
+            result, state = self.store.execute(
+                run_id, AGGREGATE, self._decider(run_id, cmd, actor, guard), actor=actor, idempotency_key=key,
+                digest_of=C.request_bytes(cmd) if key else None, lease=token,
+            )
+        except StaleLease as exc:
+            # The store fences the token before the run is folded, so a token sent to a run
+            # that does not exist reads "never issued"; say what every other verb says.
+            if exc.details.get("why") == "never_issued" and self.store.head(run_id) is None:
+                raise UnknownRun(f"no run {run_id} exists; open it first ('handoff open')") from None
+            raise
         return Outcome(result, state)
 
     def _token_for(self, run_id: str, cmd: C.Command, actor: Actor, token: str | None) -> LeaseToken | None:
