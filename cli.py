@@ -391,6 +391,70 @@ def _exit_damage_found() -> None:
     click.get_current_context().exit(DamageFound.exit_code)
 
 
+# --- progress on long work: one bar for every long command -----------------------------
+
+#: Work of fewer items than this shows no bar: it is over before a bar would help. Set
+#: HANDOFF_PROGRESS_MIN to change it (0: a bar for any amount of work).
+PROGRESS_MIN = 20_000
+
+
+def _progress_min() -> int:
+    text = os.environ.get("HANDOFF_PROGRESS_MIN", "")
+    return int(text) if text.isdigit() else PROGRESS_MIN
+
+
+class Progress:
+    """The progress bar of every long command (copy, import, export, backup, verify,
+    rebuild, check, report): a callable ``progress(done, total)`` handed to the library.
+
+    click's own bar (a dependency already; rich would add a package for the same three
+    numbers): items done of the total, the rate, the time left. It is drawn on stderr,
+    and only when stderr is a terminal, so stdout (an export to -, a report to -) and
+    anything piped or logged stay exactly the data. Off with --quiet and with --json,
+    and for work smaller than ``PROGRESS_MIN``. A new total (the next stage of a copy:
+    import, then verify) starts a new bar.
+    """
+
+    def __init__(self, label: str, *, quiet: bool = False) -> None:
+        self.label, self.bar, self.done, self.total = label, None, 0, 0
+        self.enabled = not quiet and sys.stderr.isatty()
+        self.started = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or total < max(_progress_min(), 1):
+            return
+        import time
+
+        if self.bar is not None and (total != self.total or done < self.done):
+            self.close()
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=True,
+                                         show_eta=True, item_show_func=lambda rate: rate)
+            self.bar.__enter__()
+            self.done, self.total, self.started = 0, total, time.monotonic()
+        elapsed = time.monotonic() - self.started
+        rate = f"{done / elapsed:,.0f}/s" if elapsed > 0 else None
+        self.bar.update(max(0, min(done, total) - self.done), rate)
+        self.done = min(done, total)
+
+    def close(self) -> None:
+        """Finish the bar (the work is done, or failed: the error prints on a fresh line)."""
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def quiet_option(f: Any) -> Any:
+    return click.option("-q", "--quiet", is_flag=True,
+                        help="No progress bar (one is drawn on stderr, when it is a terminal, for long work).")(f)
+
+
 # --- output that streams: memory flat however long the listing ------------------------
 
 TABLE_WINDOW = 256  # a streamed table sizes its columns from this many rows at a time
@@ -1547,8 +1611,10 @@ def replay(run: str, at_seq: int | None, as_of: int | None, as_json: bool) -> No
               help="html: the whole report, one self-contained file; md: the summary and a compact timeline.")
 @click.option("--at", "at_seq", type=click.IntRange(min=1), default=None, help="Draw the run as it stood at this seq.")
 @click.option("--as-of", "as_of", type=ISO_TIME, default=None, help="Draw the run as it stood at this time (ISO 8601).")
+@quiet_option
 @json_option
-def report(run: str, output: str | None, fmt: str, at_seq: int | None, as_of: int | None, as_json: bool) -> None:
+def report(run: str, output: str | None, fmt: str, at_seq: int | None, as_of: int | None, quiet: bool,
+           as_json: bool) -> None:
     """Write an incident report of RUN: a summary and its timeline, as one HTML file.
 
     The summary answers where the run stands (state, owner and target), who holds the
@@ -1581,10 +1647,10 @@ def report(run: str, output: str | None, fmt: str, at_seq: int | None, as_of: in
     if as_json and to_stdout:
         raise click.UsageError("--json prints a summary of the file written; with -o - stdout carries the report itself")
     path = None if to_stdout else (output or f"{run}-report.{fmt}")
-    with _ledger() as lg:
+    with _ledger() as lg, Progress("reading the run", quiet=quiet or as_json) as bar:
         # The store names itself without any password its address may hold.
         hint = "" if st.db == "handoff.db" else f"--db {_quote_arg(lg.store.path)} "
-        doc = lg.write_report(run, path, fmt=fmt, at_seq=at_seq, as_of_us=as_of, db_hint=hint)
+        doc = lg.write_report(run, path, fmt=fmt, at_seq=at_seq, as_of_us=as_of, db_hint=hint, progress=bar)
     if to_stdout:
         click.echo(doc.pop("text"), nl=False)
         return
@@ -1797,34 +1863,14 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, dry_ru
 # --- audit ----------------------------------------------------------------------------------
 
 
-class _Bar:
-    """A progress bar on stderr for long walks; silent on small ledgers and with --json."""
-
-    def __init__(self, label: str, enabled: bool) -> None:
-        self.label, self.enabled, self.bar, self.done = label, enabled, None, 0
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled or total < 20_000:
-            return
-        if self.bar is None:
-            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
-            self.bar.__enter__()
-        self.bar.update(max(0, done - self.done))
-        self.done = done
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.update(max(0, self.bar.length - self.done))
-            self.bar.__exit__(None, None, None)
-
-
 @main.command()
 @click.argument("run", metavar="[RUN]", required=False)
 @click.option("--expect-head", "expect_head", multiple=True, metavar="DIGEST",
               help="A head digest kept from 'handoff head': the ledger must still hold that "
                    "position with that hash (a cut tail or rewritten history fails). Repeatable.")
+@quiet_option
 @json_option
-def verify(run: str | None, expect_head: tuple[str, ...], as_json: bool) -> None:
+def verify(run: str | None, expect_head: tuple[str, ...], quiet: bool, as_json: bool) -> None:
     """Check the log: hash chains (each run's and the ledger-wide one), seq and position
     gaps, decodability, heads, the append-only triggers, and (for the whole ledger) every
     projection against a fresh fold. Exit 4 when anything is wrong.
@@ -1841,12 +1887,8 @@ def verify(run: str | None, expect_head: tuple[str, ...], as_json: bool) -> None
     """
     from handoff import render as R
 
-    bar = _Bar("verifying", not as_json)
-    with _ledger() as lg:
-        try:
-            doc = lg.verify_report(run, progress=bar, expect_head=expect_head)
-        finally:
-            bar.close()
+    with _ledger() as lg, Progress("verifying", quiet=quiet or as_json) as bar:
+        doc = lg.verify_report(run, progress=bar, expect_head=expect_head)
     ok, probs, diffs, skipped = doc["ok"], doc["problems"], doc["projections"], doc["skipped"]
     events, runs = doc["events"], doc["streams"]
     if as_json:
@@ -1901,8 +1943,9 @@ def head(write: str | None, as_json: bool) -> None:
 
 @main.command()
 @click.option("--projection", "name", default=None, help="Only this projection (default: all).")
+@quiet_option
 @json_option
-def check(name: str | None, as_json: bool) -> None:
+def check(name: str | None, quiet: bool, as_json: bool) -> None:
     """Compare the kept projections (views) with a fresh fold of the log. Exit 4 on a difference.
 
     \b
@@ -1912,12 +1955,8 @@ def check(name: str | None, as_json: bool) -> None:
     """
     from handoff import render as R
 
-    bar = _Bar("checking", not as_json)
-    with _ledger() as lg:
-        try:
-            diffs = lg.check(name, progress=bar)
-        finally:
-            bar.close()
+    with _ledger() as lg, Progress("checking", quiet=quiet or as_json) as bar:
+        diffs = lg.check(name, progress=bar)
     if as_json:
         _emit({"ok": not diffs, "differences": diffs}, True, None)
     elif diffs:
@@ -1931,8 +1970,9 @@ def check(name: str | None, as_json: bool) -> None:
 
 @main.command()
 @click.option("--projection", "name", default=None, help="Only this projection (default: all).")
+@quiet_option
 @json_option
-def rebuild(name: str | None, as_json: bool) -> None:
+def rebuild(name: str | None, quiet: bool, as_json: bool) -> None:
     """Drop and refold the projections from the log (atomically; readers keep the old
     ones until the swap).
 
@@ -1943,12 +1983,8 @@ def rebuild(name: str | None, as_json: bool) -> None:
     """
     from handoff import render as R
 
-    bar = _Bar("rebuilding", not as_json)
-    with _ledger() as lg:
-        try:
-            counts = lg.rebuild(name, progress=bar)
-        finally:
-            bar.close()
+    with _ledger() as lg, Progress("rebuilding", quiet=quiet or as_json) as bar:
+        counts = lg.rebuild(name, progress=bar)
     if as_json:
         _emit({"rebuilt": counts}, True, None)
     else:
@@ -1998,9 +2034,10 @@ def backup(dest: str, replace: bool, as_json: bool) -> None:
 @click.option("--redact-field", "redact_fields", multiple=True, metavar="FIELD",
               help="With --redact: a payload field to replace by its digest even where it would be "
               "kept, such as to_state (repeatable).")
+@quiet_option
 @json_option
 def export(runs: tuple[str, ...], all_runs: bool, output: str, redact: bool, salt_env: str | None,
-           redact_fields: tuple[str, ...], as_json: bool) -> None:
+           redact_fields: tuple[str, ...], quiet: bool, as_json: bool) -> None:
     """Write runs as JSON Lines: one event per line with its whole envelope and hashes.
 
     A forked run brings its ancestors' events, without which it cannot be folded.
@@ -2025,31 +2062,32 @@ def export(runs: tuple[str, ...], all_runs: bool, output: str, redact: bool, sal
         if not value:
             raise click.UsageError(f"--salt-env {salt_env}: that environment variable is not set")
         salt = value.encode("utf-8", "surrogateescape")
-    with _ledger() as lg:
+    with _ledger() as lg, Progress("exporting", quiet=quiet or as_json) as bar:
         if redact:
             chosen = None if all_runs else list(runs)
             if output == "-":
                 out = sys.stdout.buffer
-                for line in lg.export_redacted(chosen, salt=salt, fields=redact_fields):
+                for line in lg.export_redacted(chosen, salt=salt, fields=redact_fields, progress=bar):
                     out.write(line + b"\n")
                 out.flush()
                 return
-            doc = lg.export_to(output, chosen, redact=True, salt=salt, fields=redact_fields)
+            doc = lg.export_to(output, chosen, redact=True, salt=salt, fields=redact_fields, progress=bar)
         elif output == "-":
             out = sys.stdout.buffer
-            for line in lg.export(None if all_runs else list(runs)):
+            for line in lg.export(None if all_runs else list(runs), progress=bar):
                 out.write(line + b"\n")
             out.flush()
             return
         else:
-            doc = lg.export_to(output, None if all_runs else list(runs))
+            doc = lg.export_to(output, None if all_runs else list(runs), progress=bar)
     _emit(doc, as_json, f"exported {doc['events']} events of {doc['runs']} runs to {output}")
 
 
 @main.command("import")
 @click.argument("file", type=click.File("rb"))
+@quiet_option
 @json_option
-def import_(file: Any, as_json: bool) -> None:
+def import_(file: Any, quiet: bool, as_json: bool) -> None:
     """Import an export: every line's hash chain is verified and every new event must be
     one the lifecycle rules would have written; a tampered or forged file is refused
     whole (exit 2 or 1) and the ledger is left as it was. Into a path with no file, the
@@ -2063,7 +2101,8 @@ def import_(file: Any, as_json: bool) -> None:
     from handoff.api import import_into
 
     st = _state()
-    counts = import_into(st.db, file, busy_timeout_s=st.busy_timeout)
+    with Progress("importing", quiet=quiet or as_json) as bar:
+        counts = import_into(st.db, file, busy_timeout_s=st.busy_timeout, progress=bar)
     _emit(counts, as_json, f"imported {counts['imported']} events of {counts['runs']} runs; "
                            f"{counts['skipped']} were already here")
 
@@ -2072,8 +2111,9 @@ def import_(file: Any, as_json: bool) -> None:
 @click.argument("src", metavar="SRC")
 @click.argument("dst", metavar="DST")
 @click.option("--run", "runs", multiple=True, metavar="RUN", help="Copy only this run (repeatable; a fork brings its parents).")
+@quiet_option
 @json_option
-def copy_(src: str, dst: str, runs: tuple[str, ...], as_json: bool) -> None:
+def copy_(src: str, dst: str, runs: tuple[str, ...], quiet: bool, as_json: bool) -> None:
     """Copy a ledger (or some runs) from SRC to DST, then prove the copy.
 
     SRC and DST are ledger addresses, as --db takes them: a SQLite file (or sqlite:///PATH)
@@ -2090,7 +2130,8 @@ def copy_(src: str, dst: str, runs: tuple[str, ...], as_json: bool) -> None:
     """
     from handoff.api import copy_ledger
 
-    doc = copy_ledger(src, dst, run_ids=list(runs) or None, busy_timeout_s=_state().busy_timeout)
+    with Progress("copying", quiet=quiet or as_json) as bar:
+        doc = copy_ledger(src, dst, run_ids=list(runs) or None, busy_timeout_s=_state().busy_timeout, progress=bar)
     _emit(doc, as_json, f"copied {doc['imported']} events of {doc['runs']} runs from {doc['src']} to {doc['dst']} "
                         f"({doc['skipped']} were already there); {doc['checked']} runs fold the same on both")
 
