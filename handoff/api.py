@@ -1092,39 +1092,76 @@ class Ledger:
 
     def iter_runs(self, *, after: str | None = None, include_terminal: bool = False,
                   states: tuple[str, ...] = (), owner: str | None = None,
-                  target: str | None = None) -> Iterator[Checkpoint]:
+                  target: str | None = None, worker: str | None = None, health: tuple[str, ...] = (),
+                  opened_after: int | None = None, opened_before: int | None = None,
+                  now: int | None = None) -> Iterator[Checkpoint]:
         """Every run matching the filters, oldest first (in the order the ledger first recorded
         them), strictly after the run ``after``. Terminal runs only with
-        ``include_terminal`` or when a terminal state is asked for by name."""
-        states = tuple(states)
-        for i, value in enumerate(states):
-            if not isinstance(value, str):
-                raise InvalidInput(f"states[{i}] must be text, got {type(value).__name__}", field="states")
-            check_filter(value, f"states[{i}]")
-        for field, value in (("owner", owner), ("target", target)):
+        ``include_terminal`` or when a terminal state is asked for by name.
+
+        ``states``, ``owner``, ``target`` and ``worker`` (the current lease holder) are
+        columns of the checkpoints view: the view store filters them (SQL on both
+        backends). ``health`` (classifications, judged at ``now``, default the clock) and
+        ``opened_after``/``opened_before`` (UTC µs, inclusive) are judged run by run as the
+        pages stream past, so memory stays flat either way."""
+        states = _texts(states, "states")
+        health = _texts(health, "health")
+        unknown = [h for h in health if h not in stall.CLASSIFICATIONS]
+        if unknown:
+            raise InvalidInput(f"no health {unknown[0]!r}; it is one of: {', '.join(sorted(stall.CLASSIFICATIONS))}",
+                               field="health")
+        for field, value in (("owner", owner), ("target", target), ("worker", worker)):
             check_filter(value, field)
+        for field, value in (("opened_after", opened_after), ("opened_before", opened_before)):
+            if value is not None:
+                check_time_us(value, field)
         from handoff.reducers.transitions import TERMINAL
 
         include_terminal = bool(include_terminal) or any(s in TERMINAL for s in states)
-        return queries.runs_after(self.store, self._cursor(after), include_terminal=include_terminal,
-                                  states=states, owner=owner, target=target)
+        rows = queries.runs_after(self.store, self._cursor(after), include_terminal=include_terminal,
+                                  states=states, owner=owner, target=target, worker=worker)
+        if not health and opened_after is None and opened_before is None:
+            return rows
+        when = check_time_us(now, "now") if now is not None else self.clock()
+        low = opened_after if opened_after is not None else MIN_TIME_US
+        high = opened_before if opened_before is not None else MAX_TIME_US
+        return (cp for cp in rows if cp.opened_us is not None and low <= cp.opened_us <= high
+                and (not health or stall.classify(cp, now_us=when).classification in health))
 
     def runs_page(self, *, limit: int = DEFAULT_PAGE, after: str | None = None, include_terminal: bool = False,
-                  states: tuple[str, ...] = (), owner: str | None = None, target: str | None = None) -> Page:
-        """One page of ``iter_runs``: at most ``limit`` runs, ``next`` to continue, ``more`` left."""
+                  states: tuple[str, ...] = (), owner: str | None = None, target: str | None = None,
+                  worker: str | None = None, health: tuple[str, ...] = (), opened_after: int | None = None,
+                  opened_before: int | None = None, now: int | None = None) -> Page:
+        """One page of ``iter_runs`` (the same filters): at most ``limit`` runs, ``next`` to
+        continue, ``more`` left. ``handoff runs`` and ``handoff status`` list these."""
         check_limit(limit)
+        judged = bool(health) or opened_after is not None or opened_before is not None
+        if judged and now is None:
+            now = self.clock()  # one moment for the page and for the count of what is left
         stream = self.iter_runs(after=after, include_terminal=include_terminal, states=states, owner=owner,
-                                target=target)
+                                target=target, worker=worker, health=health, opened_after=opened_after,
+                                opened_before=opened_before, now=now)
         items = tuple(itertools.islice(stream, limit))
         if len(items) < limit:
             return Page(items, None, 0)
         last = items[-1].run_id
-        from handoff.reducers.transitions import TERMINAL
+        if judged:
+            more = sum(1 for _ in stream)  # judged run by run: counted as they pass, not kept
+        else:
+            from handoff.reducers.transitions import TERMINAL
 
-        more = queries.count_runs_after(
-            self.store, queries.cursor_of(self.store, last), states=tuple(states), owner=owner, target=target,
-            include_terminal=bool(include_terminal) or any(s in TERMINAL for s in states))
+            more = queries.count_runs_after(
+                self.store, queries.cursor_of(self.store, last), states=tuple(states), owner=owner, target=target,
+                worker=worker, include_terminal=bool(include_terminal) or any(s in TERMINAL for s in states))
         return Page(items, last if more else None, more)
+
+    def run_ids(self, prefix: str = "", *, limit: int = 50) -> list[str]:
+        """At most ``limit`` run ids beginning with ``prefix``, in id order (what shell
+        completion offers): one range scan of an index, whatever the size of the ledger."""
+        if not isinstance(prefix, str):
+            raise InvalidInput("prefix must be text", field="prefix")
+        check_limit(limit)
+        return queries.run_ids_starting(self.store, prefix, limit)
 
     def iter_stalls(self, *, now: int | None = None, after: str | None = None
                     ) -> Iterator[tuple[Checkpoint, stall.Health]]:
@@ -1862,6 +1899,16 @@ def import_into(
                 os.remove(private + suffix)
             except FileNotFoundError:
                 pass
+
+
+def _texts(values: Any, field: str) -> tuple[str, ...]:
+    """A filter given as several texts (states, health), checked one by one."""
+    values = (values,) if isinstance(values, str) else tuple(values)
+    for i, value in enumerate(values):
+        if not isinstance(value, str):
+            raise InvalidInput(f"{field}[{i}] must be text, got {type(value).__name__}", field=field)
+        check_filter(value, f"{field}[{i}]")
+    return values
 
 
 def _count_lines(source: Any) -> int | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import pty
 import subprocess
+import tempfile
 
 import pytest
 
@@ -37,13 +38,13 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _run_on_pty(args: list[str], *, cwd: str, stdout_tty: bool = False, timeout: float = 120
-                ) -> tuple[int, bytes, bytes]:
-    """Run ``handoff ARGS`` with stderr (and, if asked, stdout) on a pty; return the exit
-    code, what stdout carried (through a pipe unless ``stdout_tty``) and what the pty showed."""
+def _run_on_pty(args: list[str], *, cwd: str, timeout: float = 120) -> tuple[int, bytes, bytes]:
+    """Run ``handoff ARGS`` with stderr on a pty; return the exit code, what stdout carried
+    (a file) and what the terminal showed."""
     master, slave = pty.openpty()
+    sink = tempfile.TemporaryFile()  # a file, not a pipe: a pipe nobody drains would block the child
     proc = subprocess.Popen([*executable(), *args], cwd=cwd, env=_env(), stdin=subprocess.DEVNULL,
-                            stdout=slave if stdout_tty else subprocess.PIPE, stderr=slave)
+                            stdout=sink, stderr=slave)
     os.close(slave)
     shown = bytearray()
     while True:
@@ -54,9 +55,11 @@ def _run_on_pty(args: list[str], *, cwd: str, stdout_tty: bool = False, timeout:
         if not chunk:
             break
         shown += chunk
-    out = proc.stdout.read() if proc.stdout is not None else b""
     code = proc.wait(timeout=timeout)
     os.close(master)
+    sink.seek(0)
+    out = sink.read()
+    sink.close()
     return code, out, bytes(shown)
 
 
