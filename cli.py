@@ -2422,13 +2422,15 @@ def roles(as_sql: bool, prefix: str, as_json: bool) -> None:
 
 @main.command()
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
-def completion(shell: str) -> None:
+@json_option
+def completion(shell: str, as_json: bool) -> None:
     """Print the shell completion script for SHELL: Tab then completes commands, options,
     state names, progress kinds, health names and run ids.
 
     Run ids are read from the ledger --db names on the command line being typed (else
     HANDOFF_DB, else ./handoff.db), read-only, at most 50 per Tab, from one indexed
     lookup; a ledger that cannot be read offers none. bash needs version 4.4 or later.
+    With --json: {"shell", "variable", "script"}.
 
     \b
     Example:
@@ -2440,7 +2442,11 @@ def completion(shell: str) -> None:
 
     cls = get_completion_class(shell)
     assert cls is not None  # the Choice above names only shells click knows
-    click.echo(cls(main, {}, "handoff", COMPLETE_VAR).source(), nl=False)
+    script = cls(main, {}, "handoff", COMPLETE_VAR).source()
+    if as_json:
+        _emit({"shell": shell, "variable": COMPLETE_VAR, "script": script}, True, None)
+    else:
+        click.echo(script, nl=False)
 
 
 @main.command("contract-schema")
