@@ -2273,10 +2273,14 @@ def backup(dest: str, replace: bool, as_json: bool) -> None:
 @click.option("--redact-field", "redact_fields", multiple=True, metavar="FIELD",
               help="With --redact: a payload field to replace by its digest even where it would be "
               "kept, such as to_state (repeatable).")
+@click.option("--sqlite", "sqlite_out", default=None, type=click.Path(dir_okay=False), metavar="OUT.db",
+              help="Instead of JSON Lines, write the whole ledger as a readable SQLite file (tables runs, "
+                   "events, leases, artifacts, deliveries; docs/readable-copy.md). Into an earlier copy, "
+                   "adds only what is new.")
 @quiet_option
 @json_option
 def export(runs: tuple[str, ...], all_runs: bool, output: str, redact: bool, salt_env: str | None,
-           redact_fields: tuple[str, ...], quiet: bool, as_json: bool) -> None:
+           redact_fields: tuple[str, ...], sqlite_out: str | None, quiet: bool, as_json: bool) -> None:
     """Write runs as JSON Lines: one event per line with its whole envelope and hashes.
 
     A forked run brings its ancestors' events, without which it cannot be folded.
@@ -2284,14 +2288,25 @@ def export(runs: tuple[str, ...], all_runs: bool, output: str, redact: bool, sal
     line says the file is redacted (format, salt id) and every line carries
     "redacted": true; 'handoff import' refuses such a file (exit 2).
 
+    With --sqlite OUT.db, the whole ledger goes into a plain SQLite file any SQL tool or
+    Datasette opens (payloads as JSON, full-text search over summaries and details); a
+    second export into it adds only the events written since and refreshes the runs they
+    touch and every live run's health. --redact applies as for JSON Lines (a copy stays
+    redacted, with the same salt: use --salt-env to extend one). With --json:
+    {"output", "events", "runs", "last_position", "redacted"}.
+
     \b
     Example:
         handoff export --all -o backup.jsonl
         handoff export $RUN > run.jsonl
+        handoff export --sqlite readable.db && datasette readable.db
     """
-    if bool(runs) == all_runs:
+    if sqlite_out is not None:
+        if runs or output != "-":
+            raise click.UsageError("--sqlite writes the whole ledger to its own file: leave out RUN and -o")
+    elif bool(runs) == all_runs:
         raise click.UsageError("name the runs to export, or pass --all (not both)")
-    if as_json and output == "-":
+    if as_json and output == "-" and sqlite_out is None:
         raise click.UsageError("--json needs -o FILE: stdout carries the export itself")
     if not redact and (salt_env or redact_fields):
         raise click.UsageError("--salt-env and --redact-field apply to --redact only")
@@ -2302,6 +2317,11 @@ def export(runs: tuple[str, ...], all_runs: bool, output: str, redact: bool, sal
             raise click.UsageError(f"--salt-env {salt_env}: that environment variable is not set")
         salt = value.encode("utf-8", "surrogateescape")
     with _ledger() as lg, Progress("exporting", quiet=quiet or as_json) as bar:
+        if sqlite_out is not None:
+            doc = lg.export_sqlite(sqlite_out, redact=redact, salt=salt, fields=redact_fields, progress=bar)
+            _emit(doc, as_json, f"exported {doc['events']} new events to {doc['output']} and wrote {doc['runs']} "
+                                f"run rows; it now holds the ledger up to position {doc['last_position']}")
+            return
         if redact:
             chosen = None if all_runs else list(runs)
             if output == "-":

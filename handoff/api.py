@@ -1407,6 +1407,17 @@ class Ledger:
             doc["redacted"] = True
         return doc
 
+    def export_sqlite(self, path: str | os.PathLike[str], *, redact: bool = False, salt: bytes | None = None,
+                      fields: Any = (), progress: Progress = None) -> dict[str, Any]:
+        """Write, or extend with what is new, a readable SQLite copy of the whole ledger at
+        ``path``: plain tables (runs, events, leases, artifacts, deliveries) an analyst's SQL
+        tool opens; ``redact`` shows only what the redacted JSON Lines export shows. See
+        handoff/readable.py and docs/readable-copy.md. Returns ``{"output", "events",
+        "runs", "last_position", "redacted"}``."""
+        from handoff import readable
+
+        return readable.export_sqlite(self, path, redact=redact, salt=salt, fields=fields, progress=progress)
+
     def backup(self, dest: str | os.PathLike[str], *, replace: bool = False) -> dict[str, Any]:
         """A consistent copy of the whole ledger file, WAL included, taken while writers go on.
 
