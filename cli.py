@@ -2642,6 +2642,13 @@ Generated from `--help` by `python -m handoff.cli --write-docs`; do not edit by 
   lease it shows. An empty `--by` is refused (exit 2).
 - Human output is aligned tables and short lines on stdout. `--json` prints exactly one
   JSON document on stdout instead (`watch --json` prints one per pass, one per line).
+  `status`, `stalls`, `log`, `runs` and `diff` also take `--format table|json|jsonl|csv`
+  (`--format json` prints exactly what `--json` prints; a CSV cell that begins with
+  `= + - @` gets a leading `'` so a spreadsheet shows it as text).
+- Long work (`copy`, `import`, `export`, `verify`, `check`, `rebuild`, `report` of a long
+  run) draws a progress bar on stderr, only when stderr is a terminal and the work has at
+  least `HANDOFF_PROGRESS_MIN` items (default 20000); never with `--json` or `--quiet`, and
+  never on stdout.
 - Times in and out are ISO 8601 UTC (`2026-05-01T12:00:00.123456Z`). A time given
   without an offset (`--now`, `--as-of`) is taken as UTC.
 
