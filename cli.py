@@ -48,8 +48,11 @@ WIDTH = 88  # help and docs are rendered at this width so docs/cli.md is reprodu
 
 
 def _json_wanted(args: list[str]) -> bool:
+    """Whether errors should print as JSON: --json, or --format json/jsonl, before any --."""
     head = args[: args.index("--")] if "--" in args else args
-    return "--json" in head
+    if "--json" in head or any(a in ("--format=json", "--format=jsonl") for a in head):
+        return True
+    return any(a == "--format" and nxt in ("json", "jsonl") for a, nxt in zip(head, head[1:]))
 
 
 def _error(kind: str, message: str, *, as_json: bool) -> None:
@@ -248,13 +251,71 @@ def json_option(f: Any) -> Any:
                         help="Print one JSON document instead of text (shapes in docs/cli.md).")(f)
 
 
+# --- shell completion: names the shell offers on Tab ('handoff completion') -------------
+
+#: At most this many run ids are offered per Tab: one bounded range scan of an index.
+COMPLETE_RUNS = 50
+#: The environment variable the scripts set when they ask for completions (click's machinery).
+COMPLETE_VAR = "_HANDOFF_COMPLETE"
+
+
+def _complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    """Run ids of the ledger --db (or HANDOFF_DB) names that begin with what is typed, read
+    only (a Tab never creates or changes a ledger); nothing when it cannot be read."""
+    from click.shell_completion import CompletionItem
+
+    db = ctx.find_root().params.get("db") or os.environ.get("HANDOFF_DB") or "handoff.db"
+    try:
+        from handoff.ledger.backends import open_store
+        from handoff.projections import queries
+
+        if "://" not in db and not os.path.isfile(db):
+            return []
+        with open_store(db, readonly=True, create=False, busy_timeout_s=0.2) as store:
+            return [CompletionItem(r) for r in queries.run_ids_starting(store, incomplete, COMPLETE_RUNS)]
+    except Exception:  # a Tab must never print a traceback into the command line being typed
+        return []
+
+
+def _complete_from(names: Any) -> Any:
+    """A completion of fixed names (states, progress kinds, health), read when first asked."""
+    def complete(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+        from click.shell_completion import CompletionItem
+
+        return [CompletionItem(n) for n in sorted(names()) if n.startswith(incomplete)]
+    return complete
+
+
+def _states() -> Any:
+    from handoff.reducers.transitions import STATES
+
+    return STATES
+
+
+def _progress_kind_names() -> Any:
+    from handoff.reducers.transitions import ALL_PROGRESS_KINDS
+
+    return ALL_PROGRESS_KINDS
+
+
+def _health_names() -> Any:
+    from handoff.reducers.stall import CLASSIFICATIONS
+
+    return CLASSIFICATIONS
+
+
+COMPLETE_STATE = _complete_from(_states)
+COMPLETE_KIND = _complete_from(_progress_kind_names)
+COMPLETE_HEALTH = _complete_from(_health_names)
+
+
 def run_argument(f: Any) -> Any:
-    return click.argument("run", metavar="RUN")(f)
+    return click.argument("run", metavar="RUN", shell_complete=_complete_runs)(f)
 
 
 def worker_run_argument(f: Any) -> Any:
     # Inside 'handoff run' the child has HANDOFF_RUN and HANDOFF_LEASE: RUN and --lease may go.
-    return click.argument("run", metavar="RUN", envvar="HANDOFF_RUN")(f)
+    return click.argument("run", metavar="RUN", envvar="HANDOFF_RUN", shell_complete=_complete_runs)(f)
 
 
 class LeaseTokenParam(click.ParamType):
@@ -391,6 +452,70 @@ def _exit_damage_found() -> None:
     click.get_current_context().exit(DamageFound.exit_code)
 
 
+# --- progress on long work: one bar for every long command -----------------------------
+
+#: Work of fewer items than this shows no bar: it is over before a bar would help. Set
+#: HANDOFF_PROGRESS_MIN to change it (0: a bar for any amount of work).
+PROGRESS_MIN = 20_000
+
+
+def _progress_min() -> int:
+    text = os.environ.get("HANDOFF_PROGRESS_MIN", "")
+    return int(text) if text.isdigit() else PROGRESS_MIN
+
+
+class Progress:
+    """The progress bar of every long command (copy, import, export, backup, verify,
+    rebuild, check, report): a callable ``progress(done, total)`` handed to the library.
+
+    click's own bar (a dependency already; rich would add a package for the same three
+    numbers): items done of the total, the rate, the time left. It is drawn on stderr,
+    and only when stderr is a terminal, so stdout (an export to -, a report to -) and
+    anything piped or logged stay exactly the data. Off with --quiet and with --json,
+    and for work smaller than ``PROGRESS_MIN``. A new total (the next stage of a copy:
+    import, then verify) starts a new bar.
+    """
+
+    def __init__(self, label: str, *, quiet: bool = False) -> None:
+        self.label, self.bar, self.done, self.total = label, None, 0, 0
+        self.enabled = not quiet and sys.stderr.isatty()
+        self.started = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled or total < max(_progress_min(), 1):
+            return
+        import time
+
+        if self.bar is not None and (total != self.total or done < self.done):
+            self.close()
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=True,
+                                         show_eta=True, item_show_func=lambda rate: rate)
+            self.bar.__enter__()
+            self.done, self.total, self.started = 0, total, time.monotonic()
+        elapsed = time.monotonic() - self.started
+        rate = f"{done / elapsed:,.0f}/s" if elapsed > 0 else None
+        self.bar.update(max(0, min(done, total) - self.done), rate)
+        self.done = min(done, total)
+
+    def close(self) -> None:
+        """Finish the bar (the work is done, or failed: the error prints on a fresh line)."""
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def quiet_option(f: Any) -> Any:
+    return click.option("-q", "--quiet", is_flag=True,
+                        help="No progress bar (one is drawn on stderr, when it is a terminal, for long work).")(f)
+
+
 # --- output that streams: memory flat however long the listing ------------------------
 
 TABLE_WINDOW = 256  # a streamed table sizes its columns from this many rows at a time
@@ -469,13 +594,20 @@ CSV_FREE_TEXT = frozenset({"key", "summary"})
 CSV_FORMULA_STARTS = frozenset("=+-@\t\r")
 
 
-def _stream_csv(items: Any, *, flush_each: bool = False) -> int:
-    """CSV with a header line: the columns of a log row, ``data`` as compact JSON."""
+#: The columns of 'handoff log --csv'.
+LOG_CSV_COLUMNS = ["position", "at", "run_id", "seq", "actor", "lease", "type", "key", "summary", "data", "db_role"]
+
+
+def _stream_csv(items: Any, *, columns: list[str] | None = None, free_text: Any = CSV_FREE_TEXT,
+                flush_each: bool = False) -> int:
+    """CSV with a header line: ``columns`` of each row (a log row's by default), a map or a
+    list in a cell (a log row's ``data``) as compact JSON, and a ``free_text`` cell that a
+    spreadsheet would run as a formula shown as text."""
     import csv
     import io
     import json
 
-    columns = ["position", "at", "run_id", "seq", "actor", "lease", "type", "key", "summary", "data", "db_role"]
+    columns = LOG_CSV_COLUMNS if columns is None else columns
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
@@ -484,9 +616,11 @@ def _stream_csv(items: Any, *, flush_each: bool = False) -> int:
     def cell(c: str, v: Any) -> Any:
         if v is None:
             return ""
-        if c == "data":
-            return json.dumps(v, ensure_ascii=False, separators=(",", ":"))
-        if c in CSV_FREE_TEXT and isinstance(v, str) and v[:1] in CSV_FORMULA_STARTS:
+        if isinstance(v, bool):
+            return "true" if v else "false"  # as in the JSON, not Python's True
+        if c == "data" or isinstance(v, (dict, list, tuple)):
+            return json.dumps(v, ensure_ascii=False, separators=(",", ":"), default=str)
+        if c in free_text and isinstance(v, str) and v[:1] in CSV_FORMULA_STARTS:
             return "'" + v  # a spreadsheet would run it as a formula; shown as text instead
         return v
 
@@ -502,9 +636,100 @@ def _stream_csv(items: Any, *, flush_each: bool = False) -> int:
     return n
 
 
+#: What --format offers; --json stays the short form of --format json.
+FORMATS = ("table", "json", "jsonl", "csv")
+FORMAT_HELP = ("table (the default), json (one document, as --json prints), jsonl (one JSON object per line) or "
+               "csv (a header line; a cell that a spreadsheet would run as a formula, beginning with = + - or @, "
+               "gets a leading ').")
+
+
+def format_option(f: Any) -> Any:
+    """--format table|json|jsonl|csv, with --json as its short form."""
+    f = json_option(f)
+    return click.option("--format", "fmt", type=click.Choice(FORMATS), default=None, help=FORMAT_HELP)(f)
+
+
+def _format(fmt: str | None, as_json: bool) -> str:
+    if as_json and fmt not in (None, "json"):
+        raise click.UsageError(f"--json is --format json; it cannot go with --format {fmt}: choose one")
+    return "json" if as_json else fmt or "table"
+
+
+class _AnyText:
+    """Every column is free text (a listing's names, goals and reasons are all typed by someone)."""
+
+    def __contains__(self, column: object) -> bool:
+        return True
+
+
+ALL_FREE_TEXT = _AnyText()
+
+
+def _listing(fmt: str, head: dict[str, Any], key: str, rows: Any, tail: Any, columns: list[str],
+             table: Any) -> int:
+    """Print a listing's rows in ``fmt``: the JSON document (``head``, the rows under ``key``,
+    then ``tail()``), one row per line, CSV, or the table ``table(rows)`` prints. For jsonl and
+    csv, where stdout holds rows only, the next-page hint goes to stderr."""
+    if fmt == "json":
+        return _stream_json(head, key, rows, tail)
+    if fmt == "table":
+        return table(rows)
+    n = _stream_jsonl(rows) if fmt == "jsonl" else _stream_csv(rows, columns=columns, free_text=ALL_FREE_TEXT)
+    paging = tail()
+    if paging.get("next"):
+        click.echo(f"{paging['more']} more not shown; for the next page, repeat the command with "
+                   f"--after {paging['next']} (or --limit 0 for all)", err=True)
+    return n
+
+
+def _one_document(doc: dict[str, Any], fmt: str, text: Any, pairs: Any) -> None:
+    """Print one document (a packet, a comparison) in ``fmt``: the text ``text()``, JSON as
+    --json prints it, one line of JSON, or CSV of the rows ``pairs(doc)`` gives."""
+    if fmt == "table":
+        click.echo(_printable(text()))
+    elif fmt == "json":
+        _emit(doc, True, None)
+    elif fmt == "jsonl":
+        _stream_jsonl([doc])
+    else:
+        header, rows = pairs(doc)
+        _stream_csv(rows, columns=header, free_text=ALL_FREE_TEXT)
+
+
+def _fields(doc: Any, prefix: str = "") -> Any:
+    """A nested document as (field, value) rows, field being its dotted path: a packet in CSV."""
+    if isinstance(doc, dict) and doc:
+        for k, v in doc.items():
+            yield from _fields(v, f"{prefix}.{k}" if prefix else str(k))
+    else:
+        yield {"field": prefix, "value": doc}
+
+
+def _sides(doc: dict[str, Any]) -> Any:
+    """A diff document as (what, a, b) rows, every {"a", "b"} pair in it under its dotted
+    path (a difference in a field under the field's name): a comparison in CSV."""
+    yield {"what": "run", "a": doc["run_a"], "b": doc["run_b"]}
+
+    def pairs(part: Any, prefix: str) -> Any:
+        if isinstance(part, dict):
+            if "a" in part and "b" in part:
+                name = f"{prefix}.{part['field']}" if "field" in part else prefix
+                yield {"what": name, "a": part["a"], "b": part["b"]}
+            for k, v in part.items():
+                if k not in ("a", "b", "field"):
+                    yield from pairs(v, f"{prefix}.{k}")
+        elif isinstance(part, list):
+            for v in part:
+                yield from pairs(v, prefix)
+
+    for key in ("compared", "heartbeats", "first_divergence", "after"):
+        yield from pairs(doc[key], key)
+
+
 def page_options(f: Any) -> Any:
     f = click.option("--after", "after", default=None, metavar="RUN",
-                     help="Continue a listing after this run (the 'next' an earlier page printed).")(f)
+                     help="Continue a listing after this run (the 'next' an earlier page printed).",
+                     shell_complete=_complete_runs)(f)
     return click.option("--limit", type=click.IntRange(min=0), default=100, show_default=True,
                         help="Print at most this many runs; 0 prints them all.")(f)
 
@@ -724,7 +949,7 @@ def heartbeat(run: str, lease: str, attr_pairs: tuple[tuple[str, Any], ...], as_
 @worker_run_argument
 @lease_option()
 @click.option("--to", "to", required=True, metavar="STATE",
-              help="planning, executing or verifying (see docs/lifecycle.md).")
+              help="planning, executing or verifying (see docs/lifecycle.md).", shell_complete=COMPLETE_STATE)
 @click.option("--reason", default="", help="Why.")
 @key_option
 @json_option
@@ -746,7 +971,7 @@ def transition(run: str, lease: str, to: str, reason: str, key: str | None, as_j
 @click.option("--kind", required=True,
               help="plan_committed, tool_outcome, child_result, diff_validated, verifier_result, or a kind "
                    "the contract declared (--progress-kind at open); or a non-progress kind such as note, "
-                   "tool_retry, waiting.")
+                   "tool_retry, waiting.", shell_complete=COMPLETE_KIND)
 @click.option("--detail", default="", help="What happened.")
 @attr_option
 @key_option
@@ -1290,17 +1515,18 @@ def fork(run: str, at_seq: int, run_id: str | None, by: str | None, key: str | N
 
 
 @main.command()
-@click.argument("run", metavar="[RUN]", required=False)
-@click.option("--state", "states", multiple=True, help="Only runs in this state (repeatable).")
+@click.argument("run", metavar="[RUN]", required=False, shell_complete=_complete_runs)
+@click.option("--state", "states", multiple=True, help="Only runs in this state (repeatable).",
+              shell_complete=COMPLETE_STATE)
 @click.option("--owner", default=None, help="Only this owner's runs.")
 @click.option("--all", "include_terminal", is_flag=True,
               help=f"Include {DELIVERED}, {', '.join(d.replace('_', '-') for d in CLOSE_DISPOSITIONS[:-1])} and "
                    f"{CLOSE_DISPOSITIONS[-1]} runs.")
 @click.option("--now", type=ISO_TIME, default=None, help="Judge health as of this time (default: now).")
 @page_options
-@json_option
+@format_option
 def status(run: str | None, states: tuple[str, ...], owner: str | None, include_terminal: bool,
-           now: int | None, limit: int, after: str | None, as_json: bool) -> None:
+           now: int | None, limit: int, after: str | None, fmt: str | None, as_json: bool) -> None:
     """Show one run's checkpoint packet, or a table of the runs that are not terminal.
 
     The table leaves out runs that ended (delivered, no-op, cancelled, failed) and its
@@ -1324,10 +1550,11 @@ def status(run: str | None, states: tuple[str, ...], owner: str | None, include_
 
     from handoff.reducers import stall
 
+    fmt = _format(fmt, as_json)
     with _ledger() as lg:
         if run is not None:
             p = lg.status(run, now=now)
-            _emit(p, as_json, None if as_json else R.format_packet(p))
+            _one_document(p, fmt, lambda: R.format_packet(p), lambda d: (["field", "value"], _fields(d)))
             return
         when = now if now is not None else lg.clock()
         filters = {"after": after, "include_terminal": include_terminal, "states": states, "owner": owner}
@@ -1339,13 +1566,14 @@ def status(run: str | None, states: tuple[str, ...], owner: str | None, include_
         rows = (R.run_row(cp, stall.classify(cp, now_us=when)) for cp in items)
         # What the listing leaves out, and how to see it: ended runs, unless asked for.
         hidden = 0 if include_terminal or states else lg.terminal_count(owner=owner)
-        if as_json:
-            _stream_json({"now": R.iso(when)}, "runs", rows,
-                         lambda: {"next": nxt, "more": more, "hidden_terminal": hidden})
+        n = _listing(fmt, {"now": R.iso(when)}, "runs", rows,
+                     lambda: {"next": nxt, "more": more, "hidden_terminal": hidden}, list(R.RUN_ROW_KEYS),
+                     lambda rows: _stream_table(
+                         ["RUN", "STATE", "OWNER", "WORKER", "LEASE", "PROGRESS", "HEALTH", "UPDATED"],
+                         ([r["run_id"], r["state"], r["owner"], r["worker"], r["lease"], r["progress_seq"],
+                           r["health"], R.iso_ms(r["updated_at"])] for r in rows)))
+        if fmt != "table":
             return
-        n = _stream_table(["RUN", "STATE", "OWNER", "WORKER", "LEASE", "PROGRESS", "HEALTH", "UPDATED"],
-                          ([r["run_id"], r["state"], r["owner"], r["worker"], r["lease"], r["progress_seq"],
-                            r["health"], R.iso_ms(r["updated_at"])] for r in rows))
     if not n:
         click.echo("no runs" + ("" if include_terminal else " that are not terminal")
                    + (f" after {after}" if after else "") + " match")
@@ -1355,6 +1583,73 @@ def status(run: str | None, states: tuple[str, ...], owner: str | None, include_
         click.echo(f"({hidden} run{'s' if hidden != 1 else ''} that ended ({ended}) "
                    f"{'are' if hidden != 1 else 'is'} not shown; add --all to list them, or give a run: "
                    "handoff status RUN)")
+
+
+@main.command()
+@click.option("--state", "states", multiple=True, metavar="STATE", help="Only runs in this state (repeatable).",
+              shell_complete=COMPLETE_STATE)
+@click.option("--owner", default=None, help="Only this owner's runs.")
+@click.option("--worker", default=None, help="Only runs whose current lease this worker holds.")
+@click.option("--target", default=None, help="Only runs delivering to this target (as opened, e.g. chat:#ops).")
+@click.option("--health", "health", multiple=True, metavar="HEALTH",
+              help="Only runs judged so at --now (repeatable): stalled, unavailable, needs_reconciliation, "
+                   "delivery_ambiguous, blocked, healthy... (the classifications of 'status').",
+              shell_complete=COMPLETE_HEALTH)
+@click.option("--opened-after", "opened_after", type=ISO_TIME, default=None,
+              help="Only runs opened at or after this time (ISO 8601).")
+@click.option("--opened-before", "opened_before", type=ISO_TIME, default=None,
+              help="Only runs opened at or before this time (ISO 8601).")
+@click.option("--live", is_flag=True, help="Leave out runs that ended (delivered, no-op, cancelled, failed).")
+@click.option("--now", type=ISO_TIME, default=None, help="Judge health as of this time (default: now).")
+@page_options
+@format_option
+def runs(states: tuple[str, ...], owner: str | None, worker: str | None, target: str | None,
+         health: tuple[str, ...], opened_after: int | None, opened_before: int | None, live: bool,
+         now: int | None, limit: int, after: str | None, fmt: str | None, as_json: bool) -> None:
+    """List runs, ended ones included, narrowed by any of the filters (all must hold).
+
+    State, owner, worker and target are answered by the ledger's indexed view; health
+    (judged at --now) and the opening time are judged run by run as the listing streams,
+    so a large ledger takes the same memory. Runs come oldest first (in the order the
+    ledger first recorded them), 100 at a time: the last line says how many more match
+    and the --after RUN (with the --now the page was judged at) that shows the next page.
+
+    With --json: {"now", "runs": [{"run_id", "state", "owner", "target", "worker",
+    "lease", "progress_seq", "health", "action", "updated_at", "goal", "opened_at"}],
+    "next", "more"}; --format jsonl prints the rows one per line and csv with a header
+    line, their next-page hint on stderr. The library call is Ledger.runs_page.
+
+    \b
+    Example:
+        handoff runs --health stalled --owner alice
+        handoff runs --state executing --worker w1 --format csv > executing.csv
+        handoff runs --opened-after 2026-05-01T00:00:00Z --target chat:#ops --json
+    """
+    from handoff import render as R
+    from handoff.reducers import stall
+
+    fmt = _format(fmt, as_json)
+    with _ledger() as lg:
+        when = now if now is not None else lg.clock()
+        filters = {"after": after, "include_terminal": not live, "states": states, "owner": owner,
+                   "target": target, "worker": worker, "health": health, "opened_after": opened_after,
+                   "opened_before": opened_before, "now": when}
+        if limit:
+            page = lg.runs_page(limit=limit, **filters)
+            items, nxt, more = page.items, page.next, page.more
+        else:
+            items, nxt, more = lg.iter_runs(**filters), None, 0
+        rows = ({**R.run_row(cp, stall.classify(cp, now_us=when)), "opened_at": R.iso(cp.opened_us)} for cp in items)
+        n = _listing(fmt, {"now": R.iso(when)}, "runs", rows, lambda: {"next": nxt, "more": more},
+                     [*R.RUN_ROW_KEYS, "opened_at"], lambda rows: _stream_table(
+                         ["RUN", "STATE", "OWNER", "WORKER", "TARGET", "PROGRESS", "HEALTH", "OPENED", "UPDATED"],
+                         ([r["run_id"], r["state"], r["owner"], r["worker"], r["target"], r["progress_seq"],
+                           r["health"], R.iso_ms(r["opened_at"]), R.iso_ms(r["updated_at"])] for r in rows)))
+    if fmt != "table":
+        return
+    if not n:
+        click.echo("no runs match" + (f" after {after}" if after else ""))
+    _more_line(more, nxt, "" if now is not None else f" --now {R.iso(when)}")
 
 
 class PositionOrTime(click.ParamType):
@@ -1377,7 +1672,7 @@ _ACROSS = ("since", "until", "runs", "follow")
 
 
 @main.command()
-@click.argument("run", metavar="[RUN]", required=False)
+@click.argument("run", metavar="[RUN]", required=False, shell_complete=_complete_runs)
 @click.option("--after", "after_seq", type=click.IntRange(min=0), default=None,
               help="With RUN: only events after this seq.")
 @click.option("--since", type=POSITION_OR_TIME, default=None,
@@ -1389,7 +1684,8 @@ _ACROSS = ("since", "until", "runs", "follow")
               help="Only events written by this actor (repeatable): kind:name (worker:w1, watchdog:ops) or a "
                    "name alone.")
 @click.option("--run", "runs", multiple=True, metavar="RUN",
-              help="Without RUN: only this run's events (repeatable; a watcher's stream is watcher:NAME).")
+              help="Without RUN: only this run's events (repeatable; a watcher's stream is watcher:NAME).",
+              shell_complete=_complete_runs)
 @click.option("--no-heartbeats", is_flag=True, help="Leave heartbeat_recorded events out.")
 @click.option("--limit", type=click.IntRange(min=0), default=0, show_default=True,
               help="Print at most this many events (0: all); the last line (or 'next' in --json) says where the "
@@ -1397,14 +1693,14 @@ _ACROSS = ("since", "until", "runs", "follow")
 @click.option("--follow", is_flag=True,
               help="Without RUN: after the last event, wait for new ones and print them as they are written, "
                    "until interrupted (Ctrl-C) or --limit is reached.")
-@json_option
-@click.option("--jsonl", "as_jsonl", is_flag=True, help="Print one JSON object per event, one per line.")
+@format_option
+@click.option("--jsonl", "as_jsonl", is_flag=True, help="Print one JSON object per event, one per line (--format jsonl).")
 @click.option("--csv", "as_csv", is_flag=True,
               help="Print CSV with a header line ('data' holds the event as JSON; a key or summary that "
-                   "begins with = + - or @ gets a leading ' so a spreadsheet shows it as text).")
+                   "begins with = + - or @ gets a leading ' so a spreadsheet shows it as text) (--format csv).")
 def log(run: str | None, after_seq: int | None, since: Any, until: Any, types: tuple[str, ...],
         actors: tuple[str, ...], runs: tuple[str, ...], no_heartbeats: bool, limit: int, follow: bool,
-        as_json: bool, as_jsonl: bool, as_csv: bool) -> None:
+        fmt: str | None, as_json: bool, as_jsonl: bool, as_csv: bool) -> None:
     """Print a run's timeline, or (without RUN) events across the whole ledger.
 
     With RUN: seq, time, actor, lease, type and a one-line summary, oldest first (a
@@ -1431,6 +1727,11 @@ def log(run: str | None, after_seq: int | None, since: Any, until: Any, types: t
 
     if sum((as_json, as_jsonl, as_csv)) > 1:
         raise click.UsageError("choose one output: --json, --jsonl or --csv, not both (or all three)")
+    given = "json" if as_json else "jsonl" if as_jsonl else "csv" if as_csv else None
+    if fmt is not None and given is not None and fmt != given:
+        raise click.UsageError(f"--{given} is --format {given}; it cannot go with --format {fmt}: choose one")
+    fmt = fmt or given or "table"
+    as_json, as_jsonl, as_csv = fmt == "json", fmt == "jsonl", fmt == "csv"
     if run is not None:
         given = [f"--{n}" for n, v in (("since", since), ("until", until), ("run", runs), ("follow", follow)) if v]
         if given:
@@ -1547,8 +1848,10 @@ def replay(run: str, at_seq: int | None, as_of: int | None, as_json: bool) -> No
               help="html: the whole report, one self-contained file; md: the summary and a compact timeline.")
 @click.option("--at", "at_seq", type=click.IntRange(min=1), default=None, help="Draw the run as it stood at this seq.")
 @click.option("--as-of", "as_of", type=ISO_TIME, default=None, help="Draw the run as it stood at this time (ISO 8601).")
+@quiet_option
 @json_option
-def report(run: str, output: str | None, fmt: str, at_seq: int | None, as_of: int | None, as_json: bool) -> None:
+def report(run: str, output: str | None, fmt: str, at_seq: int | None, as_of: int | None, quiet: bool,
+           as_json: bool) -> None:
     """Write an incident report of RUN: a summary and its timeline, as one HTML file.
 
     The summary answers where the run stands (state, owner and target), who holds the
@@ -1581,10 +1884,10 @@ def report(run: str, output: str | None, fmt: str, at_seq: int | None, as_of: in
     if as_json and to_stdout:
         raise click.UsageError("--json prints a summary of the file written; with -o - stdout carries the report itself")
     path = None if to_stdout else (output or f"{run}-report.{fmt}")
-    with _ledger() as lg:
+    with _ledger() as lg, Progress("reading the run", quiet=quiet or as_json) as bar:
         # The store names itself without any password its address may hold.
         hint = "" if st.db == "handoff.db" else f"--db {_quote_arg(lg.store.path)} "
-        doc = lg.write_report(run, path, fmt=fmt, at_seq=at_seq, as_of_us=as_of, db_hint=hint)
+        doc = lg.write_report(run, path, fmt=fmt, at_seq=at_seq, as_of_us=as_of, db_hint=hint, progress=bar)
     if to_stdout:
         click.echo(doc.pop("text"), nl=False)
         return
@@ -1703,10 +2006,10 @@ def _quote_arg(arg: str) -> str:
 
 
 @main.command()
-@click.argument("run_a", metavar="RUN_A")
-@click.argument("run_b", metavar="RUN_B")
-@json_option
-def diff(run_a: str, run_b: str, as_json: bool) -> None:
+@click.argument("run_a", metavar="RUN_A", shell_complete=_complete_runs)
+@click.argument("run_b", metavar="RUN_B", shell_complete=_complete_runs)
+@format_option
+def diff(run_a: str, run_b: str, fmt: str | None, as_json: bool) -> None:
     """Compare two runs: where their histories part, and what differs after that.
 
     Meant for a fork and its origin, or two attempts at the same goal. The histories are
@@ -1715,8 +2018,9 @@ def diff(run_a: str, run_b: str, as_json: bool) -> None:
     (seq, event type, the fields that differ); then the runs' ends are compared: state
     reached, progress, artifacts by sha256, evidence and delivery.
 
-    Exit codes follow diff(1): 0 the runs are the same, 1 they differ, 2 and up trouble
-    (a run that does not exist is a usage error here, 2; a store problem 3). With --json:
+    Exit codes follow diff(1): 0 the runs are the same, 1 they differ, and as on every
+    verb, 1 with an error on stderr and nothing on stdout for a run that does not exist
+    (UnknownRun), 2 a usage mistake, 3 a store problem. With --json:
     {"run_a", "run_b", "same", "compared", "heartbeats", "common_steps",
     "first_divergence", "after"} (docs/cli.md).
 
@@ -1725,23 +2029,19 @@ def diff(run_a: str, run_b: str, as_json: bool) -> None:
         handoff diff $RUN $FORK
         handoff diff attempt-1 attempt-2 --json
     """
-    from handoff.ledger.errors import InvalidInput, UnknownRun
     from handoff import render as R
 
     with _ledger() as lg:
-        try:
-            doc = lg.diff(run_a, run_b)
-        except UnknownRun as exc:  # diff's convention: 1 means "different", so a missing run is trouble
-            raise InvalidInput(exc.message, field="run") from None
-    _emit(doc, as_json, None if as_json else R.format_diff(doc))
+        doc = lg.diff(run_a, run_b)  # a missing run: UnknownRun, exit 1 as on every verb (stdout stays empty)
+    _one_document(doc, _format(fmt, as_json), lambda: R.format_diff(doc), lambda d: (["what", "a", "b"], _sides(d)))
     click.get_current_context().exit(0 if doc["same"] else 1)
 
 
 @main.command()
 @click.option("--now", type=ISO_TIME, default=None, help="Judge as of this time (default: now).")
 @page_options
-@json_option
-def stalls(now: int | None, limit: int, after: str | None, as_json: bool) -> None:
+@format_option
+def stalls(now: int | None, limit: int, after: str | None, fmt: str | None, as_json: bool) -> None:
     """List every run whose health needs attention, with the evidence and the action.
 
     Evidence: last heartbeat, last progress (seq and kind), the lease and how many
@@ -1759,6 +2059,7 @@ def stalls(now: int | None, limit: int, after: str | None, as_json: bool) -> Non
     """
     from handoff import render as R
 
+    fmt = _format(fmt, as_json)
     with _ledger() as lg:
         when = now if now is not None else lg.clock()
         if limit:
@@ -1767,14 +2068,15 @@ def stalls(now: int | None, limit: int, after: str | None, as_json: bool) -> Non
         else:
             found, nxt, more = lg.iter_stalls(now=when, after=after), None, 0
         rows = (R.stall_row(cp, h) for cp, h in found)
-        if as_json:
-            _stream_json({"now": R.iso(when)}, "stalls", rows, lambda: {"next": nxt, "more": more})
+        n = _listing(fmt, {"now": R.iso(when)}, "stalls", rows, lambda: {"next": nxt, "more": more},
+                     list(R.STALL_ROW_KEYS), lambda rows: _stream_table(
+                         ["RUN", "STATE", "HEALTH", "ACTION", "LEASE", "LAST BEAT", "PROGRESS", "RETRIES", "WHY"],
+                         ([r["run_id"], r["state"], r["classification"], r["action"], r["lease"],
+                           R.iso_ms(r["last_heartbeat_at"]),
+                           f"{r['progress_seq']}" + (f" {r['last_progress']['kind']}" if r["last_progress"] else ""),
+                           f"{r['retries']}/{r['retry_budget']}", R.one_line(r["reason"], 60)] for r in rows)))
+        if fmt != "table":
             return
-        n = _stream_table(
-            ["RUN", "STATE", "HEALTH", "ACTION", "LEASE", "LAST BEAT", "PROGRESS", "RETRIES", "WHY"],
-            ([r["run_id"], r["state"], r["classification"], r["action"], r["lease"], R.iso_ms(r["last_heartbeat_at"]),
-              f"{r['progress_seq']}" + (f" {r['last_progress']['kind']}" if r["last_progress"] else ""),
-              f"{r['retries']}/{r['retry_budget']}", R.one_line(r["reason"], 60)] for r in rows))
     if not n:
         click.echo(f"no run needs attention at {R.iso(when, ms=True)}" + (f" after {after}" if after else ""))
     _more_line(more, nxt, "" if now is not None else f" --now {R.iso(when)}")
@@ -1905,34 +2207,14 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, dry_ru
 # --- audit ----------------------------------------------------------------------------------
 
 
-class _Bar:
-    """A progress bar on stderr for long walks; silent on small ledgers and with --json."""
-
-    def __init__(self, label: str, enabled: bool) -> None:
-        self.label, self.enabled, self.bar, self.done = label, enabled, None, 0
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled or total < 20_000:
-            return
-        if self.bar is None:
-            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
-            self.bar.__enter__()
-        self.bar.update(max(0, done - self.done))
-        self.done = done
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.update(max(0, self.bar.length - self.done))
-            self.bar.__exit__(None, None, None)
-
-
 @main.command()
-@click.argument("run", metavar="[RUN]", required=False)
+@click.argument("run", metavar="[RUN]", required=False, shell_complete=_complete_runs)
 @click.option("--expect-head", "expect_head", multiple=True, metavar="DIGEST",
               help="A head digest kept from 'handoff head': the ledger must still hold that "
                    "position with that hash (a cut tail or rewritten history fails). Repeatable.")
+@quiet_option
 @json_option
-def verify(run: str | None, expect_head: tuple[str, ...], as_json: bool) -> None:
+def verify(run: str | None, expect_head: tuple[str, ...], quiet: bool, as_json: bool) -> None:
     """Check the log: hash chains (each run's and the ledger-wide one), seq and position
     gaps, decodability, heads, the append-only triggers, and (for the whole ledger) every
     projection against a fresh fold. Exit 4 when anything is wrong.
@@ -1949,12 +2231,8 @@ def verify(run: str | None, expect_head: tuple[str, ...], as_json: bool) -> None
     """
     from handoff import render as R
 
-    bar = _Bar("verifying", not as_json)
-    with _ledger() as lg:
-        try:
-            doc = lg.verify_report(run, progress=bar, expect_head=expect_head)
-        finally:
-            bar.close()
+    with _ledger() as lg, Progress("verifying", quiet=quiet or as_json) as bar:
+        doc = lg.verify_report(run, progress=bar, expect_head=expect_head)
     ok, probs, diffs, skipped = doc["ok"], doc["problems"], doc["projections"], doc["skipped"]
     events, runs = doc["events"], doc["streams"]
     if as_json:
@@ -2015,8 +2293,9 @@ def head(write: str | None, as_json: bool) -> None:
 
 @main.command()
 @click.option("--projection", "name", default=None, help="Only this projection (default: all).")
+@quiet_option
 @json_option
-def check(name: str | None, as_json: bool) -> None:
+def check(name: str | None, quiet: bool, as_json: bool) -> None:
     """Compare the kept projections (views) with a fresh fold of the log. Exit 4 on a difference.
 
     \b
@@ -2026,12 +2305,8 @@ def check(name: str | None, as_json: bool) -> None:
     """
     from handoff import render as R
 
-    bar = _Bar("checking", not as_json)
-    with _ledger() as lg:
-        try:
-            diffs = lg.check(name, progress=bar)
-        finally:
-            bar.close()
+    with _ledger() as lg, Progress("checking", quiet=quiet or as_json) as bar:
+        diffs = lg.check(name, progress=bar)
     if as_json:
         _emit({"ok": not diffs, "differences": diffs}, True, None)
     elif diffs:
@@ -2045,8 +2320,9 @@ def check(name: str | None, as_json: bool) -> None:
 
 @main.command()
 @click.option("--projection", "name", default=None, help="Only this projection (default: all).")
+@quiet_option
 @json_option
-def rebuild(name: str | None, as_json: bool) -> None:
+def rebuild(name: str | None, quiet: bool, as_json: bool) -> None:
     """Drop and refold the projections from the log (atomically; readers keep the old
     ones until the swap).
 
@@ -2057,12 +2333,8 @@ def rebuild(name: str | None, as_json: bool) -> None:
     """
     from handoff import render as R
 
-    bar = _Bar("rebuilding", not as_json)
-    with _ledger() as lg:
-        try:
-            counts = lg.rebuild(name, progress=bar)
-        finally:
-            bar.close()
+    with _ledger() as lg, Progress("rebuilding", quiet=quiet or as_json) as bar:
+        counts = lg.rebuild(name, progress=bar)
     if as_json:
         _emit({"rebuilt": counts}, True, None)
     else:
@@ -2096,7 +2368,7 @@ def backup(dest: str, replace: bool, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("runs", nargs=-1, metavar="[RUN]...")
+@click.argument("runs", nargs=-1, metavar="[RUN]...", shell_complete=_complete_runs)
 @click.option("--all", "all_runs", is_flag=True, help="Export every run.")
 @click.option("-o", "--output", default="-", type=click.Path(dir_okay=False, allow_dash=True),
               help="Write to this file instead of stdout: written whole under a private name, with "
@@ -2112,9 +2384,14 @@ def backup(dest: str, replace: bool, as_json: bool) -> None:
 @click.option("--redact-field", "redact_fields", multiple=True, metavar="FIELD",
               help="With --redact: a payload field to replace by its digest even where it would be "
               "kept, such as to_state (repeatable).")
+@click.option("--sqlite", "sqlite_out", default=None, type=click.Path(dir_okay=False), metavar="OUT.db",
+              help="Instead of JSON Lines, write the whole ledger as a readable SQLite file (tables runs, "
+                   "events, leases, artifacts, deliveries; docs/readable-copy.md). Into an earlier copy, "
+                   "adds only what is new.")
+@quiet_option
 @json_option
 def export(runs: tuple[str, ...], all_runs: bool, output: str, redact: bool, salt_env: str | None,
-           redact_fields: tuple[str, ...], as_json: bool) -> None:
+           redact_fields: tuple[str, ...], sqlite_out: str | None, quiet: bool, as_json: bool) -> None:
     """Write runs as JSON Lines: one event per line with its whole envelope and hashes.
 
     A forked run brings its ancestors' events, without which it cannot be folded.
@@ -2122,14 +2399,25 @@ def export(runs: tuple[str, ...], all_runs: bool, output: str, redact: bool, sal
     line says the file is redacted (format, salt id) and every line carries
     "redacted": true; 'handoff import' refuses such a file (exit 2).
 
+    With --sqlite OUT.db, the whole ledger goes into a plain SQLite file any SQL tool or
+    Datasette opens (payloads as JSON, full-text search over summaries and details); a
+    second export into it adds only the events written since and refreshes the runs they
+    touch and every live run's health. --redact applies as for JSON Lines (a copy stays
+    redacted, with the same salt: use --salt-env to extend one). With --json:
+    {"output", "events", "runs", "last_position", "redacted"}.
+
     \b
     Example:
         handoff export --all -o backup.jsonl
         handoff export $RUN > run.jsonl
+        handoff export --sqlite readable.db && datasette readable.db
     """
-    if bool(runs) == all_runs:
+    if sqlite_out is not None:
+        if runs or output != "-":
+            raise click.UsageError("--sqlite writes the whole ledger to its own file: leave out RUN and -o")
+    elif bool(runs) == all_runs:
         raise click.UsageError("name the runs to export, or pass --all (not both)")
-    if as_json and output == "-":
+    if as_json and output == "-" and sqlite_out is None:
         raise click.UsageError("--json needs -o FILE: stdout carries the export itself")
     if not redact and (salt_env or redact_fields):
         raise click.UsageError("--salt-env and --redact-field apply to --redact only")
@@ -2139,31 +2427,37 @@ def export(runs: tuple[str, ...], all_runs: bool, output: str, redact: bool, sal
         if not value:
             raise click.UsageError(f"--salt-env {salt_env}: that environment variable is not set")
         salt = value.encode("utf-8", "surrogateescape")
-    with _ledger() as lg:
+    with _ledger() as lg, Progress("exporting", quiet=quiet or as_json) as bar:
+        if sqlite_out is not None:
+            doc = lg.export_sqlite(sqlite_out, redact=redact, salt=salt, fields=redact_fields, progress=bar)
+            _emit(doc, as_json, f"exported {doc['events']} new events to {doc['output']} and wrote {doc['runs']} "
+                                f"run rows; it now holds the ledger up to position {doc['last_position']}")
+            return
         if redact:
             chosen = None if all_runs else list(runs)
             if output == "-":
                 out = sys.stdout.buffer
-                for line in lg.export_redacted(chosen, salt=salt, fields=redact_fields):
+                for line in lg.export_redacted(chosen, salt=salt, fields=redact_fields, progress=bar):
                     out.write(line + b"\n")
                 out.flush()
                 return
-            doc = lg.export_to(output, chosen, redact=True, salt=salt, fields=redact_fields)
+            doc = lg.export_to(output, chosen, redact=True, salt=salt, fields=redact_fields, progress=bar)
         elif output == "-":
             out = sys.stdout.buffer
-            for line in lg.export(None if all_runs else list(runs)):
+            for line in lg.export(None if all_runs else list(runs), progress=bar):
                 out.write(line + b"\n")
             out.flush()
             return
         else:
-            doc = lg.export_to(output, None if all_runs else list(runs))
+            doc = lg.export_to(output, None if all_runs else list(runs), progress=bar)
     _emit(doc, as_json, f"exported {doc['events']} events of {doc['runs']} runs to {output}")
 
 
 @main.command("import")
 @click.argument("file", type=click.File("rb"))
+@quiet_option
 @json_option
-def import_(file: Any, as_json: bool) -> None:
+def import_(file: Any, quiet: bool, as_json: bool) -> None:
     """Import an export: every line's hash chain is verified and every new event must be
     one the lifecycle rules would have written; a tampered or forged file is refused
     whole (exit 2 or 1) and the ledger is left as it was. Into a path with no file, the
@@ -2177,7 +2471,8 @@ def import_(file: Any, as_json: bool) -> None:
     from handoff.api import import_into
 
     st = _state()
-    counts = import_into(st.db, file, busy_timeout_s=st.busy_timeout)
+    with Progress("importing", quiet=quiet or as_json) as bar:
+        counts = import_into(st.db, file, busy_timeout_s=st.busy_timeout, progress=bar)
     _emit(counts, as_json, f"imported {counts['imported']} events of {counts['runs']} runs; "
                            f"{counts['skipped']} were already here")
 
@@ -2185,9 +2480,11 @@ def import_(file: Any, as_json: bool) -> None:
 @main.command("copy")
 @click.argument("src", metavar="SRC")
 @click.argument("dst", metavar="DST")
-@click.option("--run", "runs", multiple=True, metavar="RUN", help="Copy only this run (repeatable; a fork brings its parents).")
+@click.option("--run", "runs", multiple=True, metavar="RUN", help="Copy only this run (repeatable; a fork brings its parents).",
+              shell_complete=_complete_runs)
+@quiet_option
 @json_option
-def copy_(src: str, dst: str, runs: tuple[str, ...], as_json: bool) -> None:
+def copy_(src: str, dst: str, runs: tuple[str, ...], quiet: bool, as_json: bool) -> None:
     """Copy a ledger (or some runs) from SRC to DST, then prove the copy.
 
     SRC and DST are ledger addresses, as --db takes them: a SQLite file (or sqlite:///PATH)
@@ -2204,7 +2501,8 @@ def copy_(src: str, dst: str, runs: tuple[str, ...], as_json: bool) -> None:
     """
     from handoff.api import copy_ledger
 
-    doc = copy_ledger(src, dst, run_ids=list(runs) or None, busy_timeout_s=_state().busy_timeout)
+    with Progress("copying", quiet=quiet or as_json) as bar:
+        doc = copy_ledger(src, dst, run_ids=list(runs) or None, busy_timeout_s=_state().busy_timeout, progress=bar)
     _emit(doc, as_json, f"copied {doc['imported']} events of {doc['runs']} runs from {doc['src']} to {doc['dst']} "
                         f"({doc['skipped']} were already there); {doc['checked']} runs fold the same on both")
 
@@ -2251,6 +2549,35 @@ def roles(as_sql: bool, prefix: str, as_json: bool) -> None:
                "sql": sql}, True, None)
     else:
         click.echo(sql, nl=False)
+
+
+@main.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+@json_option
+def completion(shell: str, as_json: bool) -> None:
+    """Print the shell completion script for SHELL: Tab then completes commands, options,
+    state names, progress kinds, health names and run ids.
+
+    Run ids are read from the ledger --db names on the command line being typed (else
+    HANDOFF_DB, else ./handoff.db), read-only, at most 50 per Tab, from one indexed
+    lookup; a ledger that cannot be read offers none. bash needs version 4.4 or later.
+    With --json: {"shell", "variable", "script"}.
+
+    \b
+    Example:
+        eval "$(handoff completion bash)"                            # in ~/.bashrc
+        handoff completion zsh > "${fpath[1]}/_handoff"              # then restart zsh
+        handoff completion fish > ~/.config/fish/completions/handoff.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    cls = get_completion_class(shell)
+    assert cls is not None  # the Choice above names only shells click knows
+    script = cls(main, {}, "handoff", COMPLETE_VAR).source()
+    if as_json:
+        _emit({"shell": shell, "variable": COMPLETE_VAR, "script": script}, True, None)
+    else:
+        click.echo(script, nl=False)
 
 
 @main.command("contract-schema")
@@ -2313,7 +2640,8 @@ def doctor(as_json: bool) -> None:
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--run", "join", default=None, help="Join this existing run instead of opening one.")
+@click.option("--run", "join", default=None, help="Join this existing run instead of opening one.",
+              shell_complete=_complete_runs)
 @click.option("--worker", required=True, envvar="HANDOFF_WORKER", show_envvar=True, help="The worker's name.")
 @click.option("--heartbeat-every", type=Seconds(min=0.01, max=86_400), default=None,
               help="Seconds between heartbeats (default: a third of the heartbeat timeout).")
@@ -2478,6 +2806,13 @@ Generated from `--help` by `python -m handoff.cli --write-docs`; do not edit by 
   lease it shows. An empty `--by` is refused (exit 2).
 - Human output is aligned tables and short lines on stdout. `--json` prints exactly one
   JSON document on stdout instead (`watch --json` prints one per pass, one per line).
+  `status`, `stalls`, `log`, `runs` and `diff` also take `--format table|json|jsonl|csv`
+  (`--format json` prints exactly what `--json` prints; a CSV cell that begins with
+  `= + - @` gets a leading `'` so a spreadsheet shows it as text).
+- Long work (`copy`, `import`, `export`, `verify`, `check`, `rebuild`, `report` of a long
+  run) draws a progress bar on stderr, only when stderr is a terminal and the work has at
+  least `HANDOFF_PROGRESS_MIN` items (default 20000); never with `--json` or `--quiet`, and
+  never on stdout.
 - Times in and out are ISO 8601 UTC (`2026-05-01T12:00:00.123456Z`). A time given
   without an offset (`--now`, `--as-of`) is taken as UTC.
 
@@ -2694,8 +3029,9 @@ def exit_code_table() -> str:
         meaning = next(EXIT_MEANINGS[t.__name__] for t in types if t.__name__ in EXIT_MEANINGS)
         names = ", ".join(f"`{t.__name__}`" for t in types if t.__name__ != "LedgerError")
         lines.append(f"| {code} | {meaning} | {names} |")
-    lines += ["", "`diff` follows diff(1) instead: 0 the two runs are the same, 1 they differ, 2 and up "
-              "trouble (a run that does not exist is a usage error there, 2; a store problem 3)."]
+    lines += ["", "A run that does not exist (`UnknownRun`) exits 1 on every verb that names one. `diff` "
+              "follows diff(1) besides: 0 the two runs are the same, 1 they differ (with the comparison on "
+              "stdout; a missing run leaves stdout empty and says so on stderr), 2 and up trouble."]
     from handoff.worker import FENCED_EXIT
 
     lines.append(f"| {FENCED_EXIT} | `run` only: no heartbeat could be recorded for the heartbeat timeout less "

@@ -13,7 +13,7 @@ import math
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -46,6 +46,7 @@ from handoff.reducers import stall
 from handoff.reducers.checkpoint import AGGREGATE, Checkpoint, iso, packet
 from handoff.reducers.decide import Context, check_attrs, check_progress_kinds, decide
 from handoff.projections import Projector, queries
+from handoff.projections.engine import Progress
 
 #: The policy defaults; their one home is ``ledger.events.Policy`` (a contract that omits a
 #: field is stored, and decoded, with these).
@@ -457,10 +458,17 @@ class Ledger:
         stands where it classified it) and the result is ``unchanged``.
         """
         token = self._token_for(run_id, cmd, actor, token)
-        result, state = self.store.execute(
-            run_id, AGGREGATE, self._decider(run_id, cmd, actor, guard), actor=actor, idempotency_key=key,
-            digest_of=C.request_bytes(cmd) if key else None, lease=token,
-        )
+        try:
+            result, state = self.store.execute(
+                run_id, AGGREGATE, self._decider(run_id, cmd, actor, guard), actor=actor, idempotency_key=key,
+                digest_of=C.request_bytes(cmd) if key else None, lease=token,
+            )
+        except StaleLease as exc:
+            # The store fences the token before the run is folded, so a token sent to a run
+            # that does not exist reads "never issued"; say what every other verb says.
+            if exc.details.get("why") == "never_issued" and self.store.head(run_id) is None:
+                raise UnknownRun(f"no run {run_id} exists; open it first ('handoff open')") from None
+            raise
         return Outcome(result, state)
 
     def _token_for(self, run_id: str, cmd: C.Command, actor: Actor, token: str | None) -> LeaseToken | None:
@@ -1085,39 +1093,76 @@ class Ledger:
 
     def iter_runs(self, *, after: str | None = None, include_terminal: bool = False,
                   states: tuple[str, ...] = (), owner: str | None = None,
-                  target: str | None = None) -> Iterator[Checkpoint]:
+                  target: str | None = None, worker: str | None = None, health: tuple[str, ...] = (),
+                  opened_after: int | None = None, opened_before: int | None = None,
+                  now: int | None = None) -> Iterator[Checkpoint]:
         """Every run matching the filters, oldest first (in the order the ledger first recorded
         them), strictly after the run ``after``. Terminal runs only with
-        ``include_terminal`` or when a terminal state is asked for by name."""
-        states = tuple(states)
-        for i, value in enumerate(states):
-            if not isinstance(value, str):
-                raise InvalidInput(f"states[{i}] must be text, got {type(value).__name__}", field="states")
-            check_filter(value, f"states[{i}]")
-        for field, value in (("owner", owner), ("target", target)):
+        ``include_terminal`` or when a terminal state is asked for by name.
+
+        ``states``, ``owner``, ``target`` and ``worker`` (the current lease holder) are
+        columns of the checkpoints view: the view store filters them (SQL on both
+        backends). ``health`` (classifications, judged at ``now``, default the clock) and
+        ``opened_after``/``opened_before`` (UTC µs, inclusive) are judged run by run as the
+        pages stream past, so memory stays flat either way."""
+        states = _texts(states, "states")
+        health = _texts(health, "health")
+        unknown = [h for h in health if h not in stall.CLASSIFICATIONS]
+        if unknown:
+            raise InvalidInput(f"no health {unknown[0]!r}; it is one of: {', '.join(sorted(stall.CLASSIFICATIONS))}",
+                               field="health")
+        for field, value in (("owner", owner), ("target", target), ("worker", worker)):
             check_filter(value, field)
+        for field, value in (("opened_after", opened_after), ("opened_before", opened_before)):
+            if value is not None:
+                check_time_us(value, field)
         from handoff.reducers.transitions import TERMINAL
 
         include_terminal = bool(include_terminal) or any(s in TERMINAL for s in states)
-        return queries.runs_after(self.store, self._cursor(after), include_terminal=include_terminal,
-                                  states=states, owner=owner, target=target)
+        rows = queries.runs_after(self.store, self._cursor(after), include_terminal=include_terminal,
+                                  states=states, owner=owner, target=target, worker=worker)
+        if not health and opened_after is None and opened_before is None:
+            return rows
+        when = check_time_us(now, "now") if now is not None else self.clock()
+        low = opened_after if opened_after is not None else MIN_TIME_US
+        high = opened_before if opened_before is not None else MAX_TIME_US
+        return (cp for cp in rows if cp.opened_us is not None and low <= cp.opened_us <= high
+                and (not health or stall.classify(cp, now_us=when).classification in health))
 
     def runs_page(self, *, limit: int = DEFAULT_PAGE, after: str | None = None, include_terminal: bool = False,
-                  states: tuple[str, ...] = (), owner: str | None = None, target: str | None = None) -> Page:
-        """One page of ``iter_runs``: at most ``limit`` runs, ``next`` to continue, ``more`` left."""
+                  states: tuple[str, ...] = (), owner: str | None = None, target: str | None = None,
+                  worker: str | None = None, health: tuple[str, ...] = (), opened_after: int | None = None,
+                  opened_before: int | None = None, now: int | None = None) -> Page:
+        """One page of ``iter_runs`` (the same filters): at most ``limit`` runs, ``next`` to
+        continue, ``more`` left. ``handoff runs`` and ``handoff status`` list these."""
         check_limit(limit)
+        judged = bool(health) or opened_after is not None or opened_before is not None
+        if judged and now is None:
+            now = self.clock()  # one moment for the page and for the count of what is left
         stream = self.iter_runs(after=after, include_terminal=include_terminal, states=states, owner=owner,
-                                target=target)
+                                target=target, worker=worker, health=health, opened_after=opened_after,
+                                opened_before=opened_before, now=now)
         items = tuple(itertools.islice(stream, limit))
         if len(items) < limit:
             return Page(items, None, 0)
         last = items[-1].run_id
-        from handoff.reducers.transitions import TERMINAL
+        if judged:
+            more = sum(1 for _ in stream)  # judged run by run: counted as they pass, not kept
+        else:
+            from handoff.reducers.transitions import TERMINAL
 
-        more = queries.count_runs_after(
-            self.store, queries.cursor_of(self.store, last), states=tuple(states), owner=owner, target=target,
-            include_terminal=bool(include_terminal) or any(s in TERMINAL for s in states))
+            more = queries.count_runs_after(
+                self.store, queries.cursor_of(self.store, last), states=tuple(states), owner=owner, target=target,
+                worker=worker, include_terminal=bool(include_terminal) or any(s in TERMINAL for s in states))
         return Page(items, last if more else None, more)
+
+    def run_ids(self, prefix: str = "", *, limit: int = 50) -> list[str]:
+        """At most ``limit`` run ids beginning with ``prefix``, in id order (what shell
+        completion offers): one range scan of an index, whatever the size of the ledger."""
+        if not isinstance(prefix, str):
+            raise InvalidInput("prefix must be text", field="prefix")
+        check_limit(limit)
+        return queries.run_ids_starting(self.store, prefix, limit)
 
     def iter_stalls(self, *, now: int | None = None, after: str | None = None
                     ) -> Iterator[tuple[Checkpoint, stall.Health]]:
@@ -1213,6 +1258,9 @@ class Ledger:
                 raise UnknownRun(f"no run {run_id} in {self.store.path}; nothing to verify "
                                  "(list runs with 'handoff status --all')")
         problems = self.store.verify(run_id, progress=progress)
+        if progress is not None:  # the store reports every 10,000 positions: say it finished
+            last = self.store.last_position()
+            progress(last, last)
         for position, ghash in parsed:
             if (p := anchor.anchor_problem(self.store, position, ghash)) is not None:
                 problems.append(p)
@@ -1237,11 +1285,12 @@ class Ledger:
                 "skipped": list(VERIFY_RUN_SKIPS) if run_id is not None else [],
                 "db_roles": self.store.db_role_counts(run_id)}
 
-    def export(self, run_ids: list[str] | None = None) -> Iterator[bytes]:
+    def export(self, run_ids: list[str] | None = None, *, progress: Progress = None) -> Iterator[bytes]:
         """Each event as one JSON line (docs/cli.md), in global order; forks bring their parents.
 
         A forked run cannot be imported without the parent history it folds, so asking
-        for a child exports its ancestors' events too.
+        for a child exports its ancestors' events too. ``progress(done, total)`` is called
+        every thousand events (``total``: the events of the runs exported).
         """
         wanted: list[str] | None = None
         if run_ids is not None:
@@ -1255,14 +1304,24 @@ class Ledger:
                     first = next(iter(self.store.read_run(rid, until_seq=1)), None)
                     fork = first.event if first is not None else None
                     rid = fork.parent if isinstance(fork, ev.RunForked) else None
+        total = 0
+        if progress is not None:  # heads only: one row per run, never the events
+            total = (self.store.last_position() if wanted is None else
+                     sum(h.last_seq for rid in wanted if (h := self.store.head(rid)) is not None))
         # Who inserted each event, where the server says it (PostgreSQL), a page at a time.
         page: list[tuple[Recorded, bytes | None, int]] = []
+        done = 0
         for item in self.store.read_for_export(wanted):
             page.append(item)
             if len(page) == 1000:
                 yield from self._export_page(page)
+                done += len(page)
                 page = []
+                if progress is not None:
+                    progress(done, total)
         yield from self._export_page(page)
+        if progress is not None:
+            progress(total, total)
 
     def _export_page(self, page: list[Any]) -> Iterator[bytes]:
         if not page:
@@ -1294,7 +1353,7 @@ class Ledger:
                                f"its -wal, -shm or -journal); {verb} to another name", field=field)
 
     def export_redacted(self, run_ids: list[str] | None = None, *, salt: bytes | None = None,
-                        fields: Any = ()) -> Iterator[bytes]:
+                        fields: Any = (), progress: Progress = None) -> Iterator[bytes]:
         """``export`` made fit to share outside (handoff/redact.py): a header line saying it is
         redacted, then each event with only its structure as it is (types, seqs, times,
         states, outcomes, numbers, content digests: ``redact.KEPT``) and every other value a
@@ -1316,10 +1375,10 @@ class Ledger:
             if not isinstance(f, str) or not f:
                 raise InvalidInput("fields must be payload field names", field="fields")
         chosen = None if run_ids is None else list(run_ids)
-        return redact.lines(self.export(run_ids), salt, chosen, fields=fields)
+        return redact.lines(self.export(run_ids, progress=progress), salt, chosen, fields=fields)
 
     def export_to(self, path: str | os.PathLike[str], run_ids: list[str] | None = None, *, redact: bool = False,
-                  salt: bytes | None = None, fields: Any = ()) -> dict[str, Any]:
+                  salt: bytes | None = None, fields: Any = (), progress: Progress = None) -> dict[str, Any]:
         """``export`` (or, with ``redact``, ``export_redacted``) into a file, atomically, with
         the ledger's mode (see ``ledger.files``).
 
@@ -1333,7 +1392,8 @@ class Ledger:
         counts = {"events": 0}
         seen: set[str] = set()
         run_of = msgspec.json.Decoder(_RunOf)
-        source = self.export_redacted(run_ids, salt=salt, fields=fields) if redact else self.export(run_ids)
+        source = (self.export_redacted(run_ids, salt=salt, fields=fields, progress=progress) if redact
+                  else self.export(run_ids, progress=progress))
 
         def lines() -> Iterator[bytes]:
             for i, line in enumerate(source):
@@ -1347,6 +1407,17 @@ class Ledger:
         if redact:
             doc["redacted"] = True
         return doc
+
+    def export_sqlite(self, path: str | os.PathLike[str], *, redact: bool = False, salt: bytes | None = None,
+                      fields: Any = (), progress: Progress = None) -> dict[str, Any]:
+        """Write, or extend with what is new, a readable SQLite copy of the whole ledger at
+        ``path``: plain tables (runs, events, leases, artifacts, deliveries) an analyst's SQL
+        tool opens; ``redact`` shows only what the redacted JSON Lines export shows. See
+        handoff/readable.py and docs/readable-copy.md. Returns ``{"output", "events",
+        "runs", "last_position", "redacted"}``."""
+        from handoff import readable
+
+        return readable.export_sqlite(self, path, redact=redact, salt=salt, fields=fields, progress=progress)
 
     def backup(self, dest: str | os.PathLike[str], *, replace: bool = False) -> dict[str, Any]:
         """A consistent copy of the whole ledger file, WAL included, taken while writers go on.
@@ -1445,7 +1516,7 @@ class Ledger:
         files.atomic_write(target, [doc["digest"].encode() + b"\n"], mode=self.copy_mode(), field="path")
         return {**doc, "path": target, "previous": previous}
 
-    def import_lines(self, lines: Any) -> dict[str, int]:
+    def import_lines(self, lines: Any, *, progress: Progress = None) -> dict[str, int]:
         """Import an export: all of it, or nothing of it.
 
         Every line's hash chain is verified, and every new event is admitted only if a live
@@ -1456,13 +1527,20 @@ class Ledger:
         Lines are read and inserted as they come, inside one write transaction, so memory
         stays flat in the size of the file. A refusal names the line and leaves the ledger
         as it was. Importing the same export twice changes nothing.
+
+        ``progress(done, total)`` is called every thousand lines when ``lines`` is a file
+        that can be read twice (a regular file: its lines are counted first); from a pipe,
+        where the total cannot be known, it is not called.
         """
         where = {"line": 0}
         pending: dict[str, admission.Pending] = {}
+        total = _count_lines(lines) if progress is not None else None
 
         def items() -> Iterator[tuple[Recorded, bytes | None, int]]:
             for lineno, rec, digest, size in portable.parse_lines(lines, self.store.max_payload):
                 where["line"] = lineno
+                if total and lineno % 1000 == 0:
+                    progress(lineno, total)  # type: ignore[misc]
                 yield rec, digest, size
 
         def admit(cp: Checkpoint, rec: Recorded, event: ev.Event) -> None:
@@ -1521,7 +1599,8 @@ class Ledger:
 
     # --- incident reconstruction: the report, reading across runs, diff ----------------
 
-    def report(self, run_id: str, *, at_seq: int | None = None, as_of_us: int | None = None) -> Any:
+    def report(self, run_id: str, *, at_seq: int | None = None, as_of_us: int | None = None,
+               progress: Progress = None) -> Any:
         """The run's timeline (``reducers.timeline.Timeline``), as the ledger stood at
         ``at_seq`` or ``as_of_us`` if given; ``handoff.report`` draws it as HTML or Markdown."""
         from handoff.reducers import timeline
@@ -1543,11 +1622,15 @@ class Ledger:
                                f"{iso(first.recorded_us)}", field="as_of")
         last = next(self.store.read_run(run_id, after_seq=head.last_seq - 1))
         beats = self._watcher_beats(first.recorded_us, as_of_us if as_of_us is not None else last.recorded_us)
-        return timeline.build(self.store.history(run_id), run_id, summarize=summarize, last_seq=head.last_seq,
+        history = self.store.history(run_id)
+        if progress is not None:
+            history = _counted(history, progress, at_seq or head.last_seq)
+        return timeline.build(history, run_id, summarize=summarize, last_seq=head.last_seq,
                               at_seq=at_seq, as_of_us=as_of_us, watcher_beats=beats)
 
     def write_report(self, run_id: str, path: str | os.PathLike[str] | None = None, *, fmt: str = "html",
-                     at_seq: int | None = None, as_of_us: int | None = None, db_hint: str = "") -> dict[str, Any]:
+                     at_seq: int | None = None, as_of_us: int | None = None, db_hint: str = "",
+                     progress: Progress = None) -> dict[str, Any]:
         """Draw ``report`` (``handoff.report``: "html" or "md") and write it to ``path``
         atomically, with the ledger's permission bits (a report holds what the ledger holds);
         a symbolic link there, or the ledger itself, is refused. Without ``path`` nothing is
@@ -1562,7 +1645,7 @@ class Ledger:
         if path is not None:
             target = files.check_target(path, "output")
             self._not_the_ledger(target, path, "output", "report")
-        tl = self.report(run_id, at_seq=at_seq, as_of_us=as_of_us)
+        tl = self.report(run_id, at_seq=at_seq, as_of_us=as_of_us, progress=progress)
         cut = (f"seq {tl.last_seq}" if at_seq is not None else
                f"{iso(as_of_us)} (seq {tl.last_seq})" if as_of_us is not None else None)
         text = rp.render(tl, fmt, as_of=cut, db_hint=db_hint)
@@ -1723,7 +1806,7 @@ def init_ledger(path: str | os.PathLike[str], *, busy_timeout_s: float = 5.0) ->
 
 
 def copy_ledger(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, run_ids: list[str] | None = None,
-                busy_timeout_s: float = 5.0) -> dict[str, Any]:
+                busy_timeout_s: float = 5.0, progress: Progress = None) -> dict[str, Any]:
     """Copy runs (all by default) from the ledger at ``src`` to the one at ``dst``, any two
     addresses (a SQLite file and a PostgreSQL database, either way round), then prove it.
 
@@ -1733,19 +1816,23 @@ def copy_ledger(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, run
     ``DamageFound`` (exit 4) names the run (what was imported stays: the error says the
     destination cannot be trusted as a copy, it does not undo the import). Returns the import's counts plus ``"src"``,
     ``"dst"`` (addresses as the stores show them, no password) and ``"checked"`` (runs
-    compared).
+    compared). ``progress(done, total)`` follows each stage in turn (the events copied, the
+    copy verified, the runs folded on both sides); each stage has its own total.
     """
     src_s, dst_s = check_path(src, "src"), check_path(dst, "dst")
     with Ledger(src_s, create=False, busy_timeout_s=busy_timeout_s) as source:
-        counts = import_into(dst_s, source.export(run_ids), busy_timeout_s=busy_timeout_s)
+        counts = import_into(dst_s, source.export(run_ids, progress=progress), busy_timeout_s=busy_timeout_s)
         with Ledger(dst_s, create=False, busy_timeout_s=busy_timeout_s) as target:
-            problems = target.verify()
+            problems = target.verify(progress=progress)
             if problems:
                 raise DamageFound(f"the copy in {target.store.path} does not verify: {problems[0].message}",
                                   problems=len(problems))
             checked = 0
             wanted = None if run_ids is None else set(run_ids)
-            for head in source.store.list_runs():
+            streams = source.store.count_runs() if progress is not None else 0
+            for i, head in enumerate(source.store.list_runs(), 1):
+                if progress is not None and i % 1000 == 0:
+                    progress(i, streams)
                 if wanted is not None and head.run_id not in wanted:
                     continue
                 if source.store.fold(head.run_id, AGGREGATE) != target.store.fold(head.run_id, AGGREGATE):
@@ -1757,6 +1844,7 @@ def copy_ledger(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, run
 
 def import_into(
     path: str | os.PathLike[str], lines: Any, *, synchronous: str | None = None, busy_timeout_s: float = 5.0,
+    progress: Progress = None,
 ) -> dict[str, int]:
     """Import an export into the ledger at ``path``, creating it if there is none.
 
@@ -1776,7 +1864,7 @@ def import_into(
         # A server's database (one transaction there is the whole of it), a memory store,
         # or a ledger file that exists: imported into in place, nothing to publish.
         with Ledger(given, synchronous=synchronous, busy_timeout_s=busy_timeout_s) as lg:
-            return lg.import_lines(lines)
+            return lg.import_lines(lines, progress=progress)
     path = address.location
     synchronous = synchronous or address.options.get("synchronous")
     import tempfile
@@ -1792,7 +1880,7 @@ def import_into(
     os.close(fd)
     try:
         with Ledger(private, synchronous=synchronous, busy_timeout_s=busy_timeout_s) as lg:
-            counts = lg.import_lines(lines)
+            counts = lg.import_lines(lines, progress=progress)
         # The last connection closed: SQLite copied the WAL into the file and removed it.
         if os.path.exists(private + "-wal") and os.path.getsize(private + "-wal") > 0:
             raise StoreUnavailable(
@@ -1823,6 +1911,45 @@ def import_into(
                 os.remove(private + suffix)
             except FileNotFoundError:
                 pass
+
+
+def _texts(values: Any, field: str) -> tuple[str, ...]:
+    """A filter given as several texts (states, health), checked one by one."""
+    values = (values,) if isinstance(values, str) else tuple(values)
+    for i, value in enumerate(values):
+        if not isinstance(value, str):
+            raise InvalidInput(f"{field}[{i}] must be text, got {type(value).__name__}", field=field)
+        check_filter(value, f"{field}[{i}]")
+    return values
+
+
+def _count_lines(source: Any) -> int | None:
+    """How many lines a regular file holds from where it stands, read in 1 MiB chunks and
+    put back where it was; None for anything that cannot be read twice (a pipe, a list)."""
+    try:
+        if not source.seekable():
+            return None
+        start = source.tell()
+    except (AttributeError, OSError, ValueError):
+        return None
+    n, last = 0, b""
+    while chunk := source.read(1 << 20):
+        data = chunk.encode("utf-8", "surrogateescape") if isinstance(chunk, str) else chunk
+        n += data.count(b"\n")
+        last = data
+    source.seek(start)
+    return n + (1 if last and not last.endswith(b"\n") else 0)
+
+
+def _counted(items: Iterable[Any], progress: Callable[[int, int], None], total: int) -> Iterator[Any]:
+    """``items`` as they are, with ``progress(done, total)`` every thousand (a fork's
+    inherited history can pass ``total``: the bar then just stays full)."""
+    done = 0
+    for done, item in enumerate(items, 1):
+        if done % 1000 == 0:
+            progress(done, max(total, done))
+        yield item
+    progress(max(total, done), max(total, done))
 
 
 def _read_small(path: str, limit: int, field: str) -> bytes:

@@ -79,6 +79,10 @@ _PATTERN_DETECTOR = re.compile(r"pattern\[\d{1,2}\]")
 _DETECTOR_NAMES = frozenset({*sz.DETECTORS, sz.UNSCANNABLE, sz.MORE})
 
 
+#: The test a run id passes to be shown as it is (handoff/readable.py applies it too).
+RUN_ID_KEPT = _run_id
+
+
 def _detector(v: Any) -> bool:
     return type(v) is str and (v in _DETECTOR_NAMES or _PATTERN_DETECTOR.fullmatch(v) is not None)
 

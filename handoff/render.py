@@ -328,6 +328,13 @@ def delivery_doc(cp: Any) -> dict[str, Any]:
                                               "receipt": d.receipt, "attempts": len(d.attempts)}}
 
 
+#: The keys of ``run_row`` and ``stall_row``, in order: the CSV columns of the listings.
+RUN_ROW_KEYS = ("run_id", "state", "owner", "target", "worker", "lease", "progress_seq", "health", "action",
+                "updated_at", "goal")
+STALL_ROW_KEYS = ("run_id", "state", "classification", "action", "reason", "worker", "lease", "last_heartbeat_at",
+                  "progress_seq", "last_progress", "retries", "retry_budget")
+
+
 def run_row(cp: Any, health: Any) -> dict[str, Any]:
     """A run in a listing ('handoff status' without RUN); ``health`` is stall.classify's."""
     return {

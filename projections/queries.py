@@ -253,13 +253,13 @@ def cursor_of(store: EventStore, run_id: str, table: str = "checkpoints") -> Cur
 
 
 def _run_filters(include_terminal: bool, states: tuple[str, ...], owner: str | None,
-                 target: str | None) -> dict[str, Any]:
+                 target: str | None, worker: str | None = None) -> dict[str, Any]:
     where: dict[str, Any] = {}
     if not include_terminal:
         where["terminal"] = 0
     if states:
         where["state"] = tuple(states)
-    for col, val in (("owner", owner), ("target", target)):
+    for col, val in (("owner", owner), ("target", target), ("worker", worker)):
         if val is not None:
             where[col] = val
     return where
@@ -267,9 +267,10 @@ def _run_filters(include_terminal: bool, states: tuple[str, ...], owner: str | N
 
 def runs_after(store: EventStore, after: Cursor | None = None, *, include_terminal: bool = False,
                states: tuple[str, ...] = (), owner: str | None = None,
-               target: str | None = None) -> Iterator[Checkpoint]:
-    """Runs matching the filters in listing order, strictly after ``after``; memory flat."""
-    where = _run_filters(include_terminal, states, owner, target)
+               target: str | None = None, worker: str | None = None) -> Iterator[Checkpoint]:
+    """Runs matching the filters in listing order, strictly after ``after``; memory flat.
+    Every filter here is a column of the checkpoints view, so the view store answers it."""
+    where = _run_filters(include_terminal, states, owner, target, worker)
     while True:
         rows = store.views.select("checkpoints", (ORDINAL, "packet"), where=where, order=(ORDINAL,),
                                   after=after, limit=LISTING_PAGE)
@@ -281,10 +282,20 @@ def runs_after(store: EventStore, after: Cursor | None = None, *, include_termin
 
 
 def count_runs_after(store: EventStore, after: Cursor | None = None, *, include_terminal: bool = False,
-                     states: tuple[str, ...] = (), owner: str | None = None, target: str | None = None) -> int:
+                     states: tuple[str, ...] = (), owner: str | None = None, target: str | None = None,
+                     worker: str | None = None) -> int:
     """How many runs ``runs_after`` would still list: counted by the view store, nothing decoded."""
-    where = _run_filters(include_terminal, states, owner, target)
+    where = _run_filters(include_terminal, states, owner, target, worker)
     return store.views.count("checkpoints", where=where, order=(ORDINAL,), after=after)
+
+
+def run_ids_starting(store: EventStore, prefix: str, limit: int) -> list[str]:
+    """At most ``limit`` run ids that begin with ``prefix``, in id order: one range scan of
+    the checkpoints view's primary key (shell completion asks this on every Tab)."""
+    high = prefix + "\U0010ffff" if prefix else None
+    rows = store.views.select("checkpoints", ("run_id",), between=("run_id", prefix or None, high),
+                              order=("run_id",), limit=limit)
+    return [r[0] for r in rows]
 
 
 def count_terminal(store: EventStore, *, owner: str | None = None, target: str | None = None) -> int:

@@ -310,14 +310,13 @@ async def runs_listing(alg: AsyncLedger, *, limit: int = PAGE, after: str | None
     """A page of runs with their health, as the ``runs`` tool and the ``handoff://runs``
     resource show it: the one place this server asks the library for a run listing.
 
-    ``filters`` go to ``Ledger.runs_page`` by name, unchanged (today ``states``, ``owner``
-    and ``target``). The library's listing is growing filters of its own; offering one
-    more to the model means a parameter on the ``runs`` tool and a call that follows the
-    library here, nothing else.
+    ``filters`` go to ``Ledger.runs_page`` by name, unchanged (``states``, ``owner``,
+    ``target``, ``worker``, ``health``): the same listing as ``handoff runs``.
     """
     def read(lg: Any) -> dict[str, Any]:
-        now = lg.clock()
-        page = lg.runs_page(limit=_page(limit), after=after, include_terminal=include_terminal, **(filters or {}))
+        now = lg.clock()  # one moment for the filter's judgement and the rows' health
+        page = lg.runs_page(limit=_page(limit), after=after, include_terminal=include_terminal, now=now,
+                            **(filters or {}))
         rows = [R.run_row(cp, stall.classify(cp, now_us=now)) for cp in page.items]
         return {"now": R.iso(now), "runs": rows, "next": page.next, "more": page.more}
 
@@ -348,9 +347,13 @@ def _auditor_tools(server: MCPServer, alg: AsyncLedger) -> None:
                    owner: Annotated[str | None, Field(description="Only this owner's runs.")] = None,
                    target: Annotated[str | None, Field(description="Only runs delivering to this target "
                                                                    "(e.g. chat:#ops).")] = None,
+                   worker: Annotated[str | None, Field(description="Only runs whose lease this worker holds.")] = None,
+                   health: Annotated[list[str], Field(description="Only runs judged so now "
+                                                                  f"({', '.join(sorted(stall.CLASSIFICATIONS))}).")] = [],
                    include_terminal: Annotated[bool, Field(description="Include runs that ended.")] = False,
                    ) -> dict[str, Any]:
-        filters = {"states": tuple(states), "owner": owner, "target": target}
+        filters = {"states": tuple(states), "owner": owner, "target": target, "worker": worker,
+                   "health": tuple(health)}
         return await runs_listing(alg, limit=limit, after=after, include_terminal=include_terminal,
                                   filters=filters)
 

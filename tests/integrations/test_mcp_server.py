@@ -744,7 +744,7 @@ def test_an_http_session_that_goes_silent_loses_its_lease_to_the_watchdog(shared
 def test_the_runs_listing_filters_and_pages_through_the_librarys_listing(backend, tmp_path):
     async def body(client: Client, alg: AsyncLedger, session: Any) -> None:
         mine = [await alg.open(goal="g", target="chat:#ops", owner="alice") for _ in range(3)]
-        await alg.open(goal="g", target="chat:#other", owner="alice")
+        other = await alg.open(goal="g", target="chat:#other", owner="alice")
         await alg.open(goal="g", target="chat:#ops", owner="bob")
         seen: list[str] = []
         after = None
@@ -757,5 +757,11 @@ def test_the_runs_listing_filters_and_pages_through_the_librarys_listing(backend
             after = page["next"]
         assert sorted(seen) == sorted(mine)
         assert ok(await client.call_tool("runs", {"states": ["planning"]}))["runs"] == []
+        # The worker and health filters are the library's own (``handoff runs``).
+        await alg.claim(mine[0], "agent-7")
+        held = ok(await client.call_tool("runs", {"worker": "agent-7"}))["runs"]
+        assert [row["run_id"] for row in held] == [mine[0]]
+        unclaimed = ok(await client.call_tool("runs", {"health": ["unclaimed"], "owner": "alice"}))["runs"]
+        assert {row["run_id"] for row in unclaimed} == {*mine[1:], other}
 
     anyio.run(_inprocess, backend.address(), ms.Config(), body)

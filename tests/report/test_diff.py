@@ -1,8 +1,8 @@
 """'handoff diff' (Ledger.diff, reducers/diff.py): where two runs part, and what differs after.
 
 A fork against its origin, two attempts at the same goal, and a run against itself, on
-every backend; the CLI's exit codes follow diff(1), and a missing run is trouble (2), not
-"different" (1), with the log unchanged.
+every backend; the CLI's exit codes follow diff(1), and a missing run exits as on every
+verb (UnknownRun, 1, an error on stderr and nothing on stdout), with the log unchanged.
 """
 
 from __future__ import annotations
@@ -85,9 +85,9 @@ def test_the_cli_exits_like_diff_and_trouble_writes_nothing(tmp_path):
     assert doc["first_divergence"]["differs"] == [{"field": "path", "a": str(tmp_path / "try-1.md"),
                                                    "b": str(tmp_path / "try-2.md")}]
     assert doc["after"]["artifacts"]["changed"] == [] and doc["after"]["evidence"] == {}
-    r = h("diff", "try-1", "ghost", code=2)
-    assert "no run ghost" in r.stderr
-    assert json.loads(h("diff", "ghost", "try-1", "--json", code=2).stderr)["error"]["type"] == "InvalidInput"
+    r = h("diff", "try-1", "ghost", code=1)
+    assert "no run ghost" in r.stderr and r.stdout == ""  # "different" always prints the comparison
+    assert json.loads(h("diff", "ghost", "try-1", "--json", code=1).stderr)["error"]["type"] == "UnknownRun"
     with Ledger(h.db) as lg:
         assert_unchanged(lg.store, before)
         with refused(lg.store, UnknownRun, "no run ghost"):
