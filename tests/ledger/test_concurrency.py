@@ -92,8 +92,11 @@ db, wid, start, stop, ack = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys
 store = SqliteStore(db, busy_timeout_s=60)
 actor = Actor("worker", f"w{wid}")
 k = start
+parent = os.getppid()
 with open(ack, "a") as out:
-    while not os.path.exists(stop):
+    # Until told to stop, or until the test that started it is gone (a killed pytest must
+    # not leave writers looping on a machine).
+    while not os.path.exists(stop) and os.getppid() == parent:
         run = "kill-shared" if k % 3 == 0 else f"kill-own-{wid}"
         events = [ev.ProgressRecorded(kind="kill", detail=f"{wid}:{k}:{j}") for j in range(1 + k % 3)]
         r = store.append(run, events, actor=actor, idempotency_key=f"w{wid}-k{k}")
