@@ -6,11 +6,11 @@ One place for the forms a user may give (``Ledger(...)``, the CLI's ``--db`` and
 - a file path (``handoff.db``, ``/srv/ledger.db``) or ``:memory:``: SQLite;
 - ``sqlite:///abs/path``, ``sqlite:rel/path`` or ``sqlite::memory:``, optionally with
   backend settings as a query (``sqlite:///abs/path?synchronous=NORMAL``);
-- ``postgresql://...`` (or ``postgres://``): the PostgreSQL backend (ledger/postgres.py;
+- ``postgresql://...`` (or ``postgres://``): the PostgreSQL backend (ledger/postgres/;
   needs the extra: ``pip install 'handoff-ledger[postgres]'``, else ``BackendUnavailable``).
 
-A new backend adds its scheme to ``open_store`` and a module of its own beside
-ledger/sqlite.py; nothing above ledger/ changes.
+A new backend adds its scheme to ``open_store`` and a package of its own beside
+ledger/sqlite/; nothing above ledger/ changes.
 """
 
 from __future__ import annotations

@@ -430,6 +430,13 @@ def chain_hash(
     return hashlib.sha256(b"".join((prev_hash, len(header).to_bytes(4, "big"), header, payload))).digest()
 
 
+def global_link(prev_global: bytes, position: int, event_hash: bytes) -> bytes:
+    """The ledger-wide chain: each event's hash bound to its global position and to the one
+    before it. Per-run chains leave positions out (an exported run keeps its hashes in any
+    ledger); this chain is local to one ledger and is what shows a reordering across runs."""
+    return hashlib.sha256(b"".join((prev_global, position.to_bytes(8, "big"), event_hash))).digest()
+
+
 def request_digest(actor: str, lease: int | None, payloads: Sequence[bytes]) -> bytes:
     """What an idempotency key stands for: the same actor sending the same bytes."""
     parts = [actor.encode(), b"\x00", str(lease).encode(), b"\x00"]
