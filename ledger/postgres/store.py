@@ -55,6 +55,7 @@ from ..store import (
     Actor,
     Aggregate,
     AppendResult,
+    Capabilities,
     Decision,
     Head,
     LeaseToken,
@@ -681,7 +682,7 @@ class PostgresStore(FoldingStore):
     """
 
     backend = "postgresql"
-    records_roles = True
+    capabilities = Capabilities(attested_roles=True, own_clock=True)
 
     def __init__(
         self,
@@ -1961,9 +1962,14 @@ class PostgresStore(FoldingStore):
 
     def roles_sql(self, prefix: str = "handoff") -> str:
         """``roles_sql`` for this ledger's schema."""
+        return self.access_roles(prefix)["sql"]  # type: ignore[no-any-return]
+
+    def access_roles(self, prefix: str = "handoff") -> dict[str, Any]:
         from .roles import roles_sql
 
-        return roles_sql(self.schema_name(), prefix)
+        schema = self.schema_name()
+        return {"schema": schema, "roles": {g: f"{prefix}_{g}" for g in ("writer", "watchdog", "auditor")},
+                "sql": roles_sql(schema, prefix)}
 
     @property
     def views(self) -> Any:

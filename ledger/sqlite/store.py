@@ -37,6 +37,7 @@ from ..store import (
     Actor,
     Aggregate,
     AppendResult,
+    Capabilities,
     Decision,
     Head,
     Problem,
@@ -121,6 +122,8 @@ class SqliteStore(FoldingStore):
     disk after power loss) or ``"NORMAL"`` (faster; the last commits may be lost on
     power loss, never on a process crash).
     """
+
+    capabilities = Capabilities(is_file=True, group_commit=True)
 
     def __init__(
         self,
