@@ -2529,26 +2529,22 @@ def roles(as_sql: bool, prefix: str, as_json: bool) -> None:
     Example:
         handoff --db postgresql://owner@db:5432/ledger roles --sql | psql postgresql://owner@db:5432/ledger
     """
-    from handoff.ledger.backends import open_store, parse
+    from handoff.ledger.backends import capabilities_of, open_store
     from handoff.ledger.errors import InvalidInput
 
     if not as_sql:
         raise click.UsageError("say what to print: handoff roles --sql")
     st = _state()
-    if parse(st.db).backend != "postgresql":
+    if not capabilities_of(st.db).attested_roles:  # refused before a file is looked for
         raise InvalidInput(
             f"roles are for a PostgreSQL ledger, and {st.db} is an SQLite file: its access is "
             "the file's permissions", field="db")
     with open_store(st.db, readonly=True, create=False, busy_timeout_s=st.busy_timeout) as store:
-        schema = store.schema_name()
-    from handoff.ledger.postgres import roles_sql
-
-    sql = roles_sql(schema, prefix)
+        doc = store.access_roles(prefix)
     if as_json:
-        _emit({"schema": schema, "roles": {g: f"{prefix}_{g}" for g in ("writer", "watchdog", "auditor")},
-               "sql": sql}, True, None)
+        _emit(doc, True, None)
     else:
-        click.echo(sql, nl=False)
+        click.echo(doc["sql"], nl=False)
 
 
 @main.command()

@@ -84,7 +84,7 @@ def _capture(schema: Schema, details: list[str], ledger: Any,
     and the run's head and view rows after them."""
     import psycopg
 
-    from handoff.ledger import postgres as p
+    from handoff.ledger.postgres import store as p
 
     lg = ledger(schema)
     try:
@@ -188,7 +188,7 @@ def _texts(conn: Any, captured: list[list[Any]]) -> list[bytes]:
     (prepared here, once) called with its literals, and what it quotes plainly, plain."""
     import psycopg
 
-    from handoff.ledger import postgres as p
+    from handoff.ledger.postgres import store as p
 
     quote = psycopg.ClientCursor(conn)
     prepared: set[str] = set()

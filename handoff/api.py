@@ -409,7 +409,7 @@ class Ledger:
         if given_clock is None:
             # A store with a clock of its own (PostgreSQL: the server's) is the one clock
             # that stamps events and judges health; this host's wall clock is not asked.
-            self.clock = getattr(self.store, "clock", None) or now_us
+            self.clock = self.store.clock if self.store.capabilities.own_clock else now_us
         try:
             self.projector = Projector(self.store)
             if group_commit:
@@ -425,14 +425,7 @@ class Ledger:
         still means "on disk"; each command is still fenced, deduplicated and decided on its
         own (a refused one rolls back alone). Worth it with many threads writing through one
         Ledger; a single thread gains nothing. Offered by the SQLite backend."""
-        enable = getattr(self.store, "enable_group_commit", None)
-        if enable is None:
-            raise InvalidInput(
-                f"group commit is offered by the SQLite backend; this ledger's store "
-                f"({type(self.store).__name__}) does not have it. Open the Ledger without "
-                "group_commit=True", field="group_commit",
-            )
-        enable()
+        self.store.enable_group_commit()
 
     def close(self) -> None:
         self.store.close()
@@ -1787,19 +1780,20 @@ def init_ledger(path: str | os.PathLike[str], *, busy_timeout_s: float = 5.0) ->
     """Create an empty ledger at ``path`` (any address ``Ledger`` takes), or confirm the one
     there; returns ``{"db", "created", "runs"}`` (what ``handoff init --json`` prints), ``db``
     being the ledger file's absolute path (the address itself for one that is not a file)."""
-    from handoff.ledger.backends import parse
+    from handoff.ledger.backends import capabilities_of, parse
 
-    address = parse(check_path(path))
-    where = address.location if address.backend == "sqlite" and address.location != ":memory:" else None
+    given = check_path(path)
+    is_file = capabilities_of(given).is_file
+    where = parse(given).location if is_file else None
     existed = where is not None and os.path.exists(where) and os.path.getsize(where) > 0
     with Ledger(path, create=True, busy_timeout_s=busy_timeout_s) as lg:
         runs = lg.store.count_runs()
-        if address.backend != "sqlite":
-            # A server's database: the store says whether this open made the schema, and
-            # its path is the address with any password masked (never echo a secret).
+        if where is None:
+            # No file of its own (a server's database, a memory store): the store says
+            # whether this open made the schema, and its path is the address with any
+            # password masked (never echo a secret).
             existed, shown = not lg.store.created_schema, lg.store.path
-    return {"db": os.path.abspath(where) if where is not None else shown if address.backend != "sqlite"
-            else os.fspath(path), "created": not existed, "runs": runs}
+    return {"db": os.path.abspath(where) if where is not None else shown, "created": not existed, "runs": runs}
 
 
 # --- importing into a file that does not exist yet ------------------------------------
@@ -1855,12 +1849,12 @@ def import_into(
     refused with ``TargetAppeared`` and nothing of it stays behind). A failed import
     removes only the private file it made.
     """
-    from handoff.ledger.backends import parse
+    from handoff.ledger.backends import capabilities_of, parse
 
     given = check_path(path)
     busy_timeout_s = check_seconds(busy_timeout_s, "busy_timeout")
     address = parse(given)
-    if address.backend != "sqlite" or address.location == ":memory:" or os.path.lexists(address.location):
+    if not capabilities_of(given).is_file or os.path.lexists(address.location):
         # A server's database (one transaction there is the whole of it), a memory store,
         # or a ledger file that exists: imported into in place, nothing to publish.
         with Ledger(given, synchronous=synchronous, busy_timeout_s=busy_timeout_s) as lg:

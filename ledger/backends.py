@@ -6,11 +6,11 @@ One place for the forms a user may give (``Ledger(...)``, the CLI's ``--db`` and
 - a file path (``handoff.db``, ``/srv/ledger.db``) or ``:memory:``: SQLite;
 - ``sqlite:///abs/path``, ``sqlite:rel/path`` or ``sqlite::memory:``, optionally with
   backend settings as a query (``sqlite:///abs/path?synchronous=NORMAL``);
-- ``postgresql://...`` (or ``postgres://``): the PostgreSQL backend (ledger/postgres.py;
+- ``postgresql://...`` (or ``postgres://``): the PostgreSQL backend (ledger/postgres/;
   needs the extra: ``pip install 'handoff-ledger[postgres]'``, else ``BackendUnavailable``).
 
-A new backend adds its scheme to ``open_store`` and a module of its own beside
-ledger/sqlite.py; nothing above ledger/ changes.
+A new backend adds its scheme to ``open_store`` and a package of its own beside
+ledger/sqlite/; nothing above ledger/ changes.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from .errors import BackendUnavailable, InvalidInput
-from .store import EventStore
+from .store import Capabilities, EventStore
 
 #: The settings each backend accepts in its address's query (and as keyword options).
 SQLITE_OPTIONS = ("synchronous",)
@@ -115,6 +117,21 @@ def parse(target: object, field: str = "db") -> Address:
         )
     # "name:with-colon.db" and the like: a relative file name that happens to hold a colon.
     return Address("sqlite", text, {})
+
+
+def capabilities_of(target: object, field: str = "db") -> Capabilities:
+    """What the backend ``target`` names offers (``EventStore.capabilities``), without
+    opening it: ``init`` and ``import`` ask whether an address is a file before one exists."""
+    address = parse(target, field)
+    if address.backend == "postgresql":
+        from .postgres.store import PostgresStore  # loads without the driver; opening needs it
+
+        return PostgresStore.capabilities
+    from .sqlite import SqliteStore
+
+    if address.location == ":memory:":  # no file: a memory store is gone when it closes
+        return msgspec.structs.replace(SqliteStore.capabilities, is_file=False)
+    return SqliteStore.capabilities
 
 
 def open_store(

@@ -17,7 +17,7 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -430,6 +430,13 @@ def chain_hash(
     return hashlib.sha256(b"".join((prev_hash, len(header).to_bytes(4, "big"), header, payload))).digest()
 
 
+def global_link(prev_global: bytes, position: int, event_hash: bytes) -> bytes:
+    """The ledger-wide chain: each event's hash bound to its global position and to the one
+    before it. Per-run chains leave positions out (an exported run keeps its hashes in any
+    ledger); this chain is local to one ledger and is what shows a reordering across runs."""
+    return hashlib.sha256(b"".join((prev_global, position.to_bytes(8, "big"), event_hash))).digest()
+
+
 def request_digest(actor: str, lease: int | None, payloads: Sequence[bytes]) -> bytes:
     """What an idempotency key stands for: the same actor sending the same bytes."""
     parts = [actor.encode(), b"\x00", str(lease).encode(), b"\x00"]
@@ -483,11 +490,55 @@ class Transaction(abc.ABC):
 InlineHook = Callable[[Transaction, str, Any, int], None]
 
 
+class Capabilities(msgspec.Struct, frozen=True):
+    """What a backend offers beyond the interface every store honours, declared by its
+    class, so that the layers above ask the record instead of the backend's name.
+
+    - ``is_file``: the ledger is one local file an address names by path (``init`` and
+      ``import`` publish a new one under a private name; ``doctor`` shows its settings);
+    - ``group_commit``: threads of one process may share a write transaction
+      (``enable_group_commit``);
+    - ``attested_roles``: the server records which database role inserted each event
+      (``db_roles``), and the ledger has least-privilege roles (``access_roles``);
+    - ``own_clock``: the store's ``clock()`` is the one every host shares (a server's),
+      which stamps events and judges health instead of this host's clock.
+    """
+
+    is_file: bool = False
+    group_commit: bool = False
+    attested_roles: bool = False
+    own_clock: bool = False
+
+
 class EventStore(abc.ABC):
     """The interface: append-only per-run streams with a global order.
 
     Every write is all-or-nothing; every refusal raises a LedgerError and writes nothing.
     """
+
+    #: What this backend offers beyond the interface (see ``Capabilities``).
+    capabilities: ClassVar[Capabilities] = Capabilities()
+
+    def clock(self) -> int:
+        """The store's "now" in µs; this host's clock unless ``capabilities.own_clock``."""
+        return time.time_ns() // 1000
+
+    def enable_group_commit(self) -> None:
+        """Let concurrent commands of this process share write transactions; only a backend
+        whose ``capabilities.group_commit`` says so offers it."""
+        raise InvalidInput(
+            f"group commit is offered by the SQLite backend; this ledger's store "
+            f"({type(self).__name__}) does not have it. Open the Ledger without "
+            "group_commit=True", field="group_commit",
+        )
+
+    def access_roles(self, prefix: str = "handoff") -> dict[str, Any]:
+        """The ledger's least-privilege roles: ``{"schema", "roles", "sql"}``, the SQL for
+        its owner to run. Only where ``capabilities.attested_roles``: a file's access is
+        its permissions."""
+        raise InvalidInput(
+            f"roles are for a PostgreSQL ledger, and {self.path} is an SQLite file: its access is "
+            "the file's permissions", field="db")
 
     @abc.abstractmethod
     def append(
@@ -548,8 +599,18 @@ class EventStore(abc.ABC):
         """Events in global order with their idempotency digest and batch size."""
 
     @abc.abstractmethod
-    def import_records(self, items: Any) -> dict[str, int]:
-        """Insert exported events verbatim, all or nothing, skipping ones already present."""
+    def import_records(
+        self,
+        items: Iterable[tuple[Recorded, bytes | None, int]],
+        *,
+        aggregate: Aggregate[Any] | None = None,
+        admit: Callable[[Any, Recorded, ev.Event], None] | None = None,
+        before_commit: Callable[[], None] | None = None,
+    ) -> dict[str, int]:
+        """Insert exported events verbatim, all or nothing, skipping ones already present
+        (ledger/importing.py says what is checked): ``admit(state, record, event)`` may
+        refuse an event given ``aggregate``'s fold of its run before it, and
+        ``before_commit()`` the whole import at its end."""
 
     @abc.abstractmethod
     def head(self, run_id: str) -> Head | None: ...
@@ -569,8 +630,10 @@ class EventStore(abc.ABC):
         """How many events and streams the ledger holds."""
         return {"events": self.last_position(), "runs": self.count_runs()}
 
-    #: Whether the backend records the database role that inserted each event.
-    records_roles = False
+    @property
+    def records_roles(self) -> bool:
+        """Whether the backend records the database role that inserted each event."""
+        return self.capabilities.attested_roles
 
     def db_roles(self, first_position: int, last_position: int) -> dict[int, str]:
         """The database role that inserted each event in the positions given, as the

@@ -7,7 +7,7 @@ talk to the backend's ``ViewStore`` through a small vocabulary: write a run's ro
 (only what changed is written), keep tracking positions and versions, build shadow
 tables for a rebuild and swap them in, and read by key, by equality filters, by a range
 on one column, in order, a page at a time. No SQL crosses this line: the SQLite store's
-view store lives in ``ledger/sqlite_views.py``; a PostgreSQL one would sit beside it.
+view store lives in ``ledger/sqlite/views.py``; a PostgreSQL one would sit beside it.
 
 Every view table keeps the order its rows were first written in: ``ORDINAL`` names that
 order as a pseudo-column (SQLite tables keep it implicitly; a PostgreSQL table would

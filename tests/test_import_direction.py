@@ -168,3 +168,78 @@ def test_nothing_imports_the_layers_by_their_bare_names():
         for m in bare.finditer(path.read_text()):
             found.append(f"{path.relative_to(ROOT)}:{path.read_text()[:m.start()].count(chr(10)) + 1}: {m.group(0).strip()}")
     assert found == []
+
+
+# --- the backends are reached through the interface only (issue 26) ------------------------
+
+#: The backend packages: what they hold is theirs; above ledger/ and in the core, a
+#: backend is an ``EventStore`` with a ``Capabilities`` record, never a name to test.
+BACKEND_PACKAGES = ("handoff.ledger.sqlite", "handoff.ledger.postgres")
+ABOVE_LEDGER = [p for p in library_modules() if layer_of(module_name(p)) != "ledger"]
+BACKEND_TEST = re.compile(r"""\bbackend\s*[!=]=|[!=]=\s*["'](?:sqlite|postgresql)["']""")
+STORE_GETATTR = re.compile(r"getattr\(\s*[\w.]*store\b")
+
+
+def _in_backend(module: str) -> str | None:
+    return next((b for b in BACKEND_PACKAGES if module == b or module.startswith(b + ".")), None)
+
+
+def private_backend_imports(path: Path) -> list[str]:
+    """``from <backend package>... import _name`` (or a module path with a private part)
+    made by a module outside that backend's package."""
+    module = module_name(path)
+    mine = _in_backend(module)
+    found = []
+    for line, target in imports_of(path.read_text(), module, path.name == "__init__.py"):
+        theirs = _in_backend(target)
+        if theirs is not None and theirs != mine and any(part.startswith("_") and part != "__init__"
+                                                         for part in target.split(".")):
+            found.append(f"{path.relative_to(ROOT).as_posix()}:{line} imports {target}")
+    return found
+
+
+@pytest.mark.parametrize("path", library_modules(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_module_imports_a_backends_private_names(path):
+    assert private_backend_imports(path) == []
+
+
+def test_no_backend_name_is_tested_above_ledger():
+    """``api.py`` branched on ``backend != "sqlite"`` and ``cli.py``'s ``roles`` on
+    ``!= "postgresql"``: both ask ``Capabilities`` now (``capabilities_of`` for an
+    address, ``store.capabilities`` for an open store)."""
+    found = [f"{p.relative_to(ROOT).as_posix()}:{n}: {line.strip()}"
+             for p in ABOVE_LEDGER for n, line in enumerate(p.read_text().splitlines(), 1)
+             if BACKEND_TEST.search(line)]
+    assert found == []
+
+
+def test_no_store_attribute_is_read_with_getattr_above_ledger():
+    """``api.py`` read ``clock`` and ``enable_group_commit`` with ``getattr``: the ABC
+    declares both now, and ``capabilities.own_clock`` says whose clock counts."""
+    found = [f"{p.relative_to(ROOT).as_posix()}:{n}: {line.strip()}"
+             for p in ABOVE_LEDGER for n, line in enumerate(p.read_text().splitlines(), 1)
+             if STORE_GETATTR.search(line)]
+    assert found == []
+
+
+def test_no_backend_imports_the_other():
+    for path in library_modules():
+        module = module_name(path)
+        mine = _in_backend(module)
+        if mine is None:
+            continue
+        others = [t for _, t in imports_of(path.read_text(), module, path.name == "__init__.py")
+                  if (b := _in_backend(t)) is not None and b != mine]
+        assert others == [], f"{path.relative_to(ROOT).as_posix()} imports {others}"
+
+
+def test_the_leak_checks_would_catch_what_they_look_for():
+    assert BACKEND_TEST.search('if address.backend != "sqlite":')
+    assert BACKEND_TEST.search("if parse(st.db).backend == 'postgresql':")
+    assert not BACKEND_TEST.search("if lg.store.capabilities.is_file:")
+    assert STORE_GETATTR.search('enable = getattr(self.store, "enable_group_commit", None)')
+    assert STORE_GETATTR.search('getattr(store, "clock", None)')
+    src = "from handoff.ledger.postgres import roles_sql\nfrom handoff.ledger.postgres.store import _send\n"
+    got = [t for _, t in imports_of(src, "handoff.cli")]
+    assert [t for t in got if _in_backend(t) and any(p.startswith("_") for p in t.split("."))] == [
+        "handoff.ledger.postgres.store._send"]

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from handoff.ledger import events as ev
-from handoff.ledger import sqlite as sqlite_store
+from handoff.ledger.sqlite import store as sqlite_store
 from handoff.ledger.errors import CorruptLedger
 from handoff.ledger.sqlite import SqliteStore
 from handoff.ledger.store import Aggregate, EventStore, Recorded, Step
@@ -83,7 +83,7 @@ def test_steps_carry_the_envelope_a_fold_reads(db_path):
     s = SqliteStore(db_path)
     s.append("a", [step(1), hb(), ev.StateChanged(from_state="queued", to_state="claimed")], actor=W1)
     with s._lock:
-        steps = s._steps_locked("a", 0, None)
+        steps = s._steps_page("a", 0, None)
     recs = list(s.read_run("a"))
     assert all(isinstance(x, Step) for x in steps)
     assert [(x.run_id, x.seq, x.type, x.recorded_us, x.event) for x in steps] == [

@@ -166,7 +166,7 @@ def _four_sealed_two_queued():
     import psycopg
 
     from handoff.ledger import events as ev
-    from handoff.ledger import postgres as P
+    from handoff.ledger.postgres import store as P
     from handoff.ledger.store import Actor
 
     url = fresh_url()
@@ -194,10 +194,10 @@ def test_a_schema_3_ledger_gets_the_seal_by_key_and_keeps_its_order():
 
     from handoff.api import Ledger
     from handoff.ledger import events as ev
-    from handoff.ledger import postgres as P
+    from handoff.ledger.postgres import store as P
 
     url, schema, w = _four_sealed_two_queued()
-    old = SEAL_V3.read_text().format(schema=P._quote_ident(schema), ns=P._LEDGER_NS, seal=P._SEAL,
+    old = SEAL_V3.read_text().format(schema=P.ident(schema), ns=P._LEDGER_NS, seal=P._SEAL,
                                      channel=P.notify_channel(schema))
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(old)
@@ -235,10 +235,10 @@ def test_a_schema_4_ledger_gets_the_sealing_insert_and_keeps_its_order():
 
     from handoff.api import Ledger
     from handoff.ledger import events as ev
-    from handoff.ledger import postgres as P
+    from handoff.ledger.postgres import store as P
 
     url, schema, w = _four_sealed_two_queued()
-    old = QUEUE_V4.read_text().format(schema=P._quote_ident(schema), ns=P._LEDGER_NS, seal=P._SEAL,
+    old = QUEUE_V4.read_text().format(schema=P.ident(schema), ns=P._LEDGER_NS, seal=P._SEAL,
                                       channel=P.notify_channel(schema))
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(old)

@@ -1,4 +1,4 @@
-"""Guessed writes on PostgreSQL (ledger/postgres.py, _guess): a write made from the head
+"""Guessed writes on PostgreSQL (ledger/postgres/store.py, _guess): a write made from the head
 this store's last write left is sent whole in one round trip, proved on the server, and
 leaves out view rows that did not change. The shared stateful machine (handoff.testing)
 runs here on a PostgreSQL ledger, with its racing writers on a second store (each one's
@@ -118,7 +118,7 @@ def test_a_batch_of_several_id_blocks_reports_its_own_positions(monkeypatch):
     import psycopg
 
     from handoff.ledger import events as ev
-    from handoff.ledger.postgres import _LEDGER_NS, _SEAL, PostgresStore
+    from handoff.ledger.postgres.store import _LEDGER_NS, _SEAL, PostgresStore
     from handoff.ledger.store import Actor
 
     w = Actor("worker", "w")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from handoff.ledger import postgres as P
+from handoff.ledger.postgres import store as P
 from handoff.ledger import events as ev
 from handoff.ledger.postgres import PostgresStore
 from handoff.ledger.store import Actor

@@ -1,5 +1,5 @@
 """A write's statements are prepared once per connection, inside the write's own messages
-(ledger/postgres.py, _multi), and a lost or half-made set of prepared statements never
+(ledger/postgres/store.py, _multi), and a lost or half-made set of prepared statements never
 costs more than the one write that finds it, refused with a typed error and nothing written."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from handoff.api import Ledger
 from handoff.ledger import events as ev
 from handoff.ledger.errors import StoreUnavailable
-from handoff.ledger.postgres import _LEDGER_NS, _VIEWS, PostgresStore, _literal
+from handoff.ledger.postgres.store import _LEDGER_NS, _VIEWS, PostgresStore, _literal
 from handoff.ledger.store import Actor
 from tests.pg import fresh_url
 

@@ -150,7 +150,7 @@ def test_a_write_that_finds_another_session_sealing_costs_no_extra_round_trip(pr
 
     import psycopg
 
-    from handoff.ledger import postgres as P
+    from handoff.ledger.postgres import store as P
 
     proxy, url = proxied
     w = Actor("worker", "w")

@@ -16,7 +16,7 @@ import time
 import psycopg
 
 from handoff.ledger import events as ev
-from handoff.ledger.postgres import _LEDGER_NS, _SEAL, PostgresStore
+from handoff.ledger.postgres.store import _LEDGER_NS, _SEAL, PostgresStore
 from handoff.ledger.store import Actor
 
 from tests.faults.conftest import scale

@@ -1,6 +1,6 @@
 """The PostgreSQL event store: one database shared by workers on many hosts.
 
-Same semantics as the SQLite store (ledger/sqlite.py), over psycopg 3. Each store object
+Same semantics as the SQLite store (ledger/sqlite/store.py), over psycopg 3. Each store object
 owns one connection (autocommit, explicit BEGIN/COMMIT) and may be shared by threads.
 
 Order for readers and the ledger-wide chain (docs/postgres.md, "Order"): a write locks
@@ -35,39 +35,37 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from . import events as ev
-from .errors import (
-    IdempotencyConflict,
+from .. import events as ev
+from .. import plan, verify
+from ..errors import (
     InvalidInput,
     LedgerError,
     NotALedger,
     OutcomeUnknown,
     SchemaTooNew,
-    SeqConflict,
-    StaleLease,
     StoreUnavailable,
 )
-from .store import (
+from ..copy import copy_to_file
+from ..folds import MISSING as _MISSING
+from ..folds import FoldingStore, StoreTransaction
+from ..importing import ImportHead, ImportRow, run_import
+from ..store import (
     DEFAULT_MAX_PAYLOAD,
     GENESIS_HASH,
+    Actor,
     Aggregate,
     AppendResult,
+    Capabilities,
     Decision,
-    EventStore,
     Head,
     LeaseToken,
     Problem,
     Recorded,
     Step,
-    Transaction,
-    Actor,
-    chain_hash,
-    check_actor,
-    check_idempotency_key,
     check_run_id,
     check_seq,
     encode_events,
-    request_digest,
+    global_link,
 )
 
 try:  # the driver is an optional extra: pip install 'handoff-ledger[postgres]'
@@ -82,11 +80,40 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
     pgerr = None  # type: ignore[assignment]
 
+from .schema import (
+    PG_SCHEMA_VERSION,
+    FORMAT_NAME,
+    _RUN_LOCK_NS,
+    _LEDGER_NS,
+    _MAINTENANCE,
+    _VIEWS,
+    _SEAL,
+    ID_BLOCK,
+    LEDGER_TABLES,
+    ident,
+    REFUSE_FUNCTION,
+    APPEND_ONLY_TRIGGERS,
+    ORDER_TRIGGERS,
+    STAMP_FUNCTION,
+    ROLE_TRIGGERS,
+    SEAL_FUNCTION,
+    QUEUE_FUNCTION,
+    QUEUE_TRIGGERS,
+    BEGIN_FUNCTION,
+    EXPECT_FUNCTION,
+    HEAD_MOVED,
+    queue_function,
+    begin_function,
+    expect_function,
+    _or_replace,
+    seal_function,
+    notify_channel,
+    _SCHEMA,
+    MIGRATIONS,
+)
+
 S = TypeVar("S")
 
-#: Layout version of the database schema (tables, indexes, triggers), kept in handoff_meta.
-PG_SCHEMA_VERSION = 5
-FORMAT_NAME = "handoff-ledger"
 PAGE = 1000
 #: read_all's default page. A whole-log reader is usually far behind, and each page
 #: costs a statement planned and a round trip whatever its size: pages of 2,000 cost
@@ -94,18 +121,6 @@ PAGE = 1000
 #: than the server's shrinks.
 READ_PAGE = 2000
 _TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
-_MISSING = object()
-#: Advisory lock namespace (the first key of pg_advisory_xact_lock(int, int)) for runs.
-_RUN_LOCK_NS = 0x48414E44  # "HAND"
-#: Ledger-wide advisory locks (namespace _LEDGER_NS): every write holds MAINTENANCE shared
-#: (a rebuild, an import or a migration holds it exclusive, so it sees no write half done);
-#: every write that keeps views holds VIEWS shared, and a decision that reads a view (an
-#: owner's load) holds it exclusive; SEAL is held by whoever seals (handoff_seal).
-_LEDGER_NS = 0x484C4447  # "HLDG"
-_MAINTENANCE, _VIEWS, _SEAL = 1, 2, 3
-#: Write ids come from a sequence in blocks of this size: one nextval per write, taken in
-#: its first round trip, numbers the write's events (more blocks for a larger batch).
-ID_BLOCK = 1024
 
 _COLUMNS = (
     "e.run_id, e.seq, {pos}, e.type, e.actor, e.lease, e.idem_key, e.recorded_us, "
@@ -329,326 +344,6 @@ _RUNS_SINCE = (
     "JOIN events e ON e.id = o.event_id WHERE o.position > %s) ORDER BY h.first_position"
 )
 
-#: The function and triggers that make the log append-only, exactly as created. verify
-#: and doctor compare the database's with these.
-REFUSE_FUNCTION = (
-    "CREATE FUNCTION handoff_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-    "RAISE EXCEPTION 'handoff ledger events are append-only: % refused', TG_OP "
-    "USING ERRCODE = 'insufficient_privilege'; END $$"
-)
-APPEND_ONLY_TRIGGERS = {
-    "events_no_update": "CREATE TRIGGER events_no_update BEFORE UPDATE ON events "
-    "FOR EACH ROW EXECUTE FUNCTION handoff_refuse_change()",
-    "events_no_delete": "CREATE TRIGGER events_no_delete BEFORE DELETE ON events "
-    "FOR EACH ROW EXECUTE FUNCTION handoff_refuse_change()",
-    "events_no_truncate": "CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON events "
-    "FOR EACH STATEMENT EXECUTE FUNCTION handoff_refuse_change()",
-}
-#: The ledger order is append-only too: a sealed position is never moved.
-ORDER_TRIGGERS = {
-    "ledger_order_no_update": "CREATE TRIGGER ledger_order_no_update BEFORE UPDATE ON ledger_order "
-    "FOR EACH ROW EXECUTE FUNCTION handoff_refuse_change()",
-    "ledger_order_no_delete": "CREATE TRIGGER ledger_order_no_delete BEFORE DELETE ON ledger_order "
-    "FOR EACH ROW EXECUTE FUNCTION handoff_refuse_change()",
-    "ledger_order_no_truncate": "CREATE TRIGGER ledger_order_no_truncate BEFORE TRUNCATE ON ledger_order "
-    "FOR EACH STATEMENT EXECUTE FUNCTION handoff_refuse_change()",
-}
-
-#: Who wrote each event, said by the server: whatever an INSERT sends for ``db_role``,
-#: the row keeps the session's role (a client cannot name another). verify checks it too.
-STAMP_FUNCTION = (
-    "CREATE FUNCTION handoff_stamp_role() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-    "NEW.db_role := session_user; RETURN NEW; END $$"
-)
-ROLE_TRIGGERS = {
-    "events_stamp_role": "CREATE TRIGGER events_stamp_role BEFORE INSERT ON events "
-    "FOR EACH ROW EXECUTE FUNCTION handoff_stamp_role()",
-}
-
-#: Sealing (docs/postgres.md, "Order"): committed events wait in ``unsealed`` until a
-#: sealer gives them the next gap-free positions and the ledger-wide chain, in the order
-#: of their write ids, under the SEAL lock, which it holds to its commit. ``wait`` false:
-#: seal only if nobody else is sealing (a writer tries this inside its own transaction);
-#: true: wait for the lock. Returns the positions of ``mine`` that are sealed (all of
-#: them, unless ``wait`` was false and the lock was taken). SECURITY DEFINER: a reader
-#: that finds unsealed events may seal them (the order is a pure function of what has
-#: committed; nobody can choose it), without the right to write the order itself.
-#: Schema 4: every look-up in the log is by key, a subquery per queued event (schema 3's
-#: joins let a plan cached while the tables were small scan all of events and
-#: ledger_order on every seal), and the positions go in with one INSERT. Schema 5: a
-#: writer whose events were queued (another session was sealing at its insert) waits for
-#: that sealer in a shared lock with every other such writer, and looks again, instead of
-#: taking the lock in turn with each of them to find its events sealed.
-SEAL_FUNCTION = """CREATE FUNCTION handoff_seal(wait boolean, mine bigint[])
-RETURNS TABLE (event_id bigint, event_position bigint) LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = {schema}, pg_temp AS $$
-DECLARE
-  tpos bigint; g bytea; start bigint; r record; tries integer := 0;
-  ps bigint[] := ARRAY[]::bigint[]; es bigint[] := ARRAY[]::bigint[]; gs bytea[] := ARRAY[]::bytea[];
-BEGIN
-  LOOP
-    IF NOT EXISTS (SELECT 1 FROM unsealed) OR (cardinality(mine) > 0 AND
-       (SELECT count((SELECT 1 FROM ledger_order o WHERE o.event_id = m.id)) FROM unnest(mine) AS m(id))
-       = cardinality(mine)) THEN
-      RETURN QUERY SELECT x.id, x.pos FROM (SELECT m.id, (SELECT o.position FROM ledger_order o
-        WHERE o.event_id = m.id) AS pos FROM unnest(mine) AS m(id)) x WHERE x.pos IS NOT NULL;
-      RETURN;
-    END IF;
-    EXIT WHEN pg_try_advisory_xact_lock({ns}, {seal});
-    IF NOT wait THEN
-      RETURN;
-    END IF;
-    tries := tries + 1;
-    IF tries > 2 THEN
-      PERFORM pg_advisory_xact_lock({ns}, {seal});  -- in line, then: the seal is certain
-      EXIT;
-    END IF;
-    -- Somebody is sealing. Wait until they commit (a shared lock is granted to every
-    -- waiter at once when they do) and look again: they have most likely sealed these
-    -- events too, and then no waiter takes the lock in turn after them.
-    BEGIN
-      PERFORM pg_advisory_lock_shared({ns}, {seal});
-      PERFORM pg_advisory_unlock_shared({ns}, {seal});
-    EXCEPTION WHEN query_canceled OR OTHERS THEN  -- (OTHERS alone leaves out a cancel)
-      -- a cancel or a timeout between the two: a session lock must not outlive the call
-      IF EXISTS (SELECT 1 FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory'
-                 AND l.pid = pg_catalog.pg_backend_pid() AND l.classid = {ns} AND l.objid = {seal}
-                 AND l.objsubid = 2 AND l.mode = 'ShareLock') THEN
-        PERFORM pg_advisory_unlock_shared({ns}, {seal});
-      END IF;
-      RAISE;
-    END;
-  END LOOP;
-  SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t;
-  start := tpos;
-  FOR r IN SELECT u.event_id AS id, (SELECT e.hash FROM events e WHERE e.id = u.event_id) AS hash
-           FROM unsealed u
-           WHERE (SELECT o.position FROM ledger_order o WHERE o.event_id = u.event_id) IS NULL
-           ORDER BY u.event_id LOOP
-    tpos := tpos + 1;
-    g := sha256(g || int8send(tpos) || r.hash);
-    ps := ps || tpos; es := es || r.id; gs := gs || g;
-  END LOOP;
-  INSERT INTO ledger_order (position, event_id, global_hash) SELECT * FROM unnest(ps, es, gs);
-  -- Everything queued that now has a position (an import's rows are queued and sealed
-  -- in one go) leaves the queue.
-  DELETE FROM unsealed u WHERE (SELECT true FROM ledger_order o WHERE o.event_id = u.event_id);
-  IF tpos > start THEN
-    UPDATE ledger_tail SET position = tpos, global_hash = g;
-    PERFORM pg_notify('{channel}', '');
-  END IF;
-  RETURN QUERY SELECT x.id, x.pos FROM (SELECT m.id, (SELECT o.position FROM ledger_order o
-    WHERE o.event_id = m.id) AS pos FROM unnest(mine) AS m(id)) x WHERE x.pos IS NOT NULL;
-END $$"""
-
-
-#: Every inserted event is sealed by its own INSERT's trigger when nobody else is sealing,
-#: and joins the sealing queue when somebody is (SECURITY DEFINER: a writer needs no right
-#: to the order or the queue, so it can neither skip them nor fill the queue with what it
-#: likes; the seal's advisory lock, like any, needs no right: docs/postgres.md, roles). Schema 5: sealing
-#: here, in the statement that inserts, costs a writer no function call of its own, no
-#: queue row and no read after its commit; it holds the seal lock from its insert to its
-#: commit, as the in-transaction seal of schema 4 did from just before it. Events queued
-#: by others (committed: this statement's snapshot sees no uncommitted row of theirs) are
-#: sealed first when their write ids are lower, in write-id order, exactly as handoff_seal
-#: orders them. The statement's first write id and its position are left in the
-#: transaction's ``handoff.sealed`` setting ("id:position") for the writer to read before
-#: its COMMIT; the writer counts on the later ones following only when its ids are one
-#: block (nothing else comes between), and otherwise reads them. An import
-#: (``handoff.importing`` on) writes the order itself: its rows are queued.
-QUEUE_FUNCTION = """CREATE FUNCTION handoff_queue() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = {schema}, pg_temp AS $$
-DECLARE
-  tpos bigint; g bytea; r record; mine bigint; queued boolean;
-  ps bigint[] := ARRAY[]::bigint[]; es bigint[] := ARRAY[]::bigint[]; gs bytea[] := ARRAY[]::bytea[];
-BEGIN
-  IF current_setting('handoff.importing', true) = 'on' OR NOT pg_try_advisory_xact_lock({ns}, {seal}) THEN
-    INSERT INTO unsealed SELECT n.id FROM new_rows n;
-    PERFORM set_config('handoff.sealed', '', true);
-    RETURN NULL;
-  END IF;
-  SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t;
-  queued := EXISTS (SELECT 1 FROM unsealed);
-  IF NOT queued THEN
-    -- the common case: nothing waits, this statement's rows take the next positions
-    mine := tpos + 1;
-    FOR r IN SELECT n.id, n.hash FROM new_rows n ORDER BY n.id LOOP
-      tpos := tpos + 1;
-      g := sha256(g || int8send(tpos) || r.hash);
-      ps := ps || tpos; es := es || r.id; gs := gs || g;
-    END LOOP;
-  ELSE
-    FOR r IN SELECT q.id, q.hash FROM (
-               SELECT u.event_id AS id, (SELECT e.hash FROM events e WHERE e.id = u.event_id) AS hash
-               FROM unsealed u
-               WHERE (SELECT o.position FROM ledger_order o WHERE o.event_id = u.event_id) IS NULL
-               UNION ALL SELECT n.id, n.hash FROM new_rows n) q
-             ORDER BY q.id LOOP
-      tpos := tpos + 1;
-      g := sha256(g || int8send(tpos) || r.hash);
-      ps := ps || tpos; es := es || r.id; gs := gs || g;
-    END LOOP;
-    mine := ps[array_position(es, (SELECT min(n.id) FROM new_rows n))];
-  END IF;
-  INSERT INTO ledger_order (position, event_id, global_hash) SELECT * FROM unnest(ps, es, gs);
-  IF queued THEN
-    -- Everything queued that now has a position (an import's rows too) leaves the queue.
-    DELETE FROM unsealed u WHERE (SELECT true FROM ledger_order o WHERE o.event_id = u.event_id);
-  END IF;
-  UPDATE ledger_tail SET position = tpos, global_hash = g;
-  PERFORM pg_notify('{channel}', '');
-  PERFORM set_config('handoff.sealed', (SELECT min(n.id) FROM new_rows n)::text || ':' || mine::text, true);
-  RETURN NULL;
-END $$"""
-QUEUE_TRIGGERS = {
-    "events_queue": "CREATE TRIGGER events_queue AFTER INSERT ON events REFERENCING NEW TABLE AS new_rows "
-    "FOR EACH STATEMENT EXECUTE FUNCTION handoff_queue()",
-}
-
-#: The opening of every write: the ledger's shared lock, the run's lock, then the write's
-#: block of ids, in that order (ids taken under the run's lock grow with the run's seqs,
-#: so sealing in write-id order keeps each run's order). SECURITY INVOKER.
-BEGIN_FUNCTION = """CREATE FUNCTION handoff_begin_write(run_key integer) RETURNS bigint LANGUAGE plpgsql AS $$
-BEGIN
-  PERFORM pg_advisory_xact_lock_shared({ns}, {maintenance});
-  PERFORM pg_advisory_xact_lock({run_ns}, run_key);
-  RETURN nextval('events_id_seq');
-END $$"""
-#: A guessed write (_guess) decided from the head this session's last write left; before
-#: it inserts anything, the server proves the head is still that one (seq and hash) or
-#: refuses with SQLSTATE HL409, and the savepoint before it undoes the guess. A head that
-#: moved: another writer, an import, a restored backup. SECURITY INVOKER.
-EXPECT_FUNCTION = """CREATE FUNCTION handoff_expect_head(run text, at_seq bigint, at_hash bytea)
-RETURNS void LANGUAGE plpgsql AS $$
-BEGIN
-  IF NOT EXISTS (SELECT 1 FROM heads h WHERE h.run_id = run AND h.last_seq = at_seq AND h.last_hash = at_hash) THEN
-    RAISE EXCEPTION 'handoff: run % is no longer at seq % as this session last wrote it', run, at_seq
-      USING ERRCODE = 'HL409', HINT = 'the write is decided again from the head as it is; nothing was written';
-  END IF;
-END $$"""
-#: SQLSTATE of handoff_expect_head's refusal.
-HEAD_MOVED = "HL409"
-
-
-def queue_function(schema: str) -> str:
-    return QUEUE_FUNCTION.format(schema=_quote_ident(schema), ns=_LEDGER_NS, seal=_SEAL,
-                                 channel=notify_channel(schema))
-
-
-def begin_function() -> str:
-    return BEGIN_FUNCTION.format(ns=_LEDGER_NS, maintenance=_MAINTENANCE, run_ns=_RUN_LOCK_NS)
-
-
-def expect_function() -> str:
-    return EXPECT_FUNCTION
-
-
-def _or_replace(create: str) -> str:
-    return create.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-
-
-def seal_function(schema: str) -> str:
-    """The seal function as created in ``schema`` (its search_path is pinned there)."""
-    return SEAL_FUNCTION.format(schema=_quote_ident(schema), ns=_LEDGER_NS, seal=_SEAL,
-                                channel=notify_channel(schema))
-
-
-def notify_channel(schema: str) -> str:
-    """The LISTEN/NOTIFY channel a ledger's sealers signal on: an empty wake-up, sent
-    once per seal that gave out positions (not once per write: a notifying commit takes
-    a lock shared by the whole cluster; docs/postgres.md, "Wake-ups")."""
-    return "handoff_" + hashlib.sha256(schema.encode()).hexdigest()[:16]
-
-
-_SCHEMA = [
-    "CREATE TABLE handoff_meta (key text PRIMARY KEY, value text NOT NULL)",
-    f"CREATE SEQUENCE events_id_seq INCREMENT BY {ID_BLOCK}",
-    # The log. id: the write id (insertion order within a run; not the ledger order).
-    # db_role: the role that inserted the row, filled in by the server. viewed: the write
-    # kept the inline views (an append by a store without them leaves catch-up work).
-    "CREATE TABLE events ("
-    " id bigint PRIMARY KEY, run_id text COLLATE \"C\" NOT NULL, seq bigint NOT NULL,"
-    " type text NOT NULL, actor text NOT NULL, lease bigint, idem_key text, idem_digest bytea,"
-    " batch_size integer NOT NULL, recorded_us bigint NOT NULL, schema_version integer NOT NULL,"
-    " payload bytea NOT NULL, prev_hash bytea NOT NULL, hash bytea NOT NULL,"
-    " db_role text NOT NULL DEFAULT session_user, viewed boolean NOT NULL DEFAULT false,"
-    " CONSTRAINT events_run_seq UNIQUE (run_id, seq))",
-    "CREATE UNIQUE INDEX events_idem ON events (run_id, idem_key) WHERE idem_key IS NOT NULL",
-    "CREATE INDEX events_unviewed ON events (id) WHERE NOT viewed",
-    # The ledger order: each committed event's gap-free position and the ledger-wide
-    # chain there, written by the sealer behind the writers.
-    "CREATE TABLE ledger_order (position bigint PRIMARY KEY, event_id bigint NOT NULL UNIQUE,"
-    " global_hash bytea NOT NULL)",
-    # Committed events waiting for a position.
-    "CREATE TABLE unsealed (event_id bigint PRIMARY KEY)",
-    # One row: the last sealed position and the ledger-wide hash there (moved by sealers).
-    "CREATE TABLE ledger_tail (one boolean PRIMARY KEY DEFAULT true CHECK (one),"
-    " position bigint NOT NULL, global_hash bytea NOT NULL)",
-    # first_position / last_position: the run's first and last write ids.
-    "CREATE TABLE heads (run_id text COLLATE \"C\" PRIMARY KEY, last_seq bigint NOT NULL,"
-    " last_hash bytea NOT NULL, lease bigint, lease_holder text, max_lease bigint NOT NULL,"
-    " first_position bigint NOT NULL, last_position bigint NOT NULL, lease_digest text)",
-    "CREATE INDEX heads_first ON heads (first_position)",
-    REFUSE_FUNCTION,
-    *APPEND_ONLY_TRIGGERS.values(),
-    *ORDER_TRIGGERS.values(),
-    STAMP_FUNCTION,
-    *ROLE_TRIGGERS.values(),
-]
-
-#: Migrations from an older schema version: {from_version: [statements]}, run in one
-#: transaction by the first writable open, every write excluded. "{seal}" stands for the
-#: seal function in the ledger's schema, "{reseal}" for it replacing an older one.
-MIGRATIONS: dict[int, list[str]] = {
-    1: [STAMP_FUNCTION, *ROLE_TRIGGERS.values()],  # 2: db_role stamped by a trigger, not a default
-    # 3: positions sealed behind the writers. The positions so far become the ledger
-    # order (and the write ids: ids and positions agree for every event sealed so far).
-    2: [
-        "ALTER TABLE events RENAME COLUMN position TO id",
-        "CREATE TABLE ledger_order (position bigint PRIMARY KEY, event_id bigint NOT NULL UNIQUE,"
-        " global_hash bytea NOT NULL)",
-        "INSERT INTO ledger_order SELECT id, id, global_hash FROM events",
-        "ALTER TABLE events DROP COLUMN global_hash",
-        "ALTER TABLE events ADD COLUMN viewed boolean NOT NULL DEFAULT true",
-        "ALTER TABLE events ALTER COLUMN viewed SET DEFAULT false",
-        "CREATE INDEX events_unviewed ON events (id) WHERE NOT viewed",
-        "CREATE TABLE unsealed (event_id bigint PRIMARY KEY)",
-        f"CREATE SEQUENCE events_id_seq INCREMENT BY {ID_BLOCK}",
-        "SELECT setval('events_id_seq', (SELECT coalesce(max(id), 0) + 1 FROM events), false)",
-        *ORDER_TRIGGERS.values(),
-        "{seal}",
-        "{queue}",
-        *QUEUE_TRIGGERS.values(),
-        # Tables made here inherit the schema's default privileges, which the roles SQL
-        # of schema 2 set to SELECT, INSERT, UPDATE, DELETE for its appenders: nobody but
-        # the owner may change the order, the queue or the tail (the tail's UPDATE was a
-        # writer's right under schema 2). Readers keep SELECT.
-        "DO $$ DECLARE r record; BEGIN FOR r IN SELECT DISTINCT grantee FROM "
-        "information_schema.role_table_grants WHERE table_schema = current_schema() AND "
-        "table_name IN ('ledger_order', 'unsealed', 'ledger_tail') AND grantee <> current_user LOOP "
-        "EXECUTE format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON ledger_order, unsealed, ledger_tail "
-        "FROM %I', r.grantee); END LOOP; END $$",
-        "REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON ledger_order, unsealed, ledger_tail FROM PUBLIC",
-        # Tracking rows gain the write-id mark (ids and positions agree so far).
-        "DO $$ BEGIN IF to_regclass('projection_positions') IS NOT NULL THEN "
-        "ALTER TABLE projection_positions ADD COLUMN IF NOT EXISTS id_mark bigint NOT NULL DEFAULT 0; "
-        # A projection behind the log at the upgrade stays behind: marked unbuilt past its position.
-        "UPDATE projection_positions SET id_mark = CASE WHEN position < (SELECT position FROM ledger_tail) "
-        "THEN -1 ELSE position END; END IF; END $$",
-    ],
-    # 4: the seal looks every queued event up by key (SEAL_FUNCTION); same order, same chain.
-    3: ["{reseal}"],
-    # 5: an insert seals itself when the seal lock is free (QUEUE_FUNCTION), and a write
-    # sent in one round trip proves the head it decided from (BEGIN_FUNCTION).
-    4: ["{requeue}", "{reseal}", "{begin}", "{expect}"],
-}
-
-def global_link(prev_global: bytes, position: int, event_hash: bytes) -> bytes:
-    """The ledger-wide chain, as on SQLite: each event's hash bound to its position and to
-    the link before it (so a copy between backends keeps every hash)."""
-    return hashlib.sha256(b"".join((prev_global, position.to_bytes(8, "big"), event_hash))).digest()
-
-
 def _now_us() -> int:
     return time.time_ns() // 1000
 
@@ -791,7 +486,7 @@ def _require_utf8(conn: Any, where: str) -> None:
             "UTF8 database: every run id, name and payload must come back exactly as it was "
             "written, which only UTF8 guarantees. Nothing was created or written. A database's "
             "encoding cannot be changed; create one with UTF8 under another name: CREATE "
-            f"DATABASE {_quote_ident(db + '_utf8')} ENCODING 'UTF8' TEMPLATE template0; then use "
+            f"DATABASE {ident(db + '_utf8')} ENCODING 'UTF8' TEMPLATE template0; then use "
             f"its address (to reuse the name {name}, first save what this database holds, "
             "with pg_dump, before dropping it)",
             database=db, server_encoding=server,
@@ -978,7 +673,7 @@ def _decode_steps(run_id: str, rows: Sequence[Sequence[Any]]) -> list[Step] | No
     return [Step(run_id, r[0], r[1], r[2], e, r[-1]) for r, e in zip(rows, events)]
 
 
-class PostgresStore(EventStore):
+class PostgresStore(FoldingStore):
     """An EventStore in a PostgreSQL database (``postgresql://user@host:port/dbname``).
 
     One store object owns one connection and may be shared by threads; open one per
@@ -987,7 +682,7 @@ class PostgresStore(EventStore):
     """
 
     backend = "postgresql"
-    records_roles = True
+    capabilities = Capabilities(attested_roles=True, own_clock=True)
 
     def __init__(
         self,
@@ -1020,17 +715,13 @@ class PostgresStore(EventStore):
         self._clock = clock or self.server_clock
         self._server_at: tuple[int, int] | None = None  # (server us, local monotonic ns) at connect
         self._lock = threading.RLock()
-        self._cache: collections.OrderedDict[tuple[int, str], tuple[Any, int, bytes, Any]] = (
-            collections.OrderedDict()
-        )
-        self._hooks: list[tuple[Aggregate[Any], Callable[..., None]]] = []
+        FoldingStore.__init__(self)
         self._txn = PostgresTransaction(self)
         self._views: Any = None
         self._in_txn = False
         self._writing = False  # inside a write transaction (a view read in it locks the views)
         self._exclusive = False  # inside a write_transaction (every other write excluded)
         self._views_locked = False
-        self._keeps_views = False  # an attached hook keeps every projection (events.viewed)
         self._gather: list[tuple[str, Any]] | None = None  # statements of a write's last round trip
         #: Each run's head as this store's last write or read under the run's lock left it:
         #: (head in write ids, highest lease, lease token digest). A write whose fold is
@@ -1324,9 +1015,9 @@ class PostgresStore(EventStore):
     def _lock_run(self, run_id: str) -> tuple[Head | None, int]:
         """Lock the run (also one that does not exist yet) and read its head."""
         self._x("SELECT pg_advisory_xact_lock(%s, %s)", (_RUN_LOCK_NS, self._run_key(run_id)))
-        return self._head_row(run_id, lock=True)
+        return self._head_locked(run_id, lock=True)
 
-    def _head_row(self, run_id: str, *, lock: bool = False) -> tuple[Head | None, int]:
+    def _head_locked(self, run_id: str, *, lock: bool = False) -> tuple[Head | None, int]:
         row = self._x(_HEAD_SELECT + (" FOR UPDATE" if lock else ""), (run_id,)).fetchone()
         return _head(row)
 
@@ -1444,29 +1135,6 @@ class PostgresStore(EventStore):
 
     # --- writing ---------------------------------------------------------------------
 
-    def _check_token(self, run_id: str, head: Head | None, max_lease: int, token: LeaseToken,
-                     digest: str | None) -> None:
-        self._check_fence(run_id, head, None, token.lease, max_lease)
-        if digest is None:
-            raise StaleLease.untokened(run_id, token.lease)
-        if not token.matches(digest):
-            raise StaleLease.wrong_token(run_id, token.lease)
-
-    def _check_fence(self, run_id: str, head: Head | None, expected_seq: int | None,
-                     lease: int | None, max_lease: int | None = None) -> None:
-        actual = head.last_seq if head else 0
-        if expected_seq is not None and expected_seq != actual:
-            raise SeqConflict(
-                f"run {run_id} is at seq {actual}, not {expected_seq} as expected; someone "
-                "else wrote first. Re-read the run and decide again",
-                run_id=run_id, actual_seq=actual, expected_seq=expected_seq,
-            )
-        if lease is not None:
-            current = head.lease if head else None
-            if current != lease:
-                raise StaleLease.superseded(run_id, lease, current, head.lease_holder if head else None,
-                                            max_lease if max_lease is not None else 0)
-
     def _duplicate(self, run_id: str, key: str, digest: bytes, actor: str,
                    row: Sequence[Any] | None) -> tuple[int, int, list[int], list[int | None]] | None:
         """The earlier batch a repeated key names: (first seq, last seq, its write ids,
@@ -1474,14 +1142,7 @@ class PostgresStore(EventStore):
         if row is None:
             return None
         seq, first_id, stored, size, by, ids, positions = row
-        # The digest covers the actor; the second test stops an imported line whose digest
-        # was copied from another actor's request (see ledger/sqlite.py).
-        if _b(stored) != digest or by != actor:
-            raise IdempotencyConflict(
-                f"idempotency key {key!r} was already used on run {run_id} (seq {seq}) for a "
-                "different request; use a new key for a new request",
-                run_id=run_id, seq=seq,
-            )
+        plan.check_repeat(run_id, key, digest, actor, _b(stored), by, seq)
         return seq, seq + size - 1, list(ids), list(positions)
 
     def _positions_of(self, ids: Sequence[int]) -> tuple[int, ...]:
@@ -1489,26 +1150,6 @@ class PostgresStore(EventStore):
         (outside any transaction)."""
         rows = dict(self._x("SELECT event_id, event_position FROM handoff_seal(true, %s)", (list(ids),)).fetchall())
         return tuple(rows[i] for i in ids if i in rows)
-
-    def _check_fork(self, run_id: str, seq: int, fork: ev.RunForked) -> None:
-        if seq != 1:
-            raise InvalidInput(
-                f"run_forked can only be the first event of a new run; run {run_id} "
-                f"would get it at seq {seq}",
-                field="events",
-            )
-        parent = fork.parent
-        if parent == run_id or not isinstance(parent, str):
-            raise InvalidInput(f"run {run_id} cannot be forked from itself", field="parent")
-        check_run_id(parent, "parent")
-        parent_head, _ = self._head_row(parent)
-        if parent_head is None or not 0 <= fork.parent_seq <= parent_head.last_seq:
-            at = parent_head.last_seq if parent_head else None
-            raise InvalidInput(
-                f"cannot fork {run_id} from {parent} at seq {fork.parent_seq}: the parent "
-                + ("does not exist" if at is None else f"is at seq {at}"),
-                field="parent_seq",
-            )
 
     def _ids(self, base: int, n: int) -> list[int]:
         """Write ids for a batch of ``n`` events: the block taken with the write's first
@@ -1526,47 +1167,22 @@ class PostgresStore(EventStore):
         encoded: list[tuple[str, bytes]], actor: str, lease: int | None, key: str | None,
         digest: bytes | None, ids: list[int],
     ) -> tuple[list[tuple[Any, ...]], Head, tuple[int, str | None, str | None, bool], list[Recorded]]:
-        """Check the batch's lease moves and build its rows, the new head and what the
-        fold sees (Recorded.position is the write id until the order is sealed)."""
-        seq = head.last_seq if head else 0
-        prev = head.last_hash if head else GENESIS_HASH
-        cur_lease = head.lease if head else None
-        holder = head.lease_holder if head else None
-        token_digest: str | None = None
-        digest_moved = False
-        now = self._clock()
-        n = len(encoded)
-        viewed = self._keeps_views
+        """The batch stamped (plan.stamp) as rows under its write ids, the new head and what
+        the fold sees (Recorded.position is the write id until the order is sealed)."""
+        done = plan.stamp(run_id, head, max_lease, batch, encoded, actor, lease, key, digest, self._clock(),
+                          lambda parent: self._head_locked(parent)[0])
+        now, n, viewed = done.now, done.size, self._keeps_views
         rows: list[tuple[Any, ...]] = []
         written: list[Recorded] = []
-        for i, ((tag, payload), event) in enumerate(zip(encoded, batch)):
-            seq += 1
-            k = key if i == 0 else None
-            h = chain_hash(prev, run_id, seq, tag, actor, lease, k, now, ev.SCHEMA_VERSION, payload)
-            rows.append((ids[i], run_id, seq, tag, actor, lease, k, digest if (i == 0 and k) else None,
-                         n, now, ev.SCHEMA_VERSION, payload, prev, h, viewed))
+        for i, (seq, tag, k, d, payload, prev, h) in enumerate(done.events):
+            rows.append((ids[i], run_id, seq, tag, actor, lease, k, d, n, now, ev.SCHEMA_VERSION, payload, prev,
+                         h, viewed))
             written.append(Recorded(run_id, seq, ids[i], tag, actor, lease, k, now, ev.SCHEMA_VERSION,
                                     payload, prev, h))
-            prev = h
-            if isinstance(event, ev.LeaseGranted):
-                if event.lease <= max_lease:
-                    raise StaleLease(
-                        f"lease token {event.lease} is not above run {run_id}'s highest lease "
-                        f"{max_lease}; fencing tokens only grow, so an old token can never "
-                        "be granted again",
-                        lease=event.lease, current_lease=cur_lease,
-                    )
-                cur_lease, holder, max_lease = event.lease, event.worker, event.lease
-                token_digest, digest_moved = event.token_digest or None, True
-            elif isinstance(event, (ev.LeaseReleased, ev.LeaseRevoked)):
-                if event.lease == cur_lease:
-                    cur_lease, holder = None, None
-                    token_digest, digest_moved = None, True
-            elif isinstance(event, ev.RunForked):
-                self._check_fork(run_id, seq, event)
+        fence = done.fence
         first = head.first_position if head else ids[0]
-        new_head = Head(run_id, seq, prev, cur_lease, holder, first, ids[-1])
-        return rows, new_head, (max_lease, token_digest, None, digest_moved), written
+        new_head = Head(run_id, done.last_seq, done.last_hash, fence.lease, fence.holder, first, ids[-1])
+        return rows, new_head, (fence.max_lease, fence.digest, None, fence.digest_moved), written
 
     def _write_statements(self, rows: list[tuple[Any, ...]], new_head: Head,
                           fence: tuple[int, str | None, str | None, bool],
@@ -1671,7 +1287,7 @@ class PostgresStore(EventStore):
 
     def _guess(
         self, run_id: str, aggregate: Aggregate[Any] | None, actor: str, idempotency_key: str | None,
-        digest: bytes | None, token: LeaseToken | None, plan: Callable[..., Any],
+        digest: bytes | None, token: LeaseToken | None, planner: Callable[..., Any],
     ) -> _Guess | None:
         """The write as it would be if the run still stood where this store's last write
         to it left it (a worker reporting on the run it holds, command after command):
@@ -1704,8 +1320,8 @@ class PostgresStore(EventStore):
         self._fast = True
         try:
             if token is not None:
-                self._check_token(run_id, head, max_lease, token, lease_digest)
-            planned = plan(head, max_lease, state)
+                plan.check_token(run_id, head, max_lease, token, lease_digest)
+            planned = planner(head, max_lease, state)
             if isinstance(planned, AppendResult):
                 return None
             events, lease_n = planned
@@ -1745,7 +1361,7 @@ class PostgresStore(EventStore):
 
     def _write(
         self, run_id: str, aggregate: Aggregate[Any] | None, actor: str, idempotency_key: str | None,
-        digest: bytes | None, token: LeaseToken | None, plan: Callable[..., Any], doing: str,
+        digest: bytes | None, token: LeaseToken | None, planner: Callable[..., Any], doing: str,
     ) -> tuple[AppendResult, Any]:
         """One write in at most two round trips. The first: BEGIN, the ledger's shared lock,
         the run's lock and a block of write ids (handoff_begin_write), the run's head, the
@@ -1765,7 +1381,7 @@ class PostgresStore(EventStore):
         lean = aggregate is not None and aggregate.lean
         cached = self._cache.get((id(aggregate), run_id)) if aggregate is not None else None
         after = cached[1] if cached is not None and cached[0] is aggregate else 0
-        guess = self._guess(run_id, aggregate, actor, idempotency_key, digest, token, plan)
+        guess = self._guess(run_id, aggregate, actor, idempotency_key, digest, token, planner)
         done = False
         try:
             with self._mapped(doing):
@@ -1832,19 +1448,19 @@ class PostgresStore(EventStore):
                     self._finish(True, doing)
                     done = True
                     if state is _MISSING:
-                        state = self._state(run_id, aggregate, head)  # type: ignore[arg-type]
+                        state = self._state_locked(run_id, aggregate, head)  # type: ignore[arg-type]
                     positions = (tuple(dup[3]) if None not in dup[3] else self._positions_of(dup[2]))
                     return AppendResult(run_id, "duplicate", dup[0], dup[1], positions), state
                 if token is not None:
-                    self._check_token(run_id, head, max_lease, token, lease_digest)
+                    plan.check_token(run_id, head, max_lease, token, lease_digest)
                 base = c_id.fetchone()[0]
                 state: Any = None
                 if aggregate is not None:
                     state = (self._state_from(run_id, aggregate, head, cached, c_steps.fetchall())
                              if c_steps is not None else _MISSING)
                     if state is _MISSING:
-                        state = self._state(run_id, aggregate, head)
-                planned = plan(head, max_lease, state)
+                        state = self._state_locked(run_id, aggregate, head)
+                planned = planner(head, max_lease, state)
                 if isinstance(planned, AppendResult):
                     self._finish(True, doing)
                     done = True
@@ -1898,7 +1514,7 @@ class PostgresStore(EventStore):
 
     def _settle(self, committed: bool) -> None:
         """Tell the view store whether the rows the last gathered write sent are now the
-        server's (postgres_views: a later guessed write sends no statement for rows that
+        server's (ledger/postgres/views.py: a later guessed write sends no statement for rows that
         are still equal)."""
         if self._views is not None:
             self._views.settled(committed)
@@ -1913,7 +1529,7 @@ class PostgresStore(EventStore):
             if new_state is _MISSING:
                 new_state = next((st for agg, st in folded[1] if agg is aggregate), _MISSING)
             if new_state is _MISSING:
-                new_state = self._state(run_id, aggregate, new_head)
+                new_state = self._state_locked(run_id, aggregate, new_head)
             self._remember(aggregate, run_id, new_head.last_seq, new_head.last_hash, new_state)
         first = new_head.last_seq - n + 1
         return AppendResult(run_id, "committed", first, new_head.last_seq, positions or ()), new_state
@@ -1945,34 +1561,19 @@ class PostgresStore(EventStore):
         self, run_id: str, events: Sequence[ev.Event], *, actor: Actor,
         expected_seq: int | None = None, lease: str | None = None, idempotency_key: str | None = None,
     ) -> AppendResult:
-        check_run_id(run_id)
-        check_actor(actor)
-        check_idempotency_key(idempotency_key, actor)
-        try:
-            events = tuple(events)
-        except TypeError:
-            raise InvalidInput("events must be a sequence of events", field="events") from None
-        if not events:
-            raise InvalidInput("an append needs at least one event", field="events")
-        if expected_seq is not None and (
-            isinstance(expected_seq, bool) or not isinstance(expected_seq, int) or expected_seq < 0
-        ):
-            raise InvalidInput("expected_seq must be a whole number >= 0", field="expected_seq")
-        token = LeaseToken.parse(lease) if lease is not None else None
-        lease_n = token.lease if token is not None else None
-        encoded = encode_events(events, self.max_payload)  # refuse a bad batch before any round trip
-        actor_s = str(actor)
-        digest = request_digest(actor_s, lease_n, [p for _, p in encoded]) if idempotency_key else None
+        # Checked and encoded before any round trip.
+        req = plan.append_request(run_id, events, actor=actor, expected_seq=expected_seq, lease=lease,
+                                  key=idempotency_key, max_payload=self.max_payload)
 
-        def plan(head: Head | None, max_lease: int, state: Any) -> Any:
-            self._check_fence(run_id, head, expected_seq, None)
-            return events, lease_n
+        def decide(head: Head | None, max_lease: int, state: Any) -> Any:
+            plan.check_fence(run_id, head, req.expected_seq, None)
+            return req.events, req.lease
 
         # With hooks attached, fold for the first of them in the same round trips (its
         # steps come with the first one), so the hooks need no read of their own.
         folded_for = self._hooks[0][0] if self._hooks else None
         with self._lock:
-            result, _ = self._write_resent(run_id, folded_for, actor_s, idempotency_key, digest, token, plan,
+            result, _ = self._write_resent(run_id, folded_for, req.actor, req.key, req.digest, req.token, decide,
                                            "appending")
         return result
 
@@ -1981,29 +1582,17 @@ class PostgresStore(EventStore):
         actor: Actor, idempotency_key: str | None = None, digest_of: bytes | None = None,
         lease: str | None = None,
     ) -> tuple[AppendResult, S]:
-        check_run_id(run_id)
-        check_actor(actor)
-        check_idempotency_key(idempotency_key, actor)
-        token = LeaseToken.parse(lease) if lease is not None else None
-        actor_s = str(actor)
-        digest = request_digest(actor_s, None, [digest_of or b""]) if idempotency_key else None
+        req = plan.execute_request(run_id, actor=actor, key=idempotency_key, lease=lease, digest_of=digest_of)
 
-        def plan(head: Head | None, max_lease: int, state: Any) -> Any:
+        def planned(head: Head | None, max_lease: int, state: Any) -> Any:
             decision = decide(state, head)
             if not decision.events:
-                seq = head.last_seq if head else 0
-                return AppendResult(run_id, "unchanged", seq, seq, ())
-            if decision.lease is not None and (token is None or token.lease != decision.lease):
-                raise StaleLease(
-                    f"a write under lease {decision.lease} of run {run_id} must carry that "
-                    "lease's token (the one its claim printed); nothing was written",
-                    run_id=run_id, lease=decision.lease, why="no_token",
-                )
-            self._check_fence(run_id, head, None, decision.lease, max_lease)
+                return plan.unchanged(run_id, head)
+            plan.check_decision(run_id, decision, req.token, head, max_lease)
             return decision.events, decision.lease
 
         with self._lock:
-            return self._write_resent(run_id, aggregate, actor_s, idempotency_key, digest, token, plan,
+            return self._write_resent(run_id, aggregate, req.actor, req.key, req.digest, req.token, planned,
                                       "committing a command")
 
     def _write_resent(self, *args: Any) -> tuple[AppendResult, Any]:
@@ -2029,62 +1618,21 @@ class PostgresStore(EventStore):
 
     def attach(self, aggregate: Aggregate[Any], hook: Callable[..., None], *, keeps_views: bool = False,
                reads_position: bool = True) -> None:
-        self._hooks.append((aggregate, hook))
+        FoldingStore.attach(self, aggregate, hook, keeps_views=keeps_views)
         # A guessed write knows its write ids only on the server (_Sql): a hook that reads
         # the position it is given turns guessing off for this store.
         self._guessable = self._guessable and not reads_position
-        # A write is marked as keeping the views only if a hook keeps all of them: one that
-        # keeps a few (a subset projector, any other hook) leaves the rest to catch-up.
-        self._keeps_views = self._keeps_views or keeps_views
-
-    def _run_hooks(self, run_id: str, head: Head, known: list[tuple[Aggregate[Any], Any]]
-                   ) -> tuple[Head | None, list[tuple[Aggregate[Any], Any]]]:
-        if not self._hooks:
-            return None, []
-        folded = []
-        for aggregate, hook in self._hooks:
-            state = next((st for agg, st in known if agg is aggregate), _MISSING)
-            if state is _MISSING:
-                state = self._state(run_id, aggregate, head)
-            hook(self._txn, run_id, state, head.last_position)
-            folded.append((aggregate, state))
-        return head, folded
-
-    def _remember_all(self, run_id: str, folded: tuple[Head | None, list[tuple[Aggregate[Any], Any]]]) -> None:
-        head, states = folded
-        if head is None:
-            return
-        for aggregate, state in states:
-            self._remember(aggregate, run_id, head.last_seq, head.last_hash, state)
-
-    def _remember(self, aggregate: Aggregate[Any], run_id: str, seq: int, h: bytes, state: Any) -> None:
-        ckey = (id(aggregate), run_id)
-        self._cache[ckey] = (aggregate, seq, h, state)
-        self._cache.move_to_end(ckey)
-        while len(self._cache) > 4096:
-            self._cache.popitem(last=False)
-
-    def _state(self, run_id: str, aggregate: Aggregate[S], head: Head | None) -> S:
-        """The fold at the head, from a cached fold when it is still on the chain."""
-        if head is None:
-            return aggregate.initial(run_id)
-        ckey = (id(aggregate), run_id)
-        cached = self._cache.get(ckey)
-        if cached is not None and cached[0] is aggregate and cached[1] <= head.last_seq:
-            _, seq, h, state = cached
-            if seq == head.last_seq and h == head.last_hash:
-                self._cache.move_to_end(ckey)
-                return state
-            row = self._x("SELECT hash FROM events WHERE run_id=%s AND seq=%s", (run_id, seq)).fetchone()
-            if row is not None and _b(row[0]) == h:
-                if aggregate.lean:
-                    return aggregate.evolve_all(state, self._steps(run_id, seq, None))
-                return aggregate.evolve_all(state, self._read_run_page(run_id, seq, None))
-        if aggregate.lean:
-            return aggregate.evolve_all(aggregate.initial(run_id), self._lineage_steps(run_id, None))
-        return aggregate.evolve_all(aggregate.initial(run_id), self.history(run_id))
 
     # --- reading ---------------------------------------------------------------------
+
+    def _hash_at(self, run_id: str, seq: int) -> bytes | None:
+        row = self._x("SELECT hash FROM events WHERE run_id=%s AND seq=%s", (run_id, seq)).fetchone()
+        return None if row is None else _b(row[0])
+
+    @contextlib.contextmanager
+    def _reading(self, doing: str = "reading") -> Iterator[None]:
+        with self._lock, self._mapped(doing):
+            yield
 
     def _read_run_page(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Recorded]:
         # An event committed but not sealed yet reads with position 0 (the reader seals
@@ -2097,7 +1645,7 @@ class PostgresStore(EventStore):
             args.append(until_seq)
         return [_rec(r) for r in self._x(sql + " ORDER BY e.seq", args)]
 
-    def _steps(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Step]:
+    def _steps_page(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Step]:
         sql = "SELECT seq, type, recorded_us, payload, actor FROM events WHERE run_id=%s AND seq>%s"
         args: list[Any] = [run_id, after_seq]
         if until_seq is not None:
@@ -2109,29 +1657,6 @@ class PostgresStore(EventStore):
             events = [rec.event for rec in self._read_run_page(run_id, after_seq, until_seq)]
             steps = [Step(run_id, seq, type_, at_us, event, actor) for (seq, type_, at_us, _, actor), event in zip(rows, events)]
         return steps
-
-    def _lineage_steps(self, run_id: str, until_seq: int | None) -> Iterator[Step]:
-        cursor = 0
-        while until_seq is None or cursor < until_seq:
-            stop = cursor + PAGE if until_seq is None else min(cursor + PAGE, until_seq)
-            with self._lock, self._mapped("reading"):
-                page = self._steps(run_id, cursor, stop)
-            if cursor == 0 and page and page[0].type == "run_forked":
-                fork = page[0].event
-                assert isinstance(fork, ev.RunForked)
-                yield from self._lineage_steps(fork.parent, fork.parent_seq)
-            yield from page
-            if len(page) < stop - cursor:
-                return
-            cursor = stop
-
-    def fold(self, run_id: str, aggregate: Aggregate[S], *, until_seq: int | None = None) -> S:
-        if not aggregate.lean:
-            return super().fold(run_id, aggregate, until_seq=until_seq)
-        check_run_id(run_id)
-        if until_seq is not None:
-            check_seq(until_seq, "until_seq")
-        return aggregate.evolve_all(aggregate.initial(run_id), self._lineage_steps(run_id, until_seq))
 
     def read_run(self, run_id: str, *, after_seq: int = 0, until_seq: int | None = None) -> Iterator[Recorded]:
         check_run_id(run_id)
@@ -2276,10 +1801,10 @@ class PostgresStore(EventStore):
         admit: Callable[[Any, Recorded, ev.Event], None] | None = None,
         before_commit: Callable[[], None] | None = None,
     ) -> dict[str, int]:
-        """Insert exported events verbatim, all or nothing, with the SQLite store's checks
-        (ledger/postgres_import.py); already-present events are skipped."""
-        from .postgres_import import PgImport
-
+        """Insert exported events verbatim, all or nothing (ledger/importing.py), inside a
+        write transaction that excludes every other write and holds the seal lock: imported
+        events take the next positions after the sealed tail, with their write ids drawn
+        from the ledger's sequence."""
         with self._lock:
             self._begin("importing", exclusive=True)
             ok = False
@@ -2287,12 +1812,8 @@ class PostgresStore(EventStore):
                 # The import gives its events their positions itself: the insert trigger
                 # only queues them (QUEUE_FUNCTION).
                 self._x("SELECT set_config('handoff.importing', 'on', true)")
-                run = PgImport(self, aggregate, admit)
-                for item in items:
-                    run.add(*item)
-                touched = run.finish()
-                if before_commit is not None:
-                    before_commit()
+                self._free_ids: list[int] = []
+                counts, touched = run_import(self, items, aggregate, admit, before_commit)
                 ok = True
             except psycopg.Error as exc:
                 raise _explain(exc, "importing", self.path) from exc
@@ -2300,14 +1821,61 @@ class PostgresStore(EventStore):
                 self._finish(ok, "committing an import")
         for run_id, folded in touched:
             self._remember_all(run_id, folded)
-        return {"imported": run.imported, "skipped": run.skipped, "runs": len(run.seen)}
+        return counts
+
+    def _import_tail(self) -> tuple[int, bytes]:
+        position, ghash = self._x("SELECT position, global_hash FROM ledger_tail").fetchone()
+        return position, _b(ghash)
+
+    def _key_used(self, run_id: str, key: str) -> bool:
+        return self._x("SELECT 1 FROM events WHERE run_id=%s AND idem_key=%s", (run_id, key)).fetchone() is not None
+
+    def _next_id(self) -> int:
+        if not self._free_ids:
+            (base,) = self._x("SELECT nextval('events_id_seq')").fetchone()
+            self._free_ids = list(range(base + ID_BLOCK - 1, base - 1, -1))
+        return self._free_ids.pop()
+
+    def _import_rows(self, rows: list[ImportRow], heads: list[ImportHead]) -> None:
+        """Insert the rows under fresh write ids, with their positions in the ledger order
+        at once; the heads keep their spans in write ids."""
+        by_run = {h.run_id: h for h in heads}
+        events, order = [], []
+        viewed = self._keeps_views
+        for pos, r, digest, size, g in rows:
+            wid = self._next_id()
+            cur = by_run[r.run_id]
+            cur.last_position = wid
+            if cur.fresh:
+                cur.first_position, cur.fresh = wid, False
+            events.append((wid, r.run_id, r.seq, r.type, r.actor, r.lease, r.idempotency_key, digest, size,
+                           r.recorded_us, r.schema_version, r.payload, r.prev_hash, r.hash, viewed))
+            order.append((pos, wid, g))
+        conn = self._ready()
+        with conn.cursor() as cur:
+            if events:
+                cur.executemany(_INSERT, events)
+                cur.executemany("INSERT INTO ledger_order (position, event_id, global_hash) VALUES (%s,%s,%s)",
+                                order)
+            for h in heads:
+                f = h.fence
+                cur.execute(_UPSERT_HEAD, (h.run_id, h.seq, h.hash, f.lease, f.holder, f.max_lease,
+                                           h.first_position, h.last_position))
+                if f.digest_moved:
+                    cur.execute("UPDATE heads SET lease_digest=%s WHERE run_id=%s", (f.digest, h.run_id))
+
+    def _import_done(self, last_position: int, global_hash: bytes) -> None:
+        self._x("UPDATE ledger_tail SET position=%s, global_hash=%s", (last_position, bytes(global_hash)))
+        # The insert trigger queued the imported events, which already have their
+        # positions: the seal (as the owner) takes them off the queue.
+        self._x("SELECT count(*) FROM handoff_seal(true, '{}')")
 
     # --- checking --------------------------------------------------------------------
 
     def verify(self, run_id: str | None = None, *, progress: Callable[[int, int], None] | None = None
                ) -> list[Problem]:
         """Walk the log under one snapshot; report what is damaged ([] when sound)."""
-        from .postgres_verify import verify_snapshot
+        from .verify import verify_snapshot
 
         with self.read_transaction():
             with self._mapped("verifying"):
@@ -2382,17 +1950,8 @@ class PostgresStore(EventStore):
         """A consistent copy of the whole ledger into the new SQLite file ``path``: one
         snapshot of this database, imported there verbatim (positions and both chains
         carry over, so the copy's head digest is this ledger's)."""
-        from .sqlite import SqliteStore
-
-        dst = SqliteStore(path)
-        try:
-            self.seal()
-            with self.read_transaction():
-                dst.import_records(self.read_for_export())
-            position, ghash = dst.ledger_head()
-            return position, ghash, dst.count_runs()
-        finally:
-            dst.close()
+        self.seal()
+        return copy_to_file(self, path)
 
     # --- the rest of the interface ---------------------------------------------------
 
@@ -2403,12 +1962,19 @@ class PostgresStore(EventStore):
 
     def roles_sql(self, prefix: str = "handoff") -> str:
         """``roles_sql`` for this ledger's schema."""
-        return roles_sql(self.schema_name(), prefix)
+        return self.access_roles(prefix)["sql"]  # type: ignore[no-any-return]
+
+    def access_roles(self, prefix: str = "handoff") -> dict[str, Any]:
+        from .roles import roles_sql
+
+        schema = self.schema_name()
+        return {"schema": schema, "roles": {g: f"{prefix}_{g}" for g in ("writer", "watchdog", "auditor")},
+                "sql": roles_sql(schema, prefix)}
 
     @property
     def views(self) -> Any:
         if self._views is None:
-            from .postgres_views import PostgresViewStore
+            from .views import PostgresViewStore
 
             self._views = PostgresViewStore(self)
         return self._views
@@ -2452,28 +2018,16 @@ def _norm(sql: str) -> str:
     return " ".join(sql.replace(";", " ").split()).lower()
 
 
-class PostgresTransaction(Transaction):
+class PostgresTransaction(StoreTransaction):
     """The handle write_transaction, read_transaction and inline hooks receive."""
 
-    __slots__ = ("_store",)
-
-    def __init__(self, store: PostgresStore) -> None:
-        self._store = store
+    __slots__ = ()
 
     def head(self, run_id: str) -> Head | None:
         store = self._store
         if store._writing and not store._exclusive:
-            return store._head_row(run_id)[0]  # inside a write: its span in write ids, as its hooks see it
+            return store._head_locked(run_id)[0]  # inside a write: its span in write ids, as its hooks see it
         return store._public_head(run_id)
-
-    def state(self, run_id: str, aggregate: Aggregate[S], head: Head | None | object = _MISSING) -> S:
-        store = self._store
-        if head is _MISSING:
-            head = store._head_row(run_id)[0]
-        return store._state(run_id, aggregate, head)  # type: ignore[arg-type]
-
-    def fold(self, run_id: str, aggregate: Aggregate[S]) -> S:
-        return self._store.fold(run_id, aggregate)
 
     def runs_since(self, position: int) -> list[str]:
         """Runs with events after a write id (the views' cursor on this backend)."""
@@ -2491,102 +2045,6 @@ class PostgresTransaction(Transaction):
         everything committed was sealed when it began: no event can still appear below it."""
         return self._store._x("SELECT position FROM ledger_tail").fetchone()[0]
 
-    @property
-    def views(self) -> Any:
-        return self._store.views
-
-
-# --- least-privilege roles ---------------------------------------------------------------
-
-_ROLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
-#: The tables of the ledger proper. Every other table in the schema is a view table or a
-#: projection's tracking/version table, which appends keep inline.
-_LEDGER_TABLES = ("events", "heads", "ledger_tail", "ledger_order", "unsealed", "handoff_meta")
-
-
-def _quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def roles_sql(schema: str, prefix: str = "handoff") -> str:
-    """The SQL that creates the ledger's least-privilege group roles in ``schema``.
-
-    Three NOLOGIN roles (``<prefix>_writer``, ``<prefix>_watchdog``, ``<prefix>_auditor``);
-    make LOGIN roles members of them (``GRANT handoff_writer TO worker_host1``). Writer and
-    watchdog may append (INSERT on ``events``, never UPDATE, DELETE or TRUNCATE; the
-    heads, tail and view tables kept inline); the auditor only reads. None may create
-    tables, so a projection rebuild (shadow tables swapped in) stays the owner's. Run it
-    as the role that owns the ledger, after ``handoff init``: the default privileges it
-    sets apply to the tables that role creates later (a rebuild's, a new projection's).
-    Idempotent: running it twice changes nothing.
-    """
-    if not _ROLE_NAME.fullmatch(prefix):
-        raise InvalidInput(f"a role prefix is lower-case letters, digits and _, not {prefix!r}", field="prefix")
-    if not schema or "\x00" in schema:
-        raise InvalidInput(f"{schema!r} is not a schema name", field="schema")
-    s = _quote_ident(schema)
-    writer, watchdog, auditor = (f"{prefix}_{r}" for r in ("writer", "watchdog", "auditor"))
-    appenders = f"{writer}, {watchdog}"
-    everyone = f"{writer}, {watchdog}, {auditor}"
-    lit = "'" + f"{s}.events".replace("'", "''") + "'"
-    # The name in a comment line: a control character (a newline) would end the comment and
-    # turn the rest of a crafted schema name into SQL.
-    shown = re.sub(r"[\x00-\x1f\x7f]", "?", schema)
-    out = [
-        f"-- handoff-ledger least-privilege roles for schema {shown} (docs/postgres.md, roles).",
-        "-- Run as the role that owns the ledger's tables, after 'handoff init'.",
-        "BEGIN;",
-    ]
-    for role, what in ((writer, "workers and the CLI: open, claim, append"),
-                       (watchdog, "the watchdog: reads and appends (expiries, stalls)"),
-                       (auditor, "auditors and dashboards: reads only")):
-        out += [
-            f"-- {role}: {what}",
-            "DO $$ BEGIN",
-            f"  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN",
-            f"    CREATE ROLE {role} NOLOGIN;",
-            "  END IF;",
-            "END $$;",
-        ]
-    out += [
-        "DO $$ BEGIN",
-        f"  EXECUTE format('GRANT CONNECT ON DATABASE %I TO {everyone}', current_database());",
-        "END $$;",
-        f"GRANT USAGE ON SCHEMA {s} TO {everyone};",
-        # View tables, tracking and version tables: whatever the schema holds besides the ledger.
-        f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {s} TO {appenders};",
-        f"GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {auditor};",
-        f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {appenders};",
-        # The ledger proper: exactly what an append needs.
-        *(f"REVOKE ALL ON {s}.{t} FROM {appenders};" for t in _LEDGER_TABLES),
-        f"GRANT SELECT, INSERT ON {s}.events TO {appenders};",
-        f"GRANT SELECT, INSERT, UPDATE ON {s}.heads TO {appenders};",
-        f"GRANT SELECT ON {s}.ledger_tail, {s}.ledger_order TO {appenders};",
-        f"GRANT SELECT ON {s}.unsealed TO {appenders};",
-        # Sealing and queueing run as the owner (SECURITY DEFINER): callers need EXECUTE only.
-        f"REVOKE ALL ON FUNCTION {s}.handoff_seal(boolean, bigint[]), {s}.handoff_queue() FROM PUBLIC;",
-        f"GRANT EXECUTE ON FUNCTION {s}.handoff_seal(boolean, bigint[]) TO {everyone};",
-        f"GRANT EXECUTE ON FUNCTION {s}.handoff_queue() TO {appenders};",
-        # A write's locks and ids, and a guessed write's proof of its head (run as the caller).
-        f"REVOKE ALL ON FUNCTION {s}.handoff_begin_write(integer), "
-        f"{s}.handoff_expect_head(text, bigint, bytea) FROM PUBLIC;",
-        f"GRANT EXECUTE ON FUNCTION {s}.handoff_begin_write(integer), "
-        f"{s}.handoff_expect_head(text, bigint, bytea) TO {appenders};",
-        f"GRANT SELECT ON {s}.handoff_meta TO {appenders};",
-        # Tables the owner creates later (a rebuild's swapped-in tables, a new projection).
-        f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {appenders};",
-        f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT SELECT ON TABLES TO {auditor};",
-        f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT USAGE ON SEQUENCES TO {appenders};",
-        # Belt and braces: the log is never changed, whoever granted what before.
-        f"REVOKE UPDATE, DELETE, TRUNCATE ON {s}.events, {s}.ledger_order FROM {everyone};",
-        f"REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON {s}.ledger_order, {s}.unsealed, {s}.ledger_tail "
-        f"FROM {everyone};",
-        f"REVOKE CREATE ON SCHEMA {s} FROM {everyone};",
-        f"-- check: SELECT has_table_privilege('{writer}', {lit}, 'DELETE');  -- false",
-        "COMMIT;",
-    ]
-    return "\n".join(out) + "\n"
-
 
 def rebuild_refusal(store: PostgresStore) -> str | None:
     """Why this session may not rebuild projections (None if it may): a rebuild creates
@@ -2596,7 +2054,7 @@ def rebuild_refusal(store: PostgresStore) -> str | None:
         "SELECT current_user, current_schema(), has_schema_privilege(current_schema(), 'CREATE'), "
         "(SELECT count(*) FROM pg_tables WHERE schemaname = current_schema() "
         " AND tablename <> ALL(%s) AND NOT pg_has_role(tableowner, 'USAGE'))",
-        (list(_LEDGER_TABLES),),
+        (list(LEDGER_TABLES),),
     ).fetchone()
     user, schema, may_create, foreign = row
     if may_create and not foreign:

@@ -1,6 +1,6 @@
 """The SQLite store's view store: projection tables in the same file as the log.
 
-Part of the SQLite backend (with ledger/sqlite.py): the only place that turns the
+Part of the SQLite backend (with ledger/sqlite/store.py): the only place that turns the
 neutral table specs and read vocabulary of ledger/views.py into SQLite's dialect. Every
 method runs on the store's one connection under its lock; writes run inside a
 transaction the store opened (``write_transaction``, or an append for inline upkeep).
@@ -14,15 +14,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidInput
-from .sqlite import UNKEPT  # the file's table of writes that did not keep every projection
-from .views import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewStore
+from ..errors import InvalidInput
+from .schema import UNKEPT  # the file's table of writes that did not keep every projection
+from ..views import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewStore
 
 #: A tracking position meaning "never built over the log it has": catch-up folds from 0.
 UNBUILT = -1
 
 if TYPE_CHECKING:
-    from .sqlite import SqliteStore
+    from .store import SqliteStore
 
 _TYPES = {"text": "TEXT", "int": "INTEGER", "real": "REAL", "blob": "BLOB"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -185,7 +185,7 @@ class SqliteViewStore(ViewStore):
         catch-up must refold it from there.
 
         A tracking row says where a catch-up or rebuild left the projection; every write
-        since kept it unless a mark in views_unkept (ledger/sqlite.py) says the write did not:
+        since kept it unless a mark in views_unkept (ledger/sqlite/store.py) says the write did not:
         the projection is current up to just before the first such mark, or to the log's
         end. A file of schema 1 read as it is (read-only, never upgraded) has no marks:
         there every inline write moved the rows, and a row behind the log's end is behind."""
@@ -326,7 +326,7 @@ class SqliteViewStore(ViewStore):
             try:
                 return store._conn.execute(sql, args).fetchall()
             except sqlite3.Error as exc:
-                from .sqlite import _explain
+                from .driver import explain as _explain
 
                 raise _explain(exc, "reading the views", store.path) from exc
 

@@ -8,7 +8,7 @@ Every method runs on the store's connection under its lock; writes run inside a
 transaction the store opened. A view read inside a write transaction first takes the
 ledger's views lock exclusively (every write that keeps views holds it shared), so a
 decision that reads a view (an owner's load) cannot race another write that changes it.
-Positions here are write ids (ledger/postgres.py): the tracking rows and a view row's
+Positions here are write ids (ledger/postgres/store.py): the tracking rows and a view row's
 ``last_position`` hold them.
 """
 
@@ -20,12 +20,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidInput, StoreUnavailable
-from .postgres import preparable
-from .views import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewStore
+from ..errors import InvalidInput, StoreUnavailable
+from .store import preparable
+from ..views import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewStore
 
 if TYPE_CHECKING:
-    from .postgres import PostgresStore
+    from .store import PostgresStore
 
 #: Text compares bytewise ("C"), as on SQLite, so orders and key ranges agree across backends.
 _TYPES = {"text": 'text COLLATE "C"', "int": "bigint", "real": "double precision", "blob": "bytea"}
@@ -110,7 +110,7 @@ class Table:
         self.select_run = f"SELECT {', '.join(self.order)} FROM {table} WHERE run_id=%s"
         self.delete_key = f"DELETE FROM {table} WHERE {' AND '.join(f'{c}=%s' for c in spec.pk)}"
         self.delete_run = f"DELETE FROM {table} WHERE run_id=%s"
-        # What a write sends for this table is prepared once per connection (ledger/postgres.py,
+        # What a write sends for this table is prepared once per connection (ledger/postgres/store.py,
         # _multi); a shadow table of a rebuild is written once, and not prepared.
         if not table.endswith("__new"):
             for sql in (self.upsert, self.upsert_changed, self.update, self.delete_key, self.delete_run):
@@ -144,7 +144,7 @@ class PostgresViewStore(ViewStore):
         self._specs: dict[str, TableSpec] = {}
         #: {(table, run): the values of the run's rows} as this store's last committed write
         #: left them, and what the write being gathered sends (``settled`` moves them over).
-        #: A guessed write (ledger/postgres.py, _guess) sends no statement for rows that are
+        #: A guessed write (ledger/postgres/store.py, _guess) sends no statement for rows that are
         #: equal: the guess commits only where the run's head is the one this store's last
         #: write left, so no write has changed the run since, and view rows are a function
         #: of the run's events (a rebuild or a catch-up elsewhere writes the same values).
@@ -208,7 +208,7 @@ class PostgresViewStore(ViewStore):
     def prepare(self, views: Mapping[str, tuple[TableSpec, int]]) -> None:
         self.forget()  # the tables are made anew: no row is known
         x = self._x
-        # id_mark: the last write id when the position was set (ledger/postgres.py: every
+        # id_mark: the last write id when the position was set (ledger/postgres/store.py: every
         # write below it had committed), the point from which lagging() looks for writes
         # that did not keep the views.
         x(f"CREATE TABLE IF NOT EXISTS {TRACKING} (name text PRIMARY KEY, position bigint NOT NULL,"
@@ -327,7 +327,7 @@ class PostgresViewStore(ViewStore):
 
     def create_shadows(self, specs: Sequence[TableSpec]) -> list[Table]:
         self.forget()  # the tables are made anew: no row is known
-        from .postgres import rebuild_refusal
+        from .store import rebuild_refusal
 
         why = rebuild_refusal(self._store)
         if why is not None:  # a writer or auditor role: typed, before any psycopg error

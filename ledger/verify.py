@@ -1,0 +1,128 @@
+"""The verify walk every backend runs: each run's chain, seqs and payloads, then its head.
+
+A dialect feeds ``walk`` its events (with the unit its heads table keeps a run's span
+in: a position, or PostgreSQL's write id) inside one read snapshot, checks its own
+ledger-wide chain, and hands ``check_heads`` its heads; the rules of what is damaged
+are written here once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from . import events as ev
+from .plan import LeaseState
+from .store import GENESIS_HASH, Head, Problem, Recorded, chain_hash
+
+_LEASE_TYPES = frozenset(("lease_granted", "lease_released", "lease_revoked"))
+
+
+class Walk:
+    """What the walk found: problems, the runs broken (later events of theirs unread),
+    and per sound run its last (seq, hash), its span, and the fence its lease events set."""
+
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+        self.broken: set[str] = set()
+        self.seen: dict[str, tuple[int, bytes]] = {}
+        self.spans: dict[str, tuple[int, int]] = {}
+        self.fences: dict[str, LeaseState] = {}
+
+
+def _problem_of(rec: Recorded, last_seq: int, prev: bytes) -> tuple[str, str] | None:
+    if not all(isinstance(v, bytes) for v in (rec.payload, rec.prev_hash, rec.hash)) or not all(
+        isinstance(v, int) for v in (rec.seq, rec.recorded_us, rec.schema_version)
+    ):
+        return ("bad_type", "a column holds a value of the wrong type (edited behind the store)")
+    if rec.seq != last_seq + 1:
+        return ("seq_gap", f"seq {rec.seq} follows seq {last_seq}")
+    if rec.prev_hash != prev:
+        return ("broken_link", "prev_hash does not match the previous event's hash")
+    if rec.hash != chain_hash(rec.prev_hash, rec.run_id, rec.seq, rec.type, rec.actor, rec.lease,
+                              rec.idempotency_key, rec.recorded_us, rec.schema_version, rec.payload):
+        return ("bad_hash", "the event's content does not match its hash")
+    try:
+        event = ev.decode(rec.payload)
+        if ev.tag_of(event) != rec.type:
+            return ("type_mismatch", f"type column {rec.type} but payload is {ev.tag_of(event)}")
+    except Exception as exc:  # msgspec errors, bad UTF-8
+        return ("undecodable", f"payload cannot be decoded: {exc}")
+    return None
+
+
+def walk(records: Iterable[tuple[Recorded, int]], *, whole: bool, total: int,
+         progress: Callable[[int, int], None] | None) -> Walk:
+    """Walk (record, span id) pairs in ledger order (a run's own in seq order). ``whole``:
+    the whole ledger, so a hole in the positions is a problem too. Reports the first
+    problem of each run (later ones usually follow from it). A record with position 0
+    (committed, not yet given one) is checked but takes no part in the gap check."""
+    out = Walk()
+    expected_pos = None
+    for rec, span_id in records:
+        if whole and rec.position:
+            if expected_pos is not None and rec.position != expected_pos:
+                out.problems.append(Problem("position_gap", rec.run_id, rec.seq, rec.position,
+                                            f"positions jump from {expected_pos - 1} to {rec.position}: "
+                                            "events are missing"))
+            expected_pos = rec.position + 1
+        if progress is not None and rec.position and rec.position % 10_000 == 0:
+            progress(rec.position, total)
+        if rec.run_id in out.broken:
+            continue
+        last_seq, prev = out.seen.get(rec.run_id, (0, GENESIS_HASH))
+        problem = _problem_of(rec, last_seq, prev)
+        if problem:
+            out.broken.add(rec.run_id)
+            out.problems.append(Problem(problem[0], rec.run_id, rec.seq, rec.position, problem[1]))
+            continue
+        out.seen[rec.run_id] = (rec.seq, rec.hash)
+        span = out.spans.get(rec.run_id)
+        out.spans[rec.run_id] = (span_id if span is None else span[0], span_id)
+        if rec.type in _LEASE_TYPES:
+            fence = out.fences.get(rec.run_id)
+            if fence is None:
+                fence = out.fences[rec.run_id] = LeaseState(None, None, 0)
+            fence.move(ev.decode(rec.payload))
+    return out
+
+
+def check_heads(found: Walk, heads: dict[str, Head], fence_of: Callable[[str], tuple], unit: str) -> list[Problem]:
+    """Each sound run's head against the log: seq and hash, span (in ``unit``: "positions"
+    or "write ids"), fence and token digest. ``fence_of(run_id)`` reads the heads row's
+    (lease, holder, highest lease, token digest)."""
+    problems = []
+    for rid, (last_seq, last_hash) in found.seen.items():
+        if rid in found.broken:
+            continue
+        h = heads.get(rid)
+        if h is None or h.last_seq != last_seq or h.last_hash != last_hash:
+            problems.append(Problem("head_mismatch", rid, last_seq, None,
+                                    f"the heads table says seq {h.last_seq if h else None}, the log ends "
+                                    f"at seq {last_seq}: events were removed or added behind the store"))
+            continue
+        span = found.spans[rid]
+        if (h.first_position, h.last_position) != span:
+            problems.append(Problem("head_mismatch", rid, last_seq, None,
+                                    f"the heads table places the run at {unit} {h.first_position}-"
+                                    f"{h.last_position}, the log at {span[0]}-{span[1]}: the "
+                                    "heads row was edited behind the store"))
+            continue
+        fence = found.fences.get(rid) or LeaseState(None, None, 0)
+        want = (fence.lease, fence.holder, fence.max_lease)
+        row = fence_of(rid)
+        if tuple(row[:3]) != want:
+            problems.append(Problem("fence_mismatch", rid, last_seq, None,
+                                    f"the heads table fences with lease {row[0]} (holder {row[1]}, highest "
+                                    f"{row[2]}) but the log's lease events say {want[0]} (holder {want[1]}, "
+                                    f"highest {want[2]}): writes would be checked against a forged lease"))
+            continue
+        if row[3] != fence.digest:
+            problems.append(Problem("fence_mismatch", rid, last_seq, None,
+                                    f"the heads table holds another lease token digest than the grant of lease "
+                                    f"{want[0]} in the log: a token nobody was given would be accepted as the "
+                                    "holder's (the heads row was edited behind the store)"))
+    for rid, h in heads.items():
+        if rid not in found.seen and rid not in found.broken:
+            problems.append(Problem("head_mismatch", rid, None, None,
+                                    f"run {rid} has a head at seq {h.last_seq} but no events"))
+    return problems
