@@ -7,6 +7,7 @@
     python -m benchmarks --only commands # one area
     python -m benchmarks --json          # machine-readable results on stdout
     python -m benchmarks --markdown --save results.json   # Markdown table, JSON kept too
+    python -m benchmarks --from results.json --markdown    # the saved run's table again
     python -m benchmarks --only command-single --profile  # cProfile the handoff side
     python -m benchmarks --only command-single --profile --profiler pyinstrument
 
@@ -35,12 +36,14 @@ from .harness import (
     RATIO_CONVENTION,
     Runner,
     Scenario,
+    ScenarioResult,
     filesystem_of,
     format_goals,
     format_markdown,
     format_metrics,
     format_notes,
     format_table,
+    result_from_json,
 )
 
 
@@ -61,6 +64,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print results as JSON instead of a table")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     p.add_argument("--save", metavar="FILE", help="also write the JSON results to FILE")
+    p.add_argument("--from", dest="saved", metavar="FILE",
+                   help="run nothing: print the report of a run saved with --save (with --markdown, "
+                        "its table as Markdown)")
     p.add_argument("--dir", default=None,
                    help="where to put the scratch databases (default: the system temp dir)")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
@@ -162,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             goals = "; ".join(g.text for g in sc.all_goals()) or "no goal"
             print(f"{sc.name:20} [{sc.area}] {sc.title} (goals: {goals})\n    {sc.measures}\n")
         return 0
+    if args.saved:
+        return _print_saved(args.saved, registry, markdown=args.markdown, as_json=args.json)
     scenarios = _select(registry, args.only)
     if args.profile:
         return _profile(scenarios, args)
@@ -198,11 +206,40 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
+    _print_report(report, results, markdown=args.markdown)
+    return 0
 
+
+def _print_saved(path: str, registry: dict[str, Scenario], *, markdown: bool, as_json: bool) -> int:
+    """Print a run saved with ``--save`` as the run itself printed it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            report = json.load(f)
+        saved = report["scenarios"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"cannot read the saved benchmark run {path}: {e}; "
+                         "make one with: python -m benchmarks --save FILE") from None
+    unknown = [s["scenario"] for s in saved if s["scenario"] not in registry]
+    if unknown:
+        raise SystemExit(f"{path} holds scenarios this checkout does not have: {', '.join(unknown)}")
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return 0
+    results = [result_from_json(s, registry[s["scenario"]]) for s in saved]
+    _print_report(report, results, markdown=markdown)
+    return 0
+
+
+def _print_report(report: dict[str, Any], results: list[ScenarioResult], *, markdown: bool) -> None:
+    """The human report of one run: header, table, goals, side figures, notes."""
+    machine, quick = report["machine"], report["mode"] == "quick"
+    scenarios = [r.scenario for r in results]
+    counts = {name: (report["repeat"][name], report["warmup"][name]) for name in report["repeat"]}
+    total = report["seconds"]
     reps = sorted({c for c in counts.values()}, reverse=True)
     how = ", ".join(f"{r} timed repeat{'s' if r != 1 else ''} after {w} warm-up" for r, w in reps)
     mode = ("QUICK smoke run: tiny sizes, 1 repeat; these numbers are not measurements"
-            if args.quick else f"full run: medians of {how} (per scenario, see --list)")
+            if quick else f"full run: medians of {how} (per scenario, see --list)")
     print(f"handoff-ledger benchmarks, {mode}")
     print(f"machine: {machine['platform']}, {machine['cpus']} CPUs, Python {machine['python']}, "
           f"SQLite {machine['sqlite']}, msgspec {machine['msgspec']}; load average "
@@ -218,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         kinds.append("latency rows: median time per operation (spread: p95)")
     print("; ".join(kinds + [RATIO_CONVENTION]))
     print()
-    print(format_markdown(results, args.quick) if args.markdown else format_table(results, args.quick))
-    goals = format_goals(results, args.quick)
+    print(format_markdown(results, quick) if markdown else format_table(results, quick))
+    goals = format_goals(results, quick)
     if goals:
         print("\ngoals:")
         print(goals)
@@ -230,7 +267,6 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_notes(results))
     print(f"\ntotal {total:.0f}s")
-    return 0
 
 
 if __name__ == "__main__":

@@ -197,6 +197,9 @@ class SideResult:
     latencies: list[float] = dataclasses.field(default_factory=list)
     #: Other figures, one value per timed repeat (``Measured.metrics``).
     metrics: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    #: Percentile -> seconds, for a result read back from a saved run, whose JSON keeps
+    #: the median and p95 but not every latency.
+    percentiles: dict[float, float] = dataclasses.field(default_factory=dict)
 
     @property
     def median(self) -> float | None:
@@ -212,6 +215,8 @@ class SideResult:
 
     def latency(self, q: float) -> float | None:
         """The q-th percentile of the per-operation latencies, in seconds."""
+        if not self.latencies:
+            return self.percentiles.get(q)
         return percentile(self.latencies, q)
 
     def metric(self, name: str) -> float | None:
@@ -338,7 +343,7 @@ class ScenarioResult:
                     "missing": s.missing,
                     "error": s.error,
                     "note": s.note,
-                    "samples_per_s": [round(x, 1) for x in s.samples],
+                    "samples_per_s": s.samples,
                     "median_per_s": s.median,
                     "min_per_s": s.min,
                     "max_per_s": s.max,
@@ -353,6 +358,24 @@ class ScenarioResult:
                 for s in self.sides
             ],
         }
+
+
+def result_from_json(saved: dict[str, Any], scenario: Scenario) -> ScenarioResult:
+    """A scenario's result as :meth:`ScenarioResult.to_json` saved it, so a saved run prints
+    the same table as the live one (``python -m benchmarks --from FILE``). Its goals are
+    the scenario's as the code states them now."""
+    lat = scenario.kind == "latency"
+    sides = [
+        SideResult(
+            name=s["name"], role=s["role"], status=s["status"], samples=list(s["samples_per_s"]),
+            missing=list(s["missing"]), note=s["note"], error=s["error"],
+            metrics={k: list(v) for k, v in s["metrics"].items()},
+            percentiles={q: s[f"p{q}_ms"] / 1e3 for q in (50, 95)
+                         if lat and s.get(f"p{q}_ms") is not None},
+        )
+        for s in saved["sides"]
+    ]
+    return ScenarioResult(scenario, dict(saved["params"]), sides, saved["seconds"])
 
 
 def _time_trial(side: Side, ctx: Ctx) -> tuple[float, Measured | None]:
@@ -534,7 +557,8 @@ def _value(sc: Scenario, r: SideResult) -> str:
 
 def _spread(sc: Scenario, r: SideResult) -> str:
     if sc.kind == "latency":
-        return "-" if not r.latencies else f"p95 {_ms(r.latency(95))}"
+        p95 = r.latency(95)
+        return "-" if p95 is None else f"p95 {_ms(p95)}"
     return "-" if not r.samples else f"{_rate(r.min)}-{_rate(r.max)}"
 
 

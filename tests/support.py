@@ -1,10 +1,20 @@
-"""Small helpers the test packages share (tests/cli and tests/faults run real processes)."""
+"""Small helpers the test packages share (real processes, ledger files of earlier versions).
+
+One home for each: a helper that two test files need lives here, not in both.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
+import subprocess
 import sys
+from pathlib import Path
+
+#: The repository root: children run from it, with it on their import path, so a
+#: ``python -c`` child imports the code under test as the tests do.
+ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 def executable() -> list[str]:
@@ -14,3 +24,35 @@ def executable() -> list[str]:
         return [here]
     found = shutil.which("handoff")
     return [found] if found else [sys.executable, "-m", "handoff.cli"]
+
+
+def spawn(code: str, *args: object) -> subprocess.Popen[str]:
+    """Start ``python -c code args...`` from the repository root, its output captured."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *map(str, args)],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 120) -> str:
+    """Wait for a :func:`spawn` child and return its stdout; a child that failed fails the
+    test with both its streams, so the reason is in the report."""
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"subprocess failed ({proc.returncode}):\n{out}\n{err}"
+    return out
+
+
+def file_from_dump(dump: str, path: str | os.PathLike[str]) -> str:
+    """A ledger file at ``path`` restored from ``dump``, the SQL text of a file an earlier
+    version wrote (tests/ledger/fixtures/), in WAL mode as that version left its files.
+    Kept as SQL, not as a binary file, so the fixture can be read and diffed."""
+    path = str(path)
+    conn = sqlite3.connect(path)
+    try:
+        with open(dump, encoding="utf-8") as f:
+            conn.executescript(f.read())
+        conn.execute("PRAGMA journal_mode=WAL")
+    finally:
+        conn.close()
+    return path

@@ -104,3 +104,33 @@ def test_the_report_warns_when_the_server_does_not_flush_before_it_acknowledges(
     for unsafe in (dict(base, synchronous_commit="off"), dict(base, fsync="off")):
         assert not durable(unsafe)
         assert "warning: this server acknowledges commits before their WAL is flushed" in describe_line(unsafe)
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "benchmarks", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_saved_run_prints_the_same_report_as_the_run(tmp_path):
+    """docs/performance.md's table is printed from a saved run (--from), so it can be
+    regenerated without measuring again: it must be the table the run itself printed, for
+    throughput rows (medians and min-max) and latency rows (median and p95) alike."""
+    saved = tmp_path / "run.json"
+    live = _bench("--quick", "--quiet", "--markdown", "--save", str(saved), "--dir", str(tmp_path),
+                  "--only", "append-single,fold-100")
+    assert live.returncode == 0, live.stderr[-2000:]
+    assert "| append-single |" in live.stdout and "| fold-100 |" in live.stdout, live.stdout
+    again = _bench("--from", str(saved), "--markdown")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout == live.stdout
+    assert _bench("--from", str(saved)).stdout != live.stdout  # without --markdown: the plain table
+
+
+def test_a_saved_run_that_cannot_be_read_is_refused_with_what_to_do(tmp_path):
+    bad = tmp_path / "run.json"
+    bad.write_text("{not json")
+    for path in (bad, tmp_path / "missing.json"):
+        done = _bench("--from", str(path))
+        assert done.returncode != 0 and done.stdout == ""
+        assert f"cannot read the saved benchmark run {path}" in done.stderr and "--save" in done.stderr
+        assert "Traceback" not in done.stderr

@@ -1134,7 +1134,7 @@ class StoreConformance:
         # The hook sees its own write: the fold after it, and a head that agrees with the
         # position it is given. That position is the ledger position where the backend
         # knows it before the commit (SQLite), the write id where positions are sealed
-        # after the commit (PostgreSQL: docs/postgres.md, "Order"); it grows either way.
+        # after the commit (PostgreSQL: docs/architecture.md, "PostgreSQL: what a write does"); it grows either way.
         assert [(r, st) for r, st, _, _ in seen] == [("a", 2), ("a", 3)]
         assert all(pos == head_pos for _, _, pos, head_pos in seen)
         assert seen[0][2] < seen[1][2]

@@ -13,16 +13,14 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
 from handoff.ledger.sqlite import SqliteStore
+from tests.support import finish, spawn
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FULL = os.environ.get("HANDOFF_TEST_SCALE") == "full"
 
 _PRELUDE = r"""
@@ -107,20 +105,6 @@ with open(ack, "a") as out:
 store.close()
 print(k)
 """
-
-
-def spawn(code: str, *args: object) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen(
-        [sys.executable, "-c", code, *map(str, args)],
-        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 120) -> str:
-    out, err = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, f"writer failed ({proc.returncode}):\n{err}"
-    return out
 
 
 def read_acks(path: str) -> list[dict]:

@@ -24,6 +24,7 @@ from handoff.ledger.store import Actor
 from handoff.projections import engine
 from handoff.reducers import stall
 from handoff.reducers.checkpoint import AGGREGATE
+from tests.support import file_from_dump
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "ledger_file1.sql")
 NAMES = [p.name for p in engine.PROJECTIONS]
@@ -32,13 +33,7 @@ FAR = 2_000_000_000_000_000
 
 @pytest.fixture
 def old_file(tmp_path) -> str:
-    path = str(tmp_path / "file1.db")
-    conn = sqlite3.connect(path)
-    with open(FIXTURE, encoding="utf-8") as f:
-        conn.executescript(f.read())
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.close()
-    return path
+    return file_from_dump(FIXTURE, tmp_path / "file1.db")
 
 
 def raw(path: str, sql: str, args: tuple = ()) -> list[tuple]:

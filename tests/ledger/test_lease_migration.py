@@ -15,19 +15,14 @@ from handoff import Ledger
 from handoff.ledger import errors as E
 from handoff.ledger import events as ev
 from handoff.ledger.store import Actor
+from tests.support import file_from_dump
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "ledger_schema2.sql")
 
 
 @pytest.fixture
 def old_file(tmp_path) -> str:
-    path = str(tmp_path / "old.db")
-    conn = sqlite3.connect(path)
-    with open(FIXTURE, encoding="utf-8") as f:
-        conn.executescript(f.read())
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.close()
-    return path
+    return file_from_dump(FIXTURE, tmp_path / "old.db")
 
 
 def columns(path: str) -> list[str]:

@@ -1,5 +1,6 @@
 """A command costs at most two round trips to the server (issue 12): counted on the wire,
-by a proxy that reads the protocol (tests/ledger/pg_wire.py)."""
+by the proxy the pg-round-trips benchmark counts with (benchmarks/postgres_proxy.py), so
+the test and the benchmark count the same thing."""
 
 from __future__ import annotations
 
@@ -9,23 +10,25 @@ from handoff.api import Ledger
 from handoff.ledger import events as ev
 from handoff.ledger.postgres import PostgresStore
 from handoff.ledger.store import Actor
-from tests.ledger.pg_wire import CountingProxy
 from tests.pg import fresh_url
+
+from benchmarks.postgres_proxy import CountingProxy
 
 
 @pytest.fixture
 def proxied():
-    proxy = CountingProxy()
     url = fresh_url()
+    proxy = CountingProxy(url)
     PostgresStore(url).close()
     yield proxy, proxy.url(url)
     proxy.close()
 
 
 def _cost(proxy: CountingProxy, fn) -> int:
-    before = proxy.requests
+    """Round trips ``fn`` costs: client bursts that each wait for the server's answer."""
+    proxy.mark()
     fn()
-    return proxy.requests - before
+    return proxy.since_mark()[0]
 
 
 def test_a_command_is_one_round_trip_where_this_process_left_the_run(proxied):
@@ -103,10 +106,11 @@ def test_a_refusal_is_decided_from_the_server_not_from_the_guess(proxied):
         run = lg.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
         lease = lg.claim(run, "w1")
         lg.release(run, lease)
-        before, sent = lg.store.head(run), proxy.requests
+        before = lg.store.head(run)
+        proxy.mark()
         with pytest.raises(StaleLease):
             lg.heartbeat(run, lease)
-        assert proxy.requests - sent == 2
+        assert proxy.since_mark()[0] == 2
         assert lg.store.head(run) == before
 
 

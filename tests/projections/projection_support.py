@@ -1,4 +1,5 @@
-"""Shared helpers for the projection tests: table dumps, a clock, bulk histories, subprocesses.
+"""Shared helpers for the projection tests: table dumps, a clock, bulk histories.
+(Subprocesses: tests/support.py.)
 
 Named ``projection_support`` (not ``helpers``) because these test directories have no
 ``__init__.py``: pytest imports each file by its basename, and a package here named
@@ -9,8 +10,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import subprocess
-import sys
 from typing import Any
 
 from handoff import Actor, Ledger
@@ -18,7 +17,6 @@ from handoff.ledger import events as ev
 from handoff.ledger.store import lease_digest
 from handoff.projections import engine
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FULL = os.environ.get("HANDOFF_TEST_SCALE") == "full"
 T0 = 1_700_000_000_000_000  # a fixed epoch in µs, so histories are reproducible
 BUILDER = Actor("operator", "builder")
@@ -157,18 +155,4 @@ def build_log(lg: Ledger, runs: int, per_run: int, *, prefix: str = "bulk", cloc
             clock.advance(1_000)
         lg.store.append(f"{prefix}-{i:05d}", run_events(i, per_run), actor=BUILDER)
     return lg.store.last_position()
-
-
-def spawn(code: str, *args: object) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen(
-        [sys.executable, "-c", code, *map(str, args)],
-        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 60) -> str:
-    out, err = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, f"subprocess failed ({proc.returncode}):\n{out}\n{err}"
-    return out
 

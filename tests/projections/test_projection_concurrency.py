@@ -13,7 +13,9 @@ from handoff import Ledger
 from handoff.projections import queries
 from handoff.reducers.checkpoint import AGGREGATE
 
-from projection_support import FULL, dump, finish, integrity, leftover_tables, spawn
+from tests.support import finish, spawn
+
+from projection_support import FULL, dump, integrity, leftover_tables
 
 WRITER = """
 import sys

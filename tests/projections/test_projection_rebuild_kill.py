@@ -17,8 +17,10 @@ import time
 
 from handoff import Ledger
 
+from tests.support import finish, spawn
+
 from projection_support import (
-    FULL, Clock, build_log, dump, finish, integrity, leftover_tables, schema_objects, spawn,
+    FULL, Clock, build_log, dump, integrity, leftover_tables, schema_objects,
 )
 
 REBUILD = """
