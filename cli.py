@@ -1289,10 +1289,12 @@ def deliver(run: str, by: str, key: str, send_now: bool, timeout: float | None, 
             sent = lg.deliver(run, by, key, send=True, timeout_s=timeout, retries=retries)
         doc = {"run_id": run, "status": sent.status, "sent": sent.sent, "receipt": sent.receipt,
                "error": sent.error, "tries": sent.tries, **R.delivery_doc(sent.checkpoint)}
-        text = (f"{run}: delivery {key} confirmed: {sent.receipt}" if sent.status == "confirmed" and sent.sent else
+        # The receipt and the error are the target's words: one line each, escaped.
+        receipt, error = R.visible(sent.receipt or ""), R.visible(sent.error or "")
+        text = (f"{run}: delivery {key} confirmed: {receipt}" if sent.status == "confirmed" and sent.sent else
                 f"{run}: delivery {key} was already confirmed; nothing sent" if sent.status == "confirmed" else
-                f"{run}: delivery {key} failed: {sent.error}; a new attempt needs a new key" if sent.status == "failed"
-                else f"{run}: delivery {key} has no known outcome: {sent.error}. "
+                f"{run}: delivery {key} failed: {error}; a new attempt needs a new key" if sent.status == "failed"
+                else f"{run}: delivery {key} has no known outcome: {error}. "
                 + ("Send again with the same key." if honours_keys(sent.checkpoint.target) else
                    "Check the target, then record 'handoff delivered' or 'handoff delivery-failed'."))
         _emit(doc, as_json, text)
