@@ -1918,16 +1918,19 @@ def _texts(values: Any, field: str) -> tuple[str, ...]:
 
 
 def _count_lines(source: Any) -> int | None:
-    """How many lines a regular file holds from where it stands, read in 1 MiB chunks and
-    put back where it was; None for anything that cannot be read twice (a pipe, a list)."""
+    """How many lines a regular file holds from where it stands, read in 1 MiB chunks up to
+    the size it had when asked, and put back where it was; None for anything else (a pipe,
+    a list, and a device such as /dev/zero, which is seekable but never ends)."""
     try:
-        if not source.seekable():
+        if not source.seekable() or not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
             return None
         start = source.tell()
+        left = os.fstat(source.fileno()).st_size - start
     except (AttributeError, OSError, ValueError):
         return None
     n, last = 0, b""
-    while chunk := source.read(1 << 20):
+    while left > 0 and (chunk := source.read(min(1 << 20, left))):
+        left -= len(chunk)
         data = chunk.encode("utf-8", "surrogateescape") if isinstance(chunk, str) else chunk
         n += data.count(b"\n")
         last = data

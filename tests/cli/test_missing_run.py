@@ -49,6 +49,7 @@ ARGS = {
     "report": ["-o", "out.html"],
     "verify": [],
     "export": ["-o", "out.jsonl"],
+    "otel": ["-o", "out.json"],
 }
 
 
