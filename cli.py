@@ -2599,9 +2599,11 @@ def contract_schema(as_json: bool) -> None:
 @main.command()
 @json_option
 def doctor(as_json: bool) -> None:
-    """Print facts about the ledger file and the SQLite library under it, for support.
+    """Print facts about the ledger and the backend under it, for support: where it is,
+    the backend and its version, that backend's own settings, the counts and the
+    projections.
 
-    Exit 4 when the append-only triggers are missing or altered (the file was edited
+    Exit 4 when the append-only triggers are missing or altered (the ledger was edited
     behind the store).
 
     \b
@@ -2610,28 +2612,44 @@ def doctor(as_json: bool) -> None:
     """
     with _ledger() as lg:
         facts = lg.doctor()
+        is_file = lg.store.capabilities.is_file
     problems = facts.get("problems") or []
     if as_json:
         _emit(facts, True, None)
         if problems:
             _exit_damage_found()
         return
-    bug = facts.get("wal_reset_bug", {})
-    rows = [
-        ("path", facts.get("path")), ("sqlite", facts.get("sqlite_version")),
-        ("journal", f"{facts.get('journal_mode')}, synchronous {facts.get('synchronous')}, "
-                    f"wal_autocheckpoint {facts.get('wal_autocheckpoint')}"),
-        ("events", f"{facts.get('events')} in {facts.get('runs')} streams"),
-        ("projections", ", ".join(f"{k} at {v}" for k, v in (facts.get("projections") or {}).items())),
-        ("wal reset bug", ("affected version; " if bug.get("affected_version") else "not affected; ")
-         + str(bug.get("mitigation", ""))),
+    rows = [("file" if is_file else "address", _fact(facts["path"])),
+            ("backend", f"{facts['backend']} {facts['backend_version']}")]
+    # The backend's own settings: whatever its diagnostics() returned, each under its name.
+    rows += [(k.replace("_", " "), _fact(v)) for k, v in facts.items() if k not in _DOCTOR_OWN]
+    projections = ", ".join(f"{k} at {v}" for k, v in (facts.get("projections") or {}).items())
+    rows += [
+        ("events", f"{facts['events']} in {facts['runs']} streams"),
+        ("projections", projections or "none yet"),
+        ("append-only", "ok: the three triggers are in place" if not problems else
+         "PROBLEM: " + "; ".join(p["message"] for p in problems)),
     ]
-    rows.append(("append-only", "ok: the three triggers are in place" if not problems else
-                 "PROBLEM: " + "; ".join(p["message"] for p in problems)))
     width = max(len(k) for k, _ in rows)
     click.echo("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
     if problems:
         _exit_damage_found()
+
+
+#: The keys of ``Ledger.doctor()`` that doctor's text prints in rows of its own.
+_DOCTOR_OWN = frozenset({"path", "backend", "backend_version", "events", "runs", "projections", "problems"})
+
+
+def _fact(value: Any) -> str:
+    """One diagnostics value as text a newcomer reads: yes/no, "not known" for a missing
+    value, a mapping as "name: value; ..."."""
+    if value is None or value == "":
+        return "not known"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, dict):
+        return "; ".join(f"{k.replace('_', ' ')}: {_fact(v)}" for k, v in value.items()) or "none"
+    return str(value)
 
 
 # --- the worker wrapper and the demo ----------------------------------------------------------
@@ -2957,8 +2975,9 @@ the actor is self-declared).
 held before (null when new).
 **check**: `{"ok", "differences": [{"projection", "run_id", "column", "kept",
 "folded"}]}`. **rebuild**: `{"rebuilt": {projection: rows}}`. **doctor**: `Ledger.doctor()`
-as is (`path`, `sqlite_version`, `journal_mode`, `synchronous`, `events`, `runs`,
-`projections`, `problems`, ...); `problems` (same shape as verify's) names a missing or
+as is (`path`, `backend`, `backend_version`, then the backend's own settings (SQLite's
+`journal_mode` and `synchronous`, PostgreSQL's `database` and `role`, ...), `events`,
+`runs`, `projections`, `problems`); `problems` (same shape as verify's) names a missing or
 altered append-only trigger, and makes doctor exit 4.
 
 **export** writes JSON Lines, one event per line: `{"run_id", "seq", "type", "actor",

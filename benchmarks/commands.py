@@ -46,7 +46,7 @@ def _progress_events(n: int) -> list[ev.ProgressRecorded]:
 
 def open_ledger(path: str) -> Ledger:
     lg = Ledger(path, synchronous=SYNCHRONOUS)
-    _check(lg.store._conn, "handoff-ledger")
+    _check(lg.store.conn, "handoff-ledger")
     return lg
 
 

@@ -133,7 +133,7 @@ def _threads(threads: int, group_commit: bool):
 
         total = ctx.params["n"]
         lg = Ledger(path_in(ctx.dir, "ledger.db"), synchronous=SYNCHRONOUS, group_commit=group_commit)
-        _check(lg.store._conn, "handoff-ledger")
+        _check(lg.store.conn, "handoff-ledger")
         runs = [(f"run-t{i}", working_run(lg, f"run-t{i}")) for i in range(THREADS)]
         base = {run_id: lg.checkpoint(run_id).last_seq for run_id, _ in runs}
         # One thread does the whole total round-robin over the same runs; more split it.

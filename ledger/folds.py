@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from . import events as ev
-from .store import Aggregate, EventStore, Head, Recorded, Step, Transaction, check_run_id, check_seq
+from .store import Aggregate, EventStore, Head, Recorded, Step, Transaction, check_run_id, check_seq, keeps_views
 
 S = TypeVar("S")
 #: A fold argument not given (``Transaction.state``'s ``head``), told apart from None.
@@ -36,13 +36,16 @@ class FoldingStore(EventStore):
     """The backend-neutral half of a store: a dialect subclasses it and fills in its reads."""
 
     _txn: Transaction
+    #: An attached hook keeps every projection inline (``ledger.store.Hook.keeps_views``):
+    #: a dialect then marks no view as behind for its writes.
+    _keeps_views: bool = False
 
     def __init__(self) -> None:
         self._cache: collections.OrderedDict[tuple[int, str], tuple[Any, int, bytes, Any]] = (
             collections.OrderedDict()
         )
         self._hooks: list[tuple[Aggregate[Any], Callable[..., None]]] = []
-        self._keeps_views = False  # an attached hook keeps every projection inline
+        self._keeps_views = False
 
     # --- what a dialect supplies ------------------------------------------------------
 
@@ -70,8 +73,7 @@ class FoldingStore(EventStore):
 
     # --- inline hooks -----------------------------------------------------------------
 
-    def attach(self, aggregate: Aggregate[Any], hook: Callable[..., None], *, keeps_views: bool = False,
-               reads_position: bool = True) -> None:
+    def attach(self, aggregate: Aggregate[Any], hook: Callable[..., None]) -> None:
         """Run ``hook(txn, run_id, state, last_position)`` inside every append's transaction.
 
         ``state`` is ``aggregate``'s fold of the run after the append. This is how inline
@@ -79,7 +81,7 @@ class FoldingStore(EventStore):
         is marked as keeping the views only if a hook keeps all of them: one that keeps a
         few (a subset projector, any other hook) leaves the rest to catch-up."""
         self._hooks.append((aggregate, hook))
-        self._keeps_views = self._keeps_views or keeps_views
+        self._keeps_views = self._keeps_views or keeps_views(hook)
 
     def _run_hooks(self, run_id: str, head: Head, known: list[tuple[Aggregate[Any], Any]]) -> Folded:
         """Run every hook on the run's state after a write, at ``head`` (the one the write

@@ -490,6 +490,32 @@ class Transaction(abc.ABC):
 InlineHook = Callable[[Transaction, str, Any, int], None]
 
 
+class Hook(abc.ABC):
+    """An inline hook that says what it does, as an aggregate says it is ``lean``: the
+    store reads these declarations and decides for itself what they let it skip. A plain
+    callable is a hook that declares nothing (the defaults below)."""
+
+    #: True when the hook keeps every one of the ledger's projections: a write it ran in
+    #: leaves catch-up nothing to do, so the store marks no view as behind for it.
+    keeps_views: bool = False
+    #: False when the hook never uses ``last_position``: a backend may then hand it a
+    #: number that only the server resolves, and write in fewer round trips.
+    reads_position: bool = True
+
+    @abc.abstractmethod
+    def __call__(self, txn: Transaction, run_id: str, state: Any, last_position: int) -> None: ...
+
+
+def keeps_views(hook: InlineHook) -> bool:
+    """What ``hook`` declares (``Hook.keeps_views``); a plain callable keeps none for sure."""
+    return bool(getattr(hook, "keeps_views", False))
+
+
+def reads_position(hook: InlineHook) -> bool:
+    """What ``hook`` declares (``Hook.reads_position``); a plain callable may read it."""
+    return bool(getattr(hook, "reads_position", True))
+
+
 class Capabilities(msgspec.Struct, frozen=True):
     """What a backend offers beyond the interface every store honours, declared by its
     class, so that the layers above ask the record instead of the backend's name.
@@ -702,16 +728,11 @@ class EventStore(abc.ABC):
         """One consistent snapshot for the block; writes nothing."""
 
     @abc.abstractmethod
-    def attach(self, aggregate: Aggregate[Any], hook: InlineHook, *, keeps_views: bool = False,
-               reads_position: bool = True) -> None:
+    def attach(self, aggregate: Aggregate[Any], hook: InlineHook) -> None:
         """Run ``hook(txn, run_id, state, last_position)`` inside every write that appends,
         with ``state`` the aggregate's fold after it. A failing hook rolls the write back.
-        This is how inline projections stay in step with the log. ``keeps_views``: the hook
-        keeps every one of the ledger's projections (a backend that marks each write with
-        it, PostgreSQL, leaves catch-up nothing to do for such writes). ``reads_position``
-        False: the hook does not use ``last_position`` (PostgreSQL then may send a write
-        whose ids only the server knows yet in one round trip; a hook that says True, the
-        default, gets a whole number and turns that off)."""
+        This is how inline projections stay in step with the log. What a hook does beyond
+        that it declares itself (``Hook``); the backend reads the declaration."""
 
     @property
     @abc.abstractmethod

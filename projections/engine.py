@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from handoff.ledger.errors import CorruptLedger, InvalidInput
-from handoff.ledger.store import EventStore, Transaction
+from handoff.ledger.store import EventStore, Hook, Transaction
 from handoff.ledger.views import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewWriter, columns
 from handoff.reducers.checkpoint import AGGREGATE, Checkpoint
 
@@ -188,6 +188,21 @@ def _named(names: Iterable[str] | None) -> list[Projection]:
     return out
 
 
+class _Inline(Hook):
+    """The hook a Projector attaches, declaring what the store may rely on: it keeps every
+    projection when the projector has them all, and reads no position (no view row holds
+    one since views.py's version 3)."""
+
+    reads_position = False
+
+    def __init__(self, projector: Projector) -> None:
+        self.keeps_views = {p.name for p in projector.projections} == set(BY_NAME)
+        self._inline = projector._inline
+
+    def __call__(self, txn: Transaction, run_id: str, state: Any, last_position: int) -> None:
+        self._inline(txn, run_id, state, last_position)
+
+
 class Projector:
     """Attaches the projections to a store and keeps them inline with every append.
 
@@ -201,8 +216,7 @@ class Projector:
         self._names = [p.name for p in self.projections]
         self._tables = [(p, self._views.table(p.spec)) for p in self.projections]
         self._ensure_tables()
-        store.attach(AGGREGATE, self._inline, keeps_views={p.name for p in self.projections} == set(BY_NAME),
-                     reads_position=False)  # no view row holds a position (views.py, version 3)
+        store.attach(AGGREGATE, _Inline(self))
         if not store.readonly:
             self.catch_up()
 

@@ -243,3 +243,79 @@ def test_the_leak_checks_would_catch_what_they_look_for():
     got = [t for _, t in imports_of(src, "handoff.cli")]
     assert [t for t in got if _in_backend(t) and any(p.startswith("_") for p in t.split("."))] == [
         "handoff.ledger.postgres.store._send"]
+
+
+# --- a backend package's own modules, and the hooks the core attaches (issue 26) -----------
+
+def _backend_helpers() -> list[Path]:
+    """The modules of a backend package beside its store (views, verify, group commit...)."""
+    return [p for p in library_modules() if _in_backend(module_name(p)) and p.name not in ("store.py", "__init__.py")]
+
+
+def _dialect_protocol() -> set[str]:
+    """The underscored names the core declares for a dialect to fill in (``FoldingStore``'s):
+    a helper may call those, as the core does."""
+    from handoff.ledger.folds import FoldingStore
+
+    return {n for n in dir(FoldingStore) if n.startswith("_") and not n.startswith("__")}
+
+
+def private_reads(path: Path) -> list[str]:
+    """``obj._name`` where ``obj`` is not ``self``/``cls`` and ``_name`` is not the core's
+    dialect protocol, and ``from .x import _name``: another module's private parts."""
+    protocol = _dialect_protocol()
+    tree = ast.parse(path.read_text())
+    rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                and node.attr not in protocol
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+            found.append(f"{rel}:{node.lineno} reads {ast.unparse(node)}")
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            found += [f"{rel}:{node.lineno} imports {a.name} from .{node.module}" for a in node.names
+                      if a.name.startswith("_")]
+    return found
+
+
+@pytest.mark.parametrize("path", _backend_helpers(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_a_backends_helper_modules_read_no_private_name_of_another(path):
+    """PostgreSQL's views and verify read the store's ``_x``, ``_gather``, ``_fast``,
+    ``_lock`` and imported ``_rec``, ``_b``, ``_RUN_COLUMNS``; SQLite's views and group
+    commit its ``_conn``, ``_begin``, ``_finish``. What a package's modules share is now
+    public within it (tests/test_backends.py keeps it out of every other package)."""
+    assert private_reads(path) == []
+
+
+def test_the_private_read_check_would_catch_what_it_looks_for(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from .store import _rec\n"
+                   "def f(store, self):\n"
+                   "    store._x('SELECT 1')\n"
+                   "    self._store._gather.append(1)\n"
+                   "    self._ok = store._head_locked('r')\n")
+    got = private_reads(bad)
+    assert any("imports _rec" in g for g in got)
+    assert any("store._x" in g for g in got) and any("self._store._gather" in g for g in got)
+    assert not any("_head_locked" in g or "self._ok" in g for g in got)
+
+
+def test_attach_takes_no_backend_knobs():
+    """``attach(keeps_views=, reads_position=)`` carried PostgreSQL's write machinery into
+    the interface the projections call: a hook declares what it does (``ledger.store.Hook``)
+    and each backend reads the declaration. Every store's ``attach`` takes the aggregate and
+    the hook, and nothing in the library passes more."""
+    import inspect
+
+    from handoff.ledger.folds import FoldingStore
+    from handoff.ledger.postgres.store import PostgresStore
+    from handoff.ledger.sqlite.store import SqliteStore
+    from handoff.ledger.store import EventStore
+
+    for cls in (EventStore, FoldingStore, SqliteStore, PostgresStore):
+        assert list(inspect.signature(cls.attach).parameters) == ["self", "aggregate", "hook"], cls
+    calls = [f"{p.relative_to(ROOT).as_posix()}:{node.lineno}"
+             for p in library_modules() for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "attach"
+             and (len(node.args) != 2 or node.keywords)]
+    assert calls == []

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -446,6 +447,27 @@ def test_cli_json_shapes_are_the_same_on_every_backend_that_serves_the_cli(tmp_p
     first, *others = shapes.items()
     for name, got in others:
         assert got == first[1], f"{name}'s --json differs from {first[0]}'s"
+
+
+def test_doctor_prints_only_the_rows_its_backend_has(backend, tmp_path):
+    """doctor's text printed SQLite's rows on every backend (``sqlite None``, ``journal
+    None`` on PostgreSQL): its rows are now what the backend's ``diagnostics()`` returned,
+    so each row names a fact of this backend and none is empty or None."""
+    needs_cli(backend)
+    sh = Shell(backend.address())
+    cli_story(sh, tmp_path)
+    facts = sh.json("doctor")
+    own = {"file", "address", "backend", "events", "projections", "append-only"}
+    rows = [re.split(r"\s{2,}", line, maxsplit=1) for line in sh("doctor").stdout.splitlines()]
+    assert rows and all(len(r) == 2 for r in rows), rows
+    for label, value in rows:
+        assert label in own or label.replace(" ", "_") in facts, f"row {label!r} is not a fact this backend gave"
+        assert value.strip() and "None" not in value, f"row {label!r} says {value!r}"
+    labels = [label for label, _ in rows]
+    assert len(set(labels)) == len(labels)
+    assert facts["backend"] in dict(rows)["backend"]
+    # Every fact the backend gave is printed (a JSON reader and a text reader see the same).
+    assert {k.replace("_", " ") for k in facts} - set(labels) <= {"path", "backend version", "runs", "problems"}
 
 
 #: Keys of a status packet that depend on the moment it was read.

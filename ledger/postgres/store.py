@@ -66,6 +66,7 @@ from ..store import (
     check_seq,
     encode_events,
     global_link,
+    reads_position,
 )
 
 try:  # the driver is an optional extra: pip install 'handoff-ledger[postgres]'
@@ -151,7 +152,7 @@ _POSITION = operator.itemgetter(2)
 #: stops a reader short nor fails it untyped.
 _TAIL_AND_QUEUE = ("SELECT coalesce((SELECT max(position) FROM ledger_order), 0), "
                    "EXISTS (SELECT 1 FROM unsealed)")
-_RUN_COLUMNS = _COLUMNS.format(pos="coalesce(o.position, 0)")
+RUN_COLUMNS = _COLUMNS.format(pos="coalesce(o.position, 0)")
 _INSERT = (
     "INSERT INTO events (id, run_id, seq, type, actor, lease, idem_key, idem_digest, "
     "batch_size, recorded_us, schema_version, payload, prev_hash, hash, viewed) "
@@ -501,19 +502,20 @@ def _require_utf8(conn: Any, where: str) -> None:
         )
 
 
-def _b(v: Any) -> Any:
+def as_bytes(v: Any) -> Any:
     return bytes(v) if isinstance(v, (memoryview, bytearray)) else v
 
 
-def _rec(r: Sequence[Any]) -> Recorded:
-    return Recorded(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], _b(r[9]), _b(r[10]), _b(r[11]))
+def recorded_row(r: Sequence[Any]) -> Recorded:
+    return Recorded(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8],
+                    as_bytes(r[9]), as_bytes(r[10]), as_bytes(r[11]))
 
 
 def _head(row: Sequence[Any] | None, *, digest: bool = False) -> Any:
     """(Head or None, highest lease[, token digest]) from a _HEAD_SELECT row."""
     if row is None:
         return (None, 0, None) if digest else (None, 0)
-    head = Head(row[0], row[1], _b(row[2]), row[3], row[4], row[5], row[6])
+    head = Head(row[0], row[1], as_bytes(row[2]), row[3], row[4], row[5], row[6])
     return (head, row[7], row[8]) if digest else (head, row[7])
 
 
@@ -665,7 +667,7 @@ def _decode_steps(run_id: str, rows: Sequence[Sequence[Any]]) -> list[Step] | No
     """Steps from (seq, type, recorded_us, payload, ..., actor) rows, or None when a payload does
     not decode to its type (the caller then reads the run the slow way, which says why)."""
     try:
-        events = ev.decode_many([_b(r[3]) for r in rows])
+        events = ev.decode_many([as_bytes(r[3]) for r in rows])
         if not all(_TAGS[type(e)] == r[1] for r, e in zip(rows, events)):
             return None
     except (msgspec.ValidationError, msgspec.DecodeError, TypeError, UnicodeDecodeError, KeyError):
@@ -714,20 +716,20 @@ class PostgresStore(FoldingStore):
         #: that writes and the watchdog that judges health read the same clock.
         self._clock = clock or self.server_clock
         self._server_at: tuple[int, int] | None = None  # (server us, local monotonic ns) at connect
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         FoldingStore.__init__(self)
         self._txn = PostgresTransaction(self)
         self._views: Any = None
         self._in_txn = False
-        self._writing = False  # inside a write transaction (a view read in it locks the views)
-        self._exclusive = False  # inside a write_transaction (every other write excluded)
+        self.writing = False  # inside a write transaction (a view read in it locks the views)
+        self.exclusive = False  # inside a write_transaction (every other write excluded)
         self._views_locked = False
-        self._gather: list[tuple[str, Any]] | None = None  # statements of a write's last round trip
+        self.gather: list[tuple[str, Any]] | None = None  # statements of a write's last round trip
         #: Each run's head as this store's last write or read under the run's lock left it:
         #: (head in write ids, highest lease, lease token digest). A write whose fold is
         #: cached at that head is guessed and sent in one round trip (_guess).
         self._heads: collections.OrderedDict[str, tuple[Head, int, str | None]] = collections.OrderedDict()
-        self._fast = False  # making a guessed write: no statement may be sent
+        self.fast = False  # making a guessed write: no statement may be sent
         self._undo_pending = False  # a refused guess waits to be undone (_UNDO_GUESS)
         self._guesses = [0, 0]  # guessed writes sent, refused (diagnostics)
         self._guessable = True  # no attached hook reads the position it is given (attach)
@@ -801,7 +803,7 @@ class PostgresStore(FoldingStore):
         """The store's "now": the server's clock unless a clock was injected."""
         return self._clock()
 
-    def _ready(self) -> Any:
+    def ready(self) -> Any:
         """The connection, reconnected if the last one was lost (outside a transaction)."""
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
@@ -811,42 +813,42 @@ class PostgresStore(FoldingStore):
             conn = self._conn
         return conn
 
-    def _x(self, sql: str, args: Any = None, *, binary: bool = False) -> Any:
+    def x(self, sql: str, args: Any = None, *, binary: bool = False) -> Any:
         """Execute on the store's connection (inside whatever transaction is open); while a
         write gathers its second round trip (_commit_rows), gather instead."""
-        if self._fast and (self._gather is None or sql.lstrip()[:6].upper() == "SELECT"):
+        if self.fast and (self.gather is None or sql.lstrip()[:6].upper() == "SELECT"):
             raise _NeedsRead(sql)
-        if self._gather is not None:
+        if self.gather is not None:
             if sql.lstrip()[:6].upper() != "SELECT":
-                self._gather.append((sql, args))
+                self.gather.append((sql, args))
                 return _GATHERED
             # A read inside the write (a hook that reads the run back): it must see what
             # was gathered, so that goes first, as one message of its own.
             self._send_gathered()
         if self._undo_pending:  # a refused guess: nothing runs in its transaction before its undoing
-            self._ready().execute(_UNDO_GUESS)
+            self.ready().execute(_UNDO_GUESS)
             self._undo_pending = False
-        return self._ready().execute(sql, args, binary=binary)
+        return self.ready().execute(sql, args, binary=binary)
 
     def _send_gathered(self) -> None:
-        batch = self._gather
+        batch = self.gather
         if batch:
             if self._undo_pending:
                 batch.insert(0, (_UNDO_GUESS, None))
                 self._undo_pending = False
-            _multi(self._ready(), batch)
+            _multi(self.ready(), batch)
             del batch[:]
 
     @contextlib.contextmanager
-    def _mapped(self, doing: str) -> Iterator[None]:
+    def mapped(self, doing: str) -> Iterator[None]:
         try:
             yield
         except psycopg.Error as exc:
             raise _explain(exc, doing, self.path) from exc
 
     def _ensure_schema(self, may_create: bool) -> None:
-        with self._lock, self._mapped("opening"):
-            tables = {r[0] for r in self._x(
+        with self.lock, self.mapped("opening"):
+            tables = {r[0] for r in self.x(
                 "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
             )}
             if "handoff_meta" not in tables:
@@ -862,7 +864,7 @@ class PostgresStore(FoldingStore):
                     )
                 self._create_schema()
                 return
-            meta = dict(self._x("SELECT key, value FROM handoff_meta").fetchall())
+            meta = dict(self.x("SELECT key, value FROM handoff_meta").fetchall())
             if meta.get("format") != FORMAT_NAME:
                 raise NotALedger(f"{self.path} has a handoff_meta table but no handoff-ledger format mark")
             version = int(meta.get("schema_version", "0"))
@@ -914,18 +916,18 @@ class PostgresStore(FoldingStore):
     def _migrate(self, from_version: int) -> None:
         """Bring an older schema up to this version, in one transaction that excludes every
         write (the hook for later versions: add statements to MIGRATIONS)."""
-        with self._lock:
+        with self.lock:
             self._begin("migrating the ledger schema", exclusive=True, seal=False)
             ok = False
             try:
-                version = int(self._x("SELECT value FROM handoff_meta WHERE key='schema_version'").fetchone()[0])
-                schema = self._x("SELECT current_schema()").fetchone()[0]
+                version = int(self.x("SELECT value FROM handoff_meta WHERE key='schema_version'").fetchone()[0])
+                schema = self.x("SELECT current_schema()").fetchone()[0]
                 while version < PG_SCHEMA_VERSION:
                     steps = MIGRATIONS.get(version)
                     if steps is None:
                         raise SchemaTooNew(f"no migration from schema {version} is known")
                     for sql in steps:
-                        self._x(seal_function(schema) if sql == "{seal}" else
+                        self.x(seal_function(schema) if sql == "{seal}" else
                                 seal_function(schema).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
                                 if sql == "{reseal}" else
                                 queue_function(schema) if sql == "{queue}" else
@@ -934,7 +936,7 @@ class PostgresStore(FoldingStore):
                                 _or_replace(begin_function()) if sql == "{begin}" else
                                 _or_replace(expect_function()) if sql == "{expect}" else sql)
                     version += 1
-                self._x("UPDATE handoff_meta SET value=%s WHERE key='schema_version'", (str(version),))
+                self.x("UPDATE handoff_meta SET value=%s WHERE key='schema_version'", (str(version),))
                 ok = True
             except psycopg.Error as exc:
                 raise _explain(exc, "migrating the ledger schema", self.path) from exc
@@ -949,12 +951,12 @@ class PostgresStore(FoldingStore):
         order sealed up to date first."""
         if self.readonly:
             raise StoreUnavailable(f"the ledger {self.path} was opened read-only; {doing} refused")
-        with self._mapped(doing):
-            conn = self._ready()
+        with self.mapped(doing):
+            conn = self.ready()
             conn.execute("BEGIN")
             self._in_txn = True
-            self._writing = True
-            self._exclusive = exclusive
+            self.writing = True
+            self.exclusive = exclusive
             try:
                 if exclusive:
                     conn.execute(
@@ -975,8 +977,8 @@ class PostgresStore(FoldingStore):
         if self._undo_pending:  # a refused guess's transaction wrote nothing: end it so
             ok, self._undo_pending = False, False
         self._in_txn = False
-        self._writing = False
-        self._exclusive = False
+        self.writing = False
+        self.exclusive = False
         self._views_locked = False
         if ok:
             try:
@@ -1002,11 +1004,11 @@ class PostgresStore(FoldingStore):
             cause=str(exc),
         )
 
-    def _lock_views(self) -> None:
+    def lock_views(self) -> None:
         """A view read inside a write: wait for every write keeping views to end, and keep
         new ones out until this one commits (an owner's load then counts only settled runs)."""
         if not self._views_locked:
-            self._x("SELECT pg_advisory_xact_lock(%s, %s)", (_LEDGER_NS, _VIEWS))
+            self.x("SELECT pg_advisory_xact_lock(%s, %s)", (_LEDGER_NS, _VIEWS))
             self._views_locked = True
 
     def _run_key(self, run_id: str) -> int:
@@ -1014,18 +1016,18 @@ class PostgresStore(FoldingStore):
 
     def _lock_run(self, run_id: str) -> tuple[Head | None, int]:
         """Lock the run (also one that does not exist yet) and read its head."""
-        self._x("SELECT pg_advisory_xact_lock(%s, %s)", (_RUN_LOCK_NS, self._run_key(run_id)))
+        self.x("SELECT pg_advisory_xact_lock(%s, %s)", (_RUN_LOCK_NS, self._run_key(run_id)))
         return self._head_locked(run_id, lock=True)
 
     def _head_locked(self, run_id: str, *, lock: bool = False) -> tuple[Head | None, int]:
-        row = self._x(_HEAD_SELECT + (" FOR UPDATE" if lock else ""), (run_id,)).fetchone()
+        row = self.x(_HEAD_SELECT + (" FOR UPDATE" if lock else ""), (run_id,)).fetchone()
         return _head(row)
 
     @contextlib.contextmanager
     def write_transaction(self, doing: str) -> Iterator[PostgresTransaction]:
         """BEGIN with every write excluded (as under SQLite's write lock) ... COMMIT, or
         ROLLBACK on any exception."""
-        with self._lock:
+        with self.lock:
             self._begin(doing, exclusive=True)
             ok = False
             try:
@@ -1039,12 +1041,12 @@ class PostgresStore(FoldingStore):
     @contextlib.contextmanager
     def read_transaction(self) -> Iterator[PostgresTransaction]:
         """One snapshot (REPEATABLE READ, READ ONLY), or the transaction already open."""
-        with self._lock:
+        with self.lock:
             began = not self._in_txn
             try:
                 if began:
-                    with self._mapped("reading"):
-                        self._ready().execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    with self.mapped("reading"):
+                        self.ready().execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                     self._in_txn = True
                 yield self._txn
             except psycopg.Error as exc:
@@ -1063,25 +1065,25 @@ class PostgresStore(FoldingStore):
         """Give every committed event its ledger position now (writers do this themselves
         after each commit; a reader calls it when it finds events still waiting). Returns
         the last sealed position."""
-        with self._lock, self._mapped("sealing the ledger order"):
+        with self.lock, self.mapped("sealing the ledger order"):
             if self._in_txn:
                 raise StoreUnavailable("seal() cannot run inside another transaction of this store")
-            self._ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
-            return self._x("SELECT position FROM ledger_tail").fetchone()[0]
+            self.ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+            return self.x("SELECT position FROM ledger_tail").fetchone()[0]
 
     def wait_for_events(self, after_position: int, timeout_s: float) -> int:
         """Sleep on the ledger's NOTIFY channel (a connection of its own, LISTENing), with
         a poll at least every second as the fallback: a lost notification only delays."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         while True:
-            with self._lock, self._mapped("waiting for events"):
+            with self.lock, self.mapped("waiting for events"):
                 if self._listener is None or self._listener.closed or self._listener.broken:
                     self._listen()
-                last = self._x("SELECT position FROM ledger_tail").fetchone()[0]
+                last = self.x("SELECT position FROM ledger_tail").fetchone()[0]
                 if last <= after_position and not self._in_txn and \
-                        self._x("SELECT EXISTS (SELECT 1 FROM unsealed)").fetchone()[0]:
+                        self.x("SELECT EXISTS (SELECT 1 FROM unsealed)").fetchone()[0]:
                     self._seal_quietly()
-                    last = self._x("SELECT position FROM ledger_tail").fetchone()[0]
+                    last = self.x("SELECT position FROM ledger_tail").fetchone()[0]
             left = deadline - time.monotonic()
             if last > after_position or left <= 0:
                 return last
@@ -1102,18 +1104,18 @@ class PostgresStore(FoldingStore):
         self._listener = conn
 
     def db_roles(self, first_position: int, last_position: int) -> dict[int, str]:
-        with self._lock, self._mapped("reading who wrote the events"):
-            return dict(self._x(
+        with self.lock, self.mapped("reading who wrote the events"):
+            return dict(self.x(
                 "SELECT o.position, e.db_role FROM ledger_order o JOIN events e ON e.id = o.event_id "
                 "WHERE o.position BETWEEN %s AND %s", (first_position, last_position),
             ).fetchall())
 
     def db_role_counts(self, run_id: str | None = None) -> dict[str, int]:
-        with self._lock, self._mapped("reading who wrote the events"):
+        with self.lock, self.mapped("reading who wrote the events"):
             if run_id is None:
-                rows = self._x("SELECT db_role, count(*) FROM events GROUP BY db_role ORDER BY db_role")
+                rows = self.x("SELECT db_role, count(*) FROM events GROUP BY db_role ORDER BY db_role")
             else:
-                rows = self._x("SELECT db_role, count(*) FROM events WHERE run_id=%s GROUP BY db_role "
+                rows = self.x("SELECT db_role, count(*) FROM events WHERE run_id=%s GROUP BY db_role "
                                "ORDER BY db_role", (run_id,))
             return {r: n for r, n in rows}
 
@@ -1123,15 +1125,15 @@ class PostgresStore(FoldingStore):
         lock timeout is not worth more waiting. False then: the reader reads what is
         sealed, and waits or polls for the rest, as for any commit still to come."""
         try:
-            self._ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+            self.ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
             return True
         except (pgerr.LockNotAvailable, pgerr.QueryCanceled, pgerr.ReadOnlySqlTransaction,
                 pgerr.InsufficientPrivilege, pgerr.UniqueViolation):
             return False
 
     def unsealed_count(self) -> int:
-        with self._lock, self._mapped("counting unsealed events"):
-            return self._x("SELECT count(*) FROM unsealed").fetchone()[0]
+        with self.lock, self.mapped("counting unsealed events"):
+            return self.x("SELECT count(*) FROM unsealed").fetchone()[0]
 
     # --- writing ---------------------------------------------------------------------
 
@@ -1142,13 +1144,13 @@ class PostgresStore(FoldingStore):
         if row is None:
             return None
         seq, first_id, stored, size, by, ids, positions = row
-        plan.check_repeat(run_id, key, digest, actor, _b(stored), by, seq)
+        plan.check_repeat(run_id, key, digest, actor, as_bytes(stored), by, seq)
         return seq, seq + size - 1, list(ids), list(positions)
 
     def _positions_of(self, ids: Sequence[int]) -> tuple[int, ...]:
         """The ledger positions of these write ids, sealing them first if they still wait
         (outside any transaction)."""
-        rows = dict(self._x("SELECT event_id, event_position FROM handoff_seal(true, %s)", (list(ids),)).fetchall())
+        rows = dict(self.x("SELECT event_id, event_position FROM handoff_seal(true, %s)", (list(ids),)).fetchall())
         return tuple(rows[i] for i in ids if i in rows)
 
     def _ids(self, base: int, n: int) -> list[int]:
@@ -1157,7 +1159,7 @@ class PostgresStore(FoldingStore):
         ids = list(range(base, base + min(n, ID_BLOCK)))
         if n > ID_BLOCK:
             blocks = -(-(n - ID_BLOCK) // ID_BLOCK)
-            for (b,) in self._x("SELECT nextval('events_id_seq') FROM generate_series(1, %s)", (blocks,)):
+            for (b,) in self.x("SELECT nextval('events_id_seq') FROM generate_series(1, %s)", (blocks,)):
                 ids.extend(range(b, b + ID_BLOCK))
             ids = ids[:n]
         return ids
@@ -1213,11 +1215,11 @@ class PostgresStore(FoldingStore):
         if self._hooks:
             batch.append((_LOCK_VIEWS_SHARED, (_LEDGER_NS, _VIEWS)))
         insert = batch[0]
-        self._gather = batch
+        self.gather = batch
         try:
             out = hooks()  # the views' statements join the batch (they read no result)
         finally:
-            self._gather = None
+            self.gather = None
         if batch and batch[0] is insert:
             # The insert seals (QUEUE_FUNCTION) and holds the seal lock to the COMMIT: it
             # goes last, so that other writers wait for that lock the least. (A hook that
@@ -1252,7 +1254,7 @@ class PostgresStore(FoldingStore):
         except psycopg.Error as exc:  # the message may have run to its COMMIT, or not at all
             raise self._unknown(doing, exc) from exc
         finally:
-            self._in_txn = self._writing = False
+            self._in_txn = self.writing = False
         if failed is not None and not _after_commit(results, batch):
             if conn.closed or conn.broken:
                 raise self._unknown(doing, failed) from failed
@@ -1279,7 +1281,7 @@ class PostgresStore(FoldingStore):
         sealed = dict(results[n - 1])
         if len(sealed) < len(ids):  # sealed in the insert, or by another session since: read them
             try:
-                sealed = dict(self._x("SELECT event_id, position FROM ledger_order o "
+                sealed = dict(self.x("SELECT event_id, position FROM ledger_order o "
                                       "WHERE event_id = ANY(%s)", (list(ids),)).fetchall())
             except psycopg.Error:
                 return None
@@ -1314,10 +1316,10 @@ class PostgresStore(FoldingStore):
                     or cached[2] != head.last_hash):
                 return None
             state = cached[3]
-        conn = self._ready()
+        conn = self.ready()
         if not getattr(conn, "handoff_literals", False) or _known_prepared(conn) is None:
             return None  # the ids are SQL expressions, which only the store's own literals carry
-        self._fast = True
+        self.fast = True
         try:
             if token is not None:
                 plan.check_token(run_id, head, max_lease, token, lease_digest)
@@ -1345,7 +1347,7 @@ class PostgresStore(FoldingStore):
             self._settle(False)  # (a preview's): the write decides it from what the server says
             return None
         finally:
-            self._fast = False
+            self.fast = False
         batch.insert(0, (_EXPECT_HEAD, (run_id, head.last_seq, head.last_hash)))
         return _Guess(batch, len(rows), new_head, fence, out, known)
 
@@ -1377,14 +1379,14 @@ class PostgresStore(FoldingStore):
         read, exactly as without a guess: still two round trips."""
         if self.readonly:
             raise StoreUnavailable(f"the ledger {self.path} was opened read-only; {doing} refused")
-        conn = self._ready()
+        conn = self.ready()
         lean = aggregate is not None and aggregate.lean
         cached = self._cache.get((id(aggregate), run_id)) if aggregate is not None else None
         after = cached[1] if cached is not None and cached[0] is aggregate else 0
         guess = self._guess(run_id, aggregate, actor, idempotency_key, digest, token, planner)
         done = False
         try:
-            with self._mapped(doing):
+            with self.mapped(doing):
                 # With a guess, the head and the steps are read only if the head is not
                 # the guessed one (each read's condition; the run's lock keeps it so until
                 # the guess's proof): a guess that holds reads nothing it already knows.
@@ -1399,7 +1401,7 @@ class PostgresStore(FoldingStore):
                 if lean:
                     batch.append((_STEPS_IF_MOVED, (run_id, after, run_id, *moved)) if moved
                                  else (_STEPS_FROM, (run_id, after)))
-                self._in_txn = self._writing = True
+                self._in_txn = self.writing = True
                 same_head = False
                 if guess is None:
                     got = iter(_multi(conn, batch)[1:])
@@ -1487,10 +1489,10 @@ class PostgresStore(FoldingStore):
                 self._know_head(new_head, fence, lease_digest)
                 positions = self._positions_after(results, n, ids)
         finally:
-            self._gather = None
+            self.gather = None
             if not done:
                 self._settle(False)
-                self._in_txn = self._writing = False
+                self._in_txn = self.writing = False
                 self._undo_pending = False
                 if not (conn.closed or conn.broken) and \
                         conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -1503,7 +1505,7 @@ class PostgresStore(FoldingStore):
         """A guessed write that committed in its one round trip: its ids are the block the
         server handed out (the first message's second statement), its positions where its
         insert was sealed."""
-        self._in_txn = self._writing = False
+        self._in_txn = self.writing = False
         base = results[1][0][0]
         ids = [base + i for i in range(guess.n)]
         new_head = msgspec.structs.replace(guess.new_head, last_position=ids[-1])
@@ -1541,7 +1543,7 @@ class PostgresStore(FoldingStore):
         if head is None:
             return aggregate.initial(run_id)
         if cached is not None and cached[0] is aggregate and cached[1] > 0:
-            if not rows or rows[0][0] != cached[1] or _b(rows[0][4]) != cached[2]:
+            if not rows or rows[0][0] != cached[1] or as_bytes(rows[0][4]) != cached[2]:
                 return _MISSING
             state, rows = cached[3], rows[1:]
         else:
@@ -1572,7 +1574,7 @@ class PostgresStore(FoldingStore):
         # With hooks attached, fold for the first of them in the same round trips (its
         # steps come with the first one), so the hooks need no read of their own.
         folded_for = self._hooks[0][0] if self._hooks else None
-        with self._lock:
+        with self.lock:
             result, _ = self._write_resent(run_id, folded_for, req.actor, req.key, req.digest, req.token, decide,
                                            "appending")
         return result
@@ -1591,7 +1593,7 @@ class PostgresStore(FoldingStore):
             plan.check_decision(run_id, decision, req.token, head, max_lease)
             return decision.events, decision.lease
 
-        with self._lock:
+        with self.lock:
             return self._write_resent(run_id, aggregate, req.actor, req.key, req.digest, req.token, planned,
                                       "committing a command")
 
@@ -1616,34 +1618,33 @@ class PostgresStore(FoldingStore):
 
     # --- hooks and the fold cache ----------------------------------------------------
 
-    def attach(self, aggregate: Aggregate[Any], hook: Callable[..., None], *, keeps_views: bool = False,
-               reads_position: bool = True) -> None:
-        FoldingStore.attach(self, aggregate, hook, keeps_views=keeps_views)
+    def attach(self, aggregate: Aggregate[Any], hook: Callable[..., None]) -> None:
+        super().attach(aggregate, hook)
         # A guessed write knows its write ids only on the server (_Sql): a hook that reads
         # the position it is given turns guessing off for this store.
-        self._guessable = self._guessable and not reads_position
+        self._guessable = self._guessable and not reads_position(hook)
 
     # --- reading ---------------------------------------------------------------------
 
     def _hash_at(self, run_id: str, seq: int) -> bytes | None:
-        row = self._x("SELECT hash FROM events WHERE run_id=%s AND seq=%s", (run_id, seq)).fetchone()
-        return None if row is None else _b(row[0])
+        row = self.x("SELECT hash FROM events WHERE run_id=%s AND seq=%s", (run_id, seq)).fetchone()
+        return None if row is None else as_bytes(row[0])
 
     @contextlib.contextmanager
     def _reading(self, doing: str = "reading") -> Iterator[None]:
-        with self._lock, self._mapped(doing):
+        with self.lock, self.mapped(doing):
             yield
 
     def _read_run_page(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Recorded]:
         # An event committed but not sealed yet reads with position 0 (the reader seals
         # and reads again when it can: _iter_run).
-        sql = (f"SELECT {_RUN_COLUMNS} FROM events e LEFT JOIN ledger_order o ON o.event_id = e.id "
+        sql = (f"SELECT {RUN_COLUMNS} FROM events e LEFT JOIN ledger_order o ON o.event_id = e.id "
                "WHERE e.run_id=%s AND e.seq>%s")
         args: list[Any] = [run_id, after_seq]
         if until_seq is not None:
             sql += " AND e.seq<=%s"
             args.append(until_seq)
-        return [_rec(r) for r in self._x(sql + " ORDER BY e.seq", args)]
+        return [recorded_row(r) for r in self.x(sql + " ORDER BY e.seq", args)]
 
     def _steps_page(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Step]:
         sql = "SELECT seq, type, recorded_us, payload, actor FROM events WHERE run_id=%s AND seq>%s"
@@ -1651,7 +1652,7 @@ class PostgresStore(FoldingStore):
         if until_seq is not None:
             sql += " AND seq<=%s"
             args.append(until_seq)
-        rows = self._x(sql + " ORDER BY seq", args).fetchall()
+        rows = self.x(sql + " ORDER BY seq", args).fetchall()
         steps = _decode_steps(run_id, rows)
         if steps is None:
             events = [rec.event for rec in self._read_run_page(run_id, after_seq, until_seq)]
@@ -1671,7 +1672,7 @@ class PostgresStore(FoldingStore):
             if until_seq is not None and cursor >= until_seq:
                 return
             stop = cursor + PAGE if until_seq is None else min(cursor + PAGE, until_seq)
-            with self._lock, self._mapped("reading"):
+            with self.lock, self.mapped("reading"):
                 page = self._read_run_page(run_id, cursor, stop)
                 if not self._in_txn and any(r.position == 0 for r in page):
                     self._seal_quietly()
@@ -1699,9 +1700,9 @@ class PostgresStore(FoldingStore):
         tail = after_position  # reaching it: read the tail again
         sealed = False
         while until_position is None or cursor < until_position:
-            with self._lock, self._mapped("reading"):
+            with self.lock, self.mapped("reading"):
                 if cursor >= tail:
-                    tail, waiting = self._x(_TAIL_AND_QUEUE).fetchone()
+                    tail, waiting = self.x(_TAIL_AND_QUEUE).fetchone()
                     if cursor >= tail:
                         if sealed or not waiting or self._in_txn:
                             return
@@ -1715,7 +1716,7 @@ class PostgresStore(FoldingStore):
                     stop = min(stop, until_position)
                 # Binary rows: the hashes and the payload come as bytes, not as hex text
                 # the server writes and the client parses (a catch-up reads every event).
-                rows = self._x(_PAGE, {"after": cursor, "stop": stop}, binary=True).fetchall()
+                rows = self.x(_PAGE, {"after": cursor, "stop": stop}, binary=True).fetchall()
             rows.sort(key=_POSITION)
             yield from itertools.starmap(Recorded, rows)
             cursor = stop
@@ -1723,12 +1724,12 @@ class PostgresStore(FoldingStore):
     def read_for_export(self, run_ids: Sequence[str] | None = None) -> Iterator[tuple[Recorded, bytes | None, int]]:
         wanted = None if run_ids is None else set(run_ids)
         cursor = 0
-        with self._lock, self._mapped("exporting"):
+        with self.lock, self.mapped("exporting"):
             if not self._in_txn:
                 self._seal_quietly()
         while True:
-            with self._lock, self._mapped("exporting"):
-                rows = self._x(
+            with self.lock, self.mapped("exporting"):
+                rows = self.x(
                     f"SELECT {_SEALED_COLUMNS}, e.idem_digest, e.batch_size FROM ledger_order o "
                     "JOIN events e ON e.id = o.event_id WHERE o.position>%s "
                     "ORDER BY o.position LIMIT %s", (cursor, PAGE),
@@ -1737,30 +1738,30 @@ class PostgresStore(FoldingStore):
                 return
             for r in rows:
                 if wanted is None or r[0] in wanted:
-                    yield _rec(r), _b(r[12]), r[13]
+                    yield recorded_row(r), as_bytes(r[12]), r[13]
             cursor = rows[-1][2]
 
     def head(self, run_id: str) -> Head | None:
         check_run_id(run_id)
-        with self._lock, self._mapped("reading a run's head"):
+        with self.lock, self.mapped("reading a run's head"):
             return self._public_head(run_id)
 
     def _public_head(self, run_id: str) -> Head | None:
-        row = self._x(_PUBLIC_HEAD + " WHERE h.run_id=%s", (run_id,)).fetchone()
+        row = self.x(_PUBLIC_HEAD + " WHERE h.run_id=%s", (run_id,)).fetchone()
         if row is not None and not row[6] and not self._in_txn:
             self._seal_quietly()
-            row = self._x(_PUBLIC_HEAD + " WHERE h.run_id=%s", (run_id,)).fetchone()
-        return None if row is None else Head(row[0], row[1], _b(row[2]), row[3], row[4], row[5], row[6])
+            row = self.x(_PUBLIC_HEAD + " WHERE h.run_id=%s", (run_id,)).fetchone()
+        return None if row is None else Head(row[0], row[1], as_bytes(row[2]), row[3], row[4], row[5], row[6])
 
     def list_runs(self, *, prefix: str | None = None) -> Iterator[Head]:
-        return self._list_runs(prefix, public=True)
+        return self.heads_in_order(prefix, public=True)
 
-    def _list_runs(self, prefix: str | None, *, public: bool) -> Iterator[Head]:
+    def heads_in_order(self, prefix: str | None, *, public: bool) -> Iterator[Head]:
         """Heads in the order runs began; ``public``: spans in ledger positions (sealing
         first what still waits), else in write ids (verify compares those with the log)."""
         if public and not self._in_txn:
-            with self._lock, self._mapped("listing runs"):
-                if self._x("SELECT EXISTS (SELECT 1 FROM unsealed)").fetchone()[0]:
+            with self.lock, self.mapped("listing runs"):
+                if self.x("SELECT EXISTS (SELECT 1 FROM unsealed)").fetchone()[0]:
                     self._seal_quietly()
         sql = (_PUBLIC_HEAD if public else
                "SELECT run_id, last_seq, last_hash, lease, lease_holder, first_position, last_position, "
@@ -1777,21 +1778,21 @@ class PostgresStore(FoldingStore):
             q = sql.replace("SELECT ", "SELECT h.first_position, ", 1)
             q += (" WHERE " + " AND ".join(terms) if terms else "")
             q += " ORDER BY h.first_position, h.run_id LIMIT %s"
-            with self._lock, self._mapped("listing runs"):
-                rows = self._x(q, [*args, PAGE]).fetchall()
+            with self.lock, self.mapped("listing runs"):
+                rows = self.x(q, [*args, PAGE]).fetchall()
             for r in rows:
-                yield Head(r[1], r[2], _b(r[3]), r[4], r[5], r[6], r[7])
+                yield Head(r[1], r[2], as_bytes(r[3]), r[4], r[5], r[6], r[7])
             if len(rows) < PAGE:
                 return
             cursor = (rows[-1][0], rows[-1][1])
 
     def count_runs(self) -> int:
-        with self._lock, self._mapped("counting runs"):
-            return self._x("SELECT count(*) FROM heads").fetchone()[0]
+        with self.lock, self.mapped("counting runs"):
+            return self.x("SELECT count(*) FROM heads").fetchone()[0]
 
     def last_position(self) -> int:
-        with self._lock, self._mapped("reading the last position"):
-            return self._x("SELECT position FROM ledger_tail").fetchone()[0]
+        with self.lock, self.mapped("reading the last position"):
+            return self.x("SELECT position FROM ledger_tail").fetchone()[0]
 
     # --- import ----------------------------------------------------------------------
 
@@ -1805,13 +1806,13 @@ class PostgresStore(FoldingStore):
         write transaction that excludes every other write and holds the seal lock: imported
         events take the next positions after the sealed tail, with their write ids drawn
         from the ledger's sequence."""
-        with self._lock:
+        with self.lock:
             self._begin("importing", exclusive=True)
             ok = False
             try:
                 # The import gives its events their positions itself: the insert trigger
                 # only queues them (QUEUE_FUNCTION).
-                self._x("SELECT set_config('handoff.importing', 'on', true)")
+                self.x("SELECT set_config('handoff.importing', 'on', true)")
                 self._free_ids: list[int] = []
                 counts, touched = run_import(self, items, aggregate, admit, before_commit)
                 ok = True
@@ -1824,15 +1825,15 @@ class PostgresStore(FoldingStore):
         return counts
 
     def _import_tail(self) -> tuple[int, bytes]:
-        position, ghash = self._x("SELECT position, global_hash FROM ledger_tail").fetchone()
-        return position, _b(ghash)
+        position, ghash = self.x("SELECT position, global_hash FROM ledger_tail").fetchone()
+        return position, as_bytes(ghash)
 
     def _key_used(self, run_id: str, key: str) -> bool:
-        return self._x("SELECT 1 FROM events WHERE run_id=%s AND idem_key=%s", (run_id, key)).fetchone() is not None
+        return self.x("SELECT 1 FROM events WHERE run_id=%s AND idem_key=%s", (run_id, key)).fetchone() is not None
 
     def _next_id(self) -> int:
         if not self._free_ids:
-            (base,) = self._x("SELECT nextval('events_id_seq')").fetchone()
+            (base,) = self.x("SELECT nextval('events_id_seq')").fetchone()
             self._free_ids = list(range(base + ID_BLOCK - 1, base - 1, -1))
         return self._free_ids.pop()
 
@@ -1851,7 +1852,7 @@ class PostgresStore(FoldingStore):
             events.append((wid, r.run_id, r.seq, r.type, r.actor, r.lease, r.idempotency_key, digest, size,
                            r.recorded_us, r.schema_version, r.payload, r.prev_hash, r.hash, viewed))
             order.append((pos, wid, g))
-        conn = self._ready()
+        conn = self.ready()
         with conn.cursor() as cur:
             if events:
                 cur.executemany(_INSERT, events)
@@ -1865,10 +1866,10 @@ class PostgresStore(FoldingStore):
                     cur.execute("UPDATE heads SET lease_digest=%s WHERE run_id=%s", (f.digest, h.run_id))
 
     def _import_done(self, last_position: int, global_hash: bytes) -> None:
-        self._x("UPDATE ledger_tail SET position=%s, global_hash=%s", (last_position, bytes(global_hash)))
+        self.x("UPDATE ledger_tail SET position=%s, global_hash=%s", (last_position, bytes(global_hash)))
         # The insert trigger queued the imported events, which already have their
         # positions: the seal (as the owner) takes them off the queue.
-        self._x("SELECT count(*) FROM handoff_seal(true, '{}')")
+        self.x("SELECT count(*) FROM handoff_seal(true, '{}')")
 
     # --- checking --------------------------------------------------------------------
 
@@ -1878,18 +1879,18 @@ class PostgresStore(FoldingStore):
         from .verify import verify_snapshot
 
         with self.read_transaction():
-            with self._mapped("verifying"):
+            with self.mapped("verifying"):
                 return verify_snapshot(self, run_id, progress)
 
-    def _append_only(self) -> list[Problem]:
+    def trigger_problems(self) -> list[Problem]:
         have = {
             name: (defn, enabled)
-            for name, defn, enabled in self._x(
+            for name, defn, enabled in self.x(
                 "SELECT t.tgname, pg_get_triggerdef(t.oid), t.tgenabled FROM pg_trigger t "
                 "WHERE t.tgrelid IN ('events'::regclass, 'ledger_order'::regclass) AND NOT t.tgisinternal"
             )
         }
-        schema = self._x("SELECT current_schema()").fetchone()[0]
+        schema = self.x("SELECT current_schema()").fetchone()[0]
         have = {n: (d.replace(f" ON {schema}.events ", " ON events ")
                     .replace(f" ON {schema}.ledger_order ", " ON ledger_order ").replace(f'"{schema}".', ""), e)
                 for n, (d, e) in have.items()}
@@ -1919,7 +1920,7 @@ class PostgresStore(FoldingStore):
                            ("handoff_seal", seal_function(schema)), ("handoff_queue", queue_function(schema)),
                            ("handoff_begin_write", begin_function()),
                            ("handoff_expect_head", expect_function())):
-            row = self._x("SELECT prosrc, prosecdef, proconfig FROM pg_proc WHERE proname = %s "
+            row = self.x("SELECT prosrc, prosecdef, proconfig FROM pg_proc WHERE proname = %s "
                           "AND pronamespace = current_schema()::regnamespace", (fn,)).fetchone()
             pinned = row is not None and (fn not in definer or (
                 row[1] and any(c.startswith("search_path=") for c in (row[2] or []))))
@@ -1930,21 +1931,21 @@ class PostgresStore(FoldingStore):
         return out
 
     def append_only_problems(self) -> list[Problem]:
-        with self._lock, self._mapped("reading the triggers"):
-            return self._append_only()
+        with self.lock, self.mapped("reading the triggers"):
+            return self.trigger_problems()
 
     def ledger_head(self) -> tuple[int, bytes]:
-        with self._lock, self._mapped("reading the ledger's head"):
-            row = self._x("SELECT position, global_hash FROM ledger_tail").fetchone()
-        return row[0], _b(row[1])
+        with self.lock, self.mapped("reading the ledger's head"):
+            row = self.x("SELECT position, global_hash FROM ledger_tail").fetchone()
+        return row[0], as_bytes(row[1])
 
     def global_hash_at(self, position: int) -> bytes | None:
         check_seq(position, "position")
         if position == 0:
             return None
-        with self._lock, self._mapped("reading the ledger-wide chain"):
-            row = self._x("SELECT global_hash FROM ledger_order WHERE position=%s", (position,)).fetchone()
-        return None if row is None else _b(row[0])
+        with self.lock, self.mapped("reading the ledger-wide chain"):
+            row = self.x("SELECT global_hash FROM ledger_order WHERE position=%s", (position,)).fetchone()
+        return None if row is None else as_bytes(row[0])
 
     def backup_to(self, path: str) -> tuple[int, bytes, int]:
         """A consistent copy of the whole ledger into the new SQLite file ``path``: one
@@ -1957,8 +1958,8 @@ class PostgresStore(FoldingStore):
 
     def schema_name(self) -> str:
         """The database schema the ledger lives in (the session's current schema)."""
-        with self._lock, self._mapped("reading the schema name"):
-            return str(self._x("SELECT current_schema()").fetchone()[0])
+        with self.lock, self.mapped("reading the schema name"):
+            return str(self.x("SELECT current_schema()").fetchone()[0])
 
     def roles_sql(self, prefix: str = "handoff") -> str:
         """``roles_sql`` for this ledger's schema."""
@@ -1980,14 +1981,14 @@ class PostgresStore(FoldingStore):
         return self._views
 
     def diagnostics(self) -> dict[str, Any]:
-        with self._lock, self._mapped("reading the server's settings"):
-            facts = dict(self._x(
+        with self.lock, self.mapped("reading the server's settings"):
+            facts = dict(self.x(
                 "SELECT name, setting FROM pg_settings WHERE name IN ('server_version', "
                 "'synchronous_commit', 'fsync', 'default_transaction_isolation', 'lock_timeout', "
                 "'max_connections')"
             ).fetchall())
-            db, user = self._x("SELECT current_database(), session_user").fetchone()
-            version = self._x("SELECT value FROM handoff_meta WHERE key='schema_version'").fetchone()
+            db, user = self.x("SELECT current_database(), session_user").fetchone()
+            version = self.x("SELECT value FROM handoff_meta WHERE key='schema_version'").fetchone()
         return {
             "path": self.path,
             "backend": "postgresql",
@@ -2007,7 +2008,7 @@ class PostgresStore(FoldingStore):
         }
 
     def close(self) -> None:
-        with self._lock:
+        with self.lock:
             for conn in (self._conn, self._listener):
                 if conn is not None:
                     with contextlib.suppress(Exception):
@@ -2025,16 +2026,16 @@ class PostgresTransaction(StoreTransaction):
 
     def head(self, run_id: str) -> Head | None:
         store = self._store
-        if store._writing and not store._exclusive:
+        if store.writing and not store.exclusive:
             return store._head_locked(run_id)[0]  # inside a write: its span in write ids, as its hooks see it
         return store._public_head(run_id)
 
     def runs_since(self, position: int) -> list[str]:
         """Runs with events after a write id (the views' cursor on this backend)."""
-        return [r[0] for r in self._store._x(_RUNS_SINCE, (position,))]
+        return [r[0] for r in self._store.x(_RUNS_SINCE, (position,))]
 
     def count_runs(self, *, begun_by: int | None = None) -> int:
-        x = self._store._x
+        x = self._store.x
         if begun_by is None:
             return x("SELECT count(*) FROM heads").fetchone()[0]
         return x("SELECT count(*) FROM heads h JOIN ledger_order o ON o.event_id = h.first_position "
@@ -2043,14 +2044,14 @@ class PostgresTransaction(StoreTransaction):
     def last_position(self) -> int:
         """The last sealed position. Inside write_transaction every write is excluded and
         everything committed was sealed when it began: no event can still appear below it."""
-        return self._store._x("SELECT position FROM ledger_tail").fetchone()[0]
+        return self._store.x("SELECT position FROM ledger_tail").fetchone()[0]
 
 
 def rebuild_refusal(store: PostgresStore) -> str | None:
     """Why this session may not rebuild projections (None if it may): a rebuild creates
     shadow tables and drops and renames the old ones, which needs CREATE on the schema
     and ownership of the view tables."""
-    row = store._x(
+    row = store.x(
         "SELECT current_user, current_schema(), has_schema_privilege(current_schema(), 'CREATE'), "
         "(SELECT count(*) FROM pg_tables WHERE schemaname = current_schema() "
         " AND tablename <> ALL(%s) AND NOT pg_has_role(tableowner, 'USAGE'))",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from .. import verify
 from ..store import GENESIS_HASH, Problem, Recorded, global_link
-from .store import _RUN_COLUMNS, _b, _rec
+from .store import RUN_COLUMNS, as_bytes, recorded_row
 
 if TYPE_CHECKING:
     from .store import PostgresStore
@@ -26,28 +26,28 @@ def _walk(store: PostgresStore, run_id: str | None) -> Iterator[tuple[Recorded, 
     """Every event with its write id: the sealed ones in ledger order, then those
     committed but still waiting for a position (position 0), in write-id order. A run's
     events come in seq order either way (a later seq is never sealed before an earlier)."""
-    x = store._x
-    base = (f"SELECT {_RUN_COLUMNS}, e.id FROM events e LEFT JOIN ledger_order o ON o.event_id = e.id ")
+    x = store.x
+    base = (f"SELECT {RUN_COLUMNS}, e.id FROM events e LEFT JOIN ledger_order o ON o.event_id = e.id ")
     if run_id is not None:
         for r in x(base + "WHERE e.run_id = %s ORDER BY e.seq", (run_id,)):
-            yield _rec(r), r[12]
+            yield recorded_row(r), r[12]
         return
     cursor = 0
     while True:
         rows = x(base.replace("LEFT JOIN", "JOIN") + "WHERE o.position > %s ORDER BY o.position LIMIT %s",
                  (cursor, PAGE)).fetchall()
         for r in rows:
-            yield _rec(r), r[12]
+            yield recorded_row(r), r[12]
         if len(rows) < PAGE:
             break
         cursor = rows[-1][2]
     for r in x(base + "WHERE o.position IS NULL ORDER BY e.id"):
-        yield _rec(r), r[12]
+        yield recorded_row(r), r[12]
 
 
 def verify_snapshot(store: PostgresStore, run_id: str | None,
                     progress: Callable[[int, int], None] | None) -> list[Problem]:
-    x = store._x
+    x = store.x
     tail = x("SELECT position FROM ledger_tail").fetchone()
     total = tail[0] if tail is not None else x("SELECT coalesce(max(position), 0) FROM ledger_order").fetchone()[0]
     found = verify.walk(_walk(store, run_id), whole=run_id is None, total=total, progress=progress)
@@ -73,13 +73,13 @@ def verify_snapshot(store: PostgresStore, run_id: str | None,
                                         "an event was removed behind the store"))
                 chain_ok = False
                 break
-            if _b(g) != global_link(prev, position, _b(h)):
+            if as_bytes(g) != global_link(prev, position, as_bytes(h)):
                 problems.append(Problem("global_chain", rid, seq, position,
                                         "the ledger-wide chain breaks here: events were reordered, moved "
                                         "between positions, inserted or removed behind the store"))
                 chain_ok = False
                 break
-            prev = last_g = _b(g)
+            prev = last_g = as_bytes(g)
         if len(rows) < PAGE:
             break
     tail = x("SELECT position, global_hash FROM ledger_tail").fetchone()
@@ -89,7 +89,7 @@ def verify_snapshot(store: PostgresStore, run_id: str | None,
                                 "behind the store; new writes cannot be sealed until it is restored"))
         tail = (None, None)
     tail_pos, tail_g = tail
-    if tail_pos is not None and chain_ok and (tail_pos, _b(tail_g)) != (cursor, last_g):
+    if tail_pos is not None and chain_ok and (tail_pos, as_bytes(tail_g)) != (cursor, last_g):
         problems.append(Problem("tail_mismatch", None, None, tail_pos,
                                 f"the ledger_tail row says position {tail_pos}, the log ends at {cursor}: "
                                 "events were removed or the tail was edited behind the store"))
@@ -104,7 +104,7 @@ def verify_snapshot(store: PostgresStore, run_id: str | None,
                                 f"event {lost[0]} seq {lost[1]} has no ledger position and is not waiting "
                                 "for one: the ledger order was edited behind the store"))
 
-    heads = {h.run_id: h for h in store._list_runs(None, public=False)} if run_id is None else (
+    heads = {h.run_id: h for h in store.heads_in_order(None, public=False)} if run_id is None else (
         {run_id: h} if (h := store._head_locked(run_id)[0]) else {})
 
     def fence_of(rid: str) -> tuple:
@@ -112,5 +112,5 @@ def verify_snapshot(store: PostgresStore, run_id: str | None,
                        (rid,)).fetchone())
 
     problems += verify.check_heads(found, heads, fence_of, "write ids")
-    problems.extend(store._append_only())
+    problems.extend(store.trigger_problems())
     return problems

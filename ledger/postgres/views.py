@@ -154,10 +154,10 @@ class PostgresViewStore(ViewStore):
     def _unchanged(self, key: tuple[str, str], values: Any) -> bool:
         """Whether the write being gathered may leave these rows alone (and note them)."""
         store = self._store
-        if store._gather is None:  # outside a write's message (catch-up, rebuild): forget them
+        if store.gather is None:  # outside a write's message (catch-up, rebuild): forget them
             self._sent.pop(key, None)
             return False
-        if store._fast and self._sent.get(key) == values:
+        if store.fast and self._sent.get(key) == values:
             return True
         self._pending[key] = values
         return False
@@ -180,26 +180,26 @@ class PostgresViewStore(ViewStore):
         self._sent.clear()
         self._pending.clear()
 
-    def _x(self, sql: str, args: Any = None) -> Any:
-        return self._store._x(sql, args)
+    def x(self, sql: str, args: Any = None) -> Any:
+        return self._store.x(sql, args)
 
     # --- schema, tracking and versions ------------------------------------------------
 
     def _table_names(self) -> set[str]:
-        return {r[0] for r in self._x("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")}
+        return {r[0] for r in self.x("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")}
 
     def _outdated(self, views: Mapping[str, tuple[TableSpec, int]]) -> list[str]:
         if VERSIONS not in self._table_names():
             return list(views)
-        kept = dict(self._x(f"SELECT name, version FROM {VERSIONS}").fetchall())
+        kept = dict(self.x(f"SELECT name, version FROM {VERSIONS}").fetchall())
         return [n for n, (_, v) in views.items() if kept.get(n, 1) != v]
 
     def outdated(self, views: Mapping[str, tuple[TableSpec, int]]) -> list[str]:
-        with self._store._lock, self._store._mapped("reading the views"):
+        with self._store.lock, self._store.mapped("reading the views"):
             return self._outdated(views)
 
     def needs_prepare(self, views: Mapping[str, tuple[TableSpec, int]]) -> bool:
-        with self._store._lock, self._store._mapped("reading the views"):
+        with self._store.lock, self._store.mapped("reading the views"):
             existing = self._table_names()
             missing = [s for s, _ in views.values() if s.name not in existing]
             return not (TRACKING in existing and VERSIONS in existing and not missing
@@ -207,7 +207,7 @@ class PostgresViewStore(ViewStore):
 
     def prepare(self, views: Mapping[str, tuple[TableSpec, int]]) -> None:
         self.forget()  # the tables are made anew: no row is known
-        x = self._x
+        x = self.x
         # id_mark: the last write id when the position was set (ledger/postgres/store.py: every
         # write below it had committed), the point from which lagging() looks for writes
         # that did not keep the views.
@@ -235,23 +235,23 @@ class PostgresViewStore(ViewStore):
 
     def _put(self, table: str, name: str, value: int) -> None:
         if table == TRACKING:
-            self._x(f"INSERT INTO {TRACKING} (name, position, id_mark) VALUES (%s, %s, "
+            self.x(f"INSERT INTO {TRACKING} (name, position, id_mark) VALUES (%s, %s, "
                     "(SELECT coalesce(max(id), 0) FROM events)) ON CONFLICT (name) DO UPDATE SET "
                     "position=excluded.position, id_mark=excluded.id_mark", (name, value))
             return
-        self._x(f"INSERT INTO {table} VALUES (%s, %s) ON CONFLICT (name) DO UPDATE SET version=excluded.version",
+        self.x(f"INSERT INTO {table} VALUES (%s, %s) ON CONFLICT (name) DO UPDATE SET version=excluded.version",
                 (name, value))
 
     def positions(self) -> dict[str, int]:
-        with self._store._lock, self._store._mapped("reading the views"):
+        with self._store.lock, self._store.mapped("reading the views"):
             # A ledger no projection was ever prepared in has no tracking table: no
             # positions, not a driver error (the interface promises typed errors only).
             return {n: pos for n, (pos, _) in self._effective(self._tracking()).items()}
 
     def _tracking(self) -> dict[str, tuple[int, int]]:
-        if self._x("SELECT to_regclass(%s)", (TRACKING,)).fetchone()[0] is None:
+        if self.x("SELECT to_regclass(%s)", (TRACKING,)).fetchone()[0] is None:
             return {}
-        return {n: (p, m) for n, p, m in self._x(f"SELECT name, position, id_mark FROM {TRACKING}")}
+        return {n: (p, m) for n, p, m in self.x(f"SELECT name, position, id_mark FROM {TRACKING}")}
 
     def table(self, spec: TableSpec) -> Table:
         t = self._tables.get(spec.name)
@@ -270,7 +270,7 @@ class PostgresViewStore(ViewStore):
         run_id = row.get("run_id")
         if isinstance(run_id, str) and self._unchanged((table.name, run_id), tuple(table.values(row))):
             return
-        self._x(table.upsert_changed, row)
+        self.x(table.upsert_changed, row)
 
     def sync_many(self, table: Table, run_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
         if self._unchanged((table.name, run_id), tuple(tuple(table.values(row)) for row in rows)):
@@ -278,17 +278,17 @@ class PostgresViewStore(ViewStore):
         n = table.npk
         keys = [tuple(table.values(row))[:n] for row in rows]
         if keys:
-            self._x(table.delete_others(len(keys)), [run_id, *(v for k in keys for v in k)])
+            self.x(table.delete_others(len(keys)), [run_id, *(v for k in keys for v in k)])
         else:
-            self._x(table.delete_run, (run_id,))
+            self.x(table.delete_run, (run_id,))
         for row in rows:
-            self._x(table.upsert_changed, row)
+            self.x(table.upsert_changed, row)
 
     def fill(self, table: Table, run_id: str, rows: Sequence[Mapping[str, Any]], *, many: bool) -> None:
         if many:
-            self._x(table.delete_run, (run_id,))
+            self.x(table.delete_run, (run_id,))
         if rows:
-            with self._store._ready().cursor() as cur:
+            with self._store.ready().cursor() as cur:
                 cur.executemany(table.upsert, rows)
 
     def advance(self, names: Sequence[str], last_position: int, run_id: str) -> None:
@@ -300,7 +300,7 @@ class PostgresViewStore(ViewStore):
         """{name: (position, behind?)}: behind when it was never built over a non-empty
         log, or when a write after its mark did not keep the views; otherwise current up
         to the ledger's last position."""
-        x = self._x
+        x = self.x
         last = x("SELECT position FROM ledger_tail").fetchone()[0]
         out = {}
         for name, (pos, mark) in tracking.items():
@@ -315,7 +315,7 @@ class PostgresViewStore(ViewStore):
 
     def lagging(self, names: Iterable[str], last_position: int) -> dict[str, int]:
         wanted = set(names)
-        with self._store._lock, self._store._mapped("reading the views"):
+        with self._store.lock, self._store.mapped("reading the views"):
             tracking = self._tracking()
             return {n: pos for n, (pos, behind) in self._effective(tracking).items() if n in wanted and behind}
 
@@ -335,8 +335,8 @@ class PostgresViewStore(ViewStore):
         out = []
         for spec in specs:
             tmp = _ident(spec.name) + "__new"
-            self._x(f"DROP TABLE IF EXISTS {tmp}")
-            self._x(create_sql(spec, tmp))
+            self.x(f"DROP TABLE IF EXISTS {tmp}")
+            self.x(create_sql(spec, tmp))
             out.append(Table(spec, tmp))
         return out
 
@@ -348,24 +348,24 @@ class PostgresViewStore(ViewStore):
         counts = {}
         for name, (spec, version) in views.items():
             t = _ident(spec.name)
-            self._x(f"DROP TABLE IF EXISTS {t}")
-            self._x(f"ALTER TABLE {t}__new RENAME TO {t}")
-            self._x(f"ALTER TABLE {t} RENAME CONSTRAINT {t}__new_pkey TO {t}_pkey")
+            self.x(f"DROP TABLE IF EXISTS {t}")
+            self.x(f"ALTER TABLE {t}__new RENAME TO {t}")
+            self.x(f"ALTER TABLE {t} RENAME CONSTRAINT {t}__new_pkey TO {t}_pkey")
             for ix in spec.indexes:
-                self._x(index_sql(spec, ix))
+                self.x(index_sql(spec, ix))
             self._put(TRACKING, name, position)
             self._put(VERSIONS, name, version)
-            counts[name] = self._x(f"SELECT count(*) FROM {t}").fetchone()[0]
+            counts[name] = self.x(f"SELECT count(*) FROM {t}").fetchone()[0]
         return counts
 
     # --- reads ------------------------------------------------------------------------
 
     def _run(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
         store = self._store
-        with store._lock, store._mapped("reading the views"):
-            if store._writing and not store._exclusive:
-                store._lock_views()
-            return [_row(r) for r in store._x(sql, args).fetchall()]
+        with store.lock, store.mapped("reading the views"):
+            if store.writing and not store.exclusive:
+                store.lock_views()
+            return [_row(r) for r in store.x(sql, args).fetchall()]
 
     def _pk(self, table: str) -> tuple[str, ...]:
         spec = self._specs.get(table)

@@ -88,11 +88,11 @@ class GroupCommit:
     def _lead(self) -> None:
         store = self._store
         taken: list[_Request] = []
-        with store._lock:
+        with store.lock:
             try:
                 batch = self._take(self.LIMIT)
                 taken.extend(batch)
-                store._begin("appending")
+                store.begin("appending")
                 ran: list[_Request] = []
                 while batch:
                     for req in batch:
@@ -101,12 +101,12 @@ class GroupCommit:
                     batch = self._take(self.LIMIT - len(taken))
                     taken.extend(batch)
                 # What a lone execute does after its body: commit, once for the group.
-                store._finish(True, "committing a group of commands")
+                store.finish(True, "committing a group of commands")
             except BaseException as exc:  # the begin or the commit failed: no command stands
                 if isinstance(exc, sqlite3.Error):
                     exc = explain(exc, "committing a group of commands", store.path)
-                if store._conn.in_transaction:
-                    store._conn.execute("ROLLBACK")
+                if store.conn.in_transaction:
+                    store.conn.execute("ROLLBACK")
                 for req in taken:
                     if req.error is None:
                         req.error, req.value, req.folded = exc, None, None
@@ -121,7 +121,7 @@ class GroupCommit:
 
     def _run(self, req: _Request, ran: list[_Request]) -> None:
         """One command in a savepoint of its own; ``ran``: the group's commands before it."""
-        conn = self._store._conn
+        conn = self._store.conn
         conn.execute("SAVEPOINT handoff_command")
         try:
             result, state, folded = req.work()
@@ -137,7 +137,7 @@ class GroupCommit:
                 for earlier in ran:
                     if earlier.error is None:
                         earlier.error, earlier.value, earlier.folded = exc, None, None
-                self._store._begin("appending")
+                self._store.begin("appending")
             return
         conn.execute("RELEASE handoff_command")
         req.value, req.folded = (result, state), folded

@@ -145,7 +145,7 @@ class SqliteStore(FoldingStore):
         self.busy_timeout_s = busy_timeout_s
         self.max_payload = max_payload
         self._clock = clock or _now_us
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         FoldingStore.__init__(self)
         self._memory = self.path == ":memory:"
         self._txn = SqliteTransaction(self)
@@ -157,7 +157,7 @@ class SqliteStore(FoldingStore):
         #: The file's schema: an older one stays only on a read-only open (see _migrate).
         self.file_schema = schema.STORE_SCHEMA_VERSION
         self.readonly = readonly
-        self._conn = self._connect(create=create, readonly=readonly)
+        self.conn = self._connect(create=create, readonly=readonly)
         try:
             self._ensure_schema(create and not readonly)
             # Only once the file is known to be a ledger: switching a foreign database
@@ -165,7 +165,7 @@ class SqliteStore(FoldingStore):
             if not self._memory and not readonly:
                 self._enable_wal()
         except BaseException:
-            self._conn.close()
+            self.conn.close()
             raise
 
     @property
@@ -178,7 +178,7 @@ class SqliteStore(FoldingStore):
         if self._db is None:
             import sqlite_utils
 
-            self._db = sqlite_utils.Database(self._conn)
+            self._db = sqlite_utils.Database(self.conn)
         return self._db
 
     @classmethod
@@ -261,7 +261,7 @@ class SqliteStore(FoldingStore):
 
     def _enable_wal(self) -> None:
         try:
-            mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            mode = self.conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         except sqlite3.Error as exc:
             raise _explain(exc, "opening", self.path) from exc
         if str(mode).lower() != "wal":
@@ -271,7 +271,7 @@ class SqliteStore(FoldingStore):
             )
 
     def _ensure_schema(self, may_create: bool) -> None:
-        conn = self._conn
+        conn = self.conn
         try:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         except sqlite3.DatabaseError as exc:
@@ -309,7 +309,7 @@ class SqliteStore(FoldingStore):
         An additive index, so the file schema version stays: older versions read and
         write the file as before and SQLite keeps the index current for them. Without it
         (a file only ever opened read-only) ``list_runs`` falls back to one query."""
-        conn = self._conn
+        conn = self.conn
         if conn.execute("SELECT 1 FROM sqlite_master WHERE name='heads_first'").fetchone():
             return
         try:
@@ -326,7 +326,7 @@ class SqliteStore(FoldingStore):
         ledger made before lease tokens. Additive like ``heads_first``: the file schema
         version stays. A lease held at the upgrade has no digest, so no write can prove it:
         it must be revoked and claimed again (docs/reliability.md, "Lease tokens")."""
-        conn = self._conn
+        conn = self.conn
         if any(r[1] == "lease_digest" for r in conn.execute("PRAGMA table_info(heads)")):
             return
         try:
@@ -343,10 +343,10 @@ class SqliteStore(FoldingStore):
     def _create_schema(self) -> None:
         db = self.db
         try:
-            self._conn.execute("BEGIN IMMEDIATE")
+            self.conn.execute("BEGIN IMMEDIATE")
             # Another process may have created it while we waited for the lock.
             if db["handoff_meta"].exists():
-                self._conn.execute("COMMIT")
+                self.conn.execute("COMMIT")
                 return
             db.create_table("handoff_meta", {"key": str, "value": str}, pk="key")
             db["handoff_meta"].insert_all(
@@ -382,12 +382,12 @@ class SqliteStore(FoldingStore):
                 ],
             )
             db["events"].create_index(["run_id", "seq"], index_name="events_run_seq", unique=True)
-            self._conn.execute(
+            self.conn.execute(
                 "CREATE UNIQUE INDEX events_idem ON events(run_id, idem_key) "
                 "WHERE idem_key IS NOT NULL"
             )
             for sql in APPEND_ONLY_TRIGGERS.values():
-                self._conn.execute(sql)
+                self.conn.execute(sql)
             db.create_table(
                 "heads",
                 {
@@ -404,13 +404,13 @@ class SqliteStore(FoldingStore):
                 pk="run_id",
                 not_null=["last_seq", "last_hash", "max_lease", "first_position", "last_position"],
             )
-            self._conn.execute(HEADS_FIRST)
-            self._conn.execute(CREATE_UNKEPT)
-            self._conn.execute("COMMIT")
+            self.conn.execute(HEADS_FIRST)
+            self.conn.execute(CREATE_UNKEPT)
+            self.conn.execute("COMMIT")
             self.created_schema = True
         except sqlite3.Error as exc:
-            if self._conn.in_transaction:
-                self._conn.execute("ROLLBACK")
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
             raise _explain(exc, "creating the ledger schema", self.path) from exc
 
     def _migrate(self, from_version: int) -> None:
@@ -424,7 +424,7 @@ class SqliteStore(FoldingStore):
         it would write without marking."""
         if from_version != 1:
             raise SchemaTooNew(f"{self.path} has file schema {from_version}; no migration from it is known")
-        conn = self._conn
+        conn = self.conn
         try:
             conn.execute("BEGIN IMMEDIATE")
             found = int(dict(conn.execute("SELECT key, value FROM handoff_meta")).get("schema_version", "0"))
@@ -457,16 +457,16 @@ class SqliteStore(FoldingStore):
 
     # --- writing -------------------------------------------------------------------
 
-    def _begin(self, doing: str) -> None:
+    def begin(self, doing: str) -> None:
         if self.readonly:
             raise StoreUnavailable(f"the ledger {self.path} was opened read-only; {doing} refused")
         try:
-            self._conn.execute("BEGIN IMMEDIATE")
+            self.conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             raise _explain(exc, doing, self.path) from exc
 
-    def _finish(self, ok: bool, doing: str) -> None:
-        conn = self._conn
+    def finish(self, ok: bool, doing: str) -> None:
+        conn = self.conn
         if ok:
             try:
                 conn.execute("COMMIT")
@@ -517,8 +517,8 @@ class SqliteStore(FoldingStore):
 
         Returns SQLite's (busy, WAL frames, frames checkpointed).
         """
-        with self._lock:
-            conn = self._conn
+        with self.lock:
+            conn = self.conn
             try:
                 if not wait:
                     conn.execute("PRAGMA busy_timeout=0")
@@ -531,7 +531,7 @@ class SqliteStore(FoldingStore):
                     conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
 
     def _head_locked(self, run_id: str) -> tuple[Head | None, int]:
-        row = self._conn.execute(
+        row = self.conn.execute(
             "SELECT run_id, last_seq, last_hash, lease, lease_holder, first_position, "
             "last_position, max_lease FROM heads WHERE run_id=?",
             (run_id,),
@@ -541,12 +541,12 @@ class SqliteStore(FoldingStore):
         return Head(*row[:7]), row[7]
 
     def _hash_at(self, run_id: str, seq: int) -> bytes | None:
-        row = self._conn.execute("SELECT hash FROM events WHERE run_id=? AND seq=?", (run_id, seq)).fetchone()
+        row = self.conn.execute("SELECT hash FROM events WHERE run_id=? AND seq=?", (run_id, seq)).fetchone()
         return None if row is None else row[0]
 
     @contextlib.contextmanager
     def _reading(self, doing: str = "reading") -> Iterator[None]:
-        with self._lock:
+        with self.lock:
             try:
                 yield
             except sqlite3.Error as exc:
@@ -557,11 +557,11 @@ class SqliteStore(FoldingStore):
 
     def _lease_digest_locked(self, run_id: str) -> str | None:
         try:
-            row = self._conn.execute("SELECT lease_digest FROM heads WHERE run_id=?", (run_id,)).fetchone()
+            row = self.conn.execute("SELECT lease_digest FROM heads WHERE run_id=?", (run_id,)).fetchone()
         except sqlite3.OperationalError:
             # A file from before lease tokens, opened read-only (a writable open adds the
             # column): no lease of it has a digest.
-            if any(r[1] == "lease_digest" for r in self._conn.execute("PRAGMA table_info(heads)")):
+            if any(r[1] == "lease_digest" for r in self.conn.execute("PRAGMA table_info(heads)")):
                 raise
             return None
         return None if row is None else row[0]
@@ -569,7 +569,7 @@ class SqliteStore(FoldingStore):
     def _duplicate(self, req: Request) -> AppendResult | None:
         """The earlier batch a repeated key names, or None; IdempotencyConflict when that
         key stood for another request."""
-        row = self._conn.execute(
+        row = self.conn.execute(
             "SELECT seq, position, idem_digest, batch_size, actor FROM events "
             "WHERE run_id=? AND idem_key=?",
             (req.run_id, req.key),
@@ -587,7 +587,7 @@ class SqliteStore(FoldingStore):
         """Insert a batch and move the head; return what was appended and the new head (as
         ``_head_locked`` would now read it), and put the new events in ``written`` as a
         reader would get them, without reading them back."""
-        conn = self._conn
+        conn = self.conn
         run_id = req.run_id
         tail = conn.execute("SELECT position, global_hash FROM events ORDER BY position DESC LIMIT 1").fetchone()
         last_pos, gprev = tail if tail is not None else (0, GENESIS_HASH)
@@ -632,8 +632,8 @@ class SqliteStore(FoldingStore):
         admit: Callable[[Any, Recorded, ev.Event], None] | None = None,
         before_commit: Callable[[], None] | None = None,
     ) -> dict[str, int]:
-        with self._lock:
-            self._begin("importing")
+        with self.lock:
+            self.begin("importing")
             ok = False
             try:
                 counts, touched = run_import(self, items, aggregate, admit, before_commit)
@@ -641,20 +641,20 @@ class SqliteStore(FoldingStore):
             except sqlite3.Error as exc:
                 raise _explain(exc, "importing", self.path) from exc
             finally:
-                self._finish(ok, "committing an import")
+                self.finish(ok, "committing an import")
         for run_id, folded in touched:
             self._remember_all(run_id, folded)
         return counts
 
     def _import_tail(self) -> tuple[int, bytes]:
-        tail = self._conn.execute("SELECT position, global_hash FROM events ORDER BY position DESC LIMIT 1").fetchone()
+        tail = self.conn.execute("SELECT position, global_hash FROM events ORDER BY position DESC LIMIT 1").fetchone()
         return tail if tail is not None else (0, GENESIS_HASH)
 
     def _key_used(self, run_id: str, key: str) -> bool:
-        return self._conn.execute("SELECT 1 FROM events WHERE run_id=? AND idem_key=?", (run_id, key)).fetchone() is not None
+        return self.conn.execute("SELECT 1 FROM events WHERE run_id=? AND idem_key=?", (run_id, key)).fetchone() is not None
 
     def _import_rows(self, rows: list[ImportRow], heads: list[ImportHead]) -> None:
-        conn = self._conn
+        conn = self.conn
         if rows:
             conn.executemany(_INSERT_FIRST, [
                 (pos, r.run_id, r.seq, r.type, r.actor, r.lease, r.idempotency_key, digest, size, r.recorded_us,
@@ -685,8 +685,8 @@ class SqliteStore(FoldingStore):
     ) -> AppendResult:
         req = plan.append_request(run_id, events, actor=actor, expected_seq=expected_seq, lease=lease,
                                   key=idempotency_key, max_payload=self.max_payload)
-        with self._lock:
-            self._begin("appending")
+        with self.lock:
+            self.begin("appending")
             ok = False
             try:
                 if req.key:
@@ -715,7 +715,7 @@ class SqliteStore(FoldingStore):
             except sqlite3.Error as exc:
                 raise _explain(exc, "appending", self.path) from exc
             finally:
-                self._finish(ok, "committing an append")
+                self.finish(ok, "committing an append")
             self._remember_all(run_id, folded)
             return result
 
@@ -727,7 +727,7 @@ class SqliteStore(FoldingStore):
             sql += " AND seq<=?"
             args.append(until_seq)
         try:
-            rows = self._conn.execute(sql + " ORDER BY seq", args).fetchall()
+            rows = self.conn.execute(sql + " ORDER BY seq", args).fetchall()
         except sqlite3.Error as exc:
             raise _explain(exc, "reading", self.path) from exc
         events = _decoded([r[3] for r in rows], [r[1] for r in rows])
@@ -754,14 +754,14 @@ class SqliteStore(FoldingStore):
         req = plan.execute_request(run_id, actor=actor, key=idempotency_key, lease=lease, digest_of=digest_of)
         if self._group is not None:
             return self._group.submit(run_id, lambda: self._execute_locked(req, aggregate, decide))
-        with self._lock:
-            self._begin("appending")
+        with self.lock:
+            self.begin("appending")
             ok = False
             try:
                 result, state, folded = self._execute_locked(req, aggregate, decide)
                 ok = True
             finally:
-                self._finish(ok, "committing a command")
+                self.finish(ok, "committing a command")
             if folded is not None:
                 self._remember_all(run_id, folded)
             return result, state
@@ -817,7 +817,7 @@ class SqliteStore(FoldingStore):
             sql += " AND seq<=?"
             args.append(until_seq)
         sql += " ORDER BY seq"
-        return [Recorded(*r) for r in self._conn.execute(sql, args)]
+        return [Recorded(*r) for r in self.conn.execute(sql, args)]
 
     def read_run(
         self, run_id: str, *, after_seq: int = 0, until_seq: int | None = None
@@ -835,7 +835,7 @@ class SqliteStore(FoldingStore):
             stop = cursor + PAGE if until_seq is None else min(cursor + PAGE, until_seq)
             if until_seq is not None and cursor >= until_seq:
                 return
-            with self._lock:
+            with self.lock:
                 try:
                     page = self._read_run_page(run_id, cursor, stop)
                 except sqlite3.Error as exc:
@@ -864,9 +864,9 @@ class SqliteStore(FoldingStore):
                 args.append(until_position)
             sql += " ORDER BY position LIMIT ?"
             args.append(page)
-            with self._lock:
+            with self.lock:
                 try:
-                    rows = self._conn.execute(sql, args).fetchall()
+                    rows = self.conn.execute(sql, args).fetchall()
                 except sqlite3.Error as exc:
                     raise _explain(exc, "reading", self.path) from exc
             if not rows:
@@ -884,9 +884,9 @@ class SqliteStore(FoldingStore):
         wanted = None if run_ids is None else set(run_ids)
         cursor = 0
         while True:
-            with self._lock:
+            with self.lock:
                 try:
-                    rows = self._conn.execute(
+                    rows = self.conn.execute(
                         f"SELECT {_COLUMNS}, idem_digest, batch_size FROM events WHERE position>? "
                         "ORDER BY position LIMIT ?",
                         (cursor, PAGE),
@@ -902,7 +902,7 @@ class SqliteStore(FoldingStore):
 
     def head(self, run_id: str) -> Head | None:
         check_run_id(run_id)
-        with self._lock:
+        with self.lock:
             try:
                 return self._head_locked(run_id)[0]
             except sqlite3.Error as exc:
@@ -918,18 +918,18 @@ class SqliteStore(FoldingStore):
             args = (prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1))
         order = " ORDER BY first_position, run_id"
         if prefix or not self._has_heads_index():
-            with self._lock:
-                rows = self._conn.execute(sql + order, args).fetchall()
+            with self.lock:
+                rows = self.conn.execute(sql + order, args).fetchall()
             yield from (Head(*r) for r in rows)
             return
         # Keyset pages on the index: memory stays flat however many runs there are, and
         # each page is read whole, so a caller may write between pages. The key includes
         # run_id so that no row is skipped even where first positions tie or are odd (a
         # damaged heads table, which verify reports; every listing must still show it).
-        page = self._conn.execute
+        page = self.conn.execute
         cursor: tuple[Any, ...] | None = None
         while True:
-            with self._lock:
+            with self.lock:
                 if cursor is None:
                     rows = page(sql + order + " LIMIT ?", (PAGE,)).fetchall()
                 else:
@@ -943,20 +943,20 @@ class SqliteStore(FoldingStore):
             cursor = (rows[-1][5], rows[-1][0])
 
     def count_runs(self) -> int:
-        with self._lock:
-            return self._conn.execute("SELECT count(*) FROM heads").fetchone()[0]
+        with self.lock:
+            return self.conn.execute("SELECT count(*) FROM heads").fetchone()[0]
 
     def _has_heads_index(self) -> bool:
         if not self._heads_indexed:
-            with self._lock:
-                self._heads_indexed = bool(self._conn.execute(
+            with self.lock:
+                self._heads_indexed = bool(self.conn.execute(
                     "SELECT 1 FROM sqlite_master WHERE name='heads_first'"
                 ).fetchone())
         return self._heads_indexed
 
     def last_position(self) -> int:
-        with self._lock:
-            return self._conn.execute("SELECT coalesce(max(position), 0) FROM events").fetchone()[0]
+        with self.lock:
+            return self.conn.execute("SELECT coalesce(max(position), 0) FROM events").fetchone()[0]
 
     # --- checking ------------------------------------------------------------------
 
@@ -970,17 +970,17 @@ class SqliteStore(FoldingStore):
         read transaction, so a concurrent writer cannot make the heads look ahead of the
         events walked (a false head_mismatch).
         """
-        with self._lock:
-            began = not self._conn.in_transaction
+        with self.lock:
+            began = not self.conn.in_transaction
             try:
                 if began:
-                    self._conn.execute("BEGIN")
+                    self.conn.execute("BEGIN")
                 return self._verify_snapshot(run_id, progress)
             except sqlite3.Error as exc:
                 raise _explain(exc, "verifying", self.path) from exc
             finally:
-                if began and self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
+                if began and self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
 
     def _verify_snapshot(
         self, run_id: str | None, progress: Callable[[int, int], None] | None
@@ -996,7 +996,7 @@ class SqliteStore(FoldingStore):
         )
 
         def fence_of(rid: str) -> tuple:
-            row = self._conn.execute("SELECT lease, lease_holder, max_lease FROM heads WHERE run_id=?",
+            row = self.conn.execute("SELECT lease, lease_holder, max_lease FROM heads WHERE run_id=?",
                                      (rid,)).fetchone()
             return (*row, self._lease_digest_locked(rid))
 
@@ -1012,7 +1012,7 @@ class SqliteStore(FoldingStore):
         prev, cursor = GENESIS_HASH, 0
         found: list[Problem] = []
         while True:
-            rows = self._conn.execute(
+            rows = self.conn.execute(
                 "SELECT position, run_id, seq, hash, global_hash FROM events WHERE position > ? "
                 "ORDER BY position LIMIT ?", (cursor, PAGE * 10),
             ).fetchall()
@@ -1031,7 +1031,7 @@ class SqliteStore(FoldingStore):
                 return found
 
     def _append_only_locked(self) -> list[Problem]:
-        have = dict(self._conn.execute(
+        have = dict(self.conn.execute(
             "SELECT name, sql FROM sqlite_master WHERE type='trigger' AND tbl_name='events'"
         ).fetchall())
         out = []
@@ -1053,7 +1053,7 @@ class SqliteStore(FoldingStore):
         return out
 
     def append_only_problems(self) -> list[Problem]:
-        with self._lock:
+        with self.lock:
             try:
                 return self._append_only_locked()
             except sqlite3.Error as exc:
@@ -1062,9 +1062,9 @@ class SqliteStore(FoldingStore):
     # --- heads of the whole ledger, and copies ---------------------------------------
 
     def ledger_head(self) -> tuple[int, bytes]:
-        with self._lock:
+        with self.lock:
             try:
-                row = self._conn.execute(
+                row = self.conn.execute(
                     "SELECT position, global_hash FROM events ORDER BY position DESC LIMIT 1"
                 ).fetchone()
             except sqlite3.Error as exc:
@@ -1075,9 +1075,9 @@ class SqliteStore(FoldingStore):
 
     def global_hash_at(self, position: int) -> bytes | None:
         check_seq(position, "position")
-        with self._lock:
+        with self.lock:
             try:
-                row = self._conn.execute(
+                row = self.conn.execute(
                     "SELECT global_hash FROM events WHERE position=?", (position,)
                 ).fetchone()
             except sqlite3.Error as exc:
@@ -1095,8 +1095,8 @@ class SqliteStore(FoldingStore):
         except sqlite3.Error as exc:
             raise _explain(exc, "creating a backup", path) from exc
         try:
-            with self._lock:
-                self._conn.backup(dst)
+            with self.lock:
+                self.conn.backup(dst)
             dst.execute("PRAGMA journal_mode=DELETE")
             row = dst.execute("SELECT position, global_hash FROM events ORDER BY position DESC LIMIT 1").fetchone()
             runs = dst.execute("SELECT count(*) FROM heads").fetchone()[0]
@@ -1111,8 +1111,8 @@ class SqliteStore(FoldingStore):
     @contextlib.contextmanager
     def write_transaction(self, doing: str) -> Iterator[SqliteTransaction]:
         """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on any exception), under the lock."""
-        with self._lock:
-            self._begin(doing)
+        with self.lock:
+            self.begin(doing)
             ok = False
             try:
                 yield self._txn
@@ -1120,13 +1120,13 @@ class SqliteStore(FoldingStore):
             except sqlite3.Error as exc:
                 raise _explain(exc, doing, self.path) from exc
             finally:
-                self._finish(ok, doing)
+                self.finish(ok, doing)
 
     @contextlib.contextmanager
     def read_transaction(self) -> Iterator[SqliteTransaction]:
         """One read snapshot (``BEGIN`` ... ``ROLLBACK``), or the transaction already open."""
-        with self._lock:
-            conn = self._conn
+        with self.lock:
+            conn = self.conn
             began = not conn.in_transaction
             try:
                 if began:
@@ -1151,8 +1151,8 @@ class SqliteStore(FoldingStore):
         """What ``handoff doctor`` prints: the file, the SQLite library and its settings."""
         version = sqlite3.sqlite_version
         affected = tuple(int(x) for x in version.split(".")[:3]) < (3, 51, 3)
-        with self._lock:
-            pragma = lambda name: self._conn.execute(f"PRAGMA {name}").fetchone()[0]  # noqa: E731
+        with self.lock:
+            pragma = lambda name: self.conn.execute(f"PRAGMA {name}").fetchone()[0]  # noqa: E731
             return {
                 "path": self.path if self._memory else os.path.abspath(self.path),
                 "backend": "sqlite",
@@ -1171,8 +1171,8 @@ class SqliteStore(FoldingStore):
             }
 
     def integrity_check(self) -> str:
-        with self._lock:
-            return "; ".join(r[0] for r in self._conn.execute("PRAGMA integrity_check"))
+        with self.lock:
+            return "; ".join(r[0] for r in self.conn.execute("PRAGMA integrity_check"))
 
     @property
     def sqlite_version(self) -> str:
@@ -1184,14 +1184,14 @@ class SqliteStore(FoldingStore):
         deduplicated and decided on its own. ``handoff.Ledger(group_commit=True)`` calls it."""
         if self.readonly:
             raise StoreUnavailable(f"the ledger {self.path} was opened read-only; group commit needs a writable one")
-        with self._lock:
+        with self.lock:
             if self._group is None:
                 self._group = GroupCommit(self)
 
     def close(self) -> None:
-        with self._lock:
+        with self.lock:
             try:
-                self._conn.close()
+                self.conn.close()
             except sqlite3.Error:
                 pass
 
@@ -1205,10 +1205,10 @@ class SqliteTransaction(StoreTransaction):
         return self._store._head_locked(run_id)[0]
 
     def runs_since(self, position: int) -> list[str]:
-        return [r[0] for r in self._store._conn.execute(_RUNS_SINCE, (position,))]
+        return [r[0] for r in self._store.conn.execute(_RUNS_SINCE, (position,))]
 
     def count_runs(self, *, begun_by: int | None = None) -> int:
-        conn = self._store._conn
+        conn = self._store.conn
         if begun_by is None:
             return conn.execute("SELECT count(*) FROM heads").fetchone()[0]
         return conn.execute("SELECT count(*) FROM heads WHERE first_position <= ?", (begun_by,)).fetchone()[0]

@@ -120,35 +120,35 @@ class SqliteViewStore(ViewStore):
         self._sql: dict[Any, str] = {}
 
     @property
-    def _conn(self) -> sqlite3.Connection:
-        return self._store._conn
+    def conn(self) -> sqlite3.Connection:
+        return self._store.conn
 
     # --- schema, tracking and versions ------------------------------------------------
 
     def _table_names(self) -> set[str]:
-        return {r[0] for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        return {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
     def _outdated(self, views: Mapping[str, tuple[TableSpec, int]]) -> list[str]:
         """The projections whose kept rows were made by another version of their fold."""
-        conn = self._conn
+        conn = self.conn
         if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (VERSIONS,)).fetchone():
             return list(views)
         kept = dict(conn.execute(f"SELECT name, version FROM {VERSIONS}"))
         return [n for n, (_, v) in views.items() if kept.get(n, 1) != v]
 
     def outdated(self, views: Mapping[str, tuple[TableSpec, int]]) -> list[str]:
-        with self._store._lock:
+        with self._store.lock:
             return self._outdated(views)
 
     def needs_prepare(self, views: Mapping[str, tuple[TableSpec, int]]) -> bool:
-        with self._store._lock:
+        with self._store.lock:
             existing = self._table_names()
             missing = [s for s, _ in views.values() if s.name not in existing]
             return not (TRACKING in existing and VERSIONS in existing and not missing
                         and not self._outdated(views))
 
     def prepare(self, views: Mapping[str, tuple[TableSpec, int]]) -> None:
-        conn = self._conn
+        conn = self.conn
         conn.execute(
             f"CREATE TABLE IF NOT EXISTS {TRACKING} (name TEXT PRIMARY KEY, position INTEGER NOT NULL)"
         )
@@ -209,12 +209,12 @@ class SqliteViewStore(ViewStore):
 
     def positions(self) -> dict[str, int]:
         """Each projection's effective position: how far it is current (``_effective``)."""
-        with self._store._lock:
+        with self._store.lock:
             return {n: pos for n, (pos, _) in self._effective().items()}
 
     def lagging(self, names: Iterable[str], last_position: int) -> dict[str, int]:
         wanted = set(names)
-        with self._store._lock:
+        with self._store.lock:
             return {n: pos for n, (pos, behind) in self._effective().items() if n in wanted and behind}
 
     def table(self, spec: TableSpec) -> Table:
@@ -234,7 +234,7 @@ class SqliteViewStore(ViewStore):
         (a checkpoint's packet and positions): an in-place UPDATE of those leaves every
         secondary index untouched. A new row, or one whose indexed columns moved (a state
         change), takes the upsert, which keeps the row's rowid."""
-        conn = self._conn
+        conn = self.conn
         if table.update is None or not conn.execute(table.update, row).rowcount:
             conn.execute(table.upsert_changed, row)
 
@@ -242,7 +242,7 @@ class SqliteViewStore(ViewStore):
         """Make a run's stored rows equal ``rows``: delete those that went away, write those
         that differ. Most commands change none of them, and reading the run's rows (cached
         pages) is much cheaper than rewriting them and their indexes."""
-        conn = self._conn
+        conn = self.conn
         stored = conn.execute(table.select_run, (run_id,)).fetchall()
         wants = [table.values(row) for row in rows]
         if stored == wants:
@@ -261,7 +261,7 @@ class SqliteViewStore(ViewStore):
     def fill(self, table: Table, run_id: str, rows: Sequence[Mapping[str, Any]], *, many: bool) -> None:
         """A rebuild's new table: nearly every run is written once, so write it outright (the
         swap refolds the runs that moved meanwhile, hence the delete and the upsert)."""
-        conn = self._conn
+        conn = self.conn
         if many:
             conn.execute(table.delete_run, (run_id,))
         if rows:
@@ -274,24 +274,24 @@ class SqliteViewStore(ViewStore):
         then refolded by catch-up, never skipped)."""
         if self._store._keeps_views:
             return
-        self._conn.execute(
+        self.conn.execute(
             f"UPDATE {UNKEPT} SET kept = ? WHERE position = (SELECT max(position) FROM {UNKEPT}) AND kept = ''",
             (",".join(names),))
 
     def set_positions(self, positions: Mapping[str, int]) -> None:
-        self._conn.executemany(
+        self.conn.executemany(
             f"UPDATE {TRACKING} SET position=? WHERE name=?", [(pos, n) for n, pos in positions.items()]
         )
         self._prune()
 
     def _prune(self) -> None:
         """Marks at or before every tracking position say nothing any more."""
-        self._conn.execute(f"DELETE FROM {UNKEPT} WHERE position <= (SELECT min(position) FROM {TRACKING})")
+        self.conn.execute(f"DELETE FROM {UNKEPT} WHERE position <= (SELECT min(position) FROM {TRACKING})")
 
     # --- rebuild ----------------------------------------------------------------------
 
     def create_shadows(self, specs: Sequence[TableSpec]) -> list[Table]:
-        conn = self._conn
+        conn = self.conn
         out = []
         for spec in specs:
             tmp = _ident(spec.name) + "__new"
@@ -305,7 +305,7 @@ class SqliteViewStore(ViewStore):
         return Table(spec, _ident(spec.name) + "__new")
 
     def swap_in(self, views: Mapping[str, tuple[TableSpec, int]], position: int) -> dict[str, int]:
-        conn = self._conn
+        conn = self.conn
         counts = {}
         for name, (spec, version) in views.items():
             conn.execute(f"DROP TABLE IF EXISTS {spec.name}")
@@ -322,9 +322,9 @@ class SqliteViewStore(ViewStore):
 
     def _run(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
         store = self._store
-        with store._lock:
+        with store.lock:
             try:
-                return store._conn.execute(sql, args).fetchall()
+                return store.conn.execute(sql, args).fetchall()
             except sqlite3.Error as exc:
                 from .driver import explain as _explain
 

@@ -203,7 +203,7 @@ def progress_until_error(db: str, run: str, lease: str, worker: str, ack: str, o
         _touch(out, json.dumps({"error": _err(exc), "acked": 0, "stage": "open"}))
         return exc.exit_code
     if mode.startswith("pages:"):
-        conn = lg.store._conn
+        conn = lg.store.conn
         count = conn.execute("PRAGMA page_count").fetchone()[0]
         conn.execute(f"PRAGMA max_page_count={count + int(mode.split(':', 1)[1])}")
     k = 0

@@ -162,7 +162,7 @@ def test_disk_full_by_page_quota_then_space_returns(tmp_path, evidence):
     run, lease = runs[0]
     acked, refusals = [], []
     with Ledger(db) as lg:
-        conn = lg.store._conn
+        conn = lg.store.conn
         pages = conn.execute("PRAGMA page_count").fetchone()[0]
         conn.execute(f"PRAGMA max_page_count={pages + 30}")
         k = 0
@@ -425,7 +425,7 @@ def test_wal_growth_per_command(tmp_path, evidence):
         for k in range(n):
             lg.progress(run, lease, "tool_outcome", f"0:{k}", worker="w0")
         per = (os.path.getsize(db + "-wal") - before) / n
-        page = lg.store._conn.execute("PRAGMA page_size").fetchone()[0]
+        page = lg.store.conn.execute("PRAGMA page_size").fetchone()[0]
     headroom = WAL_CHECKPOINT_BYTES + 64 * per
     assert per >= page
     evidence.add("durability.wal_growth", wal_bytes_per_command=round(per), pages_per_command=round(per / page, 1),

@@ -458,7 +458,7 @@ def test_row5_store_locked_by_another_process(tmp_path, procs, evidence):
     with Ledger(db) as lg:
         lg.progress(run, lease, "tool_outcome", "lock gone", key="p3", worker="w1")
         assert lg.verify() == [] and lg.check() == []
-        meta = dict(lg.store._conn.execute("SELECT key, value FROM handoff_meta"))
+        meta = dict(lg.store.conn.execute("SELECT key, value FROM handoff_meta"))
     assert "locked" in got["message"] and got["acked"] == 3 and waited >= 0.3
     assert cli.returncode == 3 and "locked" in cli.stderr
     assert "locker" not in meta, "the killed lock holder's uncommitted write must vanish"

@@ -225,6 +225,30 @@ class StoreConformance:
             s.append("r", [hb()], actor=W1)
             assert s.last_position() == 1
 
+    # --- what the backend declares beyond the interface ---------------------------------
+
+    def test_the_capability_record_says_what_the_store_offers(self, store):
+        """Each capability is either offered (the method works) or refused with a typed
+        error that writes nothing; the clock stamps what the store records."""
+        caps = store.capabilities
+        before = store.clock()
+        assert isinstance(before, int) and before > 0
+        rec = next(iter(store.read_run("k", after_seq=self.fill(store, "k", 1).first_seq - 1)))
+        assert rec.recorded_us >= before
+        if caps.group_commit:
+            store.enable_group_commit()
+            assert self.fill(store, "k", 2).last_seq == 3
+        else:
+            with pytest.raises(InvalidInput, match="group commit"):
+                store.enable_group_commit()
+        if caps.attested_roles:
+            roles = store.access_roles("audit")
+            assert set(roles) == {"schema", "roles", "sql"} and roles["roles"]["writer"] == "audit_writer"
+        else:
+            with pytest.raises(InvalidInput):
+                store.access_roles()
+        assert store.verify() == []
+
     # --- ordering ------------------------------------------------------------------------
 
     def test_seq_counts_per_run_and_positions_are_global(self, store):

@@ -222,7 +222,7 @@ def test_processes_racing_to_create_the_ledger(tmp_path):
         records = check_log(store)
         assert len(records) == 40
         assert sorted(r.event.detail for r in records) == sorted(f"{w}:{i}" for w in range(8) for i in range(5))
-        meta = dict(store._conn.execute("SELECT key, value FROM handoff_meta"))
+        meta = dict(store.conn.execute("SELECT key, value FROM handoff_meta"))
         assert meta["format"] == "handoff-ledger"
 
 

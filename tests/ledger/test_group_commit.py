@@ -30,7 +30,7 @@ def _working(lg: Ledger, run_id: str) -> str:
 
 def _commits(lg: Ledger) -> list[str]:
     seen: list[str] = []
-    lg.store._conn.set_trace_callback(lambda sql: seen.append(sql) if sql == "COMMIT" else None)
+    lg.store.conn.set_trace_callback(lambda sql: seen.append(sql) if sql == "COMMIT" else None)
     return seen
 
 
@@ -67,7 +67,7 @@ def _in_groups(lg: Ledger, first: callable, rest: list[callable]) -> tuple[list[
     release.set()
     for t in [lead, *others]:
         t.join(10)
-    lg.store._conn.set_trace_callback(None)
+    lg.store.conn.set_trace_callback(None)
     return results, commits
 
 
@@ -110,7 +110,7 @@ def test_eight_threads_share_commits_and_lose_nothing(lg):
         t.start()
     for t in threads:
         t.join()
-    lg.store._conn.set_trace_callback(None)
+    lg.store.conn.set_trace_callback(None)
     for run_id in runs:
         assert lg.checkpoint(run_id).last_seq == before[run_id] + n
         assert [r.seq for r in lg.store.read_run(run_id)] == list(range(1, before[run_id] + n + 1))

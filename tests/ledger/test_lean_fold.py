@@ -82,7 +82,7 @@ def test_lean_fold_equals_the_full_envelope_fold(monkeypatch, parent, child, dat
 def test_steps_carry_the_envelope_a_fold_reads(db_path):
     s = SqliteStore(db_path)
     s.append("a", [step(1), hb(), ev.StateChanged(from_state="queued", to_state="claimed")], actor=W1)
-    with s._lock:
+    with s.lock:
         steps = s._steps_page("a", 0, None)
     recs = list(s.read_run("a"))
     assert all(isinstance(x, Step) for x in steps)

@@ -207,7 +207,7 @@ def test_a_schema_3_ledger_gets_the_seal_by_key_and_keeps_its_order():
     with Ledger(url) as lg:
         store = lg.store
         assert store.diagnostics()["schema_version"] == 5
-        body = store._x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_seal' "
+        body = store.x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_seal' "
                         "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
         assert "unnest(ps, es, gs)" in body
         store.seal()
@@ -247,10 +247,10 @@ def test_a_schema_4_ledger_gets_the_sealing_insert_and_keeps_its_order():
     with Ledger(url) as lg:
         store = lg.store
         assert store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 5
-        body = store._x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_queue' "
+        body = store.x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_queue' "
                         "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
         assert "pg_try_advisory_xact_lock" in body
-        seal = store._x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_seal' "
+        seal = store.x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_seal' "
                         "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
         assert "pg_advisory_lock_shared" in seal
         result = store.append("r1", [ev.ProgressRecorded(kind="after")], actor=w)

@@ -124,7 +124,7 @@ def test_a_batch_of_several_id_blocks_reports_its_own_positions(monkeypatch):
     w = Actor("worker", "w")
     url = fresh_url()
     with PostgresStore(url) as a, PostgresStore(url, busy_timeout_s=0.2) as b:
-        real_x = PostgresStore._x
+        real_x = PostgresStore.x
 
         def x(self, sql, args=None, **kw):  # a takes its second block: b writes in between
             if self is a and "generate_series" in sql and not done:
@@ -135,7 +135,7 @@ def test_a_batch_of_several_id_blocks_reports_its_own_positions(monkeypatch):
             return real_x(self, sql, args, **kw)
 
         done: list[int] = []
-        monkeypatch.setattr(PostgresStore, "_x", x)
+        monkeypatch.setattr(PostgresStore, "x", x)
         result = a.append("big", [ev.HeartbeatRecorded()] * 1100, actor=w)
         monkeypatch.undo()
         assert done

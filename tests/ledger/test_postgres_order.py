@@ -160,7 +160,7 @@ def test_a_value_the_session_carries_is_never_taken_for_a_writes_position(url):
 
     with PostgresStore(url) as store, psycopg.connect(url, autocommit=True) as sealer:
         store.append("a", [ev.HeartbeatRecorded()], actor=W)
-        store._ready().execute("SET handoff.sealed = '1:1'")  # carried over: names event 1
+        store.ready().execute("SET handoff.sealed = '1:1'")  # carried over: names event 1
         sealer.execute("BEGIN")
         sealer.execute("SELECT pg_advisory_xact_lock(%s, %s)", (P._LEDGER_NS, P._SEAL))
         import threading

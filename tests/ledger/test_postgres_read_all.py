@@ -184,10 +184,10 @@ def test_a_page_finds_its_write_ids_through_the_position_key_only():
     with PostgresStore(fresh_url()) as store:
         for i in range(40):
             store.append(f"r{i}", [ev.HeartbeatRecorded()] * 200, actor=W)
-        with store._lock:
-            store._x("ANALYZE ledger_order")
-            store._x("ANALYZE events")
-            plan = "\n".join(r[0] for r in store._x("EXPLAIN " + _PAGE, {"after": 7000, "stop": 7800}))
+        with store.lock:
+            store.x("ANALYZE ledger_order")
+            store.x("ANALYZE events")
+            plan = "\n".join(r[0] for r in store.x("EXPLAIN " + _PAGE, {"after": 7000, "stop": 7800}))
         assert "ledger_order_event_id_key" not in plan, plan
         assert "ledger_order_pkey" in plan, plan
         assert _key(store.read_all(after_position=7000, until_position=7002)) == [

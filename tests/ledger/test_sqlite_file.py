@@ -163,8 +163,8 @@ class CommitThenInterleave(SqliteStore):
 
     after_commit = None
 
-    def _finish(self, ok, doing):
-        super()._finish(ok, doing)
+    def finish(self, ok, doing):
+        super().finish(ok, doing)
         callback, self.after_commit = self.after_commit, None
         if ok and callback is not None:
             callback()
@@ -299,7 +299,7 @@ def test_readonly_store_reads_but_never_writes(db_path):
     ro.readonly = False
     _assert_read_only_refuses(ro, before)
     with pytest.raises(sqlite3.OperationalError, match="readonly"):
-        ro._conn.execute("INSERT INTO handoff_meta VALUES ('x', 'y')")
+        ro.conn.execute("INSERT INTO handoff_meta VALUES ('x', 'y')")
     ro.close()
     conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     assert conn.execute("SELECT count(*) FROM events").fetchone()[0] == 9
@@ -362,7 +362,7 @@ def test_locked_past_the_timeout_is_unavailable(db_path):
 
 def test_disk_full_refuses_cleanly_and_recovers(db_path):
     s = populated(db_path)
-    conn = s._conn  # max_page_count is per connection: set it on the store's own
+    conn = s.conn  # max_page_count is per connection: set it on the store's own
     pages = conn.execute("PRAGMA page_count").fetchone()[0]
     conn.execute(f"PRAGMA max_page_count={pages + 24}")
     acked = []
@@ -397,7 +397,7 @@ def test_disk_full_refuses_cleanly_and_recovers(db_path):
 def test_connection_pragmas(db_path, sync, code):
     kw = {} if sync is None else {"synchronous": sync}
     with SqliteStore(db_path, **kw) as s:
-        conn = s._conn
+        conn = s.conn
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == code
         assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -15,8 +15,8 @@ def _open(store, run_id="r1"):
 
 
 def test_automatic_checkpoints_are_off(store):
-    assert store._conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
-    assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
 def test_our_checkpoint_needs_the_writer_lock(db_path):
@@ -49,6 +49,6 @@ def test_wal_stays_bounded_under_many_commits(db_path):
     # Checked every 64 commits once past the threshold: the WAL never grows far beyond it
     # (RESTART reuses the file from its start; journal_size_limit trims a larger one).
     assert os.path.getsize(db_path + "-wal") < 3 * WAL_CHECKPOINT_BYTES
-    assert store._conn.execute("PRAGMA journal_size_limit").fetchone()[0] == WAL_CHECKPOINT_BYTES
+    assert store.conn.execute("PRAGMA journal_size_limit").fetchone()[0] == WAL_CHECKPOINT_BYTES
     assert store.verify() == []
     store.close()

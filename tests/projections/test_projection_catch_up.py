@@ -147,7 +147,7 @@ def test_a_new_projection_is_added_to_a_10k_event_ledger(ledger_copy, catch_ups,
     with Ledger(path) as lg:
         assert catch_ups == [RUNS]
         assert lg.check() == []
-        got = lg.store._conn.execute("SELECT run_id, state, last_heartbeat_us, events FROM heartbeats ORDER BY run_id").fetchall()
+        got = lg.store.conn.execute("SELECT run_id, state, last_heartbeat_us, events FROM heartbeats ORDER BY run_id").fetchall()
         want = []
         for head in lg.store.list_runs():
             cp = lg.store.fold(head.run_id, AGGREGATE)
@@ -158,7 +158,7 @@ def test_a_new_projection_is_added_to_a_10k_event_ledger(ledger_copy, catch_ups,
         lease = lg.claim(rid, "w")
         lg.heartbeat(rid, lease)
         assert lg.check() == []
-        assert lg.store._conn.execute("SELECT count(*) FROM heartbeats").fetchone()[0] == RUNS + 1
+        assert lg.store.conn.execute("SELECT count(*) FROM heartbeats").fetchone()[0] == RUNS + 1
         before = dump(path)
         assert lg.rebuild("heartbeats") == {"heartbeats": RUNS + 1}
         assert dump(path) == before

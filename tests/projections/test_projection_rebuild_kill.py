@@ -38,13 +38,13 @@ REBUILD_HELD_IN_SWAP = """
 import sys, time
 from handoff import Ledger
 lg = Ledger(sys.argv[1])
-finish = lg.store._finish
+finish = lg.store.finish
 def held(ok, doing):
     if doing.startswith("swapping"):
         print("swapping", flush=True)
         time.sleep(120)
     return finish(ok, doing)
-lg.store._finish = held
+lg.store.finish = held
 lg.projector.rebuild(batch=int(sys.argv[2]))
 print("done", flush=True)
 """

@@ -15,7 +15,7 @@ from projection_support import BUILDER, dump, run_events
 
 def _traced(lg: Ledger) -> list[str]:
     seen: list[str] = []
-    lg.store._conn.set_trace_callback(seen.append)
+    lg.store.conn.set_trace_callback(seen.append)
     return seen
 
 
@@ -26,7 +26,7 @@ def test_batches_never_delete_from_a_shadow_table(tmp_path):
         inline = dump(lg.store.path)
         seen = _traced(lg)
         lg.projector.rebuild(batch=5)
-        lg.store._conn.set_trace_callback(None)
+        lg.store.conn.set_trace_callback(None)
         deletes = [s for s in seen if s.lstrip().upper().startswith("DELETE")]
         # The rebuild may clear marks of writes that kept fewer views (views_unkept) once
         # every view is past them; a shadow table (name ending __new) it never deletes from.
@@ -47,7 +47,7 @@ def test_the_swap_replaces_the_rows_of_runs_that_moved(tmp_path):
 
         seen = _traced(lg)
         lg.projector.rebuild(batch=2, progress=between)
-        lg.store._conn.set_trace_callback(None)
+        lg.store.conn.set_trace_callback(None)
         deletes = [s for s in seen if s.lstrip().upper().startswith("DELETE")]
         deletes = [s for s in deletes if "views_unkept" not in s]  # marks cleared, as above
         assert deletes and all("__new" in s for s in deletes)

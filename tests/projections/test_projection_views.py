@@ -457,7 +457,7 @@ def test_a_heartbeat_rewrites_only_the_views_it_changes(tmp_path):
         lg.open(goal="G", target="T", owner="o", run_id="r1")
         lease = lg.claim("r1", "w")
         lg.heartbeat("r1", lease)
-        conn = lg.store._conn
+        conn = lg.store.conn
         before = conn.total_changes
         lg.heartbeat("r1", lease)
         # 1 event + 1 head + 1 checkpoint row + 1 stall row; no tracking row since file

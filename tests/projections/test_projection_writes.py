@@ -48,9 +48,9 @@ def watch_writes(lg: Ledger, tables: list[str] | None = None) -> Callable[[], li
     ``UPDATE OF`` fires when a statement SETs one of the named columns, changed or not,
     which is exactly when SQLite rewrites the index entries built on them: the op
     "keys" marks a checkpoints write that touched its secondary indexes."""
-    conn = lg.store._conn
+    conn = lg.store.conn
     tables = tables or [p.table for p in engine.PROJECTIONS]
-    with lg.store._lock:
+    with lg.store.lock:
         conn.execute("CREATE TEMP TABLE IF NOT EXISTS writes (tbl TEXT, op TEXT, run_id TEXT)")
         conn.execute("DELETE FROM writes")
         for t in tables:
@@ -66,7 +66,7 @@ def watch_writes(lg: Ledger, tables: list[str] | None = None) -> Callable[[], li
             )
 
     def taken() -> list[tuple[str, str, str]]:
-        with lg.store._lock:
+        with lg.store.lock:
             out = conn.execute("SELECT tbl, op, run_id FROM writes ORDER BY rowid").fetchall()
             conn.execute("DELETE FROM writes")
         return out
@@ -93,8 +93,8 @@ def working_run(lg: Ledger, run_id: str, owner: str = "alice", target: str = "ch
 
 
 def by_index(lg: Ledger, sql: str, *args: Any) -> list[Any]:
-    with lg.store._lock:
-        return [r[0] for r in lg.store._conn.execute(sql, args)]
+    with lg.store.lock:
+        return [r[0] for r in lg.store.conn.execute(sql, args)]
 
 
 # --- the statements ----------------------------------------------------------------------
@@ -137,7 +137,7 @@ def test_a_progress_command_writes_two_view_rows_and_no_index(lg, clock):
 
 def test_a_progress_command_dirties_no_view_index_page(lg, clock):
     """The same seen in the WAL: the pages one command appends, mapped to their b-trees."""
-    conn = lg.store._conn
+    conn = lg.store.conn
     try:
         conn.execute("SELECT 1 FROM dbstat LIMIT 1")
     except sqlite3.OperationalError:
@@ -145,7 +145,7 @@ def test_a_progress_command_dirties_no_view_index_page(lg, clock):
     lease = working_run(lg, "r1")
     for i in range(3):  # settle the rows' sizes
         lg.progress("r1", lease, "tool_outcome", f"warm {i}", key=f"w{i}")
-    with lg.store._lock:
+    with lg.store.lock:
         assert conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
     clock.seconds(1)
     lg.progress("r1", lease, "tool_outcome", "step", key="k")
@@ -153,7 +153,7 @@ def test_a_progress_command_dirties_no_view_index_page(lg, clock):
         wal = f.read()
     size = int.from_bytes(wal[8:12], "big")
     pages = {int.from_bytes(wal[o : o + 4], "big") for o in range(32, len(wal) - size - 23, size + 24)}
-    with lg.store._lock:
+    with lg.store.lock:
         btree = dict(conn.execute("SELECT pageno, name FROM dbstat"))
         views = {r[0] for r in conn.execute(
             "SELECT name FROM sqlite_master WHERE tbl_name IN (%s)" % ",".join("?" * (len(engine.PROJECTIONS) + 2)),
@@ -174,10 +174,10 @@ def test_refolding_current_views_writes_no_row(lg):
     lg.open(goal="g", target="t", owner="carol", run_id="c")
     before = dump(lg.store.path)
     writes = watch_writes(lg)
-    with lg.store._lock:
+    with lg.store.lock:
         # Unbuilt: catch-up refolds every run (position 0 alone, with no write marked as
         # not keeping the views, means current since file schema 2).
-        lg.store._conn.execute(f"UPDATE {engine.TRACKING} SET position=-1")
+        lg.store.conn.execute(f"UPDATE {engine.TRACKING} SET position=-1")
     assert lg.projector.catch_up() == 3
     assert writes() == []
     assert dump(lg.store.path) == before
