@@ -3,7 +3,8 @@
 Scenarios live one module per area and register themselves on import: ``store``
 (SqliteStore appends and reads), ``commands`` (the Ledger's durable command path and
 batched appends, beside eventsourcing and LangGraph), ``folds`` (one run's state from its
-log), ``reports`` (an incident report of a 100,000-event run), ``projections``
+log), ``reports`` (an incident report of a 100,000-event run), ``exports`` (the readable
+SQLite copy of a 100,500-event ledger beside its JSON Lines export), ``projections``
 (full rebuild with peak RSS, status lookup and stall scan at
 100,000 runs), ``cli`` (``handoff progress`` as a process; its module is
 ``cli_startup.py``, since ``cli.py`` would shadow the top-level ``cli`` module) and
@@ -31,6 +32,7 @@ AREAS: tuple[str, ...] = (
     "benchmarks.commands",
     "benchmarks.folds",
     "benchmarks.reports",
+    "benchmarks.exports",
     "benchmarks.projections",
     "benchmarks.cli_startup",
     "benchmarks.concurrency",

@@ -16,6 +16,13 @@ JSON Lines export shows (handoff/redact.py), and only that: a file is redacted o
 for good, and a redacted one is extended only with the same salt.
 
 Watchers' own streams (``watcher:NAME``, their liveness beats) are not runs and stay out.
+
+How it is written, so that a hundred thousand events take seconds: a new copy is built
+under a private name beside the target (journal off, one transaction, rows inserted with
+``executemany``, indexes and the full-text index built once after the rows are in) and
+given its name only when complete, so an interrupted export leaves no file at the
+target. An export into an existing copy is one transaction: interrupted, it leaves the
+copy as it was; run again, it adds everything since.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from typing import Any
 import msgspec
 
 from handoff.ledger import portable
-from handoff.ledger.errors import InvalidInput
+from handoff.ledger.errors import InvalidInput, TargetAppeared
 from handoff.reducers import stall
 from handoff.reducers.checkpoint import iso, packet
 
@@ -39,6 +46,45 @@ DETAIL_FIELDS = ("detail", "reason", "summary", "notes", "note", "what", "error"
                  "goal", "receipt")
 
 Progress = Callable[[int, int], None] | None
+
+#: The events table's columns, in the order ``_Copy.event_row`` gives them.
+EVENT_COLUMNS = ("position", "run_id", "seq", "at", "recorded_us", "actor", "lease", "type", "idempotency_key",
+                 "summary", "detail", "payload", "prev_hash", "hash")
+
+
+def _names(columns: Any) -> str:
+    """Columns quoted for SQL: ``by`` and ``exists`` are keywords."""
+    return ", ".join(f'"{c}"' for c in columns)
+
+
+def _upsert(table: str, key: tuple[str, ...], columns: tuple[str, ...], fixed: dict[str, str] | None = None) -> str:
+    """An insert of ``columns`` (values as parameters, then ``fixed`` as SQL) that, when the
+    key exists, overwrites the same columns: sqlite-utils' ``upsert`` as one statement."""
+    fixed = fixed or {}
+    names = [*columns, *fixed]
+    values = ["?"] * len(columns) + list(fixed.values())
+    sets = ", ".join(f'"{c}" = excluded."{c}"' for c in names if c not in key)
+    return (f"INSERT INTO {table} ({_names(names)}) VALUES ({', '.join(values)}) "
+            f"ON CONFLICT ({_names(key)}) DO UPDATE SET {sets}")
+
+
+_INSERT_EVENT = f"INSERT INTO events ({_names(EVENT_COLUMNS)}) VALUES ({', '.join('?' * len(EVENT_COLUMNS))})"
+_LEASE_GRANTED = _upsert("leases", ("run_id", "lease"), ("run_id", "lease", "worker", "granted_seq", "granted_at"),
+                         {"ended_seq": "NULL", "ended_at": "NULL", "ended_by": "NULL", "end_reason": "NULL"})
+_LEASE_ENDED = _upsert("leases", ("run_id", "lease"), ("run_id", "lease", "ended_seq", "ended_at", "ended_by",
+                                                       "end_reason"))
+_ARTIFACT = _upsert("artifacts", ("run_id", "seq"), ("run_id", "seq", "at", "lease", "path", "kind", "bytes",
+                                                     "sha256", "exists"),
+                    {"withdrawn_seq": "NULL", "withdrawn_reason": "NULL"})
+_WITHDRAWN = ("UPDATE artifacts SET withdrawn_seq = ?, withdrawn_reason = ? WHERE run_id = ? AND path = ? "
+              "AND withdrawn_seq IS NULL")
+_ATTEMPTED = _upsert("deliveries", ("run_id", "key"), ("run_id", "key", "target", "by", "attempted_seq",
+                                                       "attempted_at"),
+                     {"attempts": "1", "status": "'attempted'", "outcome_seq": "NULL", "outcome_at": "NULL",
+                      "receipt": "NULL", "error": "NULL"})
+_OUTCOME = ("UPDATE deliveries SET status = ?, outcome_seq = ?, outcome_at = ?, receipt = ?, error = ? "
+            "WHERE run_id = ? AND key = ?")
+_OUTCOMES = {"delivery_confirmed": "confirmed", "delivery_failed": "failed", "delivery_unanswered": "unanswered"}
 
 
 def _flat(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -61,6 +107,9 @@ class _Copy:
     def __init__(self, lg: Any, path: str, *, salt: bytes | None, fields: tuple[str, ...]) -> None:
         import sqlite_utils
 
+        from handoff.render import summarize
+
+        self.summarize = summarize  # once: an import statement per event costs a tenth of the export
         self.lg = lg
         self.db = sqlite_utils.Database(path)
         self.redactor = None
@@ -79,59 +128,76 @@ class _Copy:
         self.teach(rec.run_id)
         return msgspec.json.decode(self.redactor.line(line))  # type: ignore[no-any-return]
 
-    def event_row(self, rec: Any, doc: dict[str, Any]) -> dict[str, Any]:
-        from handoff.render import summarize
-
+    def event_row(self, rec: Any, doc: dict[str, Any], at: str) -> tuple[Any, ...]:
+        """The event's row, in ``EVENT_COLUMNS`` order."""
         payload = doc["payload"]
         detail = " ".join(str(payload[f]) for f in DETAIL_FIELDS if isinstance(payload.get(f), str) and payload[f])
         plain = self.redactor is None
-        return {
-            "position": rec.position, "run_id": doc["run_id"], "seq": rec.seq, "at": iso(rec.recorded_us),
-            "recorded_us": rec.recorded_us, "actor": doc["actor"], "lease": rec.lease, "type": rec.type,
-            "idempotency_key": doc["idempotency_key"],
-            # The ledger's own one-line summary holds names and free text: a redacted copy has none.
-            "summary": summarize(rec.event) if plain else None,
-            "detail": detail or None, "payload": msgspec.json.encode(payload).decode(),
-            # Hashes of the unredacted payload would let a guess be checked: kept only in a plain copy.
-            "prev_hash": rec.prev_hash.hex() if plain else None, "hash": rec.hash.hex() if plain else None,
-        }
+        return (rec.position, doc["run_id"], rec.seq, at, rec.recorded_us, doc["actor"], rec.lease, rec.type,
+                doc["idempotency_key"],
+                # The ledger's own one-line summary holds names and free text: a redacted copy has none.
+                self.summarize(rec.event) if plain else None,
+                detail or None, msgspec.json.encode(payload).decode(),
+                # Hashes of the unredacted payload would let a guess be checked: kept only in a plain copy.
+                rec.prev_hash.hex() if plain else None, rec.hash.hex() if plain else None)
 
-    def derived(self, rec: Any, doc: dict[str, Any]) -> None:
-        """The lease, artifact and delivery rows an event starts or ends."""
-        p, run, at = doc["payload"], doc["run_id"], iso(rec.recorded_us)
-        t = rec.type
+    @staticmethod
+    def derived(rec: Any, doc: dict[str, Any], at: str) -> tuple[str, tuple[Any, ...]] | None:
+        """The statement that starts or ends the lease, artifact or delivery row an event
+        touches, or None. Applied in the log's order: an end updates its start's row."""
+        p, run, t = doc["payload"], doc["run_id"], rec.type
         if t == "lease_granted":
-            self.db["leases"].upsert({"run_id": run, "lease": p["lease"], "worker": p.get("worker"),
-                                      "granted_seq": rec.seq, "granted_at": at, "ended_seq": None, "ended_at": None,
-                                      "ended_by": None, "end_reason": None}, pk=("run_id", "lease"))
-        elif t in ("lease_released", "lease_revoked"):
-            self.db["leases"].upsert({"run_id": run, "lease": p["lease"], "ended_seq": rec.seq, "ended_at": at,
-                                      "ended_by": "released" if t == "lease_released" else "revoked",
-                                      "end_reason": p.get("reason")}, pk=("run_id", "lease"))
-        elif t == "artifact_recorded":
-            self.db["artifacts"].upsert({"run_id": run, "seq": rec.seq, "at": at, "lease": rec.lease,
-                                         "path": p.get("path"), "kind": p.get("kind"), "bytes": p.get("bytes"),
-                                         "sha256": p.get("sha256"), "exists": p.get("exists", True),
-                                         "withdrawn_seq": None, "withdrawn_reason": None}, pk=("run_id", "seq"))
-        elif t == "artifact_withdrawn":
-            self.db.execute("UPDATE artifacts SET withdrawn_seq = ?, withdrawn_reason = ? WHERE run_id = ? AND "
-                            "path = ? AND withdrawn_seq IS NULL", [rec.seq, p.get("reason"), run, p.get("path")])
-        elif t == "delivery_attempted":
-            self.db["deliveries"].upsert({"run_id": run, "key": p["key"], "target": p.get("target"),
-                                          "by": p.get("by"), "attempts": 1, "attempted_seq": rec.seq,
-                                          "attempted_at": at, "status": "attempted", "outcome_seq": None,
-                                          "outcome_at": None, "receipt": None, "error": None},
-                                         pk=("run_id", "key"))
-            self.db.execute("UPDATE deliveries SET attempts = attempts + 1, attempted_seq = ?, attempted_at = ?, "
-                            "status = 'attempted' WHERE run_id = ? AND key = ? AND attempted_seq < ?",
-                            [rec.seq, at, run, p["key"], rec.seq])
-        elif t in ("delivery_confirmed", "delivery_failed", "delivery_unanswered"):
-            status = {"delivery_confirmed": "confirmed", "delivery_failed": "failed",
-                      "delivery_unanswered": "unanswered"}[t]
-            self.db.execute("UPDATE deliveries SET status = ?, outcome_seq = ?, outcome_at = ?, receipt = ?, "
-                            "error = ? WHERE run_id = ? AND key = ?",
-                            [status, rec.seq, at, p.get("receipt"), p.get("error") or p.get("reason"), run,
-                             p["key"]])
+            return _LEASE_GRANTED, (run, p["lease"], p.get("worker"), rec.seq, at)
+        if t in ("lease_released", "lease_revoked"):
+            return _LEASE_ENDED, (run, p["lease"], rec.seq, at, "released" if t == "lease_released" else "revoked",
+                                  p.get("reason"))
+        if t == "artifact_recorded":
+            return _ARTIFACT, (run, rec.seq, at, rec.lease, p.get("path"), p.get("kind"), p.get("bytes"),
+                               p.get("sha256"), p.get("exists", True))
+        if t == "artifact_withdrawn":
+            return _WITHDRAWN, (rec.seq, p.get("reason"), run, p.get("path"))
+        if t == "delivery_attempted":
+            return _ATTEMPTED, (run, p["key"], p.get("target"), p.get("by"), rec.seq, at)
+        if t in _OUTCOMES:
+            return _OUTCOME, (_OUTCOMES[t], rec.seq, at, p.get("receipt"), p.get("error") or p.get("reason"), run,
+                              p["key"])
+        return None
+
+    def load(self, records: Iterator[Any], total: int, last: int, progress: Progress) -> tuple[int, set[str]]:
+        """Insert ``records`` (those after position ``last``) into the open transaction,
+        ``BATCH`` at a time: the events with one ``executemany``, the lease, artifact and
+        delivery statements in the log's order (consecutive ones of a kind together).
+        Returns the events added and the runs they touch."""
+        from handoff.api import WATCHER_PREFIX
+
+        conn = self.db.conn
+        touched: set[str] = set()
+        added = 0
+        while True:
+            batch = [rec for _, rec in zip(range(BATCH), records)]
+            if not batch:
+                return added, touched
+            rows = []
+            steps: list[tuple[str, list[tuple[Any, ...]]]] = []
+            for rec in batch:
+                if rec.run_id.startswith(WATCHER_PREFIX):
+                    continue
+                doc = self.event_doc(rec)
+                at = iso(rec.recorded_us)
+                rows.append(self.event_row(rec, doc, at))
+                step = self.derived(rec, doc, at)
+                if step is not None:
+                    if steps and steps[-1][0] == step[0]:
+                        steps[-1][1].append(step[1])
+                    else:
+                        steps.append((step[0], [step[1]]))
+                touched.add(rec.run_id)
+            conn.executemany(_INSERT_EVENT, rows)
+            for sql, params in steps:
+                conn.executemany(sql, params)
+            added += len(rows)
+            if progress is not None:
+                progress(batch[-1].position - last, total)
 
     def teach(self, run_id: str) -> None:
         """Give the redactor the run's own patterns (its contract's, a fork's parent's) when
@@ -172,7 +238,7 @@ class _Copy:
     # --- the whole export ------------------------------------------------------------------
 
     def tables(self) -> None:
-        """Create the tables, their indexes and keys, and the full-text index, once."""
+        """Create the tables and their keys, once; ``indexes`` adds what searches them."""
         db = self.db
         if "runs" in db.table_names():
             return
@@ -192,11 +258,20 @@ class _Copy:
                                  "attempted_seq": int, "attempted_at": str, "status": str, "outcome_seq": int,
                                  "outcome_at": str, "receipt": str, "error": str},
                                 pk=("run_id", "key"), foreign_keys=[("run_id", "runs", "run_id")])
-        db["events"].create_index(["run_id", "seq"], unique=True)
-        db["events"].create_index(["run_id", "lease"])
-        db["events"].create_index(["type", "recorded_us"])
-        db["artifacts"].create_index(["sha256"])
-        db["deliveries"].create_index(["target", "status"])
+
+    def indexes(self) -> None:
+        """The indexes and the events' full-text index (with the triggers that keep it
+        current). Built once the first rows are in: a single pass over them is far cheaper
+        than keeping each index up to date row by row. Commits (sqlite-utils runs the
+        full-text statements as a script)."""
+        db = self.db
+        if "events_fts" in db.table_names():
+            return
+        db["events"].create_index(["run_id", "seq"], unique=True, if_not_exists=True)
+        db["events"].create_index(["run_id", "lease"], if_not_exists=True)
+        db["events"].create_index(["type", "recorded_us"], if_not_exists=True)
+        db["artifacts"].create_index(["sha256"], if_not_exists=True)
+        db["deliveries"].create_index(["target", "status"], if_not_exists=True)
         db["events"].enable_fts(["summary", "detail"], create_triggers=True)
 
     def meta(self) -> dict[str, Any] | None:
@@ -249,7 +324,6 @@ def export_sqlite(lg: Any, path: str | os.PathLike[str], *, redact: bool = False
     by this export, the run rows written (the runs those events touched, and every live
     run, whose health is judged again), and the last position the copy now holds.
     """
-    from handoff.api import WATCHER_PREFIX
     from handoff.ledger import files
 
     target = files.check_target(path, "output")
@@ -267,40 +341,61 @@ def export_sqlite(lg: Any, path: str | os.PathLike[str], *, redact: bool = False
         salt_id = rd.salt_id(salt)
     elif salt is not None or tuple(fields):
         raise InvalidInput("a salt and redacted fields apply to a redacted copy only (redact=True)", field="salt")
-    if not os.path.exists(target):  # the copy holds what the ledger holds: the ledger's permissions
-        os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, lg.copy_mode()))
-    copy = _Copy(lg, target, salt=salt if redact else None, fields=tuple(fields))
+    fields = tuple(fields)
+    if os.path.exists(target):
+        return _write(lg, target, target, salt=salt if redact else None, salt_id=salt_id, fields=fields,
+                      progress=progress, fresh=False)
+    with files.private_dir(target) as d:
+        private = os.path.join(d, os.path.basename(target))
+        try:  # the copy holds what the ledger holds: the ledger's permissions, before any byte
+            os.close(os.open(private, os.O_CREAT | os.O_EXCL | os.O_WRONLY, lg.copy_mode()))
+        except OSError as exc:
+            raise files._failed(target, exc) from exc
+        doc = _write(lg, private, target, salt=salt if redact else None, salt_id=salt_id, fields=fields,
+                     progress=progress, fresh=True)
+        try:
+            files.fsync_file(private)
+            files.publish_no_replace(private, target)
+        except FileExistsError:
+            raise TargetAppeared(f"output: a file appeared at {target} while the copy was written; it was left "
+                                 "alone. If it is a readable copy of this ledger, export into it again to "
+                                 "extend it; otherwise name a new file", field="output") from None
+        except OSError as exc:
+            raise files._failed(target, exc) from exc
+        files.sync_dir(os.path.dirname(target))
+    return doc
+
+
+def _write(lg: Any, path: str, target: str, *, salt: bytes | None, salt_id: str | None, fields: tuple[str, ...],
+           progress: Progress, fresh: bool) -> dict[str, Any]:
+    """The export proper, into ``path``: a new private file (``fresh``) that nobody reads
+    until it is complete, or the existing copy at ``target``, changed in one transaction."""
+    copy = _Copy(lg, path, salt=salt, fields=fields)
+    conn = copy.db.conn
     try:
         source = lg.store.path
         last = copy.check_meta(source, salt_id)
+        if fresh:
+            # Nobody sees this file before it is complete and synced, and a failure removes
+            # it: SQLite's journal and per-commit syncs would protect nothing.
+            conn.execute("PRAGMA journal_mode = OFF")
+            conn.execute("PRAGMA synchronous = OFF")
         copy.tables()
+        if not fresh:
+            copy.indexes()  # an existing file that was empty; afterwards the triggers keep it
         end = lg.store.last_position()
         total = max(end - last, 0)
-        touched: set[str] = set()
-        added = 0
-        records = lg.store.read_all(after_position=last, until_position=end)
-        while True:
-            batch = [rec for _, rec in zip(range(BATCH), records)]
-            if not batch:
-                break
-            with copy.db.conn:
-                rows = []
-                for rec in batch:
-                    if rec.run_id.startswith(WATCHER_PREFIX):
-                        continue
-                    doc = copy.event_doc(rec)
-                    rows.append(copy.event_row(rec, doc))
-                    copy.derived(rec, doc)
-                    touched.add(rec.run_id)
-                copy.db["events"].insert_all(rows, pk="position")
-                copy.write_meta(source, salt_id, batch[-1].position, lg.clock())
-            added += len(rows)
-            if progress is not None:
-                progress(batch[-1].position - last, total)
-        now = lg.clock()
-        watchers = lg.watchers()
-        written = 0
-        with copy.db.conn:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            added, touched = copy.load(lg.store.read_all(after_position=last, until_position=end), total, last,
+                                       progress)
+            if fresh:
+                conn.commit()
+                copy.indexes()  # one pass over the rows; commits
+                conn.execute("BEGIN IMMEDIATE")
+            now = lg.clock()
+            watchers = lg.watchers()
+            written = 0
             page: list[dict[str, Any]] = []
             for cp in lg.iter_runs(include_terminal=True):
                 if cp.run_id in touched or not cp.terminal:
@@ -312,11 +407,16 @@ def export_sqlite(lg: Any, path: str | os.PathLike[str], *, redact: bool = False
             copy.db["runs"].upsert_all(page, pk="run_id", alter=True)
             written += len(page)
             copy.write_meta(source, salt_id, max(end, last), now)
+            conn.commit()
+        except BaseException:
+            if conn.in_transaction:
+                conn.rollback()
+            raise
         if "runs_fts" not in copy.db.table_names() and "goal" in copy.db["runs"].columns_dict:
             copy.db["runs"].enable_fts(["goal"], create_triggers=True)
         if progress is not None:
             progress(total, total)
         return {"output": target, "events": added, "runs": written, "last_position": max(end, last),
-                "redacted": redact}
+                "redacted": salt is not None}
     finally:
         copy.db.close()
