@@ -34,10 +34,10 @@ from contextlib import asynccontextmanager
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from handoff.ledger.errors import InvalidInput, StaleLease, StoreUnavailable, TerminalRun
-from handoff.ledger.store import LeaseToken, Recorded
+from handoff.ledger.store import Recorded
 
 from .api import Ledger, Outcome
-from .lease import Effect, Fence, LeaseCore, start
+from .lease import Effect, Fence, HeldLease, LeaseCore, start
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -305,7 +305,7 @@ NOT_MIRRORED = {
 }
 
 
-class AsyncLease:
+class AsyncLease(HeldLease):
     """``async with alg.lease(run_id, worker="agent-1") as lease:``: ``handoff.lease.Lease``
     on an event loop. The verbs are coroutines; the heartbeat and the fence are tasks;
     the fence and the heartbeat's verdicts are ``handoff.lease.Fence``'s, as for ``handoff
@@ -322,18 +322,6 @@ class AsyncLease:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._helpers: list[asyncio.Task[Any]] = []
         self._cancelled_by_us = False
-
-    run_id = property(lambda self: self.core.run_id)
-    worker = property(lambda self: self.core.worker)
-    number = property(lambda self: self.core.number)
-
-    @property
-    def fence(self) -> Fence | None:
-        return self.core.fence
-
-    @property
-    def token(self) -> LeaseToken:
-        return self.core.token
 
     async def __aenter__(self) -> AsyncLease:
         core = self.core

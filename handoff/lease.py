@@ -423,7 +423,27 @@ class LeaseCore:
                          "revoke the lease once its heartbeat timeout passes")
 
 
-class Lease:
+class HeldLease:
+    """What a held lease shows of its ``LeaseCore``, the same for ``Lease`` and the async
+    ``AsyncLease`` (handoff/aio.py)."""
+
+    core: LeaseCore
+
+    run_id = property(lambda self: self.core.run_id)
+    worker = property(lambda self: self.core.worker)
+    number = property(lambda self: self.core.number)
+
+    @property
+    def fence(self) -> Fence | None:
+        return self.core.fence
+
+    @property
+    def token(self) -> LeaseToken:
+        """The lease token, for a child process or a tool that writes itself."""
+        return self.core.token
+
+
+class Lease(HeldLease):
     """``with lg.lease(run_id, worker="agent-1") as lease:``: hold a lease for a block.
 
     On entry it claims the run (or adopts ``token=``, a token claimed elsewhere such as
@@ -445,19 +465,6 @@ class Lease:
         self.core = LeaseCore(run_id, worker, token, heartbeat_s, fence_margin_s)
         self.on_lost, self.key = on_lost, key
         self._threads: BeatThreads | None = None
-
-    run_id = property(lambda self: self.core.run_id)
-    worker = property(lambda self: self.core.worker)
-    number = property(lambda self: self.core.number)
-
-    @property
-    def fence(self) -> Fence | None:
-        return self.core.fence
-
-    @property
-    def token(self) -> LeaseToken:
-        """The lease token, for a child process or a tool that writes itself."""
-        return self.core.token
 
     def __enter__(self) -> Lease:
         core = self.core
