@@ -5,24 +5,24 @@ from __future__ import annotations
 import re
 
 from ..errors import InvalidInput
-from .schema import LEDGER_TABLES as _LEDGER_TABLES
-from .schema import ident
+from .schema import APPEND_SIGNATURE, ident
 
 _ROLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
-#: The tables of the ledger proper. Every other table in the schema is a view table or a
-#: projection's tracking/version table, which appends keep inline.
-_LEDGER_TABLES = ("events", "heads", "ledger_tail", "ledger_order", "unsealed", "handoff_meta")
 
 
 def roles_sql(schema: str, prefix: str = "handoff") -> str:
     """The SQL that creates the ledger's least-privilege group roles in ``schema``.
 
     Three NOLOGIN roles (``<prefix>_writer``, ``<prefix>_watchdog``, ``<prefix>_auditor``);
-    make LOGIN roles members of them (``GRANT handoff_writer TO worker_host1``). Writer and
-    watchdog may append (INSERT on ``events``, never UPDATE, DELETE or TRUNCATE; the
-    heads, tail and view tables kept inline); the auditor only reads. None may create
-    tables, so a projection rebuild (shadow tables swapped in) stays the owner's. Run it
-    as the role that owns the ledger, after ``handoff init``: the default privileges it
+    make LOGIN roles members of them (``GRANT handoff_writer TO worker_host1``). All three
+    read every table. None may write to any table, lock one, or create one: writer and
+    watchdog append through ``handoff_append`` (run as the owner, which checks the head,
+    the lease's token and the chain, and keeps the heads and the views), and seal through
+    ``handoff_seal``; the auditor calls nothing. So a writer cannot move a run's head or
+    lease, blind the watchdog by changing a view row, or write as another worker; and no
+    role can hold a lock that writes wait on. A projection rebuild, a catch-up of the views
+    and an import stay the owner's. Run it as the role that owns the ledger, after
+    ``handoff init`` (and again after an upgrade that says so): the default privileges it
     sets apply to the tables that role creates later (a rebuild's, a new projection's).
     Idempotent: running it twice changes nothing.
     """
@@ -59,36 +59,21 @@ def roles_sql(schema: str, prefix: str = "handoff") -> str:
         f"  EXECUTE format('GRANT CONNECT ON DATABASE %I TO {everyone}', current_database());",
         "END $$;",
         f"GRANT USAGE ON SCHEMA {s} TO {everyone};",
-        # View tables, tracking and version tables: whatever the schema holds besides the ledger.
-        f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {s} TO {appenders};",
-        f"GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {auditor};",
-        f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA {s} TO {appenders};",
-        # The ledger proper: exactly what an append needs.
-        *(f"REVOKE ALL ON {s}.{t} FROM {appenders};" for t in _LEDGER_TABLES),
-        f"GRANT SELECT, INSERT ON {s}.events TO {appenders};",
-        f"GRANT SELECT, INSERT, UPDATE ON {s}.heads TO {appenders};",
-        f"GRANT SELECT ON {s}.ledger_tail, {s}.ledger_order TO {appenders};",
-        f"GRANT SELECT ON {s}.unsealed TO {appenders};",
-        # Sealing and queueing run as the owner (SECURITY DEFINER): callers need EXECUTE only.
-        f"REVOKE ALL ON FUNCTION {s}.handoff_seal(boolean, bigint[]), {s}.handoff_queue() FROM PUBLIC;",
-        f"GRANT EXECUTE ON FUNCTION {s}.handoff_seal(boolean, bigint[]) TO {everyone};",
-        f"GRANT EXECUTE ON FUNCTION {s}.handoff_queue() TO {appenders};",
-        # A write's locks and ids, and a guessed write's proof of its head (run as the caller).
-        f"REVOKE ALL ON FUNCTION {s}.handoff_begin_write(integer), "
-        f"{s}.handoff_expect_head(text, bigint, bytea) FROM PUBLIC;",
-        f"GRANT EXECUTE ON FUNCTION {s}.handoff_begin_write(integer), "
-        f"{s}.handoff_expect_head(text, bigint, bytea) TO {appenders};",
-        f"GRANT SELECT ON {s}.handoff_meta TO {appenders};",
-        # Tables the owner creates later (a rebuild's swapped-in tables, a new projection).
-        f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO {appenders};",
-        f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT SELECT ON TABLES TO {auditor};",
-        f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT USAGE ON SEQUENCES TO {appenders};",
-        # Belt and braces: the log is never changed, whoever granted what before.
-        f"REVOKE UPDATE, DELETE, TRUNCATE ON {s}.events, {s}.ledger_order FROM {everyone};",
-        f"REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON {s}.ledger_order, {s}.unsealed, {s}.ledger_tail "
-        f"FROM {everyone};",
+        # Read everything; write, lock or change nothing (an earlier version of this SQL
+        # granted appenders DML on the heads and the views: taken back here).
+        f"REVOKE ALL ON ALL TABLES IN SCHEMA {s} FROM {everyone};",
+        f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA {s} FROM {everyone};",
+        f"GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {everyone};",
+        f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} REVOKE ALL ON TABLES FROM {everyone};",
+        f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} REVOKE ALL ON SEQUENCES FROM {everyone};",
+        f"ALTER DEFAULT PRIVILEGES IN SCHEMA {s} GRANT SELECT ON TABLES TO {everyone};",
+        # A write's ids (nextval), its one statement, and sealing (run as the owner).
+        f"GRANT USAGE ON SEQUENCE {s}.events_id_seq TO {appenders};",
+        f"REVOKE ALL ON FUNCTION {s}.{APPEND_SIGNATURE}, {s}.handoff_seal(boolean, bigint[]), "
+        f"{s}.handoff_queue(), {s}.handoff_views(text, jsonb) FROM PUBLIC, {everyone};",
+        f"GRANT EXECUTE ON FUNCTION {s}.{APPEND_SIGNATURE}, {s}.handoff_seal(boolean, bigint[]) TO {appenders};",
         f"REVOKE CREATE ON SCHEMA {s} FROM {everyone};",
-        f"-- check: SELECT has_table_privilege('{writer}', {lit}, 'DELETE');  -- false",
+        f"-- check: SELECT has_table_privilege('{writer}', {lit}, 'INSERT');  -- false",
         "COMMIT;",
     ]
     return "\n".join(out) + "\n"

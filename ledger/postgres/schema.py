@@ -8,6 +8,10 @@ search_path is pinned to it) with ``psycopg.sql``'s quoting of identifiers.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from ..store import GENESIS_HASH, LEASE_TOKEN_DOMAIN, Problem
 
 try:  # the driver is an optional extra: pip install 'handoff-ledger[postgres]'
     from psycopg import sql as _sql
@@ -16,16 +20,11 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 
 #: Layout version of the database schema (tables, indexes, triggers), kept in handoff_meta.
-PG_SCHEMA_VERSION = 5
+PG_SCHEMA_VERSION = 6
 FORMAT_NAME = "handoff-ledger"
-#: Advisory lock namespace (the first key of pg_advisory_xact_lock(int, int)) for runs.
-_RUN_LOCK_NS = 0x48414E44  # "HAND"
-#: Ledger-wide advisory locks (namespace _LEDGER_NS): every write holds MAINTENANCE shared
-#: (a rebuild, an import or a migration holds it exclusive, so it sees no write half done);
-#: every write that keeps views holds VIEWS shared, and a decision that reads a view (an
-#: owner's load) holds it exclusive; SEAL is held by whoever seals (handoff_seal).
-_LEDGER_NS = 0x484C4447  # "HLDG"
-_MAINTENANCE, _VIEWS, _SEAL = 1, 2, 3
+#: The advisory lock two sessions creating the schema at once meet on (nothing else
+#: waits on an advisory lock: see MAINTENANCE_LOCK).
+_CREATE_LOCK = (0x48414E44, 0)  # "HAND"
 #: Write ids come from a sequence in blocks of this size: one nextval per write, taken in
 #: its first round trip, numbers the write's events (more blocks for a larger batch).
 ID_BLOCK = 1024
@@ -75,60 +74,49 @@ ROLE_TRIGGERS = {
     "FOR EACH ROW EXECUTE FUNCTION handoff_stamp_role()",
 }
 
+#: The locks every write depends on are taken only inside the functions below, which
+#: run as the ledger's owner: a run's lock is its heads row (FOR UPDATE), the seal lock is
+#: the ledger_tail row (FOR UPDATE), and the ledger-wide maintenance and views locks are
+#: table locks on two empty tables. Row locks need UPDATE on the table and table locks
+#: need a privilege on it, which the writer, watchdog and auditor roles do not have, so
+#: no role can take one of them without writing, and none can stall a writer by holding
+#: one. (Advisory locks, which any session may take, guard nothing here.)
+MAINTENANCE_LOCK, VIEWS_LOCK = "handoff_lock_maintenance", "handoff_lock_views"
+#: The statement that takes the seal lock (whoever seals holds it to the commit).
+SEAL_LOCK = "SELECT 1 FROM ledger_tail FOR UPDATE"
+
 #: Sealing (docs/postgres.md, "Order"): committed events wait in ``unsealed`` until a
 #: sealer gives them the next gap-free positions and the ledger-wide chain, in the order
-#: of their write ids, under the SEAL lock, which it holds to its commit. ``wait`` false:
+#: of their write ids, under the seal lock, which it holds to its commit. ``wait`` false:
 #: seal only if nobody else is sealing (a writer tries this inside its own transaction);
-#: true: wait for the lock. Returns the positions of ``mine`` that are sealed (all of
-#: them, unless ``wait`` was false and the lock was taken). SECURITY DEFINER: a reader
-#: that finds unsealed events may seal them (the order is a pure function of what has
-#: committed; nobody can choose it), without the right to write the order itself.
-#: Schema 4: every look-up in the log is by key, a subquery per queued event (schema 3's
-#: joins let a plan cached while the tables were small scan all of events and
-#: ledger_order on every seal), and the positions go in with one INSERT. Schema 5: a
-#: writer whose events were queued (another session was sealing at its insert) waits for
-#: that sealer in a shared lock with every other such writer, and looks again, instead of
-#: taking the lock in turn with each of them to find its events sealed.
+#: true: wait for the lock, then look again (the sealer waited for has most likely sealed
+#: these events too). Returns the positions of ``mine`` that are sealed (all of them,
+#: unless ``wait`` was false and the lock was taken). SECURITY DEFINER: a reader that
+#: finds unsealed events may seal them (the order is a pure function of what has
+#: committed; nobody can choose it), without the right to write the order itself. Every
+#: look-up in the log is by key, a subquery per queued event (joins let a plan cached
+#: while the tables were small scan all of events and ledger_order on every seal).
 SEAL_FUNCTION = """CREATE FUNCTION handoff_seal(wait boolean, mine bigint[])
 RETURNS TABLE (event_id bigint, event_position bigint) LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = {schema}, pg_temp AS $$
 DECLARE
-  tpos bigint; g bytea; start bigint; r record; tries integer := 0;
+  tpos bigint; g bytea; start bigint; r record;
   ps bigint[] := ARRAY[]::bigint[]; es bigint[] := ARRAY[]::bigint[]; gs bytea[] := ARRAY[]::bytea[];
 BEGIN
-  LOOP
-    IF NOT EXISTS (SELECT 1 FROM unsealed) OR (cardinality(mine) > 0 AND
-       (SELECT count((SELECT 1 FROM ledger_order o WHERE o.event_id = m.id)) FROM unnest(mine) AS m(id))
-       = cardinality(mine)) THEN
-      RETURN QUERY SELECT x.id, x.pos FROM (SELECT m.id, (SELECT o.position FROM ledger_order o
-        WHERE o.event_id = m.id) AS pos FROM unnest(mine) AS m(id)) x WHERE x.pos IS NOT NULL;
-      RETURN;
-    END IF;
-    EXIT WHEN pg_try_advisory_xact_lock({ns}, {seal});
+  IF NOT EXISTS (SELECT 1 FROM unsealed) OR (cardinality(mine) > 0 AND
+     (SELECT count((SELECT 1 FROM ledger_order o WHERE o.event_id = m.id)) FROM unnest(mine) AS m(id))
+     = cardinality(mine)) THEN
+    RETURN QUERY SELECT x.id, x.pos FROM (SELECT m.id, (SELECT o.position FROM ledger_order o
+      WHERE o.event_id = m.id) AS pos FROM unnest(mine) AS m(id)) x WHERE x.pos IS NOT NULL;
+    RETURN;
+  END IF;
+  PERFORM 1 FROM ledger_tail FOR UPDATE SKIP LOCKED;
+  IF NOT FOUND THEN
     IF NOT wait THEN
       RETURN;
     END IF;
-    tries := tries + 1;
-    IF tries > 2 THEN
-      PERFORM pg_advisory_xact_lock({ns}, {seal});  -- in line, then: the seal is certain
-      EXIT;
-    END IF;
-    -- Somebody is sealing. Wait until they commit (a shared lock is granted to every
-    -- waiter at once when they do) and look again: they have most likely sealed these
-    -- events too, and then no waiter takes the lock in turn after them.
-    BEGIN
-      PERFORM pg_advisory_lock_shared({ns}, {seal});
-      PERFORM pg_advisory_unlock_shared({ns}, {seal});
-    EXCEPTION WHEN query_canceled OR OTHERS THEN  -- (OTHERS alone leaves out a cancel)
-      -- a cancel or a timeout between the two: a session lock must not outlive the call
-      IF EXISTS (SELECT 1 FROM pg_catalog.pg_locks l WHERE l.locktype = 'advisory'
-                 AND l.pid = pg_catalog.pg_backend_pid() AND l.classid = {ns} AND l.objid = {seal}
-                 AND l.objsubid = 2 AND l.mode = 'ShareLock') THEN
-        PERFORM pg_advisory_unlock_shared({ns}, {seal});
-      END IF;
-      RAISE;
-    END;
-  END LOOP;
+    PERFORM 1 FROM ledger_tail FOR UPDATE;  -- in line behind the sealer (lock_timeout applies)
+  END IF;
   SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t;
   start := tpos;
   FOR r IN SELECT u.event_id AS id, (SELECT e.hash FROM events e WHERE e.id = u.event_id) AS hash
@@ -155,29 +143,33 @@ END $$"""
 #: Every inserted event is sealed by its own INSERT's trigger when nobody else is sealing,
 #: and joins the sealing queue when somebody is (SECURITY DEFINER: a writer needs no right
 #: to the order or the queue, so it can neither skip them nor fill the queue with what it
-#: likes; the seal's advisory lock, like any, needs no right: docs/postgres.md, roles). Schema 5: sealing
-#: here, in the statement that inserts, costs a writer no function call of its own, no
+#: likes). Sealing in the statement that inserts costs a writer no call of its own, no
 #: queue row and no read after its commit; it holds the seal lock from its insert to its
-#: commit, as the in-transaction seal of schema 4 did from just before it. Events queued
-#: by others (committed: this statement's snapshot sees no uncommitted row of theirs) are
-#: sealed first when their write ids are lower, in write-id order, exactly as handoff_seal
-#: orders them. The statement's first write id and its position are left in the
-#: transaction's ``handoff.sealed`` setting ("id:position") for the writer to read before
-#: its COMMIT; the writer counts on the later ones following only when its ids are one
-#: block (nothing else comes between), and otherwise reads them. An import
-#: (``handoff.importing`` on) writes the order itself: its rows are queued.
+#: commit. Events queued by others (committed: this statement's snapshot sees no
+#: uncommitted row of theirs) are sealed first when their write ids are lower, in
+#: write-id order, exactly as handoff_seal orders them. The statement's first write id
+#: and its position are left in the transaction's ``handoff.sealed`` setting
+#: ("id:position") for handoff_append to return; the writer counts on the later ones
+#: following only when its ids are one block (nothing else comes between), and otherwise
+#: reads them. An import (``handoff.importing`` on) writes the order itself: its rows are
+#: queued.
 QUEUE_FUNCTION = """CREATE FUNCTION handoff_queue() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = {schema}, pg_temp AS $$
 DECLARE
   tpos bigint; g bytea; r record; mine bigint; queued boolean;
   ps bigint[] := ARRAY[]::bigint[]; es bigint[] := ARRAY[]::bigint[]; gs bytea[] := ARRAY[]::bytea[];
 BEGIN
-  IF current_setting('handoff.importing', true) = 'on' OR NOT pg_try_advisory_xact_lock({ns}, {seal}) THEN
+  IF current_setting('handoff.importing', true) = 'on' THEN
     INSERT INTO unsealed SELECT n.id FROM new_rows n;
     PERFORM set_config('handoff.sealed', '', true);
     RETURN NULL;
   END IF;
-  SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t;
+  SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t FOR UPDATE SKIP LOCKED;
+  IF NOT FOUND THEN
+    INSERT INTO unsealed SELECT n.id FROM new_rows n;
+    PERFORM set_config('handoff.sealed', '', true);
+    RETURN NULL;
+  END IF;
   queued := EXISTS (SELECT 1 FROM unsealed);
   IF NOT queued THEN
     -- the common case: nothing waits, this statement's rows take the next positions
@@ -215,52 +207,153 @@ QUEUE_TRIGGERS = {
     "FOR EACH STATEMENT EXECUTE FUNCTION handoff_queue()",
 }
 
-#: The opening of every write: the ledger's shared lock, the run's lock, then the write's
-#: block of ids, in that order (ids taken under the run's lock grow with the run's seqs,
-#: so sealing in write-id order keeps each run's order). SECURITY INVOKER.
-BEGIN_FUNCTION = """CREATE FUNCTION handoff_begin_write(run_key integer) RETURNS bigint LANGUAGE plpgsql AS $$
+#: The one way a session writes events: the client reads the run's head with no lock,
+#: decides, and sends the batch here with the head it decided from. Run as the owner
+#: (SECURITY DEFINER; the roles have no right to events, heads or the view tables), it
+#: takes the ledger's shared lock, the views lock (shared, or exclusive when the decision
+#: read a view: ``guards``, each view count the decision saw, checked again here), and the
+#: run's heads row; refuses with SQLSTATE HL409 when the head is no longer the one decided
+#: from (the client reads again and decides again: nothing was written), and with HL401
+#: when a write under a lease does not show that lease's token; checks the batch continues
+#: the run's chain and that the lease only moves by a grant above the highest or a release;
+#: then moves the head, keeps the views (``handoff_views``) and inserts the events (their
+#: trigger seals them). Returns "first write id:its position" when the insert sealed them,
+#: else "" (another session was sealing). Fencing and idempotency are decided inside the
+#: transaction that writes: the head they were decided from is the head written onto.
+APPEND_FUNCTION = """CREATE FUNCTION handoff_append(
+  p_run text, p_seq bigint, p_hash bytea, p_ids bigint[], p_secret text, p_lease bigint,
+  p_actor text, p_at bigint, p_schema integer, p_viewed boolean,
+  p_seqs bigint[], p_types text[], p_keys text[], p_digests bytea[], p_payloads bytea[],
+  p_prevs bytea[], p_hashes bytea[],
+  p_head_lease bigint, p_holder text, p_max_lease bigint, p_digest text, p_digest_moved boolean,
+  p_views jsonb, p_guards jsonb)
+RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+DECLARE
+  h record; n integer := cardinality(p_ids); g jsonb; c record; q text; got bigint;
 BEGIN
-  PERFORM pg_advisory_xact_lock_shared({ns}, {maintenance});
-  PERFORM pg_advisory_xact_lock({run_ns}, run_key);
-  RETURN nextval('events_id_seq');
-END $$"""
-#: A guessed write (_guess) decided from the head this session's last write left; before
-#: it inserts anything, the server proves the head is still that one (seq and hash) or
-#: refuses with SQLSTATE HL409, and the savepoint before it undoes the guess. A head that
-#: moved: another writer, an import, a restored backup. SECURITY INVOKER.
-EXPECT_FUNCTION = """CREATE FUNCTION handoff_expect_head(run text, at_seq bigint, at_hash bytea)
-RETURNS void LANGUAGE plpgsql AS $$
-BEGIN
-  IF NOT EXISTS (SELECT 1 FROM heads h WHERE h.run_id = run AND h.last_seq = at_seq AND h.last_hash = at_hash) THEN
-    RAISE EXCEPTION 'handoff: run % is no longer at seq % as this session last wrote it', run, at_seq
-      USING ERRCODE = 'HL409', HINT = 'the write is decided again from the head as it is; nothing was written';
+  LOCK TABLE handoff_lock_maintenance IN ROW SHARE MODE;
+  IF p_guards IS NOT NULL THEN
+    LOCK TABLE handoff_lock_views IN EXCLUSIVE MODE;
+    FOR g IN SELECT * FROM jsonb_array_elements(p_guards) LOOP
+      IF to_regprocedure(format('handoff_sync_%s(text, jsonb, boolean)', g->>'t')) IS NULL THEN
+        RAISE EXCEPTION 'handoff: % is not a view table', g->>'t' USING ERRCODE = 'invalid_parameter_value';
+      END IF;
+      q := format('SELECT count(*) FROM %I WHERE true', g->>'t');
+      FOR c IN SELECT * FROM jsonb_each_text(g->'w') LOOP
+        q := q || format(' AND %I IS NOT DISTINCT FROM %L', c.key, c.value);
+      END LOOP;
+      FOR c IN SELECT * FROM jsonb_each_text(g->'n') LOOP
+        q := q || format(' AND %I IS DISTINCT FROM %L', c.key, c.value);
+      END LOOP;
+      EXECUTE q INTO got;
+      IF got <> (g->>'c')::bigint THEN
+        RAISE EXCEPTION 'handoff: the view % changed since run % read it', g->>'t', p_run USING ERRCODE = 'HL409';
+      END IF;
+    END LOOP;
+  ELSIF p_views IS NOT NULL THEN
+    LOCK TABLE handoff_lock_views IN ROW SHARE MODE;
   END IF;
+  IF n < 1 OR n <> cardinality(p_seqs) OR n <> cardinality(p_payloads) OR n <> cardinality(p_hashes)
+     OR p_seqs[1] <> p_seq + 1 OR p_seqs[n] <> p_seq + n THEN
+    RAISE EXCEPTION 'handoff: a batch for run % does not follow seq %', p_run, p_seq
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  SELECT * INTO h FROM heads WHERE run_id = p_run FOR UPDATE;
+  IF NOT FOUND THEN
+    IF p_seq <> 0 OR p_prevs[1] <> '\\x{genesis}'::bytea THEN
+      RAISE EXCEPTION 'handoff: run % has no head to be at seq %', p_run, p_seq USING ERRCODE = 'HL409';
+    END IF;
+    IF p_lease IS NOT NULL THEN
+      RAISE EXCEPTION 'handoff: run % has no lease %', p_run, p_lease USING ERRCODE = 'HL401';
+    END IF;
+    INSERT INTO heads (run_id, last_seq, last_hash, lease, lease_holder, max_lease, first_position,
+                       last_position, lease_digest)
+    VALUES (p_run, p_seqs[n], p_hashes[n], p_head_lease, p_holder, p_max_lease, p_ids[1], p_ids[n],
+            CASE WHEN p_digest_moved THEN p_digest END)
+    ON CONFLICT (run_id) DO NOTHING;
+    IF NOT FOUND THEN  -- another session began the run first
+      RAISE EXCEPTION 'handoff: run % was begun by another session', p_run USING ERRCODE = 'HL409';
+    END IF;
+  ELSE
+    IF h.last_seq <> p_seq OR h.last_hash <> p_hash OR p_prevs[1] <> h.last_hash
+       OR p_ids[1] <= h.last_position THEN
+      RAISE EXCEPTION 'handoff: run % is no longer at seq %', p_run, p_seq USING ERRCODE = 'HL409';
+    END IF;
+    IF p_lease IS NOT NULL AND (h.lease IS DISTINCT FROM p_lease OR h.lease_digest IS NULL OR p_secret IS NULL
+        OR h.lease_digest <> encode(sha256('\\x{domain}'::bytea || convert_to(p_secret, 'UTF8')), 'hex')) THEN
+      RAISE EXCEPTION 'handoff: the write does not show the token of lease % of run %', p_lease, p_run
+        USING ERRCODE = 'HL401';
+    END IF;
+    IF p_max_lease < h.max_lease
+       OR (p_head_lease IS DISTINCT FROM h.lease AND p_head_lease IS NOT NULL AND p_head_lease <= h.max_lease)
+       OR (p_digest_moved AND p_digest IS NOT NULL AND p_head_lease IS NOT DISTINCT FROM h.lease)
+       OR (NOT p_digest_moved AND p_head_lease IS DISTINCT FROM h.lease) THEN
+      RAISE EXCEPTION 'handoff: a write to run % moves its lease other than by a grant or a release', p_run
+        USING ERRCODE = 'HL401';
+    END IF;
+    UPDATE heads SET last_seq = p_seqs[n], last_hash = p_hashes[n], lease = p_head_lease,
+      lease_holder = p_holder, max_lease = p_max_lease, last_position = p_ids[n],
+      lease_digest = CASE WHEN p_digest_moved THEN p_digest ELSE lease_digest END
+    WHERE run_id = p_run;
+  END IF;
+  IF p_views IS NOT NULL THEN
+    PERFORM handoff_views(p_run, p_views);
+  END IF;
+  INSERT INTO events (id, run_id, seq, type, actor, lease, idem_key, idem_digest, batch_size, recorded_us,
+                      schema_version, payload, prev_hash, hash, viewed)
+  SELECT u.id, p_run, u.seq, u.type, p_actor, p_lease, u.k, u.d, n, p_at, p_schema, u.payload, u.prev,
+         u.hash, p_viewed
+  FROM unnest(p_ids, p_seqs, p_types, p_keys, p_digests, p_payloads, p_prevs, p_hashes)
+    AS u(id, seq, type, k, d, payload, prev, hash) ORDER BY u.id;
+  RETURN coalesce(current_setting('handoff.sealed', true), '');
 END $$"""
-#: SQLSTATE of handoff_expect_head's refusal.
-HEAD_MOVED = "HL409"
+#: SQLSTATEs of handoff_append's refusals: the head moved (decide again), and a lease's
+#: token not shown.
+HEAD_MOVED, NOT_THE_HOLDER = "HL409", "HL401"
+#: handoff_append's arguments, as GRANT and REVOKE name the function.
+APPEND_SIGNATURE = ("handoff_append(text, bigint, bytea, bigint[], text, bigint, text, bigint, integer, boolean, "
+                    "bigint[], text[], text[], bytea[], bytea[], bytea[], bytea[], bigint, text, bigint, text, "
+                    "boolean, jsonb, jsonb)")
+#: Functions run as the owner are executable by nobody else until the roles SQL grants
+#: them (a function is executable by PUBLIC when created): made so at creation and by
+#: the migration to schema 6.
+REVOKED = [
+    f"REVOKE ALL ON FUNCTION {APPEND_SIGNATURE} FROM PUBLIC",
+    "REVOKE ALL ON FUNCTION handoff_seal(boolean, bigint[]), handoff_queue() FROM PUBLIC",
+    "REVOKE ALL ON FUNCTION handoff_views(text, jsonb) FROM PUBLIC",
+]
+#: The view writes of an append (handoff_views), made anew from the view tables there are
+#: (ledger/postgres/views.py makes each table's handoff_sync_<table>) whenever one is made.
+VIEWS_FUNCTION_EMPTY = """CREATE OR REPLACE FUNCTION handoff_views(p_run text, p_views jsonb) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE k text;
+BEGIN
+  FOR k IN SELECT jsonb_object_keys(p_views) LOOP
+    RAISE EXCEPTION 'handoff: % is not a view table of this ledger', k USING ERRCODE = 'invalid_parameter_value';
+  END LOOP;
+END $$"""
 
 
-def queue_function(schema: str) -> str:
-    return QUEUE_FUNCTION.format(schema=ident(schema), ns=_LEDGER_NS, seal=_SEAL,
-                                 channel=notify_channel(schema))
+def _format(create: str, schema: str) -> str:
+    return create.format(schema=ident(schema), channel=notify_channel(schema), genesis=GENESIS_HASH.hex(),
+                         domain=LEASE_TOKEN_DOMAIN.hex())
 
 
-def begin_function() -> str:
-    return BEGIN_FUNCTION.format(ns=_LEDGER_NS, maintenance=_MAINTENANCE, run_ns=_RUN_LOCK_NS)
+def functions(schema: str) -> dict[str, tuple[str, bool]]:
+    """Every function the ledger's writes and triggers call, as created in ``schema``:
+    {name: (CREATE statement, runs as the owner)}. Creation, migration, ``verify`` and
+    ``doctor`` all take them from here."""
+    return {
+        "handoff_refuse_change": (REFUSE_FUNCTION, False),
+        "handoff_stamp_role": (STAMP_FUNCTION, False),
+        "handoff_seal": (_format(SEAL_FUNCTION, schema), True),
+        "handoff_queue": (_format(QUEUE_FUNCTION, schema), True),
+        "handoff_append": (_format(APPEND_FUNCTION, schema), True),
+    }
 
 
-def expect_function() -> str:
-    return EXPECT_FUNCTION
-
-
-def _or_replace(create: str) -> str:
+def or_replace(create: str) -> str:
     return create.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-
-
-def seal_function(schema: str) -> str:
-    """The seal function as created in ``schema`` (its search_path is pinned there)."""
-    return SEAL_FUNCTION.format(schema=ident(schema), ns=_LEDGER_NS, seal=_SEAL,
-                                channel=notify_channel(schema))
 
 
 def notify_channel(schema: str) -> str:
@@ -299,6 +392,9 @@ _SCHEMA = [
     " last_hash bytea NOT NULL, lease bigint, lease_holder text, max_lease bigint NOT NULL,"
     " first_position bigint NOT NULL, last_position bigint NOT NULL, lease_digest text)",
     "CREATE INDEX heads_first ON heads (first_position)",
+    # Empty: their table locks are the ledger-wide locks (MAINTENANCE_LOCK, VIEWS_LOCK).
+    f"CREATE TABLE {MAINTENANCE_LOCK} ()",
+    f"CREATE TABLE {VIEWS_LOCK} ()",
     REFUSE_FUNCTION,
     *APPEND_ONLY_TRIGGERS.values(),
     *ORDER_TRIGGERS.values(),
@@ -348,9 +444,87 @@ MIGRATIONS: dict[int, list[str]] = {
     ],
     # 4: the seal looks every queued event up by key (SEAL_FUNCTION); same order, same chain.
     3: ["{reseal}"],
-    # 5: an insert seals itself when the seal lock is free (QUEUE_FUNCTION), and a write
-    # sent in one round trip proves the head it decided from (BEGIN_FUNCTION).
-    4: ["{requeue}", "{reseal}", "{begin}", "{expect}"],
+    # 5: an insert seals itself when the seal lock is free (QUEUE_FUNCTION).
+    4: ["{requeue}", "{reseal}"],
+    # 6: every write goes through handoff_append, run as the owner, and the locks writes
+    # wait on are row and table locks no role may take (docs/postgres.md, roles). The
+    # roles lose every direct right to write: run 'handoff roles --sql' again.
+    5: [
+        "DROP FUNCTION IF EXISTS handoff_begin_write(integer)",
+        "DROP FUNCTION IF EXISTS handoff_expect_head(text, bigint, bytea)",
+        f"CREATE TABLE IF NOT EXISTS {MAINTENANCE_LOCK} ()",
+        f"CREATE TABLE IF NOT EXISTS {VIEWS_LOCK} ()",
+        "{requeue}", "{reseal}", "{append}", VIEWS_FUNCTION_EMPTY,
+        "DO $$ DECLARE r record; BEGIN FOR r IN SELECT DISTINCT grantee FROM "
+        "information_schema.role_table_grants WHERE table_schema = current_schema() AND "
+        "privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE') AND grantee <> current_user LOOP "
+        "EXECUTE format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON ALL TABLES IN SCHEMA %I FROM %I', "
+        "current_schema(), r.grantee); END LOOP; END $$",
+        *REVOKED,
+    ],
 }
 
+
+def migration_step(sql: str, schema: str) -> str:
+    """A MIGRATIONS statement as run: "{seal}" / "{reseal}", "{queue}" / "{requeue}" and
+    "{append}" stand for those functions as this version makes them in the ledger's schema
+    (made, or replacing an older body)."""
+    name = {"{seal}": "handoff_seal", "{queue}": "handoff_queue", "{append}": "handoff_append",
+            "{reseal}": "handoff_seal", "{requeue}": "handoff_queue"}.get(sql)
+    return sql if name is None else or_replace(functions(schema)[name][0])
+
+
+
+
+def _norm(sql: str) -> str:
+    return " ".join(sql.replace(";", " ").split()).lower()
+
+
+def layout_problems(x: Callable[..., Any]) -> list[Problem]:
+    """What differs between the database and the layout made here: a trigger that keeps
+    the log append-only (or stamps, or queues) missing, altered or disabled; a function
+    the writes and triggers call changed, dropped, or no longer run as its owner with a
+    pinned search_path. ``x`` runs a statement on the store's connection."""
+    have = {
+        name: (defn, enabled)
+        for name, defn, enabled in x(
+            "SELECT t.tgname, pg_get_triggerdef(t.oid), t.tgenabled FROM pg_trigger t "
+            "WHERE t.tgrelid IN ('events'::regclass, 'ledger_order'::regclass) AND NOT t.tgisinternal"
+        )
+    }
+    schema = x("SELECT current_schema()").fetchone()[0]
+    have = {n: (d.replace(f" ON {schema}.events ", " ON events ")
+                .replace(f" ON {schema}.ledger_order ", " ON ledger_order ").replace(f'"{schema}".', ""), e)
+            for n, (d, e) in have.items()}
+    out = []
+    advice = ("Someone changed the database behind the store; check the log against a head "
+              "digest kept elsewhere, and restore from a backup")
+    for name, sql in {**APPEND_ONLY_TRIGGERS, **ORDER_TRIGGERS, **ROLE_TRIGGERS, **QUEUE_TRIGGERS}.items():
+        if name not in have:
+            what = ("events can be changed or deleted without any error" if name in APPEND_ONLY_TRIGGERS
+                    else "sealed positions can be moved or deleted without any error" if name in ORDER_TRIGGERS
+                    else "new events are no longer queued for a position" if name in QUEUE_TRIGGERS
+                    else "a client can now write any role into db_role")
+            out.append(Problem("trigger_missing", None, None, None,
+                               f"the trigger {name} is gone: {what}. {advice}"))
+            continue
+        defn, enabled = have[name]
+        if _norm(defn) != _norm(sql):
+            out.append(Problem("trigger_altered", None, None, None,
+                               f"the append-only trigger {name} is not the one the store created: it "
+                               f"may no longer refuse changes. {advice}"))
+        elif enabled != "O":
+            out.append(Problem("trigger_disabled", None, None, None,
+                               f"the append-only trigger {name} is disabled (ALTER TABLE ... DISABLE "
+                               f"TRIGGER or session_replication_role): it refuses nothing. {advice}"))
+    for fn, (create, definer) in functions(schema).items():
+        row = x("SELECT prosrc, prosecdef, proconfig FROM pg_proc WHERE proname = %s "
+                      "AND pronamespace = current_schema()::regnamespace", (fn,)).fetchone()
+        pinned = row is not None and (not definer or (
+            row[1] and any(c.startswith("search_path=") for c in (row[2] or []))))
+        if row is None or _norm(row[0]) != _norm(create.split("$$")[1]) or not pinned:
+            out.append(Problem("trigger_altered", None, None, None,
+                               f"the function {fn}, which the ledger's triggers and writes call, was changed or "
+                               f"dropped. {advice}"))
+    return out
 

@@ -21,11 +21,8 @@ Append-only: triggers refuse UPDATE, DELETE and TRUNCATE on ``events`` (for owne
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import hashlib
 import itertools
-import math
 import operator
 import re
 import threading
@@ -36,13 +33,13 @@ from typing import Any, TypeVar
 import msgspec
 
 from .. import events as ev
-from .. import plan, verify
+from .. import plan
 from ..errors import (
-    InvalidInput,
     LedgerError,
     NotALedger,
     OutcomeUnknown,
     SchemaTooNew,
+    StaleLease,
     StoreUnavailable,
 )
 from ..copy import copy_to_file
@@ -65,52 +62,36 @@ from ..store import (
     check_run_id,
     check_seq,
     encode_events,
-    global_link,
-    reads_position,
 )
 
 try:  # the driver is an optional extra: pip install 'handoff-ledger[postgres]'
     import psycopg
-    import psycopg.adapt
     from psycopg import errors as pgerr
-    from psycopg.generators import execute as _pq_execute
-    from psycopg.pq import ExecStatus
-
-    _FATAL_ERROR, _TUPLES_OK = ExecStatus.FATAL_ERROR, ExecStatus.TUPLES_OK
 except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
     pgerr = None  # type: ignore[assignment]
 
+from .sync import as_json
 from .schema import (
-    PG_SCHEMA_VERSION,
+    _CREATE_LOCK,
     FORMAT_NAME,
-    _RUN_LOCK_NS,
-    _LEDGER_NS,
-    _MAINTENANCE,
-    _VIEWS,
-    _SEAL,
+    HEAD_MOVED,
     ID_BLOCK,
     LEDGER_TABLES,
-    ident,
-    REFUSE_FUNCTION,
-    APPEND_ONLY_TRIGGERS,
-    ORDER_TRIGGERS,
-    STAMP_FUNCTION,
-    ROLE_TRIGGERS,
-    SEAL_FUNCTION,
-    QUEUE_FUNCTION,
-    QUEUE_TRIGGERS,
-    BEGIN_FUNCTION,
-    EXPECT_FUNCTION,
-    HEAD_MOVED,
-    queue_function,
-    begin_function,
-    expect_function,
-    _or_replace,
-    seal_function,
-    notify_channel,
-    _SCHEMA,
+    MAINTENANCE_LOCK,
     MIGRATIONS,
+    NOT_THE_HOLDER,
+    PG_SCHEMA_VERSION,
+    QUEUE_TRIGGERS,
+    REVOKED,
+    VIEWS_FUNCTION_EMPTY,
+    VIEWS_LOCK,
+    _SCHEMA,
+    functions,
+    ident,
+    layout_problems,
+    migration_step,
+    notify_channel,
 )
 
 S = TypeVar("S")
@@ -158,16 +139,6 @@ _INSERT = (
     "batch_size, recorded_us, schema_version, payload, prev_hash, hash, viewed) "
     "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
 )
-#: A batch of more than one event: one statement, one array per column that varies (a
-#: statement per event would be parsed and executed as many times).
-_INSERT_MANY = (
-    "INSERT INTO events (id, run_id, seq, type, actor, lease, idem_key, idem_digest, "
-    "batch_size, recorded_us, schema_version, payload, prev_hash, hash, viewed) "
-    "SELECT u.id, %s, u.seq, u.type, %s, %s, u.idem_key, u.idem_digest, %s, %s, %s, u.payload, "
-    "u.prev_hash, u.hash, %s FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[], "
-    "%s::bytea[], %s::bytea[], %s::bytea[], %s::bytea[]) "
-    "AS u(id, seq, type, idem_key, idem_digest, payload, prev_hash, hash) ORDER BY u.id"
-)
 _UPSERT_HEAD = (
     "INSERT INTO heads (run_id, last_seq, last_hash, lease, lease_holder, max_lease, "
     "first_position, last_position) VALUES (%s,%s,%s,%s,%s,%s,%s,%s) "
@@ -197,149 +168,19 @@ _PUBLIC_HEAD = (
     "LEFT JOIN ledger_order f ON f.event_id = h.first_position "
     "LEFT JOIN ledger_order l ON l.event_id = h.last_position"
 )
-#: Statements that every write sends, by their text (psycopg placeholders): each is
-#: prepared once per connection, by an SQL PREPARE inside the write's own message, and
-#: EXECUTEd by name after that. A simple query plans each of its statements afresh; a
-#: prepared one keeps its plan for the session. {text: (name, text with $n, parameter
-#: names or count)}. Only texts registered with ``preparable`` (whose parameter types
-#: the server infers from the columns and functions they meet) are prepared.
-_PREPARED: dict[str, tuple[str, str, list[str] | int]] = {}
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s|%%")
-
-
-def preparable(sql: str) -> str:
-    """Register ``sql`` as a statement _multi prepares per connection; returns it."""
-    if sql not in _PREPARED:
-        names: list[str] = []
-        count = 0
-
-        def dollar(m: re.Match[str]) -> str:
-            nonlocal count
-            if m.group(0) == "%%":
-                return "%"
-            if m.group(1) is None:
-                count += 1
-                return f"${count}"
-            if m.group(1) not in names:
-                names.append(m.group(1))
-            return f"${names.index(m.group(1)) + 1}"
-
-        text = _PLACEHOLDER.sub(dollar, sql)
-        name = "handoff_" + hashlib.sha256(sql.encode()).hexdigest()[:16]
-        _PREPARED[sql] = (name, text, names or count)
-    return sql
-
-
-class _Sql(str):
-    """An SQL expression that stands as an EXECUTE argument as it is: the write ids of a
-    one-round-trip write (``currval(...) + i``), which the client cannot know before the
-    server hands out the block. Only the store makes these, from constants."""
-
-    __slots__ = ()
-
-
-#: The literal of a value of the commonest types, found by the value's exact type: the
-#: one place for them, which _literal starts from and _execute_call looks up directly (a
-#: write builds about seventy literals a command).
-_QUICK_LITERAL: dict[type, Any] = {
-    str: lambda v: None if "\x00" in v else "'" + v.replace("'", "''") + "'",
-    int: str,
-    bytes: lambda v: "'\\x" + v.hex() + "'",
-    type(None): lambda v: "NULL",
-    _Sql: str.__str__,
-    bool: lambda v: "true" if v else "false",
-}
-
-
-def _literal(v: Any) -> str | None:
-    """``v`` as an SQL literal for an EXECUTE's argument list (the prepared statement's
-    parameter types convert it), or None for a value psycopg must quote. Only on a
-    connection with standard_conforming_strings on and UTF-8 (``handoff_literals``):
-    there a quote is the one character a string literal must double."""
-    t = type(v)
-    quick = _QUICK_LITERAL.get(t)
-    if quick is not None:
-        return quick(v)  # type: ignore[no-any-return]
-    if t is list and v and type(v[0]) is _Sql:
-        return "ARRAY[" + ",".join(v) + "]::bigint[]"
-    if t is float:  # quoted: float8in reads the shortest repr back exactly (-0.0 too)
-        return "'" + repr(v) + "'" if math.isfinite(v) else None
-    if t is list:
-        items = [_element(i) for i in v]
-        return None if None in items else "'{" + ",".join(items).replace("'", "''") + "}'"  # type: ignore[arg-type]
-    return None
-
-
-def _element(v: Any) -> str | None:
-    """``v`` as an element of an array literal (the text array_in reads), or None."""
-    t = type(v)
-    if t is int:
-        return str(v)
-    if v is None:
-        return "NULL"
-    if t is str:
-        return None if "\x00" in v else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if t is bytes:
-        return '"\\\\x' + v.hex() + '"'
-    if t is bool:
-        return "t" if v else "f"
-    return None
-
-
-def _execute_call(conn: Any, name: str, params: list[str] | int, args: Any) -> str:
-    """``EXECUTE name(arguments)``, each argument a literal (psycopg quotes what _literal
-    does not know)."""
-    values = ([args[k] for k in params] if type(params) is list
-              else args if type(args) in (tuple, list) else list(args))
-    if not values:
-        return f"EXECUTE {name}"
-    quick = _QUICK_LITERAL.get
-    lits = [(quick(type(v)) or _literal)(v) for v in values]
-    if None in lits:
-        cur = psycopg.ClientCursor(conn)
-        lits = [lit if lit is not None else cur.mogrify("%s", (v,)) for lit, v in zip(lits, values)]
-    return f"EXECUTE {name}({', '.join(lits)})"  # type: ignore[arg-type]
-
-
-#: The statements of a write's two messages, prepared once per connection (_multi).
-_HEAD_FOR_UPDATE = preparable(_HEAD_SELECT + " FOR UPDATE")
-#: A guessed write's reads (_write): the head and the steps only where the head is not the
-#: one guessed from (seq, hash), which a refused guess goes on from.
-_HEAD_IF_MOVED = preparable(_HEAD_SELECT + " AND NOT (last_seq = %s AND last_hash = %s) FOR UPDATE")
-_STEPS_IF_MOVED = preparable(
-    "SELECT seq, type, recorded_us, payload, hash, actor FROM events WHERE run_id=%s AND seq>=%s "
-    "AND NOT EXISTS (SELECT 1 FROM heads WHERE run_id=%s AND last_seq=%s AND last_hash=%s) ORDER BY seq")
-_STEPS_FROM = preparable("SELECT seq, type, recorded_us, payload, hash, actor FROM events WHERE run_id=%s "
-                         "AND seq>=%s ORDER BY seq")
-_MOVE_DIGEST = preparable("UPDATE heads SET lease_digest=%s WHERE run_id=%s")
-_LOCK_VIEWS_SHARED = preparable("SELECT pg_advisory_xact_lock_shared(%s, %s)")
-#: Before its COMMIT a write reads where its insert sealed it (QUEUE_FUNCTION): its first
-#: write id and that event's position, or nothing when another session was sealing (and
-#: then _SEAL_IF_QUEUED, after the COMMIT in the same message, gives them).
-_SEALED_AT = preparable("SELECT current_setting('handoff.sealed', true)")
-#: After the COMMIT, in the same message: nothing when the insert sealed the write (the
-#: condition is one probe of the queue; the function is not called), else the seal,
-#: waiting for the sealer (handoff_seal), so a write is never more than two round trips.
-_SEAL_IF_QUEUED = preparable(
-    "SELECT s.event_id, s.event_position FROM handoff_seal(true, %(ids)s::bigint[]) s "
-    "WHERE EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = ANY(%(ids)s::bigint[]))")
-_BEGIN_WRITE = preparable("SELECT handoff_begin_write(%s)")
-_EXPECT_HEAD = preparable("SELECT handoff_expect_head(%s, %s, %s)")
-#: A guessed write (_guess) goes behind this savepoint, and is undone to it when refused.
-_SAVE_GUESS = "SAVEPOINT handoff_guess"
-_UNDO_GUESS = "ROLLBACK TO SAVEPOINT handoff_guess"
-#: The write ids of a one-round-trip write, known only to the server when the message is
-#: built: its block's first id is the session's ``currval`` once handoff_begin_write ran.
-_CURRVAL = "currval('events_id_seq')"
-preparable(_INSERT)
-preparable(_INSERT_MANY)
-preparable(_UPSERT_HEAD)
-#: The head of a run that has one (read under the run's lock, or proved by a guess): an
-#: UPDATE, which costs less than the upsert's attempt to insert first.
-_MOVE_HEAD = preparable(
-    "UPDATE heads SET last_seq=%s, last_hash=%s, lease=%s, lease_holder=%s, max_lease=%s, "
-    "last_position=%s WHERE run_id=%s")
-preparable(_DUPLICATE)
+#: A write's first round trip (one message, no lock taken): a block of write ids, the
+#: run's head, the key's earlier batch, and the run's events since the cached fold.
+_NEXT_ID = "SELECT nextval('events_id_seq')"
+_STEPS_FROM = ("SELECT seq, type, recorded_us, payload, hash, actor FROM events WHERE run_id=%s "
+               "AND seq>=%s ORDER BY seq")
+#: A write's second: the batch, the head it was decided from and the views' rows, to
+#: handoff_append (schema.APPEND_FUNCTION), then, after the COMMIT in the same message,
+#: the seal of its events when its insert could not seal them (another session was
+#: sealing): the condition is one probe of the queue, so the common case calls nothing.
+_APPEND = ("BEGIN;\nSELECT handoff_append(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+           "%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb);\nCOMMIT;\n"
+           "SELECT s.event_id, s.event_position FROM handoff_seal(true, %s::bigint[]) s "
+           "WHERE EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = ANY(%s::bigint[]))")
 _RUNS_SINCE = (
     "SELECT h.run_id FROM heads h WHERE h.run_id IN (SELECT e.run_id FROM ledger_order o "
     "JOIN events e ON e.id = o.event_id WHERE o.position > %s) ORDER BY h.first_position"
@@ -368,10 +209,6 @@ if psycopg is not None:
         """
 
         wait_limit_s: float | None = None
-        #: The names of the statements _multi has prepared in this session (None: not known).
-        handoff_prepared: set[str] | None = None
-        #: Whether _multi may write string literals itself (_literal).
-        handoff_literals = False
 
         def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
             limit = self.wait_limit_s if timeout is None else timeout
@@ -519,148 +356,9 @@ def _head(row: Sequence[Any] | None, *, digest: bool = False) -> Any:
     return (head, row[7], row[8]) if digest else (head, row[7])
 
 
-def _multi(conn: Any, batch: Sequence[tuple[str, Any]]) -> list[list[Any]]:
-    """Run statements as ONE simple-query message and return each one's rows, or raise
-    the first failure (_send)."""
-    results, failed = _send(conn, batch)
-    if failed is not None:
-        raise failed
-    return results
-
-
-def _send(conn: Any, batch: Sequence[tuple[str, Any]]) -> tuple[list[list[Any]], Any]:
-    """Run statements as ONE simple-query message (parameters bound here): each one's rows
-    up to the first that failed, and that failure (a psycopg error; None when all ran).
-    One message, ending in one ReadyForQuery: between two of them the session is idle in
-    its transaction, where the server's idle timeout ends a client that went away.
-    (psycopg's pipeline mode sends a Flush after its Sync, which switches that timeout
-    off: a stalled client would hold its locks for good.) The rows of the statements
-    before a failure are what a refused guess goes on from (_write).
-
-    A registered statement (``preparable``) goes as ``EXECUTE name(literals)``, preceded,
-    the first time on this connection, by its ``PREPARE`` at the head of the same message:
-    still one message, and no plan made twice. PREPARE is not undone by a rollback: when
-    every PREPARE ran, the connection knows them whatever failed after; when one failed
-    (or the server lost them), which exist is not known, and the connection asks the
-    server (pg_prepared_statements) when it is next idle, sending plain statements until
-    then.
-
-    The message goes through libpq directly and only the rows a write reads are loaded
-    (psycopg's cursor would describe every statement's result; a write has twenty)."""
-    # Prepared statements only where the store writes the literals (their types then
-    # always match the parameters'); elsewhere everything goes plainly, psycopg quoting.
-    fast = getattr(conn, "handoff_literals", False)
-    known = _known_prepared(conn) if fast else None
-    cur = None
-    head: list[str] = []
-    body: list[str] = []
-    for q, a in batch:
-        if a is None:
-            body.append(q)
-            continue
-        form = _PREPARED.get(q) if known is not None else None
-        if form is None:
-            cur = cur or psycopg.ClientCursor(conn)
-            body.append(cur.mogrify(q, a))
-            continue
-        name, text, params = form
-        if name not in known:  # type: ignore[operator]
-            head.append(f"PREPARE {name} AS {text}")
-            known.add(name)  # type: ignore[union-attr]
-        body.append(_execute_call(conn, name, params, a))
-    pgconn = conn.pgconn
-    # handoff_literals holds only on a UTF-8 session (checked when it opened, and the store
-    # alone uses the connection); asking psycopg costs a lookup per message.
-    encoding = "utf-8" if fast else conn.info.encoding
-    # The PREPAREs go first, but after the undoing of a refused guess: in a transaction that
-    # failed, nothing but a rollback runs (a PREPARE there would fail too).
-    lead = 1 if head and body and body[0] == _UNDO_GUESS else 0
-    query = ";\n".join(body[:lead] + head + body[lead:]).encode(encoding)
-    try:
-        pgconn.send_query(query)
-        results = conn.wait(_pq_execute(pgconn))
-    except psycopg.Error:
-        conn.handoff_prepared = None
-        raise
-    out: list[list[Any]] = []
-    failed = None
-    tx = getattr(conn, "handoff_loader", None)
-    for i, res in enumerate(results):
-        preparing = lead <= i < lead + len(head)
-        status = res.status
-        if status == _FATAL_ERROR:
-            failed = pgerr.error_from_result(res, encoding=encoding)
-            if i < lead + len(head) or isinstance(failed, (pgerr.InvalidSqlStatementName,
-                                                           pgerr.DuplicatePreparedStatement)):
-                conn.handoff_prepared = None  # some exist, some not (or someone deallocated)
-            # else every PREPARE at the head ran, and a rollback does not undo one
-            break
-        if preparing:
-            continue
-        if status == _TUPLES_OK:
-            if tx is None:
-                tx = conn.handoff_loader = psycopg.adapt.Transformer(conn)
-            tx.set_pgresult(res)
-            out.append(tx.load_rows(0, res.ntuples, tuple))
-        else:
-            out.append([])
-    return out, failed
-
-
-def _after_commit(results: list[list[Any]], batch: Sequence[tuple[str, Any]]) -> bool:
-    """Whether a message that failed had run its COMMIT (the failure came after it)."""
-    commit = max(i for i, (q, _) in enumerate(batch) if q == "COMMIT")
-    return len(results) > commit
-
-
-def _known_prepared(conn: Any) -> set[str] | None:
-    """The statements this connection has prepared, or None (send them plainly) while that
-    is not known and cannot be asked (inside a transaction)."""
-    known = getattr(conn, "handoff_prepared", None)
-    if known is None and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-        known = {r[0] for r in conn.execute(
-            "SELECT name FROM pg_prepared_statements WHERE name LIKE 'handoff\\_%'")}
-        conn.handoff_prepared = known
-    return known
-
-
-class _Rows:
-    """One statement's rows, read like a cursor's."""
-
-    __slots__ = ("rows",)
-
-    def __init__(self, rows: list[Any]) -> None:
-        self.rows = rows
-
-    def fetchone(self) -> Any:
-        return self.rows[0] if self.rows else None
-
-    def fetchall(self) -> list[Any]:
-        return self.rows
-
-
-#: What _x returns while a write gathers its statements: there is no result to read yet.
-_GATHERED = None
-
-
-class _NeedsRead(Exception):
-    """A guessed write (_guess) reached for the server while it was being made (a decision
-    that reads a view, a hook that reads the run, a fork's parent): it is dropped, nothing
-    sent, and the write goes the way that reads first."""
-
-
-class _Guess(msgspec.Struct):
-    """A write made before the first round trip from the head this store's last write to
-    the run left (_guess): the statements that prove that head and write, how many events,
-    the head they leave (its last write id filled in once the server gave the block), the
-    fence, what the hooks returned, and the remembered head it was made from."""
-
-    batch: list
-    n: int
-    new_head: Head
-    fence: tuple
-    out: Any
-    known: tuple  # (head, highest lease, lease digest) the guess was made from
+class _HeadMoved(Exception):
+    """handoff_append refused a write: the run's head is no longer the one it was decided
+    from (another writer came first). Nothing was written; the write is decided again."""
 
 
 def _decode_steps(run_id: str, rows: Sequence[Sequence[Any]]) -> list[Step] | None:
@@ -721,18 +419,16 @@ class PostgresStore(FoldingStore):
         self._txn = PostgresTransaction(self)
         self._views: Any = None
         self._in_txn = False
-        self.writing = False  # inside a write transaction (a view read in it locks the views)
+        self.writing = False  # inside a write transaction (BEGIN ... COMMIT on this connection)
         self.exclusive = False  # inside a write_transaction (every other write excluded)
-        self._views_locked = False
-        self.gather: list[tuple[str, Any]] | None = None  # statements of a write's last round trip
-        #: Each run's head as this store's last write or read under the run's lock left it:
-        #: (head in write ids, highest lease, lease token digest). A write whose fold is
-        #: cached at that head is guessed and sent in one round trip (_guess).
-        self._heads: collections.OrderedDict[str, tuple[Head, int, str | None]] = collections.OrderedDict()
-        self.fast = False  # making a guessed write: no statement may be sent
-        self._undo_pending = False  # a refused guess waits to be undone (_UNDO_GUESS)
-        self._guesses = [0, 0]  # guessed writes sent, refused (diagnostics)
-        self._guessable = True  # no attached hook reads the position it is given (attach)
+        #: While a write is decided: the view rows its hooks keep (view_rows) and the view
+        #: counts its decision read (view_read), which go to the server with the batch.
+        self._view_rows: dict[str, Any] | None = None
+        self._guards: list[Any] | None = None
+        #: The write whose hooks are running: (run, head it leaves, head it was decided
+        #: from, its rows). A hook reading that run sees the write (PostgresTransaction).
+        self._pending: tuple[str, Head, Head | None, list[Recorded]] | None = None
+        self._decided_again = 0  # writes refused because their run moved, and decided again
         self._listener: Any = None  # LISTENing connection, opened by the first wait_for_events
         self._conn: Any = None
         #: True when this open created the ledger's schema (``handoff init`` reports it).
@@ -776,12 +472,6 @@ class PostgresStore(FoldingStore):
             conn.close()
             raise
         self._server_at = (int(server_us), (t0 + t1) // 2)
-        conn.handoff_prepared = set()  # a new session has prepared nothing
-        # psycopg's own automatic preparing is off: after a ROLLBACK or a DROP it clears
-        # its statements with DEALLOCATE ALL, which would take the writes' (_multi) too.
-        conn.prepare_threshold = None
-        conn.handoff_literals = (conn.info.encoding == "utf-8" and
-                                 conn.info.parameter_status("standard_conforming_strings") == "on")
         self._conn = conn
 
     def server_clock(self) -> int:
@@ -814,30 +504,8 @@ class PostgresStore(FoldingStore):
         return conn
 
     def x(self, sql: str, args: Any = None, *, binary: bool = False) -> Any:
-        """Execute on the store's connection (inside whatever transaction is open); while a
-        write gathers its second round trip (_commit_rows), gather instead."""
-        if self.fast and (self.gather is None or sql.lstrip()[:6].upper() == "SELECT"):
-            raise _NeedsRead(sql)
-        if self.gather is not None:
-            if sql.lstrip()[:6].upper() != "SELECT":
-                self.gather.append((sql, args))
-                return _GATHERED
-            # A read inside the write (a hook that reads the run back): it must see what
-            # was gathered, so that goes first, as one message of its own.
-            self._send_gathered()
-        if self._undo_pending:  # a refused guess: nothing runs in its transaction before its undoing
-            self.ready().execute(_UNDO_GUESS)
-            self._undo_pending = False
+        """Execute on the store's connection (inside whatever transaction is open)."""
         return self.ready().execute(sql, args, binary=binary)
-
-    def _send_gathered(self) -> None:
-        batch = self.gather
-        if batch:
-            if self._undo_pending:
-                batch.insert(0, (_UNDO_GUESS, None))
-                self._undo_pending = False
-            _multi(self.ready(), batch)
-            del batch[:]
 
     @contextlib.contextmanager
     def mapped(self, doing: str) -> Iterator[None]:
@@ -887,17 +555,19 @@ class PostgresStore(FoldingStore):
         conn.execute("BEGIN")
         try:
             # Two processes creating at once: the second waits here, then finds the schema.
-            conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (_RUN_LOCK_NS,))
+            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", _CREATE_LOCK)
             if conn.execute("SELECT to_regclass('handoff_meta')").fetchone()[0] is not None:
                 conn.execute("COMMIT")
                 return
             for sql in _SCHEMA:
                 conn.execute(sql)
             schema = conn.execute("SELECT current_schema()").fetchone()[0]
-            conn.execute(seal_function(schema))
-            conn.execute(queue_function(schema))
-            conn.execute(begin_function())
-            conn.execute(expect_function())
+            for name, (create, _) in functions(schema).items():
+                if name not in ("handoff_refuse_change", "handoff_stamp_role"):  # (made with the tables)
+                    conn.execute(create)
+            conn.execute(VIEWS_FUNCTION_EMPTY)
+            for revoke in REVOKED:
+                conn.execute(revoke)
             for sql in QUEUE_TRIGGERS.values():
                 conn.execute(sql)
             conn.execute(
@@ -917,7 +587,7 @@ class PostgresStore(FoldingStore):
         """Bring an older schema up to this version, in one transaction that excludes every
         write (the hook for later versions: add statements to MIGRATIONS)."""
         with self.lock:
-            self._begin("migrating the ledger schema", exclusive=True, seal=False)
+            self._begin("migrating the ledger schema", migrating=True)
             ok = False
             try:
                 version = int(self.x("SELECT value FROM handoff_meta WHERE key='schema_version'").fetchone()[0])
@@ -927,14 +597,7 @@ class PostgresStore(FoldingStore):
                     if steps is None:
                         raise SchemaTooNew(f"no migration from schema {version} is known")
                     for sql in steps:
-                        self.x(seal_function(schema) if sql == "{seal}" else
-                                seal_function(schema).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-                                if sql == "{reseal}" else
-                                queue_function(schema) if sql == "{queue}" else
-                                queue_function(schema).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-                                if sql == "{requeue}" else
-                                _or_replace(begin_function()) if sql == "{begin}" else
-                                _or_replace(expect_function()) if sql == "{expect}" else sql)
+                        self.x(migration_step(sql, schema))
                     version += 1
                 self.x("UPDATE handoff_meta SET value=%s WHERE key='schema_version'", (str(version),))
                 ok = True
@@ -945,10 +608,11 @@ class PostgresStore(FoldingStore):
 
     # --- transactions ----------------------------------------------------------------
 
-    def _begin(self, doing: str, *, exclusive: bool = False, seal: bool = True) -> None:
-        """BEGIN a write. ``exclusive``: wait until no write is in flight and hold every
-        ledger-wide lock to the commit (rebuilds, catch-up, imports, migrations), with the
-        order sealed up to date first."""
+    def _begin(self, doing: str, *, migrating: bool = False) -> None:
+        """BEGIN a transaction that excludes every write: wait until no write is in flight
+        and hold every ledger-wide lock to the commit (rebuilds, catch-up, imports,
+        migrations), with the order sealed up to date first. (A write is one message of
+        its own: _append.)"""
         if self.readonly:
             raise StoreUnavailable(f"the ledger {self.path} was opened read-only; {doing} refused")
         with self.mapped(doing):
@@ -956,30 +620,33 @@ class PostgresStore(FoldingStore):
             conn.execute("BEGIN")
             self._in_txn = True
             self.writing = True
-            self.exclusive = exclusive
+            self.exclusive = True
             try:
-                if exclusive:
-                    conn.execute(
-                        "SELECT pg_advisory_xact_lock(%s, %s), pg_advisory_xact_lock(%s, %s), "
-                        "pg_advisory_xact_lock(%s, %s)",
-                        (_LEDGER_NS, _MAINTENANCE, _LEDGER_NS, _VIEWS, _LEDGER_NS, _SEAL),
-                    )
-                    if seal:
-                        conn.execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+                if migrating:
+                    # Every writer of every version inserts into events: none writes while
+                    # the layout changes (an older one's locks may not exist yet).
+                    conn.execute("LOCK TABLE events, heads IN EXCLUSIVE MODE")
                 else:
-                    conn.execute("SELECT pg_advisory_xact_lock_shared(%s, %s)", (_LEDGER_NS, _MAINTENANCE))
+                    # (the owner's locks: no other role may take them; schema.MAINTENANCE_LOCK)
+                    conn.execute(f"LOCK TABLE {MAINTENANCE_LOCK}, {VIEWS_LOCK} IN EXCLUSIVE MODE")
+                    conn.execute("SELECT count(*) FROM handoff_seal(true, '{}')")
+                    conn.execute("SELECT 1 FROM ledger_tail FOR UPDATE")
+            except pgerr.InsufficientPrivilege as exc:
+                self._finish(False, doing)
+                raise StoreUnavailable(
+                    f"{doing} is for the role that owns the ledger (the one that ran 'handoff init'): "
+                    f"this role may not take the lock that keeps every write out meanwhile, on {self.path}; "
+                    "nothing was changed. Run it as the owner (docs/postgres.md, roles)",
+                    cause=str(exc).splitlines()[0]) from None
             except BaseException:
                 self._finish(False, doing)
                 raise
 
     def _finish(self, ok: bool, doing: str) -> None:
         conn = self._conn
-        if self._undo_pending:  # a refused guess's transaction wrote nothing: end it so
-            ok, self._undo_pending = False, False
         self._in_txn = False
         self.writing = False
         self.exclusive = False
-        self._views_locked = False
         if ok:
             try:
                 cur = conn.execute("COMMIT")
@@ -1004,21 +671,6 @@ class PostgresStore(FoldingStore):
             cause=str(exc),
         )
 
-    def lock_views(self) -> None:
-        """A view read inside a write: wait for every write keeping views to end, and keep
-        new ones out until this one commits (an owner's load then counts only settled runs)."""
-        if not self._views_locked:
-            self.x("SELECT pg_advisory_xact_lock(%s, %s)", (_LEDGER_NS, _VIEWS))
-            self._views_locked = True
-
-    def _run_key(self, run_id: str) -> int:
-        return int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "big", signed=True)
-
-    def _lock_run(self, run_id: str) -> tuple[Head | None, int]:
-        """Lock the run (also one that does not exist yet) and read its head."""
-        self.x("SELECT pg_advisory_xact_lock(%s, %s)", (_RUN_LOCK_NS, self._run_key(run_id)))
-        return self._head_locked(run_id, lock=True)
-
     def _head_locked(self, run_id: str, *, lock: bool = False) -> tuple[Head | None, int]:
         row = self.x(_HEAD_SELECT + (" FOR UPDATE" if lock else ""), (run_id,)).fetchone()
         return _head(row)
@@ -1028,7 +680,7 @@ class PostgresStore(FoldingStore):
         """BEGIN with every write excluded (as under SQLite's write lock) ... COMMIT, or
         ROLLBACK on any exception."""
         with self.lock:
-            self._begin(doing, exclusive=True)
+            self._begin(doing)
             ok = False
             try:
                 yield self._txn
@@ -1164,385 +816,243 @@ class PostgresStore(FoldingStore):
             ids = ids[:n]
         return ids
 
-    def _rows(
+    def _stamp(
         self, run_id: str, head: Head | None, max_lease: int, batch: Sequence[ev.Event],
         encoded: list[tuple[str, bytes]], actor: str, lease: int | None, key: str | None,
         digest: bytes | None, ids: list[int],
-    ) -> tuple[list[tuple[Any, ...]], Head, tuple[int, str | None, str | None, bool], list[Recorded]]:
-        """The batch stamped (plan.stamp) as rows under its write ids, the new head and what
-        the fold sees (Recorded.position is the write id until the order is sealed)."""
+    ) -> tuple[plan.Stamped, Head, list[Recorded]]:
+        """The batch stamped (plan.stamp) under its write ids, the new head and what the
+        fold sees (Recorded.position is the write id until the order is sealed)."""
         done = plan.stamp(run_id, head, max_lease, batch, encoded, actor, lease, key, digest, self._clock(),
                           lambda parent: self._head_locked(parent)[0])
-        now, n, viewed = done.now, done.size, self._keeps_views
-        rows: list[tuple[Any, ...]] = []
-        written: list[Recorded] = []
-        for i, (seq, tag, k, d, payload, prev, h) in enumerate(done.events):
-            rows.append((ids[i], run_id, seq, tag, actor, lease, k, d, n, now, ev.SCHEMA_VERSION, payload, prev,
-                         h, viewed))
-            written.append(Recorded(run_id, seq, ids[i], tag, actor, lease, k, now, ev.SCHEMA_VERSION,
-                                    payload, prev, h))
+        now = done.now
+        written = [Recorded(run_id, seq, ids[i], tag, actor, lease, k, now, ev.SCHEMA_VERSION, payload, prev, h)
+                   for i, (seq, tag, k, _, payload, prev, h) in enumerate(done.events)]
         fence = done.fence
         first = head.first_position if head else ids[0]
         new_head = Head(run_id, done.last_seq, done.last_hash, fence.lease, fence.holder, first, ids[-1])
-        return rows, new_head, (fence.max_lease, fence.digest, None, fence.digest_moved), written
+        return done, new_head, written
 
-    def _write_statements(self, rows: list[tuple[Any, ...]], new_head: Head,
-                          fence: tuple[int, str | None, str | None, bool],
-                          hooks: Callable[[], Any]) -> tuple[Any, list[tuple[str, Any]]]:
-        """The statements that write: insert (its trigger seals it when nobody else is
-        sealing), move the head, keep the views (the hooks' statements are gathered, not
-        sent), read where the insert was sealed, COMMIT. Returns what the hooks returned."""
-        max_lease, token_digest, _, digest_moved = fence
-        run_id = new_head.run_id
-        batch: list[tuple[str, Any]] = []
-        if len(rows) == 1:
-            batch.append((_INSERT, rows[0]))
-        else:
-            first = rows[0]
-            cols = list(zip(*rows))
-            batch.append((_INSERT_MANY, (first[1], first[4], first[5], first[8], first[9], first[10], first[14],
-                                         list(cols[0]), list(cols[2]), list(cols[3]), list(cols[6]),
-                                         list(cols[7]), list(cols[11]), list(cols[12]), list(cols[13]))))
-        if new_head.last_seq > len(rows):  # the run had a head before this write
-            batch.append((_MOVE_HEAD, (new_head.last_seq, new_head.last_hash, new_head.lease,
-                                       new_head.lease_holder, max_lease, new_head.last_position, run_id)))
-        else:
-            batch.append((_UPSERT_HEAD, (run_id, new_head.last_seq, new_head.last_hash, new_head.lease,
-                                         new_head.lease_holder, max_lease, new_head.first_position,
-                                         new_head.last_position)))
-        if digest_moved:
-            batch.append((_MOVE_DIGEST, (token_digest, run_id)))
-        if self._hooks:
-            batch.append((_LOCK_VIEWS_SHARED, (_LEDGER_NS, _VIEWS)))
-        insert = batch[0]
-        self.gather = batch
-        try:
-            out = hooks()  # the views' statements join the batch (they read no result)
-        finally:
-            self.gather = None
-        if batch and batch[0] is insert:
-            # The insert seals (QUEUE_FUNCTION) and holds the seal lock to the COMMIT: it
-            # goes last, so that other writers wait for that lock the least. (A hook that
-            # read the run sent it first, with what was gathered before its read.)
-            batch.append(batch.pop(0))
-        batch.append((_SEALED_AT, ()))
-        batch.append(("COMMIT", None))
-        batch.append((_SEAL_IF_QUEUED, {"ids": [r[0] for r in rows]}))
-        return out, batch
-
-    def _commit_rows(self, conn: Any, rows: list[tuple[Any, ...]], new_head: Head,
-                     fence: tuple[int, str | None, str | None, bool], hooks: Callable[[], Any],
-                     doing: str) -> tuple[Any, list[list[Any]], int]:
-        """The write's second round trip: ONE message (a simple query of several statements,
-        parameters bound here): _write_statements, after the undoing of a refused guess
-        when there was one (_write).
-
-        One message, not a pipeline of several: the server runs none of it before it has
-        all of it, so a client that stalls or is cut off mid-send leaves its session idle
-        in the transaction the first round trip opened, which the server ends after the
-        idle timeout, freeing the run's lock (a pipeline would leave it 'active', waiting
-        for the rest, holding every lock with no timeout). Returns what the hooks returned
-        each statement's rows and how many statements were sent. A failure before the
-        COMMIT, or at it, leaves nothing written (typed error); a lost connection, an
-        unknown outcome; a failure after it (the seal after the commit), a committed write."""
-        out, batch = self._write_statements(rows, new_head, fence, hooks)
-        if self._undo_pending:
-            batch.insert(0, (_UNDO_GUESS, None))
-            self._undo_pending = False
-        try:
-            results, failed = _send(conn, batch)
-        except psycopg.Error as exc:  # the message may have run to its COMMIT, or not at all
-            raise self._unknown(doing, exc) from exc
-        finally:
-            self._in_txn = self.writing = False
-        if failed is not None and not _after_commit(results, batch):
-            if conn.closed or conn.broken:
-                raise self._unknown(doing, failed) from failed
-            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                with contextlib.suppress(psycopg.Error):
-                    conn.execute("ROLLBACK")
-            raise _explain(failed, doing, self.path) from failed
-        return out, results, len(batch)
-
-    def _positions_after(self, results: list[list[Any]], n: int, ids: Sequence[int]) -> tuple[int, ...] | None:
-        """The committed write's positions (its message of ``n`` statements ended with
-        _SEALED_AT, COMMIT, _SEAL_IF_QUEUED): where its insert sealed it, else where the
-        seal after the commit put it (another session was sealing at its insert). None
-        when that could not be had (a lock timeout): the write is committed and waits in
-        the queue for the next writer or reader to seal it."""
-        got = results[n - 3][0][0] if len(results) > n - 3 and results[n - 3] else None
-        first_id, _, first = (got or "").partition(":")
-        # Counted on only when it names this write's first id (not a value the session
-        # carried over) and the ids are one block: nothing else was sealed between them.
-        if first and first_id == str(ids[0]) and ids[-1] - ids[0] == len(ids) - 1:
-            return tuple(range(int(first), int(first) + len(ids)))
-        if len(results) < n:
-            return None  # the seal after the commit failed
-        sealed = dict(results[n - 1])
-        if len(sealed) < len(ids):  # sealed in the insert, or by another session since: read them
-            try:
-                sealed = dict(self.x("SELECT event_id, position FROM ledger_order o "
-                                      "WHERE event_id = ANY(%s)", (list(ids),)).fetchall())
-            except psycopg.Error:
-                return None
-        return tuple(sealed[i] for i in ids) if all(i in sealed for i in ids) else None
-
-    def _guess(
-        self, run_id: str, aggregate: Aggregate[Any] | None, actor: str, idempotency_key: str | None,
-        digest: bytes | None, token: LeaseToken | None, planner: Callable[..., Any],
-    ) -> _Guess | None:
-        """The write as it would be if the run still stood where this store's last write
-        to it left it (a worker reporting on the run it holds, command after command):
-        fencing, the decision, the rows and the views' statements, made with no read.
-        _write sends them in its first message, behind a savepoint and the server's proof
-        that the head is still that one (handoff_expect_head).
-
-        None when there is nothing to guess from (no head remembered, no fold cached at
-        it), or when the guess would need the server: a decision, a check or a hook that
-        reads; a refusal (refusals are given from the head read under the lock, never
-        from what this store remembered); a result with nothing to write (a repeated key
-        is answered 'duplicate' first); a batch larger than one block of ids; a fold that
-        is not lean; a hook that reads the position it is given (attach)."""
-        known = self._heads.get(run_id)
-        if known is None or not self._guessable or (aggregate is not None and not aggregate.lean):
-            # (a fold that is not lean reads the run's events after a refused guess
-            # with a read of its own: a round trip the write without a guess does not pay)
-            return None
-        head, max_lease, lease_digest = known
-        state: Any = None
-        if aggregate is not None:
-            cached = self._cache.get((id(aggregate), run_id))
-            if (cached is None or cached[0] is not aggregate or cached[1] != head.last_seq
-                    or cached[2] != head.last_hash):
-                return None
-            state = cached[3]
-        conn = self.ready()
-        if not getattr(conn, "handoff_literals", False) or _known_prepared(conn) is None:
-            return None  # the ids are SQL expressions, which only the store's own literals carry
-        self.fast = True
-        try:
-            if token is not None:
-                plan.check_token(run_id, head, max_lease, token, lease_digest)
-            planned = planner(head, max_lease, state)
-            if isinstance(planned, AppendResult):
-                return None
-            events, lease_n = planned
-            encoded = encode_events(events, self.max_payload)
-            if len(encoded) > ID_BLOCK:
-                return None
-            ids = [_Sql(_CURRVAL if i == 0 else f"{_CURRVAL}+{i}") for i in range(len(encoded))]
-            rows, new_head, fence, written = self._rows(
-                run_id, head, max_lease, events, encoded, actor, lease_n, idempotency_key, digest, ids,
-            )
-
-            def hooks() -> Any:
-                new_state, folds = _MISSING, []
-                if aggregate is not None:
-                    new_state = aggregate.evolve_all(state, written)
-                    folds = [(aggregate, new_state)]
-                return new_state, self._run_hooks(run_id, new_head, folds)
-
-            out, batch = self._write_statements(rows, new_head, fence, hooks)
-        except Exception:  # noqa: BLE001 - a read, a refusal, or the caller's own signal
-            self._settle(False)  # (a preview's): the write decides it from what the server says
-            return None
-        finally:
-            self.fast = False
-        batch.insert(0, (_EXPECT_HEAD, (run_id, head.last_seq, head.last_hash)))
-        return _Guess(batch, len(rows), new_head, fence, out, known)
-
-    def _know_head(self, head: Head, fence: tuple[int, str | None, str | None, bool],
-                   digest_before: str | None) -> None:
-        """Remember the head a committed write left (the next write's guess starts there)."""
-        max_lease, token_digest, _, digest_moved = fence
-        key = head.run_id
-        self._heads[key] = (head, max_lease, token_digest if digest_moved else digest_before)
-        self._heads.move_to_end(key)
-        while len(self._heads) > 4096:
-            self._heads.popitem(last=False)
+    def _message(self, sql: str, args: Sequence[Any]) -> list[list[Any]]:
+        """Run several statements as ONE simple-query message, their values bound by
+        psycopg on the client (ClientCursor), and return each one's rows. One message:
+        the server runs none of it before it has all of it, so a client that stalls or is
+        cut off mid-send holds no lock (a pipeline would leave the session 'active',
+        waiting for the rest)."""
+        cur = psycopg.ClientCursor(self.ready())
+        cur.execute(sql, args)
+        out = []
+        while True:
+            out.append(cur.fetchall() if cur.description is not None else [])
+            if not cur.nextset():
+                return out
 
     def _write(
         self, run_id: str, aggregate: Aggregate[Any] | None, actor: str, idempotency_key: str | None,
         digest: bytes | None, token: LeaseToken | None, planner: Callable[..., Any], doing: str,
     ) -> tuple[AppendResult, Any]:
-        """One write in at most two round trips. The first: BEGIN, the ledger's shared lock,
-        the run's lock and a block of write ids (handoff_begin_write), the run's head, the
-        key's earlier batch, and the run's events since the cached fold. Then, with no
-        round trip: fencing, the fold, ``plan`` (it returns the events to write and the
-        lease they go under, or a finished result). The second: _commit_rows.
+        """A write: decided from the head as it is, written only onto that head.
 
-        When this store guessed the write (_guess: its last write to the run left the head
-        and the fold), the first message carries the whole guessed write too, behind a
-        savepoint: one round trip when the head is still that one. When it is not (another
-        writer, a taken key), the server refuses the guessed part before it writes
-        anything, the savepoint undoes it, and the write goes on from what the first part
-        read, exactly as without a guess: still two round trips."""
+        Each try is two round trips: the first reads (no lock), the second writes through
+        handoff_append, which refuses with HL409 when another writer moved the run in
+        between; the write is then decided again from the head as it now is, until it
+        lands or the lock timeout (``busy_timeout_s``) has passed."""
         if self.readonly:
             raise StoreUnavailable(f"the ledger {self.path} was opened read-only; {doing} refused")
-        conn = self.ready()
+        deadline = time.monotonic() + self.busy_timeout_s
+        while True:
+            try:
+                with self.mapped(doing):
+                    return self._write_once(run_id, aggregate, actor, idempotency_key, digest, token, planner, doing)
+            except _HeadMoved as moved:
+                self._decided_again += 1
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailable(
+                        f"run {run_id} kept changing under this write for {self.busy_timeout_s:g}s "
+                        f"({moved}) while {doing} on {self.path}; nothing was written. Retry, or raise "
+                        "the timeout (--busy-timeout)") from None
+
+    def _write_once(
+        self, run_id: str, aggregate: Aggregate[Any] | None, actor: str, key: str | None,
+        digest: bytes | None, token: LeaseToken | None, planner: Callable[..., Any], doing: str,
+    ) -> tuple[AppendResult, Any]:
         lean = aggregate is not None and aggregate.lean
-        cached = self._cache.get((id(aggregate), run_id)) if aggregate is not None else None
-        after = cached[1] if cached is not None and cached[0] is aggregate else 0
-        guess = self._guess(run_id, aggregate, actor, idempotency_key, digest, token, planner)
-        done = False
+        cached = self._cached(aggregate, run_id) if aggregate is not None else None
+        after = cached[1] if cached is not None else 0
+        sql = [_NEXT_ID, _HEAD_SELECT]
+        args: list[Any] = [run_id]
+        if key:
+            sql.append(_DUPLICATE)
+            args += [run_id, key]
+        if lean:
+            sql.append(_STEPS_FROM)
+            args += [run_id, after]
+        got = iter(self._message(";\n".join(sql), args))
+        base = next(got)[0][0]
+        head_rows = next(got)
+        head, max_lease, lease_digest = _head(head_rows[0] if head_rows else None, digest=True)
+        dup_rows = next(got) if key else None
+        steps = next(got) if lean else None
+        state: Any = None
+        if aggregate is not None:
+            state = self._state_from(run_id, aggregate, head, cached, steps) if steps is not None else _MISSING
+            if state is _MISSING:
+                state = self._state_locked(run_id, aggregate, head)
+        if dup_rows:
+            dup = self._duplicate(run_id, key, digest, actor, dup_rows[0])  # type: ignore[arg-type]
+            positions = tuple(dup[3]) if None not in dup[3] else self._positions_of(dup[2])
+            return AppendResult(run_id, "duplicate", dup[0], dup[1], positions), state
+        if token is not None:
+            plan.check_token(run_id, head, max_lease, token, lease_digest)
+        self._guards = []
         try:
-            with self.mapped(doing):
-                # With a guess, the head and the steps are read only if the head is not
-                # the guessed one (each read's condition; the run's lock keeps it so until
-                # the guess's proof): a guess that holds reads nothing it already knows.
-                moved = (guess.known[0].last_seq, guess.known[0].last_hash) if guess is not None else None
-                batch: list[tuple[str, Any]] = [
-                    ("BEGIN", None),
-                    (_BEGIN_WRITE, (self._run_key(run_id),)),
-                    (_HEAD_IF_MOVED, (run_id, *moved)) if moved else (_HEAD_FOR_UPDATE, (run_id,)),
-                ]
-                if idempotency_key:
-                    batch.append((_DUPLICATE, (run_id, idempotency_key)))
-                if lean:
-                    batch.append((_STEPS_IF_MOVED, (run_id, after, run_id, *moved)) if moved
-                                 else (_STEPS_FROM, (run_id, after)))
-                self._in_txn = self.writing = True
-                same_head = False
-                if guess is None:
-                    got = iter(_multi(conn, batch)[1:])
-                else:
-                    core = len(batch)
-                    self._guesses[0] += 1
-                    full = batch + [(_SAVE_GUESS, None)] + guess.batch
-                    try:
-                        results, failed = _send(conn, full)
-                    except psycopg.Error as exc:  # it may have run to its COMMIT, or not at all
-                        raise self._unknown(doing, exc) from exc
-                    if failed is None or _after_commit(results, full):
-                        done = True
-                        return self._guessed(run_id, aggregate, guess, results, len(full))
-                    self._heads.pop(run_id, None)
-                    self._guesses[1] += 1
-                    self._settle(False)
-                    if conn.closed or conn.broken:
-                        raise self._unknown(doing, failed) from failed
-                    # results: the rows of the statements before the one that failed. Up
-                    # to the savepoint: as any first message's failure. The proof (just
-                    # after it) refused with HL409: the head moved, and the reads above
-                    # returned it. Anything later: the proof passed, the head is the
-                    # guessed one (a taken key, say).
-                    proof = core + 1
-                    if (len(results) < proof or (len(results) == proof and failed.sqlstate != HEAD_MOVED)
-                            or conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE):
-                        raise failed  # (IDLE: the COMMIT itself failed; nothing to go on in)
-                    same_head = len(results) > proof
-                    self._undo_pending = True  # the guess is undone in the next message
-                    got = iter(results[1:core])
-                c_id, c_head = _Rows(next(got)), _Rows(next(got))
-                c_dup = _Rows(next(got)) if idempotency_key else None
-                c_steps = _Rows(next(got)) if lean else None
-                if same_head:
-                    head, max_lease, lease_digest = guess.known  # type: ignore[union-attr]
-                else:
-                    head, max_lease, lease_digest = _head(c_head.fetchone(), digest=True)
-                dup = (self._duplicate(run_id, idempotency_key, digest, actor, c_dup.fetchone())  # type: ignore[arg-type]
-                       if c_dup is not None else None)
-                if dup is not None:  # nothing to write: end the transaction (the second round trip)
-                    state = None
-                    if aggregate is not None:
-                        state = (self._state_from(run_id, aggregate, head, cached, c_steps.fetchall())
-                                 if c_steps is not None else _MISSING)
-                    self._finish(True, doing)
-                    done = True
-                    if state is _MISSING:
-                        state = self._state_locked(run_id, aggregate, head)  # type: ignore[arg-type]
-                    positions = (tuple(dup[3]) if None not in dup[3] else self._positions_of(dup[2]))
-                    return AppendResult(run_id, "duplicate", dup[0], dup[1], positions), state
-                if token is not None:
-                    plan.check_token(run_id, head, max_lease, token, lease_digest)
-                base = c_id.fetchone()[0]
-                state: Any = None
-                if aggregate is not None:
-                    state = (self._state_from(run_id, aggregate, head, cached, c_steps.fetchall())
-                             if c_steps is not None else _MISSING)
-                    if state is _MISSING:
-                        state = self._state_locked(run_id, aggregate, head)
-                planned = planner(head, max_lease, state)
-                if isinstance(planned, AppendResult):
-                    self._finish(True, doing)
-                    done = True
-                    return planned, state
-                events, lease_n = planned
-                encoded = encode_events(events, self.max_payload)
-                ids = self._ids(base, len(encoded))
-                rows, new_head, fence, written = self._rows(
-                    run_id, head, max_lease, events, encoded, actor, lease_n, idempotency_key, digest, ids,
-                )
-                forking = head is None and isinstance(events[0], ev.RunForked)
-
-                def hooks() -> Any:
-                    if aggregate is not None and not forking:
-                        new_state = aggregate.evolve_all(state, written)
-                        known = [(aggregate, new_state)]
-                    else:
-                        new_state, known = _MISSING, []
-                    folded = self._run_hooks(run_id, new_head, known)
-                    return new_state, folded
-
-                (new_state, folded), results, n = self._commit_rows(conn, rows, new_head, fence, hooks, doing)
-                done = True
-                self._know_head(new_head, fence, lease_digest)
-                positions = self._positions_after(results, n, ids)
+            planned = planner(head, max_lease, state)
+            if isinstance(planned, AppendResult):
+                return planned, state
+            events, lease_n = planned
+            encoded = encode_events(events, self.max_payload)
+            ids = self._ids(base, len(encoded))
+            done, new_head, written = self._stamp(run_id, head, max_lease, events, encoded, actor, lease_n, key,
+                                                  digest, ids)
+            self._view_rows = {}
+            self._pending = (run_id, new_head, head, written)
+            forking = head is None and isinstance(events[0], ev.RunForked)
+            new_state = (aggregate.evolve_all(state, written)
+                         if aggregate is not None and not forking else _MISSING)
+            folded = self._run_hooks(run_id, new_head, self._after_write(
+                run_id, head, written, [(aggregate, new_state)] if new_state is not _MISSING else []))
+            views, guards = self._view_rows, self._guards
         finally:
-            self.gather = None
-            if not done:
-                self._settle(False)
-                self._in_txn = self.writing = False
-                self._undo_pending = False
-                if not (conn.closed or conn.broken) and \
-                        conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-                    with contextlib.suppress(psycopg.Error):
-                        conn.execute("ROLLBACK")
-        return self._committed(run_id, aggregate, new_head, folded, new_state, len(rows), positions)
+            self._view_rows = self._guards = self._pending = None
+        sealed = self._append(run_id, head, ids, token, lease_n, done, views, guards, doing)
+        if new_state is _MISSING and aggregate is not None:
+            new_state = next((st for agg, st in folded[1] if agg is aggregate), _MISSING)
+            if new_state is _MISSING:
+                new_state = self._after_write(run_id, head, written, [], [aggregate])[0][1]
+        return self._committed(run_id, aggregate, new_head, folded, new_state, len(ids),
+                               self._positions_after(sealed, ids))
 
-    def _guessed(self, run_id: str, aggregate: Aggregate[Any] | None, guess: _Guess,
-                 results: list[list[Any]], n: int) -> tuple[AppendResult, Any]:
-        """A guessed write that committed in its one round trip: its ids are the block the
-        server handed out (the first message's second statement), its positions where its
-        insert was sealed."""
-        self._in_txn = self.writing = False
-        base = results[1][0][0]
-        ids = [base + i for i in range(guess.n)]
-        new_head = msgspec.structs.replace(guess.new_head, last_position=ids[-1])
-        self._know_head(new_head, guess.fence, guess.known[2])
-        positions = self._positions_after(results, n, ids)
-        new_state, folded = guess.out
-        return self._committed(run_id, aggregate, new_head, folded, new_state, guess.n, positions)
+    def _after_write(self, run_id: str, head: Head | None, written: list[Recorded],
+                     known: list[tuple[Aggregate[Any], Any]],
+                     wanted: Sequence[Aggregate[Any]] | None = None) -> list[tuple[Aggregate[Any], Any]]:
+        """Each aggregate's state after a write that is not stored yet: the hooks run
+        before the one message that stores it, so the fold of what it adds is made here,
+        from the run as read (at ``head``) and the rows written."""
+        out = list(known)
+        for aggregate in (wanted if wanted is not None else [agg for agg, _ in self._hooks]):
+            if any(agg is aggregate for agg, _ in out):
+                continue
+            if head is None and written and written[0].type == "run_forked":
+                fork = written[0].event
+                assert isinstance(fork, ev.RunForked)
+                before = aggregate.evolve_all(aggregate.initial(run_id), (
+                    self._lineage_steps(fork.parent, fork.parent_seq) if aggregate.lean
+                    else self.history(fork.parent, until_seq=fork.parent_seq)))
+            else:
+                before = self._state_locked(run_id, aggregate, head)
+            out.append((aggregate, aggregate.evolve_all(before, written)))
+        return out
 
-    def _settle(self, committed: bool) -> None:
-        """Tell the view store whether the rows the last gathered write sent are now the
-        server's (ledger/postgres/views.py: a later guessed write sends no statement for rows that
-        are still equal)."""
-        if self._views is not None:
-            self._views.settled(committed)
+    def view_rows(self, table: str, run_id: str, rows: Sequence[Any], many: bool) -> bool:
+        """Keep a view table's rows for a run with the write being made (its hooks call
+        this through the view store): they go to the server with the batch, in the same
+        call. False outside a write (the caller writes them itself)."""
+        pending = self._view_rows
+        if pending is None:
+            return False
+        entry = pending.get(table)
+        if entry is None:
+            pending[table] = {"r": list(rows), "m": many}
+        else:
+            entry["r"].extend(rows)
+            entry["m"] = entry["m"] or many
+        return True
+
+    def view_read(self, table: str, where: dict[str, Any], where_not: dict[str, Any], count: int) -> None:
+        """A count of a view's rows that the write being decided read (an owner's load):
+        handoff_append counts again under the views lock and refuses the write if the
+        number changed, so no two writes decide on the same stale count."""
+        if self._guards is not None:
+            self._guards.append({"t": table, "w": where, "n": where_not, "c": count})
+
+    @property
+    def deciding(self) -> bool:
+        """Whether a write is being decided (a view read now is one it depends on)."""
+        return self._guards is not None
+
+    def _append(self, run_id: str, head: Head | None, ids: list[int], token: LeaseToken | None,
+                lease: int | None, done: plan.Stamped, views: dict[str, Any] | None,
+                guards: list[Any] | None, doing: str) -> tuple[str, dict[int, int]]:
+        """The second round trip: handoff_append, COMMIT, and the seal of what could not be
+        sealed at the insert. Returns "first id:position" when the insert sealed the batch."""
+        fence = done.fence
+        rows = done.events
+        args = [run_id, head.last_seq if head else 0, head.last_hash if head else GENESIS_HASH, ids,
+                token.secret if token is not None else None, lease, done.actor, done.now, ev.SCHEMA_VERSION,
+                self._keeps_views, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
+                [r[3] for r in rows], [r[4] for r in rows], [r[5] for r in rows], [r[6] for r in rows],
+                fence.lease, fence.holder, fence.max_lease, fence.digest, fence.digest_moved,
+                as_json(views) if views else None, as_json(guards) if guards else None, ids, ids]
+        conn = self.ready()
+        try:
+            results = self._message(_APPEND, args)
+        except psycopg.Error as exc:
+            status = conn.info.transaction_status
+            if conn.closed or conn.broken or status == psycopg.pq.TransactionStatus.UNKNOWN:
+                raise self._unknown(doing, exc) from exc
+            if status == psycopg.pq.TransactionStatus.IDLE:
+                if isinstance(exc, (pgerr.LockNotAvailable, pgerr.QueryCanceled)):
+                    return "", {}  # committed; the seal after it timed out (the next one seals it)
+                raise self._unknown(doing, exc) from exc
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+            if exc.sqlstate == HEAD_MOVED:
+                raise _HeadMoved(str(exc).splitlines()[0]) from None
+            if exc.sqlstate == NOT_THE_HOLDER:
+                raise StaleLease(
+                    f"the server refused the write to run {run_id}: {str(exc).splitlines()[0]}; "
+                    "nothing was written. Claim the run again for a new lease",
+                    run_id=run_id, lease=lease, why="refused_by_server") from None
+            raise
+        # BEGIN; SELECT handoff_append(...); COMMIT; SELECT the seal after it
+        return results[1][0][0], dict(results[3])
+
+    def _positions_after(self, sealed: tuple[str, dict[int, int]], ids: Sequence[int]) -> tuple[int, ...] | None:
+        """The committed write's positions: where its insert sealed it, else where the seal
+        after the commit put it. None when that could not be had (the write is committed
+        and waits in the queue for the next writer or reader to seal it)."""
+        at_insert, got = sealed
+        first_id, _, first = at_insert.partition(":")
+        # Counted on only when it names this write's first id and the ids are one block:
+        # nothing else was sealed between them.
+        if first and first_id == str(ids[0]) and ids[-1] - ids[0] == len(ids) - 1:
+            return tuple(range(int(first), int(first) + len(ids)))
+        if len(got) < len(ids):  # sealed by another session since: read them
+            try:
+                got = dict(self.x("SELECT event_id, position FROM ledger_order WHERE event_id = ANY(%s)",
+                                  (list(ids),)).fetchall())
+            except psycopg.Error:
+                return None
+        return tuple(got[i] for i in ids) if all(i in got for i in ids) else None
 
     def _committed(self, run_id: str, aggregate: Aggregate[Any] | None, new_head: Head,
                    folded: tuple[Head | None, list[tuple[Aggregate[Any], Any]]], new_state: Any,
                    n: int, positions: tuple[int, ...] | None) -> tuple[AppendResult, Any]:
-        self._settle(True)
         if folded[0] is not None:
             self._remember_all(run_id, (new_head, folded[1]))
-        if aggregate is not None:
-            if new_state is _MISSING:
-                new_state = next((st for agg, st in folded[1] if agg is aggregate), _MISSING)
-            if new_state is _MISSING:
-                new_state = self._state_locked(run_id, aggregate, new_head)
+        if aggregate is not None and new_state is not _MISSING:
             self._remember(aggregate, run_id, new_head.last_seq, new_head.last_hash, new_state)
         first = new_head.last_seq - n + 1
         return AppendResult(run_id, "committed", first, new_head.last_seq, positions or ()), new_state
 
     def _state_from(self, run_id: str, aggregate: Aggregate[S], head: Head | None,
                     cached: tuple[Any, int, bytes, Any] | None, rows: list[Sequence[Any]]) -> Any:
-        """The fold at the locked head from the steps the first round trip brought, or
-        _MISSING when they are not enough (a fork's lineage, a cached fold off the chain)."""
+        """The fold at the head from the steps the first round trip brought, or _MISSING
+        when they are not enough (a fork's lineage, a cached fold off the chain, a write
+        that landed between the two reads)."""
         if head is None:
             return aggregate.initial(run_id)
-        if cached is not None and cached[0] is aggregate and cached[1] > 0:
+        if cached is not None and cached[1] > 0:
             if not rows or rows[0][0] != cached[1] or as_bytes(rows[0][4]) != cached[2]:
                 return _MISSING
             state, rows = cached[3], rows[1:]
@@ -1575,8 +1085,8 @@ class PostgresStore(FoldingStore):
         # steps come with the first one), so the hooks need no read of their own.
         folded_for = self._hooks[0][0] if self._hooks else None
         with self.lock:
-            result, _ = self._write_resent(run_id, folded_for, req.actor, req.key, req.digest, req.token, decide,
-                                           "appending")
+            result, _ = self._write(run_id, folded_for, req.actor, req.key, req.digest, req.token, decide,
+                                    "appending")
         return result
 
     def execute(
@@ -1594,35 +1104,8 @@ class PostgresStore(FoldingStore):
             return decision.events, decision.lease
 
         with self.lock:
-            return self._write_resent(run_id, aggregate, req.actor, req.key, req.digest, req.token, planned,
-                                      "committing a command")
-
-    def _write_resent(self, *args: Any) -> tuple[AppendResult, Any]:
-        """_write, sent once more when the session lost the statements it had prepared.
-
-        A pooler in transaction mode hands each transaction whichever server session is
-        free, and anything may run ``DEALLOCATE ALL``: an ``EXECUTE`` then names a
-        statement the session does not have (or a ``PREPARE`` one it already has, when the
-        pooler hands over a used session). The server refuses it before the write's
-        COMMIT (a failure after the COMMIT is reported as committed, never raised), so
-        nothing was written and the whole write, its fencing included, can run again; the
-        connection has forgotten what it prepared and prepares again in that same message.
-        """
-        try:
-            return self._write(*args)
-        except StoreUnavailable as exc:
-            if pgerr is None or not isinstance(
-                    exc.__cause__, (pgerr.InvalidSqlStatementName, pgerr.DuplicatePreparedStatement)):
-                raise
-        return self._write(*args)
-
-    # --- hooks and the fold cache ----------------------------------------------------
-
-    def attach(self, aggregate: Aggregate[Any], hook: Callable[..., None]) -> None:
-        super().attach(aggregate, hook)
-        # A guessed write knows its write ids only on the server (_Sql): a hook that reads
-        # the position it is given turns guessing off for this store.
-        self._guessable = self._guessable and not reads_position(hook)
+            return self._write(run_id, aggregate, req.actor, req.key, req.digest, req.token, planned,
+                               "committing a command")
 
     # --- reading ---------------------------------------------------------------------
 
@@ -1807,7 +1290,7 @@ class PostgresStore(FoldingStore):
         events take the next positions after the sealed tail, with their write ids drawn
         from the ledger's sequence."""
         with self.lock:
-            self._begin("importing", exclusive=True)
+            self._begin("importing")
             ok = False
             try:
                 # The import gives its events their positions itself: the insert trigger
@@ -1883,52 +1366,7 @@ class PostgresStore(FoldingStore):
                 return verify_snapshot(self, run_id, progress)
 
     def trigger_problems(self) -> list[Problem]:
-        have = {
-            name: (defn, enabled)
-            for name, defn, enabled in self.x(
-                "SELECT t.tgname, pg_get_triggerdef(t.oid), t.tgenabled FROM pg_trigger t "
-                "WHERE t.tgrelid IN ('events'::regclass, 'ledger_order'::regclass) AND NOT t.tgisinternal"
-            )
-        }
-        schema = self.x("SELECT current_schema()").fetchone()[0]
-        have = {n: (d.replace(f" ON {schema}.events ", " ON events ")
-                    .replace(f" ON {schema}.ledger_order ", " ON ledger_order ").replace(f'"{schema}".', ""), e)
-                for n, (d, e) in have.items()}
-        out = []
-        advice = ("Someone changed the database behind the store; check the log against a head "
-                  "digest kept elsewhere, and restore from a backup")
-        for name, sql in {**APPEND_ONLY_TRIGGERS, **ORDER_TRIGGERS, **ROLE_TRIGGERS, **QUEUE_TRIGGERS}.items():
-            if name not in have:
-                what = ("events can be changed or deleted without any error" if name in APPEND_ONLY_TRIGGERS
-                        else "sealed positions can be moved or deleted without any error" if name in ORDER_TRIGGERS
-                        else "new events are no longer queued for a position" if name in QUEUE_TRIGGERS
-                        else "a client can now write any role into db_role")
-                out.append(Problem("trigger_missing", None, None, None,
-                                   f"the trigger {name} is gone: {what}. {advice}"))
-                continue
-            defn, enabled = have[name]
-            if _norm(defn) != _norm(sql):
-                out.append(Problem("trigger_altered", None, None, None,
-                                   f"the append-only trigger {name} is not the one the store created: it "
-                                   f"may no longer refuse changes. {advice}"))
-            elif enabled != "O":
-                out.append(Problem("trigger_disabled", None, None, None,
-                                   f"the append-only trigger {name} is disabled (ALTER TABLE ... DISABLE "
-                                   f"TRIGGER or session_replication_role): it refuses nothing. {advice}"))
-        definer = {"handoff_seal", "handoff_queue"}
-        for fn, create in (("handoff_refuse_change", REFUSE_FUNCTION), ("handoff_stamp_role", STAMP_FUNCTION),
-                           ("handoff_seal", seal_function(schema)), ("handoff_queue", queue_function(schema)),
-                           ("handoff_begin_write", begin_function()),
-                           ("handoff_expect_head", expect_function())):
-            row = self.x("SELECT prosrc, prosecdef, proconfig FROM pg_proc WHERE proname = %s "
-                          "AND pronamespace = current_schema()::regnamespace", (fn,)).fetchone()
-            pinned = row is not None and (fn not in definer or (
-                row[1] and any(c.startswith("search_path=") for c in (row[2] or []))))
-            if row is None or _norm(row[0]) != _norm(create.split("$$")[1]) or not pinned:
-                out.append(Problem("trigger_altered", None, None, None,
-                                   f"the function {fn}, which the ledger's triggers and writes call, was changed or "
-                                   f"dropped. {advice}"))
-        return out
+        return layout_problems(self.x)
 
     def append_only_problems(self) -> list[Problem]:
         with self.lock, self.mapped("reading the triggers"):
@@ -2002,9 +1440,9 @@ class PostgresStore(FoldingStore):
             "lock_timeout_ms": int(self.busy_timeout_s * 1000),
             "order": "positions sealed behind the writers, in commit order (docs/postgres.md)",
             "unsealed": self.unsealed_count(),
-            # Writes this process sent in one round trip, and how many of them the server
-            # refused (another writer had moved the run: each then took two).
-            "guessed_writes": {"sent": self._guesses[0], "refused": self._guesses[1]},
+            # Writes this process made whose run another writer moved between their read
+            # and their write (each was decided again from the new head).
+            "writes_decided_again": self._decided_again,
         }
 
     def close(self) -> None:
@@ -2015,10 +1453,6 @@ class PostgresStore(FoldingStore):
                         conn.close()
 
 
-def _norm(sql: str) -> str:
-    return " ".join(sql.replace(";", " ").split()).lower()
-
-
 class PostgresTransaction(StoreTransaction):
     """The handle write_transaction, read_transaction and inline hooks receive."""
 
@@ -2026,9 +1460,17 @@ class PostgresTransaction(StoreTransaction):
 
     def head(self, run_id: str) -> Head | None:
         store = self._store
-        if store.writing and not store.exclusive:
-            return store._head_locked(run_id)[0]  # inside a write: its span in write ids, as its hooks see it
+        pending = store._pending
+        if pending is not None and pending[0] == run_id:  # a hook of this write: the head it leaves
+            return pending[1]
         return store._public_head(run_id)
+
+    def state(self, run_id: str, aggregate: Aggregate[S], head: Head | None | object = _MISSING) -> S:
+        store = self._store
+        pending = store._pending
+        if pending is not None and pending[0] == run_id:  # a hook of this write: the fold after it
+            return store._after_write(run_id, pending[2], pending[3], [], [aggregate])[0][1]  # type: ignore[no-any-return]
+        return super().state(run_id, aggregate, head)
 
     def runs_since(self, position: int) -> list[str]:
         """Runs with events after a write id (the views' cursor on this backend)."""

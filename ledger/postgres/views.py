@@ -14,14 +14,12 @@ Positions here are write ids (ledger/postgres/store.py): the tracking rows and a
 
 from __future__ import annotations
 
-import collections
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInput, StoreUnavailable
-from .store import preparable
+from .sync import EXISTING, PREFIX, as_json, sync_function, views_function
 from ..views import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewStore
 
 if TYPE_CHECKING:
@@ -66,69 +64,22 @@ def index_sql(spec: TableSpec, ix: Index) -> str:
 
 
 class Table:
-    """One view table and the statements that keep it, built once."""
+    """One view table and the statements that fill it outside a write (a rebuild's shadow
+    table, a catch-up), built once. A write keeps it through its sync function."""
 
-    __slots__ = ("_others", "delete_key", "delete_run", "name", "npk", "order", "spec", "select_run",
-                 "update", "upsert", "upsert_changed", "values")
+    __slots__ = ("delete_run", "name", "spec", "upsert")
 
     def __init__(self, spec: TableSpec, table: str) -> None:
         self.spec = spec
         self.name = table
         cols = list(spec.column_names)
         rest = [c for c in cols if c not in spec.pk]
-        words = spec.indexed_columns()
-        keyed = [c for c in rest if c in words]
-        free = [c for c in rest if c not in keyed]
         self.upsert = (
             f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join(f'%({c})s' for c in cols)}) "
             f"ON CONFLICT ({', '.join(spec.pk)}) DO "
             + (f"UPDATE SET {', '.join(f'{c}=excluded.{c}' for c in rest)}" if rest else "NOTHING")
         )
-        self.upsert_changed = self.upsert + (
-            f" WHERE ({', '.join(f'{table}.{c}' for c in rest)}) IS DISTINCT FROM "
-            f"({', '.join('excluded.' + c for c in rest)})" if len(rest) > 1 else
-            f" WHERE {table}.{rest[0]} IS DISTINCT FROM excluded.{rest[0]}" if rest else ""
-        )
-        self.update = (
-            f"UPDATE {table} SET {', '.join(f'{c}=%({c})s' for c in free)} "
-            f"WHERE {' AND '.join([*(f'{c}=%({c})s' for c in spec.pk), *(f'{c} IS NOT DISTINCT FROM %({c})s' for c in keyed)])} "
-            f"AND ({', '.join(free)}{',' if len(free) == 1 else ''}) IS DISTINCT FROM "
-            f"({', '.join(f'%({c})s' for c in free)}{',' if len(free) == 1 else ''})"
-            if free else None
-        )
-        if free and len(free) == 1:
-            c = free[0]
-            self.update = (
-                f"UPDATE {table} SET {c}=%({c})s WHERE "
-                f"{' AND '.join([*(f'{k}=%({k})s' for k in spec.pk), *(f'{k} IS NOT DISTINCT FROM %({k})s' for k in keyed)])} "
-                f"AND {c} IS DISTINCT FROM %({c})s"
-            )
-        self.order = (*spec.pk, *rest)
-        self.npk = len(spec.pk)
-        get = itemgetter(*self.order)
-        self.values = get if len(self.order) > 1 else lambda row: (get(row),)
-        self.select_run = f"SELECT {', '.join(self.order)} FROM {table} WHERE run_id=%s"
-        self.delete_key = f"DELETE FROM {table} WHERE {' AND '.join(f'{c}=%s' for c in spec.pk)}"
         self.delete_run = f"DELETE FROM {table} WHERE run_id=%s"
-        # What a write sends for this table is prepared once per connection (ledger/postgres/store.py,
-        # _multi); a shadow table of a rebuild is written once, and not prepared.
-        if not table.endswith("__new"):
-            for sql in (self.upsert, self.upsert_changed, self.update, self.delete_key, self.delete_run):
-                if sql is not None:
-                    preparable(sql)
-        self._others: dict[int, str] = {}
-
-    def delete_others(self, n: int) -> str:
-        """DELETE a run's rows but these ``n`` keys (sync_many), prepared for the few
-        counts a run's rows come in."""
-        sql = self._others.get(n)
-        if sql is None:
-            cols = ", ".join(self.spec.pk)
-            one = "(" + ", ".join(["%s"] * self.npk) + ")"
-            sql = f"DELETE FROM {self.name} WHERE run_id=%s AND ({cols}) NOT IN ({', '.join([one] * n)})"
-            if n <= 8 and not self.name.endswith("__new"):
-                self._others[n] = preparable(sql)
-        return sql
 
 
 def _row(r: Sequence[Any]) -> tuple[Any, ...]:
@@ -142,43 +93,6 @@ class PostgresViewStore(ViewStore):
         self._store = store
         self._tables: dict[str, Table] = {}
         self._specs: dict[str, TableSpec] = {}
-        #: {(table, run): the values of the run's rows} as this store's last committed write
-        #: left them, and what the write being gathered sends (``settled`` moves them over).
-        #: A guessed write (ledger/postgres/store.py, _guess) sends no statement for rows that are
-        #: equal: the guess commits only where the run's head is the one this store's last
-        #: write left, so no write has changed the run since, and view rows are a function
-        #: of the run's events (a rebuild or a catch-up elsewhere writes the same values).
-        self._sent: collections.OrderedDict[tuple[str, str], Any] = collections.OrderedDict()
-        self._pending: dict[tuple[str, str], Any] = {}
-
-    def _unchanged(self, key: tuple[str, str], values: Any) -> bool:
-        """Whether the write being gathered may leave these rows alone (and note them)."""
-        store = self._store
-        if store.gather is None:  # outside a write's message (catch-up, rebuild): forget them
-            self._sent.pop(key, None)
-            return False
-        if store.fast and self._sent.get(key) == values:
-            return True
-        self._pending[key] = values
-        return False
-
-    def settled(self, committed: bool) -> None:
-        """The gathered write committed (its rows are what the run's rows are now), or did
-        not (forget them: the server's rows are not known)."""
-        pending, self._pending = self._pending, {}
-        sent = self._sent
-        for key, values in pending.items():
-            if committed:
-                sent[key] = values
-                sent.move_to_end(key)
-            else:
-                sent.pop(key, None)
-        while len(sent) > 8192:
-            sent.popitem(last=False)
-
-    def forget(self) -> None:
-        self._sent.clear()
-        self._pending.clear()
 
     def x(self, sql: str, args: Any = None) -> Any:
         return self._store.x(sql, args)
@@ -201,12 +115,12 @@ class PostgresViewStore(ViewStore):
     def needs_prepare(self, views: Mapping[str, tuple[TableSpec, int]]) -> bool:
         with self._store.lock, self._store.mapped("reading the views"):
             existing = self._table_names()
-            missing = [s for s, _ in views.values() if s.name not in existing]
+            kept = {r[0] for r in self.x(EXISTING).fetchall()}
+            missing = [s for s, _ in views.values() if s.name not in existing or s.name not in kept]
             return not (TRACKING in existing and VERSIONS in existing and not missing
                         and not self._outdated(views))
 
     def prepare(self, views: Mapping[str, tuple[TableSpec, int]]) -> None:
-        self.forget()  # the tables are made anew: no row is known
         x = self.x
         # id_mark: the last write id when the position was set (ledger/postgres/store.py: every
         # write below it had committed), the point from which lagging() looks for writes
@@ -232,6 +146,7 @@ class PostgresViewStore(ViewStore):
                 x(index_sql(spec, ix))
             x(f"UPDATE {TRACKING} SET position = 0, id_mark = -1 WHERE name = %s", (name,))
             self._put(VERSIONS, name, views[name][1])
+        self._functions(spec for spec, _ in views.values())
 
     def _put(self, table: str, name: str, value: int) -> None:
         if table == TRACKING:
@@ -262,27 +177,28 @@ class PostgresViewStore(ViewStore):
 
     # --- writing ----------------------------------------------------------------------
 
-    # Inside a write these statements are pipelined with the append (its second round
-    # trip): none of them reads a result, so none costs a round trip of its own. A row
-    # that did not change is left alone (the WHERE of upsert_changed).
+    # Inside a write the rows go to the server with its batch (PostgresStore.view_rows),
+    # kept by the table's sync function (ledger/postgres/sync.py) in the same call; in a
+    # transaction of the owner's own (catch-up), by calling that function directly.
 
     def sync_one(self, table: Table, row: Mapping[str, Any]) -> None:
-        run_id = row.get("run_id")
-        if isinstance(run_id, str) and self._unchanged((table.name, run_id), tuple(table.values(row))):
-            return
-        self.x(table.upsert_changed, row)
+        self._keep(table, row.get("run_id") or "", [dict(row)], False)
 
     def sync_many(self, table: Table, run_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        if self._unchanged((table.name, run_id), tuple(tuple(table.values(row)) for row in rows)):
-            return
-        n = table.npk
-        keys = [tuple(table.values(row))[:n] for row in rows]
-        if keys:
-            self.x(table.delete_others(len(keys)), [run_id, *(v for k in keys for v in k)])
-        else:
-            self.x(table.delete_run, (run_id,))
-        for row in rows:
-            self.x(table.upsert_changed, row)
+        self._keep(table, run_id, [dict(r) for r in rows], True)
+
+    def _keep(self, table: Table, run_id: str, rows: list[dict[str, Any]], many: bool) -> None:
+        if not self._store.view_rows(table.name, run_id, rows, many):
+            self.x(f"SELECT {PREFIX}{table.name}(%s, %s::jsonb, %s)", (run_id, as_json(rows), many))
+
+    def _functions(self, specs: Iterable[TableSpec]) -> None:
+        """Make each table's sync function, and handoff_views over every table that has one
+        (the owner's, executable by nobody else)."""
+        for spec in specs:
+            name = _ident(spec.name)
+            self.x(sync_function(spec, name))
+            self.x(f"REVOKE ALL ON FUNCTION {PREFIX}{name}(text, jsonb, boolean) FROM PUBLIC")
+        self.x(views_function(r[0] for r in self.x(EXISTING).fetchall()))
 
     def fill(self, table: Table, run_id: str, rows: Sequence[Mapping[str, Any]], *, many: bool) -> None:
         if many:
@@ -326,7 +242,6 @@ class PostgresViewStore(ViewStore):
     # --- rebuild ----------------------------------------------------------------------
 
     def create_shadows(self, specs: Sequence[TableSpec]) -> list[Table]:
-        self.forget()  # the tables are made anew: no row is known
         from .store import rebuild_refusal
 
         why = rebuild_refusal(self._store)
@@ -344,7 +259,6 @@ class PostgresViewStore(ViewStore):
         return Table(spec, _ident(spec.name) + "__new")
 
     def swap_in(self, views: Mapping[str, tuple[TableSpec, int]], position: int) -> dict[str, int]:
-        self.forget()  # the tables are made anew: no row is known
         counts = {}
         for name, (spec, version) in views.items():
             t = _ident(spec.name)
@@ -356,6 +270,7 @@ class PostgresViewStore(ViewStore):
             self._put(TRACKING, name, position)
             self._put(VERSIONS, name, version)
             counts[name] = self.x(f"SELECT count(*) FROM {t}").fetchone()[0]
+        self._functions(spec for spec, _ in views.values())
         return counts
 
     # --- reads ------------------------------------------------------------------------
@@ -363,8 +278,10 @@ class PostgresViewStore(ViewStore):
     def _run(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
         store = self._store
         with store.lock, store.mapped("reading the views"):
-            if store.writing and not store.exclusive:
-                store.lock_views()
+            if store.deciding:
+                raise InvalidInput(
+                    "a decision may count view rows (count) but not read them on PostgreSQL: a write "
+                    "checks again under the views lock only what it counted", field="view")
             return [_row(r) for r in store.x(sql, args).fetchall()]
 
     def _pk(self, table: str) -> tuple[str, ...]:
@@ -455,4 +372,17 @@ class PostgresViewStore(ViewStore):
         terms = self._filters(where, where_not, None, args)
         self._keyset(order, after, terms, args)
         sql = f"SELECT count(*) FROM {_ident(table)}" + (" WHERE " + " AND ".join(terms) if terms else "")
-        return self._run(sql, args)[0][0]
+        store = self._store
+        if not store.deciding:
+            return self._run(sql, args)[0][0]
+        # A count the write being decided depends on: handoff_append counts again, under
+        # the views lock, by equal values only, and refuses the write if it changed.
+        plain = (str, int, type(None))
+        if order or after or any(not isinstance(v, plain) or isinstance(v, bool)
+                                 for v in [*(where or {}).values(), *(where_not or {}).values()]):
+            raise InvalidInput("a decision may count view rows by equal values only", field="view")
+        with store.lock, store.mapped("reading the views"):
+            n = store.x(sql, args).fetchone()[0]
+        store.view_read(_ident(table), {_ident(k): v for k, v in (where or {}).items()},
+                        {_ident(k): v for k, v in (where_not or {}).items()}, n)
+        return n

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from handoff.ledger.errors import StoreUnavailable
 from handoff.ledger.postgres import PG_SCHEMA_VERSION, PostgresStore
+from handoff.ledger.postgres.schema import SEAL_LOCK
 from tests.pg import fresh_url
 
 
@@ -134,7 +135,7 @@ def test_an_older_ledger_is_migrated_and_keeps_every_position_and_hash(version):
         before = conn.execute("SELECT position, run_id, seq, hash, global_hash FROM events ORDER BY position").fetchall()
         tail = conn.execute("SELECT position, global_hash FROM ledger_tail").fetchone()
     with Ledger(url) as lg:
-        assert lg.store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 5
+        assert lg.store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 6
         assert [(r.position, r.run_id, r.seq, r.hash) for r in lg.store.read_all()] == [
             (p, r, s, bytes(h)) for p, r, s, h, _ in before]
         assert lg.store.ledger_head() == (tail[0], bytes(tail[1]))
@@ -150,12 +151,14 @@ def test_an_older_ledger_is_migrated_and_keeps_every_position_and_hash(version):
         assert lg.store.head("r3").first_position == 11
         assert lg.verify() == [] and lg.check() == []
     with psycopg.connect(url) as conn:
-        assert conn.execute("SELECT value FROM handoff_meta WHERE key = 'schema_version'").fetchone()[0] == "5"
+        assert conn.execute("SELECT value FROM handoff_meta WHERE key = 'schema_version'").fetchone()[0] == str(PG_SCHEMA_VERSION)
         assert {r[0] for r in conn.execute("SELECT DISTINCT db_role FROM events")} == {
             conn.execute("SELECT session_user").fetchone()[0]}
 
 
 SEAL_V3 = Path(__file__).parent / "fixtures" / "postgres_seal3.sql"
+#: The advisory lock schemas 3 to 5 sealed under (the fixtures' {ns} and {seal}).
+OLD_NS, OLD_SEAL = 0x484C4447, 3
 
 
 def _four_sealed_two_queued():
@@ -177,7 +180,7 @@ def _four_sealed_two_queued():
             store.append(f"r{i % 2}", [ev.ProgressRecorded(kind=f"k{i}")], actor=w)
     with psycopg.connect(url, autocommit=True) as other, PostgresStore(url, busy_timeout_s=0.2) as store:
         other.execute("BEGIN")
-        other.execute("SELECT pg_advisory_xact_lock(%s, %s)", (P._LEDGER_NS, P._SEAL))
+        other.execute(SEAL_LOCK)
         for run in ("r0", "r1"):
             assert store.append(run, [ev.ProgressRecorded(kind="queued")], actor=w).positions == ()
         other.execute("ROLLBACK")
@@ -197,7 +200,7 @@ def test_a_schema_3_ledger_gets_the_seal_by_key_and_keeps_its_order():
     from handoff.ledger.postgres import store as P
 
     url, schema, w = _four_sealed_two_queued()
-    old = SEAL_V3.read_text().format(schema=P.ident(schema), ns=P._LEDGER_NS, seal=P._SEAL,
+    old = SEAL_V3.read_text().format(schema=P.ident(schema), ns=OLD_NS, seal=OLD_SEAL,
                                      channel=P.notify_channel(schema))
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(old)
@@ -206,7 +209,7 @@ def test_a_schema_3_ledger_gets_the_seal_by_key_and_keeps_its_order():
         PostgresStore(url, readonly=True)
     with Ledger(url) as lg:
         store = lg.store
-        assert store.diagnostics()["schema_version"] == 5
+        assert store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION
         body = store.x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_seal' "
                         "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
         assert "unnest(ps, es, gs)" in body
@@ -227,8 +230,8 @@ QUEUE_V4 = Path(__file__).parent / "fixtures" / "postgres_queue4.sql"
 
 def test_a_schema_4_ledger_gets_the_sealing_insert_and_keeps_its_order():
     """Schema 4's insert trigger only queued events (the writer then called the seal);
-    5's seals in the insert when nobody else is sealing, and adds the functions a write
-    opens with and a guessed write proves its head with. Events queued under 4 at the
+    5's seals in the insert when nobody else is sealing, and 6's seal lock is a row lock
+    no role may take. Events queued under 4 at the
     upgrade are sealed first, in write-id order, by the first write after it; the chain
     is unbroken; verify accepts the new bodies and would report the old queue function."""
     import psycopg
@@ -238,7 +241,7 @@ def test_a_schema_4_ledger_gets_the_sealing_insert_and_keeps_its_order():
     from handoff.ledger.postgres import store as P
 
     url, schema, w = _four_sealed_two_queued()
-    old = QUEUE_V4.read_text().format(schema=P.ident(schema), ns=P._LEDGER_NS, seal=P._SEAL,
+    old = QUEUE_V4.read_text().format(schema=P.ident(schema), ns=OLD_NS, seal=OLD_SEAL,
                                       channel=P.notify_channel(schema))
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(old)
@@ -246,13 +249,13 @@ def test_a_schema_4_ledger_gets_the_sealing_insert_and_keeps_its_order():
         PostgresStore(url, readonly=True)
     with Ledger(url) as lg:
         store = lg.store
-        assert store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 5
+        assert store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 6
         body = store.x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_queue' "
                         "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
-        assert "pg_try_advisory_xact_lock" in body
+        assert "FOR UPDATE SKIP LOCKED" in body and "advisory" not in body
         seal = store.x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_seal' "
                         "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
-        assert "pg_advisory_lock_shared" in seal
+        assert "FOR UPDATE SKIP LOCKED" in seal and "advisory" not in seal
         result = store.append("r1", [ev.ProgressRecorded(kind="after")], actor=w)
         assert result.positions == (7,)  # sealed in its own insert, after the two queued ones
         assert store.unsealed_count() == 0

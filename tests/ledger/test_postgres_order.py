@@ -22,6 +22,7 @@ import pytest
 from handoff.ledger.postgres import store as P
 from handoff.ledger import events as ev
 from handoff.ledger.postgres import PostgresStore
+from handoff.ledger.postgres.schema import SEAL_LOCK
 from handoff.ledger.store import Actor
 from tests.pg import fresh_url
 
@@ -98,7 +99,7 @@ def test_events_committed_but_not_sealed_are_sealed_by_the_next_reader(url):
     # insert (the insert's trigger queued it instead of sealing it).
     with psycopg.connect(url, autocommit=True) as sealer, psycopg.connect(url, autocommit=True) as conn:
         sealer.execute("BEGIN")
-        sealer.execute("SELECT pg_advisory_xact_lock(%s, %s)", (P._LEDGER_NS, P._SEAL))
+        sealer.execute(SEAL_LOCK)
         conn.execute("INSERT INTO events (id, run_id, seq, type, actor, batch_size, recorded_us, "
                      "schema_version, payload, prev_hash, hash, viewed) SELECT nextval('events_id_seq'), "
                      "run_id, 2, type, actor, 1, recorded_us, schema_version, payload, hash, hash, true "
@@ -162,7 +163,7 @@ def test_a_value_the_session_carries_is_never_taken_for_a_writes_position(url):
         store.append("a", [ev.HeartbeatRecorded()], actor=W)
         store.ready().execute("SET handoff.sealed = '1:1'")  # carried over: names event 1
         sealer.execute("BEGIN")
-        sealer.execute("SELECT pg_advisory_xact_lock(%s, %s)", (P._LEDGER_NS, P._SEAL))
+        sealer.execute(SEAL_LOCK)
         import threading
 
         threading.Timer(0.2, sealer.execute, ("ROLLBACK",)).start()

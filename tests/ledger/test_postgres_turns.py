@@ -1,9 +1,9 @@
-"""Guessed writes on PostgreSQL (ledger/postgres/store.py, _guess): a write made from the head
-this store's last write left is sent whole in one round trip, proved on the server, and
-leaves out view rows that did not change. The shared stateful machine (handoff.testing)
-runs here on a PostgreSQL ledger, with its racing writers on a second store (each one's
-guesses refused by the other's writes) and rebuilds at any step: after every step the
-views equal a fresh fold of the log, the model agrees, and the chains verify."""
+"""Writers taking turns on PostgreSQL: a write is decided from the head it read without a
+lock and written only onto that head (handoff_append refuses it otherwise, and it is
+decided again). The shared stateful machine (handoff.testing) runs here on a PostgreSQL
+ledger, its commands alternating between two stores and a third racing (``other``), with
+rebuilds at any step: after every step the views equal a fresh fold of the log, the model
+agrees, and the chains verify."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ FULL = os.environ.get("HANDOFF_TEST_SCALE") == "full"
 
 class PostgresLedgerMachine(LedgerMachine):
     """Two stores on one ledger take turns: every command goes through the other one than
-    the command before, so guesses are made (a store wrote the run before) and refused
-    (the other store wrote it since) all the time. A third store races (``other``)."""
+    the command before, so each store's fold cache is behind the run all the time. A
+    third store races (``other``)."""
 
     def __init__(self) -> None:
         self._stores: list[Ledger] = []
@@ -76,38 +76,59 @@ PostgresLedgerMachine.TestCase.settings = settings(
 TestPostgresLedgerMachine = PostgresLedgerMachine.TestCase
 
 
-def test_the_machine_makes_guesses_and_has_them_refused():
-    """The machine above proves something only if its writes are guessed and some guesses
-    are refused: its two stores taking turns on one run, counted."""
-    machine = PostgresLedgerMachine()
-    try:
-        run = machine.ledger.open(goal="g", target="chat:#ops", owner="alice")
-        lease = machine.ledger.claim(run, "w1")
-        for _ in range(6):
-            machine.ledger.heartbeat(run, lease, worker="w1")
-        counts = [lg.store.diagnostics()["guessed_writes"] for lg in machine._stores]
-        assert sum(c["sent"] for c in counts) >= 5 and sum(c["refused"] for c in counts) >= 4
-        assert machine.ledger.check() == [] and machine.ledger.verify() == []
-    finally:
-        machine.teardown()
+def test_a_write_whose_run_moved_after_its_read_is_decided_again_from_the_new_head():
+    """Between a write's read and its write another store commits to the run: the server
+    refuses the first (nothing written), the command is decided again from the head as it
+    now is, and lands after the other's event. ``decide`` runs between the two round
+    trips, which lets the test put the other write exactly there."""
+    from handoff.ledger import events as ev
+    from handoff.ledger.store import Actor, Decision
 
+    from handoff.projections import engine
 
-def test_a_refused_guess_goes_on_with_statements_its_connection_never_prepared():
-    """The write that follows a refused guess may need statements this connection has not
-    prepared yet (here the owner's load row of a claimed run, which this store never
-    wrote). Their PREPAREs must come after the guess is undone: in the failed transaction
-    nothing else runs. Found by the machine above; before the fix the write failed with
-    'current transaction is aborted'."""
-    from handoff.ledger.events import HeartbeatRecorded
-    from handoff.ledger.store import Actor
-
+    w = Actor("worker", "w1")
     with Ledger(fresh_url()) as a, Ledger(a.store.url) as b:
-        run = a.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")  # a remembers the head
-        lease = b.claim(run, "w1")  # b moves it; only b has written a claimed run's rows
-        a.store.append(run, [HeartbeatRecorded()], actor=Actor("worker", "w1"))  # a's guess: refused, then written
-        assert a.store.diagnostics()["guessed_writes"] == {"sent": 1, "refused": 1}
-        assert a.checkpoint(run).worker == "w1" and a.checkpoint(run).lease == lease.lease
+        run = a.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
+        seen: list[int] = []
+
+        def decide(state, head):
+            seen.append(head.last_seq)
+            if len(seen) == 1:
+                b.store.append(run, [ev.HeartbeatRecorded()], actor=w)
+            return Decision([ev.HeartbeatRecorded()])
+
+        result, _ = a.store.execute(run, engine.AGGREGATE, decide, actor=w)
+        assert seen == [1, 2]  # decided twice: from seq 1, then from b's seq 2
+        assert (result.first_seq, result.last_seq) == (3, 3)
+        assert a.store.diagnostics()["writes_decided_again"] == 1
+        assert [r.seq for r in a.store.read_run(run)] == [1, 2, 3]
         assert a.check() == [] and a.verify() == []
+
+
+def test_a_run_that_keeps_moving_ends_the_write_after_the_lock_timeout_with_nothing_written():
+    """Decided again and again, never landing: after busy_timeout_s the write gives up with
+    StoreUnavailable, and nothing of it is in the log."""
+    import pytest
+
+    from handoff.ledger import events as ev
+    from handoff.ledger.errors import StoreUnavailable
+    from handoff.ledger.store import Actor, Decision
+    from handoff.projections import engine
+
+    w = Actor("worker", "w1")
+    with Ledger(fresh_url(), busy_timeout_s=0.5) as a, Ledger(a.store.url) as b:
+        run = a.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
+
+        def decide(state, head):
+            b.store.append(run, [ev.HeartbeatRecorded()], actor=w)  # always one step ahead
+            return Decision([ev.EvidenceRecorded(kind="never-lands", outcome="pass")])
+
+        before = len(list(a.store.read_run(run)))
+        with pytest.raises(StoreUnavailable, match="kept changing under this write"):
+            a.store.execute(run, engine.AGGREGATE, decide, actor=w)
+        types = [r.type for r in a.store.read_run(run)]
+        assert "evidence_recorded" not in types and len(types) > before  # b's beats only
+        assert a.verify() == []
 
 
 def test_a_batch_of_several_id_blocks_reports_its_own_positions(monkeypatch):
@@ -118,7 +139,8 @@ def test_a_batch_of_several_id_blocks_reports_its_own_positions(monkeypatch):
     import psycopg
 
     from handoff.ledger import events as ev
-    from handoff.ledger.postgres.store import _LEDGER_NS, _SEAL, PostgresStore
+    from handoff.ledger.postgres.schema import SEAL_LOCK
+    from handoff.ledger.postgres.store import PostgresStore
     from handoff.ledger.store import Actor
 
     w = Actor("worker", "w")
@@ -130,7 +152,7 @@ def test_a_batch_of_several_id_blocks_reports_its_own_positions(monkeypatch):
             if self is a and "generate_series" in sql and not done:
                 done.append(1)
                 with psycopg.connect(url) as sealer:  # sealing: b's events wait in the queue
-                    sealer.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_LEDGER_NS, _SEAL))
+                    sealer.execute(SEAL_LOCK)
                     b.append("other", [ev.HeartbeatRecorded()] * 3, actor=w)
             return real_x(self, sql, args, **kw)
 
@@ -144,9 +166,8 @@ def test_a_batch_of_several_id_blocks_reports_its_own_positions(monkeypatch):
         assert a.verify() == []
 
 
-def test_a_hook_that_reads_positions_gets_whole_numbers_and_no_guess():
-    """A guessed write knows its ids only on the server: a hook attached without saying
-    it leaves the position alone (the default) turns guessing off, and gets integers."""
+def test_a_hook_that_reads_positions_gets_whole_numbers():
+    """A hook is given the write's last write id, a whole number, on every write."""
     from handoff.projections import engine
 
     seen = []
@@ -156,5 +177,4 @@ def test_a_hook_that_reads_positions_gets_whole_numbers_and_no_guess():
         lease = lg.claim(run, "w1")
         lg.heartbeat(run, lease)
         lg.heartbeat(run, lease)
-        assert lg.store.diagnostics()["guessed_writes"] == {"sent": 0, "refused": 0}
     assert len(seen) == 4 and all(type(p) is int for p in seen)

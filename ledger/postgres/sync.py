@@ -1,0 +1,89 @@
+"""The functions that keep a view table's rows inside a write (PostgreSQL).
+
+The writer, watchdog and auditor roles have no right to change a view table: a write's
+view rows go to the server with its batch, to ``handoff_append`` (run as the ledger's
+owner), which keeps them through ``handoff_views`` and each table's ``handoff_sync_<table>``
+in the same transaction. So a role can change a run's view rows only by appending to
+that run, as the inline projections would, and never blind the watchdog by editing one.
+The functions are made by the owner with the tables (ledger/postgres/views.py), have
+static SQL (their plans are cached per session), and are executable by nobody else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from ..views import TableSpec
+
+PREFIX = "handoff_sync_"
+#: The tables a ledger's handoff_sync_ functions keep: those whose table still exists.
+EXISTING = (
+    "SELECT substr(p.proname, length('handoff_sync_') + 1) FROM pg_proc p "
+    "WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'handoff\\_sync\\_%' "
+    "AND to_regclass(quote_ident(substr(p.proname, length('handoff_sync_') + 1))) IS NOT NULL"
+)
+
+
+def sync_function(spec: TableSpec, table: str) -> str:
+    """``handoff_sync_<table>(run, rows, many)``: upsert the rows (a row left unchanged is
+    not written), and with ``many`` first delete the run's rows that are not among them.
+    ``table`` is an identifier the view store has checked."""
+    cols = list(spec.column_names)
+    pk = list(spec.pk)
+    rest = [c for c in cols if c not in pk]
+    match = " AND ".join(f"r.{c} = t.{c}" for c in pk)
+    if rest:
+        conflict = (f"DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in rest)} "
+                    f"WHERE ROW({', '.join('t.' + c for c in rest)}) IS DISTINCT FROM "
+                    f"ROW({', '.join('excluded.' + c for c in rest)})")
+    else:
+        conflict = "DO NOTHING"
+    return f"""CREATE OR REPLACE FUNCTION {PREFIX}{table}(p_run text, p_rows jsonb, p_many boolean)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  IF p_many THEN
+    DELETE FROM {table} t WHERE t.run_id = p_run AND NOT EXISTS (
+      SELECT 1 FROM jsonb_populate_recordset(NULL::{table}, p_rows) r WHERE {match});
+  END IF;
+  INSERT INTO {table} AS t ({', '.join(cols)})
+  SELECT {', '.join('r.' + c for c in cols)}
+  FROM jsonb_populate_recordset(NULL::{table}, p_rows) WITH ORDINALITY AS r ORDER BY r.ordinality
+  ON CONFLICT ({', '.join(pk)}) {conflict};
+END $$"""
+
+
+def views_function(tables: Iterable[str]) -> str:
+    """``handoff_views(run, views)``: each table's rows to its sync function; a table this
+    ledger does not have is refused (the write then fails whole: no view is left behind)."""
+    whens = "".join(f"      WHEN '{t}' THEN PERFORM {PREFIX}{t}(p_run, v->'r', (v->>'m')::boolean);\n"
+                    for t in sorted(tables))
+    return f"""CREATE OR REPLACE FUNCTION handoff_views(p_run text, p_views jsonb) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE k text; v jsonb;
+BEGIN
+  FOR k, v IN SELECT * FROM jsonb_each(p_views) LOOP
+    CASE k
+{whens}      ELSE RAISE EXCEPTION 'handoff: % is not a view table of this ledger', k
+        USING ERRCODE = 'invalid_parameter_value';
+    END CASE;
+  END LOOP;
+END $$"""
+
+
+def as_json(value: Any) -> str:
+    """View rows or a decision's view counts as the JSON the functions read (bytes as
+    bytea's hex text, which is what jsonb_populate_recordset gives a bytea column)."""
+    return msgspec.json.encode(_hexed(value)).decode()
+
+
+def _hexed(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "\\x" + bytes(value).hex()
+    if isinstance(value, dict):
+        return {k: _hexed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_hexed(v) for v in value]
+    return value
