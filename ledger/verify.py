@@ -1,18 +1,18 @@
 """The verify walk every backend runs: each run's chain, seqs and payloads, then its head.
 
 A dialect feeds ``walk`` its events (with the unit its heads table keeps a run's span
-in: a position, or PostgreSQL's write id) inside one read snapshot, checks its own
-ledger-wide chain, and hands ``check_heads`` its heads; the rules of what is damaged
-are written here once.
+in: a position, or PostgreSQL's write id) inside one read snapshot, feeds ``chain`` its
+ledger-wide chain a page at a time, and hands ``check_heads`` its heads; the rules of
+what is damaged are written here once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from . import events as ev
 from .plan import LeaseState
-from .store import GENESIS_HASH, Head, Problem, Recorded, chain_hash
+from .store import GENESIS_HASH, Head, Problem, Recorded, chain_hash, global_link
 
 _LEASE_TYPES = frozenset(("lease_granted", "lease_released", "lease_revoked"))
 
@@ -126,3 +126,38 @@ def check_heads(found: Walk, heads: dict[str, Head], fence_of: Callable[[str], t
             problems.append(Problem("head_mismatch", rid, None, None,
                                     f"run {rid} has a head at seq {h.last_seq} but no events"))
     return problems
+
+
+Link = tuple[int, str | None, int | None, bytes | None, bytes]
+
+
+def chain(page: Callable[[int], Sequence[Link]], size: int, *, gaps: bool) -> tuple[list[Problem], int, bytes | None]:
+    """Walk the ledger-wide chain from its start and report where it first breaks.
+
+    ``page(after)`` returns up to ``size`` links (position, run_id, seq, event hash,
+    global hash) past position ``after``, in position order; an event hash of None says
+    the position names an event that is gone. ``gaps``: also report the first hole in
+    the positions (the whole-ledger ``walk`` finds those itself; a one-run verify relies
+    on this walk for them). Returns the problems, the last position read, and the last
+    global hash when the chain held to there (None when it broke)."""
+    prev, cursor = GENESIS_HASH, 0
+    found: list[Problem] = []
+    while True:
+        rows = page(cursor)
+        for position, rid, seq, h, g in rows:
+            if gaps and position != cursor + 1:
+                found.append(Problem("position_gap", rid, seq, position,
+                                     f"positions jump from {cursor} to {position}: events are missing"))
+                gaps = False
+            cursor = position
+            if h is None:
+                return found + [Problem("position_gap", None, None, position,
+                                        f"position {position} names an event that is not in the log: "
+                                        "an event was removed behind the store")], cursor, None
+            if not isinstance(h, bytes) or g != global_link(prev, position, h):
+                return found + [Problem("global_chain", rid, seq, position,
+                                        "the ledger-wide chain breaks here: events were reordered, moved "
+                                        "between positions, inserted or removed behind the store")], cursor, None
+            prev = g
+        if len(rows) < size:
+            return found, cursor, prev

@@ -6,12 +6,13 @@ text, int, real or blob, nullable or not; a primary key; indexes, one of them pa
 talk to the backend's ``ViewStore`` through a small vocabulary: write a run's rows
 (only what changed is written), keep tracking positions and versions, build shadow
 tables for a rebuild and swap them in, and read by key, by equality filters, by a range
-on one column, in order, a page at a time. No SQL crosses this line: the SQLite store's
-view store lives in ``ledger/sqlite/views.py``; a PostgreSQL one would sit beside it.
+on one column, in order, a page at a time. No SQL crosses this line: ledger/viewsql.py
+turns it into SQL for both backends, whose view stores (``ledger/sqlite/views.py``,
+``ledger/postgres/views.py``) give only their dialect.
 
 Every view table keeps the order its rows were first written in: ``ORDINAL`` names that
-order as a pseudo-column (SQLite tables keep it implicitly; a PostgreSQL table would
-hold an identity column). A row updated in place keeps its ordinal, so "oldest first" is stable.
+order as a pseudo-column (SQLite tables keep it implicitly; a PostgreSQL table holds an
+identity column). A row updated in place keeps its ordinal, so "oldest first" is stable.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from .. import verify
-from ..store import GENESIS_HASH, Problem, Recorded, global_link
+from ..store import Problem, Recorded
 from .store import RUN_COLUMNS, as_bytes, recorded_row
 
 if TYPE_CHECKING:
@@ -54,34 +54,14 @@ def verify_snapshot(store: PostgresStore, run_id: str | None,
     problems = found.problems
 
     # The ledger-wide chain, and the tail row every append moves.
-    prev, cursor, last_g = GENESIS_HASH, 0, GENESIS_HASH
-    gaps = run_id is not None
-    chain_ok = True
-    while chain_ok:
-        rows = x("SELECT o.position, e.run_id, e.seq, e.hash, o.global_hash FROM ledger_order o "
-                 "LEFT JOIN events e ON e.id = o.event_id WHERE o.position > %s "
-                 "ORDER BY o.position LIMIT %s", (cursor, PAGE)).fetchall()
-        for position, rid, seq, h, g in rows:
-            if gaps and position != cursor + 1:
-                problems.append(Problem("position_gap", rid, seq, position,
-                                        f"positions jump from {cursor} to {position}: events are missing"))
-                gaps = False
-            cursor = position
-            if h is None:
-                problems.append(Problem("position_gap", None, None, position,
-                                        f"position {position} names an event that is not in the log: "
-                                        "an event was removed behind the store"))
-                chain_ok = False
-                break
-            if as_bytes(g) != global_link(prev, position, as_bytes(h)):
-                problems.append(Problem("global_chain", rid, seq, position,
-                                        "the ledger-wide chain breaks here: events were reordered, moved "
-                                        "between positions, inserted or removed behind the store"))
-                chain_ok = False
-                break
-            prev = last_g = as_bytes(g)
-        if len(rows) < PAGE:
-            break
+    def page(after: int) -> list[verify.Link]:
+        return [(p, rid, seq, as_bytes(h), as_bytes(g)) for p, rid, seq, h, g in x(
+            "SELECT o.position, e.run_id, e.seq, e.hash, o.global_hash FROM ledger_order o "
+            "LEFT JOIN events e ON e.id = o.event_id WHERE o.position > %s "
+            "ORDER BY o.position LIMIT %s", (after, PAGE)).fetchall()]
+
+    broken, cursor, last_g = verify.chain(page, PAGE, gaps=run_id is not None)
+    problems += broken
     tail = x("SELECT position, global_hash FROM ledger_tail").fetchone()
     if tail is None:
         problems.append(Problem("tail_mismatch", None, None, None,
@@ -89,7 +69,7 @@ def verify_snapshot(store: PostgresStore, run_id: str | None,
                                 "behind the store; new writes cannot be sealed until it is restored"))
         tail = (None, None)
     tail_pos, tail_g = tail
-    if tail_pos is not None and chain_ok and (tail_pos, as_bytes(tail_g)) != (cursor, last_g):
+    if tail_pos is not None and last_g is not None and (tail_pos, as_bytes(tail_g)) != (cursor, last_g):
         problems.append(Problem("tail_mismatch", None, None, tail_pos,
                                 f"the ledger_tail row says position {tail_pos}, the log ends at {cursor}: "
                                 "events were removed or the tail was edited behind the store"))

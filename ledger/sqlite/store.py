@@ -1005,30 +1005,12 @@ class SqliteStore(FoldingStore):
         return problems
 
     def _verify_global_chain(self, *, gaps: bool = False) -> list[Problem]:
-        """Walk the ledger-wide chain; report the first position where it breaks.
+        """The ledger-wide chain (ledger.verify.chain), read from the events by position."""
+        def page(after: int) -> list[Any]:
+            return self.conn.execute("SELECT position, run_id, seq, hash, global_hash FROM events "
+                                     "WHERE position > ? ORDER BY position LIMIT ?", (after, PAGE * 10)).fetchall()
 
-        ``gaps``: also report the first hole in the positions (the whole-ledger walk
-        finds those itself; a one-run verify relies on this walk for them)."""
-        prev, cursor = GENESIS_HASH, 0
-        found: list[Problem] = []
-        while True:
-            rows = self.conn.execute(
-                "SELECT position, run_id, seq, hash, global_hash FROM events WHERE position > ? "
-                "ORDER BY position LIMIT ?", (cursor, PAGE * 10),
-            ).fetchall()
-            for position, rid, seq, h, g in rows:
-                if gaps and position != cursor + 1:
-                    found.append(Problem("position_gap", rid, seq, position,
-                                         f"positions jump from {cursor} to {position}: events are missing"))
-                    gaps = False
-                cursor = position
-                if not isinstance(h, bytes) or g != global_link(prev, position, h):
-                    return found + [Problem("global_chain", rid, seq, position,
-                                            "the ledger-wide chain breaks here: events were reordered, moved "
-                                            "between positions, inserted or removed behind the store")]
-                prev = g
-            if len(rows) < PAGE * 10:
-                return found
+        return verify.chain(page, PAGE * 10, gaps=gaps)[0]
 
     def _append_only_locked(self) -> list[Problem]:
         have = dict(self.conn.execute(
