@@ -9,10 +9,8 @@ an aggregate's 100 pending events in one save), configured by its environment ke
 
 handoff-ledger's side uses the public API only: ``Ledger("postgresql://...")`` and its
 commands, ``Ledger.store.append`` / ``read_all`` where the scenario is about the store.
-Nothing here reaches into ledger/postgres.py, so these scenarios keep measuring whatever
-its write path becomes. The one exception is pg-command-single's "writes alone" side
-(postgres_floor.py), which captures the store's messages to measure the floor under a
-command, and says so.
+Nothing here reaches into ledger/postgres/, so these scenarios keep measuring whatever
+its write path becomes.
 
 Every side works in a fresh schema of the run's own database (benchmarks/postgres_server.py),
 at the server's own durability: ``synchronous_commit`` as the server has it (``on`` by
@@ -34,7 +32,6 @@ from handoff.ledger import events as ev
 from . import peers
 from .common import REPO, WORKER, expect, raw_decoder, raw_encoder, run_events
 from .harness import Ctx, Goal, Measured, Scenario, Side, Trial, register
-from .postgres_floor import floor_side
 from .postgres_proxy import CountingProxy
 from .postgres_server import CpuMeter, Schema, unavailable
 
@@ -196,8 +193,8 @@ register(
         title="PostgreSQL: one durable command per event (Ledger.progress under a lease, with a key)",
         measures=(
             "Ledger('postgresql://...').progress(run, lease, 'tool_outcome', detail, key=k) "
-            "on a run in executing: the whole command (lock the run, idempotency, fencing, "
-            "decide, append with hash chains, inline projections), one COMMIT each at "
+            "on a run in executing: the whole command (read the run, idempotency, fencing, "
+            "decide, append with hash chains and inline projections through handoff_append), one COMMIT each at "
             "synchronous_commit as the server has it. Reference: raw psycopg, one autocommit "
             "INSERT of the same event's bytes per event (one statement, one commit, one "
             "round trip). Peer: eventsourcing.postgres, aggregate.progress() then app.save() "
@@ -211,9 +208,6 @@ register(
         peers=(
             _side("eventsourcing.postgres", _cmd_es, requires=ES_REQUIRES,
                   note=ES_NOTE + "; aggregate.progress() then app.save() per event"),
-            _side("writes alone (floor)", floor_side(_ledger, _working_run, _progress_details),
-                  note="the same commands' writes (event + seal, head, views) in the store's "
-                  "own messages, pre-built: no decision, reads or checks (postgres_floor.py)"),
         ),
         goal=0.5,
         goals=(Goal("at least 2.0x eventsourcing.postgres per-event save", min_ratio=2.0,

@@ -73,3 +73,28 @@ def drop_database() -> None:
     _state["db"] = None
     with _admin() as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def append_call(conn, run_id: str, event, *, actor: str = "worker:w", lease: int | None = None,
+                secret: str | None = None, move=None) -> tuple[str, tuple]:
+    """handoff_append's call and arguments for one event on ``run_id`` after its head as
+    ``conn`` reads it, built by hand as a client (or an attacker) would: the chain hash
+    computed as the library does. ``move``: (new lease, holder, digest) to move the lease
+    to. Lets a test hold a write inside its transaction, or send one the library would
+    never send."""
+    from handoff.ledger import events as ev
+    from handoff.ledger.postgres.schema import APPEND_SIGNATURE
+    from handoff.ledger.store import GENESIS_HASH, chain_hash, encode_events
+
+    head = conn.execute("SELECT last_seq, last_hash, lease, lease_holder, max_lease, last_position "
+                        "FROM heads WHERE run_id = %s", (run_id,)).fetchone() or (0, GENESIS_HASH, None, None, 0, 0)
+    (tag, payload), = encode_events([event], 1 << 20)
+    seq, prev = head[0] + 1, bytes(head[1])
+    at = 1_900_000_000_000_000
+    h = chain_hash(prev, run_id, seq, tag, actor, lease, None, at, ev.SCHEMA_VERSION, payload)
+    (first_id,) = conn.execute("SELECT nextval('events_id_seq')").fetchone()
+    new_lease, holder, digest = move if move is not None else (head[2], head[3], None)
+    args = (run_id, head[0], prev, [first_id], secret, lease, actor, at, ev.SCHEMA_VERSION, False,
+            [seq], [tag], [None], [None], [payload], [prev], [h],
+            new_lease, holder, max(head[4], new_lease or 0), digest, move is not None, None, None)
+    return f"SELECT {APPEND_SIGNATURE.split('(')[0]}({', '.join(['%s'] * 24)})", args

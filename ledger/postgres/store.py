@@ -23,23 +23,17 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import operator
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-import msgspec
 
 from .. import events as ev
-from .. import plan
 from ..errors import (
-    LedgerError,
     NotALedger,
     OutcomeUnknown,
     SchemaTooNew,
-    StaleLease,
     StoreUnavailable,
 )
 from ..copy import copy_to_file
@@ -49,19 +43,14 @@ from ..importing import ImportHead, ImportRow, run_import
 from ..store import (
     DEFAULT_MAX_PAYLOAD,
     GENESIS_HASH,
-    Actor,
     Aggregate,
-    AppendResult,
     Capabilities,
-    Decision,
     Head,
-    LeaseToken,
     Problem,
     Recorded,
     Step,
     check_run_id,
     check_seq,
-    encode_events,
 )
 
 try:  # the driver is an optional extra: pip install 'handoff-ledger[postgres]'
@@ -71,16 +60,31 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
     pgerr = None  # type: ignore[assignment]
 
-from .sync import as_json
+from .connection import DEFAULT_REPLY_TIMEOUT_S, _explain, _now_us, connect, redact
+from .rows import (
+    PAGE_SQL,
+    POSITION,
+    PUBLIC_HEAD,
+    RUN_COLUMNS,
+    RUNS_SINCE,
+    SEALED_COLUMNS,
+    TAIL_AND_QUEUE,
+    INSERT,
+    UPSERT_HEAD,
+    HEAD_SELECT,
+    as_bytes,
+    decode_steps,
+    head_of,
+    recorded_row,
+)
+from .writing import Writes
 from .schema import (
     _CREATE_LOCK,
     FORMAT_NAME,
-    HEAD_MOVED,
     ID_BLOCK,
     LEDGER_TABLES,
     MAINTENANCE_LOCK,
     MIGRATIONS,
-    NOT_THE_HOLDER,
     PG_SCHEMA_VERSION,
     QUEUE_TRIGGERS,
     REVOKED,
@@ -88,7 +92,6 @@ from .schema import (
     VIEWS_LOCK,
     _SCHEMA,
     functions,
-    ident,
     layout_problems,
     migration_step,
     notify_channel,
@@ -102,278 +105,8 @@ PAGE = 1000
 #: about 8% less per event than pages of 1,000; at 4,000 the client's share grows more
 #: than the server's shrinks.
 READ_PAGE = 2000
-_TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
 
-_COLUMNS = (
-    "e.run_id, e.seq, {pos}, e.type, e.actor, e.lease, e.idem_key, e.recorded_us, "
-    "e.schema_version, e.payload, e.prev_hash, e.hash"
-)
-_SEALED_COLUMNS = _COLUMNS.format(pos="o.position")
-#: The events at positions (after, stop]: the page's write ids bound a range scan of the
-#: events, joined to the page by hash, in place of one index descent per event (which
-#: cost the server twice as much). A page's write ids are close together (a write's
-#: events are numbered in its own block, and writes seal soon after they commit), so
-#: the range holds little beyond the page: only the events that committed between a
-#: write taking its ids and its seal. "+ 0": min() and max() of the bare column would be
-#: planned as a walk of the event_id index from one end, filtering on the position,
-#: past every page before this one. Unordered: a sort on the client costs less than on
-#: the server.
-_PAGE = (
-    "WITH page AS MATERIALIZED (SELECT min(event_id + 0) AS low, max(event_id + 0) AS high "
-    "FROM ledger_order WHERE position > %(after)s AND position <= %(stop)s) "
-    f"SELECT {_SEALED_COLUMNS} FROM ledger_order o JOIN events e ON e.id = o.event_id "
-    "WHERE o.position > %(after)s AND o.position <= %(stop)s "
-    "AND e.id >= (SELECT low FROM page) AND e.id <= (SELECT high FROM page)"
-)
-_POSITION = operator.itemgetter(2)
-#: Where a reader stops: the last sealed position, and whether committed events wait
-#: for theirs. The position is read from the order itself (one descent of its key), not
-#: from the tail row: sealers commit positions in order, so what is visible is always
-#: 1..max, and a tail row that was lost or set back (damage verify reports) neither
-#: stops a reader short nor fails it untyped.
-_TAIL_AND_QUEUE = ("SELECT coalesce((SELECT max(position) FROM ledger_order), 0), "
-                   "EXISTS (SELECT 1 FROM unsealed)")
-RUN_COLUMNS = _COLUMNS.format(pos="coalesce(o.position, 0)")
-_INSERT = (
-    "INSERT INTO events (id, run_id, seq, type, actor, lease, idem_key, idem_digest, "
-    "batch_size, recorded_us, schema_version, payload, prev_hash, hash, viewed) "
-    "VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
-)
-_UPSERT_HEAD = (
-    "INSERT INTO heads (run_id, last_seq, last_hash, lease, lease_holder, max_lease, "
-    "first_position, last_position) VALUES (%s,%s,%s,%s,%s,%s,%s,%s) "
-    "ON CONFLICT (run_id) DO UPDATE SET last_seq=excluded.last_seq, "
-    "last_hash=excluded.last_hash, lease=excluded.lease, "
-    "lease_holder=excluded.lease_holder, max_lease=excluded.max_lease, "
-    "last_position=excluded.last_position"
-)
-#: A repeated key's earlier batch: its first seq and write id, the request's digest, size
-#: and actor, and every event's write id and position (null while waiting to be sealed).
-_DUPLICATE = (
-    "SELECT d.seq, d.id, d.idem_digest, d.batch_size, d.actor, b.ids, b.positions FROM events d, "
-    "LATERAL (SELECT array_agg(e.id ORDER BY e.seq) AS ids, array_agg(o.position ORDER BY e.seq) AS positions "
-    "FROM events e LEFT JOIN ledger_order o ON o.event_id = e.id "
-    "WHERE e.run_id = d.run_id AND e.seq BETWEEN d.seq AND d.seq + d.batch_size - 1) b "
-    "WHERE d.run_id=%s AND d.idem_key=%s"
-)
-_HEAD_SELECT = (
-    "SELECT run_id, last_seq, last_hash, lease, lease_holder, first_position, "
-    "last_position, max_lease, lease_digest FROM heads WHERE run_id=%s"
-)
-#: A head as the interface shows it: its span in ledger positions (the heads table keeps
-#: write ids; 0 for an event still waiting for its position).
-_PUBLIC_HEAD = (
-    "SELECT h.run_id, h.last_seq, h.last_hash, h.lease, h.lease_holder, "
-    "coalesce(f.position, 0), coalesce(l.position, 0) FROM heads h "
-    "LEFT JOIN ledger_order f ON f.event_id = h.first_position "
-    "LEFT JOIN ledger_order l ON l.event_id = h.last_position"
-)
-#: A write's first round trip (one message, no lock taken): a block of write ids, the
-#: run's head, the key's earlier batch, and the run's events since the cached fold.
-_NEXT_ID = "SELECT nextval('events_id_seq')"
-_STEPS_FROM = ("SELECT seq, type, recorded_us, payload, hash, actor FROM events WHERE run_id=%s "
-               "AND seq>=%s ORDER BY seq")
-#: A write's second: the batch, the head it was decided from and the views' rows, to
-#: handoff_append (schema.APPEND_FUNCTION), then, after the COMMIT in the same message,
-#: the seal of its events when its insert could not seal them (another session was
-#: sealing): the condition is one probe of the queue, so the common case calls nothing.
-_APPEND = ("BEGIN;\nSELECT handoff_append(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-           "%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb);\nCOMMIT;\n"
-           "SELECT s.event_id, s.event_position FROM handoff_seal(true, %s::bigint[]) s "
-           "WHERE EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = ANY(%s::bigint[]))")
-_RUNS_SINCE = (
-    "SELECT h.run_id FROM heads h WHERE h.run_id IN (SELECT e.run_id FROM ledger_order o "
-    "JOIN events e ON e.id = o.event_id WHERE o.position > %s) ORDER BY h.first_position"
-)
-
-def _now_us() -> int:
-    return time.time_ns() // 1000
-
-
-#: How long a statement may go without an answer from the server beyond its lock waits,
-#: by default, before the connection is given up (PostgresStore's ``reply_timeout_s``).
-DEFAULT_REPLY_TIMEOUT_S = 30.0
-
-
-if psycopg is not None:
-
-    class _GuardedConnection(psycopg.Connection):  # type: ignore[misc,name-defined]
-        """A connection that stops waiting for an answer after ``wait_limit_s``.
-
-        Without it a server that stops answering while the TCP connection stays up (a
-        partition behind a proxy or a NAT, a frozen server host) makes every call hang
-        for ever, and a COMMIT sent into that silence never reports that its outcome is
-        unknown. Past the limit the connection is closed (it is mid-protocol and cannot
-        be reused) and the wait raises OperationalError, which the store maps like any
-        lost connection: StoreUnavailable, or OutcomeUnknown during COMMIT.
-        """
-
-        wait_limit_s: float | None = None
-
-        def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
-            limit = self.wait_limit_s if timeout is None else timeout
-            try:
-                return super().wait(gen, interval=interval, timeout=limit)
-            except pgerr._WaitTimeout:
-                with contextlib.suppress(Exception):
-                    self.pgconn.finish()
-                raise psycopg.OperationalError(
-                    f"no answer from the server within {limit:g}s; the connection was closed"
-                ) from None
-
-
-def is_driver_error(exc: BaseException) -> bool:
-    """An error from psycopg itself (ledger.backends.is_driver_error asks)."""
-    return psycopg is not None and isinstance(exc, psycopg.Error)
-
-
-_PASSWORD = re.compile(r"(://[^:/@]*):[^@/]*@")
-
-
-def redact(url: str) -> str:
-    """The address without its password, for messages and diagnostics."""
-    out = _PASSWORD.sub(r"\1:***@", url)
-    return re.sub(r"(password=)[^&\s]*", r"\1***", out)
-
-
-_REFUSED_AT_CONNECT = re.compile(
-    r"FATAL:\s+(database \S+ does not exist|role \S+ does not exist|password authentication failed"
-    r"|no pg_hba\.conf entry|permission denied for database|.*not permitted to log in)")
-_FULL_AT_CONNECT = re.compile(r"FATAL:\s+(sorry, too many clients|too many connections|remaining connection slots)")
-
-
-def _fatal(text: str) -> str:
-    """The server's own sentence out of libpq's "connection failed: ... FATAL: ..." text."""
-    return text.split("FATAL:", 1)[-1].strip()
-
-
-def _explain(exc: BaseException, doing: str, where: str) -> LedgerError:
-    """Map a driver error to the library's own, in one place."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if isinstance(exc, (pgerr.LockNotAvailable, pgerr.QueryCanceled)):
-        return StoreUnavailable(
-            f"PostgreSQL gave up waiting while {doing} on {where} ({text}): another session "
-            "held a lock past the lock timeout, or the statement ran past its timeout; nothing "
-            "was written. Retry, or raise the timeout (--busy-timeout)",
-            cause=text,
-        )
-    if isinstance(exc, (pgerr.DeadlockDetected, pgerr.SerializationFailure)):
-        return StoreUnavailable(
-            f"PostgreSQL aborted the transaction while {doing} on {where} ({text}); nothing was "
-            "written. Retry",
-            cause=text,
-        )
-    if isinstance(exc, pgerr.InsufficientPrivilege):
-        return StoreUnavailable(
-            f"the database role may not do this while {doing} on {where} ({text}); nothing "
-            "was written. Check the role in the address and its grants (docs/postgres.md, roles)",
-            cause=text,
-        )
-    if isinstance(exc, (pgerr.InvalidCatalogName, pgerr.InvalidAuthorizationSpecification,
-                        pgerr.InvalidPassword)):
-        return StoreUnavailable(
-            f"PostgreSQL refused the connection to {where} ({text}); check the database name, "
-            "the user and the password in the address",
-            cause=text,
-        )
-    if isinstance(exc, (pgerr.DiskFull, pgerr.OutOfMemory, pgerr.TooManyConnections)):
-        return StoreUnavailable(
-            f"the PostgreSQL server at {where} is out of resources ({text}) while {doing}; "
-            "nothing was written. Retry later, or ask its operator",
-            cause=text,
-        )
-    if isinstance(exc, psycopg.OperationalError) and _REFUSED_AT_CONNECT.search(text):
-        # libpq reports these at connect without an SQLSTATE: only the server's text says.
-        return StoreUnavailable(
-            f"PostgreSQL refused the connection to {where} ({_fatal(text)}); check the database name, "
-            "the user and the password in the address",
-            cause=text,
-        )
-    if isinstance(exc, psycopg.OperationalError) and _FULL_AT_CONNECT.search(text):
-        return StoreUnavailable(
-            f"the PostgreSQL server at {where} is out of resources ({_fatal(text)}) while {doing}; "
-            "nothing was written. Retry later, or ask its operator (max_connections)",
-            cause=text,
-        )
-    if isinstance(exc, psycopg.OperationalError):
-        return StoreUnavailable(
-            f"cannot reach the PostgreSQL server at {where} while {doing} ({text}); nothing was "
-            "written. Check that the server is running, that host and port in the address are "
-            "right, and that this host may connect (pg_hba.conf, firewalls)",
-            cause=text,
-        )
-    return StoreUnavailable(f"PostgreSQL failed while {doing} on {where}: {text}", cause=text)
-
-
-def _require_utf8(conn: Any, where: str) -> None:
-    """Refuse a database whose text would not come back exactly as written.
-
-    The store asks for client encoding UTF8 at connect (so PGCLIENTENCODING, the address
-    or a database default cannot change it); the server's own encoding must be UTF8 too:
-    on SQL_ASCII the driver returns text as bytes and the server neither checks nor
-    converts it, on a narrower one some characters cannot be stored at all.
-    """
-    server = conn.info.parameter_status("server_encoding")
-    if server is None:  # not reported (some poolers): ask
-        server = conn.execute("SHOW server_encoding").fetchone()[0]
-    db = conn.info.dbname
-    if server.upper() != "UTF8":
-        name = '"' + db.replace('"', '""') + '"'  # quoted: the name may be a keyword (user)
-        raise StoreUnavailable(
-            f"the database {db} ({where}) uses encoding {server}, but a handoff ledger needs a "
-            "UTF8 database: every run id, name and payload must come back exactly as it was "
-            "written, which only UTF8 guarantees. Nothing was created or written. A database's "
-            "encoding cannot be changed; create one with UTF8 under another name: CREATE "
-            f"DATABASE {ident(db + '_utf8')} ENCODING 'UTF8' TEMPLATE template0; then use "
-            f"its address (to reuse the name {name}, first save what this database holds, "
-            "with pg_dump, before dropping it)",
-            database=db, server_encoding=server,
-        )
-    if conn.info.encoding != "utf-8":
-        raise StoreUnavailable(
-            f"the connection to {where} uses client encoding "
-            f"{conn.info.parameter_status('client_encoding')} although the store asked for UTF8 "
-            "(a connection pooler in between?); text would not round-trip, so nothing was "
-            "written. Connect to the server directly, or have the pooler keep client_encoding UTF8",
-            database=db, client_encoding=conn.info.parameter_status("client_encoding"),
-        )
-
-
-def as_bytes(v: Any) -> Any:
-    return bytes(v) if isinstance(v, (memoryview, bytearray)) else v
-
-
-def recorded_row(r: Sequence[Any]) -> Recorded:
-    return Recorded(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8],
-                    as_bytes(r[9]), as_bytes(r[10]), as_bytes(r[11]))
-
-
-def _head(row: Sequence[Any] | None, *, digest: bool = False) -> Any:
-    """(Head or None, highest lease[, token digest]) from a _HEAD_SELECT row."""
-    if row is None:
-        return (None, 0, None) if digest else (None, 0)
-    head = Head(row[0], row[1], as_bytes(row[2]), row[3], row[4], row[5], row[6])
-    return (head, row[7], row[8]) if digest else (head, row[7])
-
-
-class _HeadMoved(Exception):
-    """handoff_append refused a write: the run's head is no longer the one it was decided
-    from (another writer came first). Nothing was written; the write is decided again."""
-
-
-def _decode_steps(run_id: str, rows: Sequence[Sequence[Any]]) -> list[Step] | None:
-    """Steps from (seq, type, recorded_us, payload, ..., actor) rows, or None when a payload does
-    not decode to its type (the caller then reads the run the slow way, which says why)."""
-    try:
-        events = ev.decode_many([as_bytes(r[3]) for r in rows])
-        if not all(_TAGS[type(e)] == r[1] for r, e in zip(rows, events)):
-            return None
-    except (msgspec.ValidationError, msgspec.DecodeError, TypeError, UnicodeDecodeError, KeyError):
-        return None
-    return [Step(run_id, r[0], r[1], r[2], e, r[-1]) for r, e in zip(rows, events)]
-
-
-class PostgresStore(FoldingStore):
+class PostgresStore(Writes, FoldingStore):
     """An EventStore in a PostgreSQL database (``postgresql://user@host:port/dbname``).
 
     One store object owns one connection and may be shared by threads; open one per
@@ -443,36 +176,8 @@ class PostgresStore(FoldingStore):
     # --- connecting ------------------------------------------------------------------
 
     def _connect(self) -> None:
-        try:
-            conn = _GuardedConnection.connect(
-                self.url, autocommit=True, connect_timeout=max(1, int(self.connect_timeout_s)),
-                application_name="handoff-ledger", client_encoding="UTF8",
-            )
-        except psycopg.Error as exc:
-            raise _explain(exc, "connecting", self.path) from exc
-        try:
-            _require_utf8(conn, self.path)  # before anything is read or created
-            ms = max(1, int(self.busy_timeout_s * 1000))
-            conn.execute(f"SET lock_timeout = {ms}")
-            # A session that dies or is cut off inside a transaction must not hold a run or
-            # the tail longer than the others wait for a lock: the server ends it once it
-            # has sat idle in its transaction that long (at least a second).
-            conn.execute(f"SET idle_in_transaction_session_timeout = {max(1000, ms)}")
-            conn.execute("SET default_transaction_isolation = 'read committed'")
-            # A statement waits at most for its lock (lock_timeout) and then for an answer.
-            conn.wait_limit_s = self.busy_timeout_s + self.reply_timeout_s
-            t0 = time.monotonic_ns()
-            server_us = conn.execute(
-                "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint").fetchone()[0]
-            t1 = time.monotonic_ns()
-        except psycopg.Error as exc:
-            conn.close()
-            raise _explain(exc, "connecting", self.path) from exc
-        except StoreUnavailable:
-            conn.close()
-            raise
-        self._server_at = (int(server_us), (t0 + t1) // 2)
-        self._conn = conn
+        self._conn, self._server_at = connect(self.url, self.path, self.connect_timeout_s, self.busy_timeout_s,
+                                              self.reply_timeout_s)
 
     def server_clock(self) -> int:
         """Now by the server's clock, in microseconds since the epoch, with no round trip.
@@ -672,8 +377,8 @@ class PostgresStore(FoldingStore):
         )
 
     def _head_locked(self, run_id: str, *, lock: bool = False) -> tuple[Head | None, int]:
-        row = self.x(_HEAD_SELECT + (" FOR UPDATE" if lock else ""), (run_id,)).fetchone()
-        return _head(row)
+        row = self.x(HEAD_SELECT + (" FOR UPDATE" if lock else ""), (run_id,)).fetchone()
+        return head_of(row)
 
     @contextlib.contextmanager
     def write_transaction(self, doing: str) -> Iterator[PostgresTransaction]:
@@ -787,326 +492,6 @@ class PostgresStore(FoldingStore):
         with self.lock, self.mapped("counting unsealed events"):
             return self.x("SELECT count(*) FROM unsealed").fetchone()[0]
 
-    # --- writing ---------------------------------------------------------------------
-
-    def _duplicate(self, run_id: str, key: str, digest: bytes, actor: str,
-                   row: Sequence[Any] | None) -> tuple[int, int, list[int], list[int | None]] | None:
-        """The earlier batch a repeated key names: (first seq, last seq, its write ids,
-        their positions, None where one still waits to be sealed)."""
-        if row is None:
-            return None
-        seq, first_id, stored, size, by, ids, positions = row
-        plan.check_repeat(run_id, key, digest, actor, as_bytes(stored), by, seq)
-        return seq, seq + size - 1, list(ids), list(positions)
-
-    def _positions_of(self, ids: Sequence[int]) -> tuple[int, ...]:
-        """The ledger positions of these write ids, sealing them first if they still wait
-        (outside any transaction)."""
-        rows = dict(self.x("SELECT event_id, event_position FROM handoff_seal(true, %s)", (list(ids),)).fetchall())
-        return tuple(rows[i] for i in ids if i in rows)
-
-    def _ids(self, base: int, n: int) -> list[int]:
-        """Write ids for a batch of ``n`` events: the block taken with the write's first
-        round trip, and more blocks for a batch larger than one (rare: a long stream)."""
-        ids = list(range(base, base + min(n, ID_BLOCK)))
-        if n > ID_BLOCK:
-            blocks = -(-(n - ID_BLOCK) // ID_BLOCK)
-            for (b,) in self.x("SELECT nextval('events_id_seq') FROM generate_series(1, %s)", (blocks,)):
-                ids.extend(range(b, b + ID_BLOCK))
-            ids = ids[:n]
-        return ids
-
-    def _stamp(
-        self, run_id: str, head: Head | None, max_lease: int, batch: Sequence[ev.Event],
-        encoded: list[tuple[str, bytes]], actor: str, lease: int | None, key: str | None,
-        digest: bytes | None, ids: list[int],
-    ) -> tuple[plan.Stamped, Head, list[Recorded]]:
-        """The batch stamped (plan.stamp) under its write ids, the new head and what the
-        fold sees (Recorded.position is the write id until the order is sealed)."""
-        done = plan.stamp(run_id, head, max_lease, batch, encoded, actor, lease, key, digest, self._clock(),
-                          lambda parent: self._head_locked(parent)[0])
-        now = done.now
-        written = [Recorded(run_id, seq, ids[i], tag, actor, lease, k, now, ev.SCHEMA_VERSION, payload, prev, h)
-                   for i, (seq, tag, k, _, payload, prev, h) in enumerate(done.events)]
-        fence = done.fence
-        first = head.first_position if head else ids[0]
-        new_head = Head(run_id, done.last_seq, done.last_hash, fence.lease, fence.holder, first, ids[-1])
-        return done, new_head, written
-
-    def _message(self, sql: str, args: Sequence[Any]) -> list[list[Any]]:
-        """Run several statements as ONE simple-query message, their values bound by
-        psycopg on the client (ClientCursor), and return each one's rows. One message:
-        the server runs none of it before it has all of it, so a client that stalls or is
-        cut off mid-send holds no lock (a pipeline would leave the session 'active',
-        waiting for the rest)."""
-        cur = psycopg.ClientCursor(self.ready())
-        cur.execute(sql, args)
-        out = []
-        while True:
-            out.append(cur.fetchall() if cur.description is not None else [])
-            if not cur.nextset():
-                return out
-
-    def _write(
-        self, run_id: str, aggregate: Aggregate[Any] | None, actor: str, idempotency_key: str | None,
-        digest: bytes | None, token: LeaseToken | None, planner: Callable[..., Any], doing: str,
-    ) -> tuple[AppendResult, Any]:
-        """A write: decided from the head as it is, written only onto that head.
-
-        Each try is two round trips: the first reads (no lock), the second writes through
-        handoff_append, which refuses with HL409 when another writer moved the run in
-        between; the write is then decided again from the head as it now is, until it
-        lands or the lock timeout (``busy_timeout_s``) has passed."""
-        if self.readonly:
-            raise StoreUnavailable(f"the ledger {self.path} was opened read-only; {doing} refused")
-        deadline = time.monotonic() + self.busy_timeout_s
-        while True:
-            try:
-                with self.mapped(doing):
-                    return self._write_once(run_id, aggregate, actor, idempotency_key, digest, token, planner, doing)
-            except _HeadMoved as moved:
-                self._decided_again += 1
-                if time.monotonic() >= deadline:
-                    raise StoreUnavailable(
-                        f"run {run_id} kept changing under this write for {self.busy_timeout_s:g}s "
-                        f"({moved}) while {doing} on {self.path}; nothing was written. Retry, or raise "
-                        "the timeout (--busy-timeout)") from None
-
-    def _write_once(
-        self, run_id: str, aggregate: Aggregate[Any] | None, actor: str, key: str | None,
-        digest: bytes | None, token: LeaseToken | None, planner: Callable[..., Any], doing: str,
-    ) -> tuple[AppendResult, Any]:
-        lean = aggregate is not None and aggregate.lean
-        cached = self._cached(aggregate, run_id) if aggregate is not None else None
-        after = cached[1] if cached is not None else 0
-        sql = [_NEXT_ID, _HEAD_SELECT]
-        args: list[Any] = [run_id]
-        if key:
-            sql.append(_DUPLICATE)
-            args += [run_id, key]
-        if lean:
-            sql.append(_STEPS_FROM)
-            args += [run_id, after]
-        got = iter(self._message(";\n".join(sql), args))
-        base = next(got)[0][0]
-        head_rows = next(got)
-        head, max_lease, lease_digest = _head(head_rows[0] if head_rows else None, digest=True)
-        dup_rows = next(got) if key else None
-        steps = next(got) if lean else None
-        state: Any = None
-        if aggregate is not None:
-            state = self._state_from(run_id, aggregate, head, cached, steps) if steps is not None else _MISSING
-            if state is _MISSING:
-                state = self._state_locked(run_id, aggregate, head)
-        if dup_rows:
-            dup = self._duplicate(run_id, key, digest, actor, dup_rows[0])  # type: ignore[arg-type]
-            positions = tuple(dup[3]) if None not in dup[3] else self._positions_of(dup[2])
-            return AppendResult(run_id, "duplicate", dup[0], dup[1], positions), state
-        if token is not None:
-            plan.check_token(run_id, head, max_lease, token, lease_digest)
-        self._guards = []
-        try:
-            planned = planner(head, max_lease, state)
-            if isinstance(planned, AppendResult):
-                return planned, state
-            events, lease_n = planned
-            encoded = encode_events(events, self.max_payload)
-            ids = self._ids(base, len(encoded))
-            done, new_head, written = self._stamp(run_id, head, max_lease, events, encoded, actor, lease_n, key,
-                                                  digest, ids)
-            self._view_rows = {}
-            self._pending = (run_id, new_head, head, written)
-            forking = head is None and isinstance(events[0], ev.RunForked)
-            new_state = (aggregate.evolve_all(state, written)
-                         if aggregate is not None and not forking else _MISSING)
-            folded = self._run_hooks(run_id, new_head, self._after_write(
-                run_id, head, written, [(aggregate, new_state)] if new_state is not _MISSING else []))
-            views, guards = self._view_rows, self._guards
-        finally:
-            self._view_rows = self._guards = self._pending = None
-        sealed = self._append(run_id, head, ids, token, lease_n, done, views, guards, doing)
-        if new_state is _MISSING and aggregate is not None:
-            new_state = next((st for agg, st in folded[1] if agg is aggregate), _MISSING)
-            if new_state is _MISSING:
-                new_state = self._after_write(run_id, head, written, [], [aggregate])[0][1]
-        return self._committed(run_id, aggregate, new_head, folded, new_state, len(ids),
-                               self._positions_after(sealed, ids))
-
-    def _after_write(self, run_id: str, head: Head | None, written: list[Recorded],
-                     known: list[tuple[Aggregate[Any], Any]],
-                     wanted: Sequence[Aggregate[Any]] | None = None) -> list[tuple[Aggregate[Any], Any]]:
-        """Each aggregate's state after a write that is not stored yet: the hooks run
-        before the one message that stores it, so the fold of what it adds is made here,
-        from the run as read (at ``head``) and the rows written."""
-        out = list(known)
-        for aggregate in (wanted if wanted is not None else [agg for agg, _ in self._hooks]):
-            if any(agg is aggregate for agg, _ in out):
-                continue
-            if head is None and written and written[0].type == "run_forked":
-                fork = written[0].event
-                assert isinstance(fork, ev.RunForked)
-                before = aggregate.evolve_all(aggregate.initial(run_id), (
-                    self._lineage_steps(fork.parent, fork.parent_seq) if aggregate.lean
-                    else self.history(fork.parent, until_seq=fork.parent_seq)))
-            else:
-                before = self._state_locked(run_id, aggregate, head)
-            out.append((aggregate, aggregate.evolve_all(before, written)))
-        return out
-
-    def view_rows(self, table: str, run_id: str, rows: Sequence[Any], many: bool) -> bool:
-        """Keep a view table's rows for a run with the write being made (its hooks call
-        this through the view store): they go to the server with the batch, in the same
-        call. False outside a write (the caller writes them itself)."""
-        pending = self._view_rows
-        if pending is None:
-            return False
-        entry = pending.get(table)
-        if entry is None:
-            pending[table] = {"r": list(rows), "m": many}
-        else:
-            entry["r"].extend(rows)
-            entry["m"] = entry["m"] or many
-        return True
-
-    def view_read(self, table: str, where: dict[str, Any], where_not: dict[str, Any], count: int) -> None:
-        """A count of a view's rows that the write being decided read (an owner's load):
-        handoff_append counts again under the views lock and refuses the write if the
-        number changed, so no two writes decide on the same stale count."""
-        if self._guards is not None:
-            self._guards.append({"t": table, "w": where, "n": where_not, "c": count})
-
-    @property
-    def deciding(self) -> bool:
-        """Whether a write is being decided (a view read now is one it depends on)."""
-        return self._guards is not None
-
-    def _append(self, run_id: str, head: Head | None, ids: list[int], token: LeaseToken | None,
-                lease: int | None, done: plan.Stamped, views: dict[str, Any] | None,
-                guards: list[Any] | None, doing: str) -> tuple[str, dict[int, int]]:
-        """The second round trip: handoff_append, COMMIT, and the seal of what could not be
-        sealed at the insert. Returns "first id:position" when the insert sealed the batch."""
-        fence = done.fence
-        rows = done.events
-        args = [run_id, head.last_seq if head else 0, head.last_hash if head else GENESIS_HASH, ids,
-                token.secret if token is not None else None, lease, done.actor, done.now, ev.SCHEMA_VERSION,
-                self._keeps_views, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
-                [r[3] for r in rows], [r[4] for r in rows], [r[5] for r in rows], [r[6] for r in rows],
-                fence.lease, fence.holder, fence.max_lease, fence.digest, fence.digest_moved,
-                as_json(views) if views else None, as_json(guards) if guards else None, ids, ids]
-        conn = self.ready()
-        try:
-            results = self._message(_APPEND, args)
-        except psycopg.Error as exc:
-            status = conn.info.transaction_status
-            if conn.closed or conn.broken or status == psycopg.pq.TransactionStatus.UNKNOWN:
-                raise self._unknown(doing, exc) from exc
-            if status == psycopg.pq.TransactionStatus.IDLE:
-                if isinstance(exc, (pgerr.LockNotAvailable, pgerr.QueryCanceled)):
-                    return "", {}  # committed; the seal after it timed out (the next one seals it)
-                raise self._unknown(doing, exc) from exc
-            with contextlib.suppress(psycopg.Error):
-                conn.execute("ROLLBACK")
-            if exc.sqlstate == HEAD_MOVED:
-                raise _HeadMoved(str(exc).splitlines()[0]) from None
-            if exc.sqlstate == NOT_THE_HOLDER:
-                raise StaleLease(
-                    f"the server refused the write to run {run_id}: {str(exc).splitlines()[0]}; "
-                    "nothing was written. Claim the run again for a new lease",
-                    run_id=run_id, lease=lease, why="refused_by_server") from None
-            raise
-        # BEGIN; SELECT handoff_append(...); COMMIT; SELECT the seal after it
-        return results[1][0][0], dict(results[3])
-
-    def _positions_after(self, sealed: tuple[str, dict[int, int]], ids: Sequence[int]) -> tuple[int, ...] | None:
-        """The committed write's positions: where its insert sealed it, else where the seal
-        after the commit put it. None when that could not be had (the write is committed
-        and waits in the queue for the next writer or reader to seal it)."""
-        at_insert, got = sealed
-        first_id, _, first = at_insert.partition(":")
-        # Counted on only when it names this write's first id and the ids are one block:
-        # nothing else was sealed between them.
-        if first and first_id == str(ids[0]) and ids[-1] - ids[0] == len(ids) - 1:
-            return tuple(range(int(first), int(first) + len(ids)))
-        if len(got) < len(ids):  # sealed by another session since: read them
-            try:
-                got = dict(self.x("SELECT event_id, position FROM ledger_order WHERE event_id = ANY(%s)",
-                                  (list(ids),)).fetchall())
-            except psycopg.Error:
-                return None
-        return tuple(got[i] for i in ids) if all(i in got for i in ids) else None
-
-    def _committed(self, run_id: str, aggregate: Aggregate[Any] | None, new_head: Head,
-                   folded: tuple[Head | None, list[tuple[Aggregate[Any], Any]]], new_state: Any,
-                   n: int, positions: tuple[int, ...] | None) -> tuple[AppendResult, Any]:
-        if folded[0] is not None:
-            self._remember_all(run_id, (new_head, folded[1]))
-        if aggregate is not None and new_state is not _MISSING:
-            self._remember(aggregate, run_id, new_head.last_seq, new_head.last_hash, new_state)
-        first = new_head.last_seq - n + 1
-        return AppendResult(run_id, "committed", first, new_head.last_seq, positions or ()), new_state
-
-    def _state_from(self, run_id: str, aggregate: Aggregate[S], head: Head | None,
-                    cached: tuple[Any, int, bytes, Any] | None, rows: list[Sequence[Any]]) -> Any:
-        """The fold at the head from the steps the first round trip brought, or _MISSING
-        when they are not enough (a fork's lineage, a cached fold off the chain, a write
-        that landed between the two reads)."""
-        if head is None:
-            return aggregate.initial(run_id)
-        if cached is not None and cached[1] > 0:
-            if not rows or rows[0][0] != cached[1] or as_bytes(rows[0][4]) != cached[2]:
-                return _MISSING
-            state, rows = cached[3], rows[1:]
-        else:
-            if rows and rows[0][1] == "run_forked":
-                return _MISSING
-            state = aggregate.initial(run_id)
-        if not rows:
-            return state if (cached is not None and cached[1] == head.last_seq) else _MISSING
-        if rows[-1][0] != head.last_seq:
-            return _MISSING
-        steps = _decode_steps(run_id, rows)
-        if steps is None:
-            return _MISSING
-        return aggregate.evolve_all(state, steps)
-
-    def append(
-        self, run_id: str, events: Sequence[ev.Event], *, actor: Actor,
-        expected_seq: int | None = None, lease: str | None = None, idempotency_key: str | None = None,
-    ) -> AppendResult:
-        # Checked and encoded before any round trip.
-        req = plan.append_request(run_id, events, actor=actor, expected_seq=expected_seq, lease=lease,
-                                  key=idempotency_key, max_payload=self.max_payload)
-
-        def decide(head: Head | None, max_lease: int, state: Any) -> Any:
-            plan.check_fence(run_id, head, req.expected_seq, None)
-            return req.events, req.lease
-
-        # With hooks attached, fold for the first of them in the same round trips (its
-        # steps come with the first one), so the hooks need no read of their own.
-        folded_for = self._hooks[0][0] if self._hooks else None
-        with self.lock:
-            result, _ = self._write(run_id, folded_for, req.actor, req.key, req.digest, req.token, decide,
-                                    "appending")
-        return result
-
-    def execute(
-        self, run_id: str, aggregate: Aggregate[S], decide: Callable[[S, Head | None], Decision], *,
-        actor: Actor, idempotency_key: str | None = None, digest_of: bytes | None = None,
-        lease: str | None = None,
-    ) -> tuple[AppendResult, S]:
-        req = plan.execute_request(run_id, actor=actor, key=idempotency_key, lease=lease, digest_of=digest_of)
-
-        def planned(head: Head | None, max_lease: int, state: Any) -> Any:
-            decision = decide(state, head)
-            if not decision.events:
-                return plan.unchanged(run_id, head)
-            plan.check_decision(run_id, decision, req.token, head, max_lease)
-            return decision.events, decision.lease
-
-        with self.lock:
-            return self._write(run_id, aggregate, req.actor, req.key, req.digest, req.token, planned,
-                               "committing a command")
-
     # --- reading ---------------------------------------------------------------------
 
     def _hash_at(self, run_id: str, seq: int) -> bytes | None:
@@ -1136,7 +521,7 @@ class PostgresStore(FoldingStore):
             sql += " AND seq<=%s"
             args.append(until_seq)
         rows = self.x(sql + " ORDER BY seq", args).fetchall()
-        steps = _decode_steps(run_id, rows)
+        steps = decode_steps(run_id, rows)
         if steps is None:
             events = [rec.event for rec in self._read_run_page(run_id, after_seq, until_seq)]
             steps = [Step(run_id, seq, type_, at_us, event, actor) for (seq, type_, at_us, _, actor), event in zip(rows, events)]
@@ -1185,7 +570,7 @@ class PostgresStore(FoldingStore):
         while until_position is None or cursor < until_position:
             with self.lock, self.mapped("reading"):
                 if cursor >= tail:
-                    tail, waiting = self.x(_TAIL_AND_QUEUE).fetchone()
+                    tail, waiting = self.x(TAIL_AND_QUEUE).fetchone()
                     if cursor >= tail:
                         if sealed or not waiting or self._in_txn:
                             return
@@ -1199,8 +584,8 @@ class PostgresStore(FoldingStore):
                     stop = min(stop, until_position)
                 # Binary rows: the hashes and the payload come as bytes, not as hex text
                 # the server writes and the client parses (a catch-up reads every event).
-                rows = self.x(_PAGE, {"after": cursor, "stop": stop}, binary=True).fetchall()
-            rows.sort(key=_POSITION)
+                rows = self.x(PAGE_SQL, {"after": cursor, "stop": stop}, binary=True).fetchall()
+            rows.sort(key=POSITION)
             yield from itertools.starmap(Recorded, rows)
             cursor = stop
 
@@ -1213,7 +598,7 @@ class PostgresStore(FoldingStore):
         while True:
             with self.lock, self.mapped("exporting"):
                 rows = self.x(
-                    f"SELECT {_SEALED_COLUMNS}, e.idem_digest, e.batch_size FROM ledger_order o "
+                    f"SELECT {SEALED_COLUMNS}, e.idem_digest, e.batch_size FROM ledger_order o "
                     "JOIN events e ON e.id = o.event_id WHERE o.position>%s "
                     "ORDER BY o.position LIMIT %s", (cursor, PAGE),
                 ).fetchall()
@@ -1230,10 +615,10 @@ class PostgresStore(FoldingStore):
             return self._public_head(run_id)
 
     def _public_head(self, run_id: str) -> Head | None:
-        row = self.x(_PUBLIC_HEAD + " WHERE h.run_id=%s", (run_id,)).fetchone()
+        row = self.x(PUBLIC_HEAD + " WHERE h.run_id=%s", (run_id,)).fetchone()
         if row is not None and not row[6] and not self._in_txn:
             self._seal_quietly()
-            row = self.x(_PUBLIC_HEAD + " WHERE h.run_id=%s", (run_id,)).fetchone()
+            row = self.x(PUBLIC_HEAD + " WHERE h.run_id=%s", (run_id,)).fetchone()
         return None if row is None else Head(row[0], row[1], as_bytes(row[2]), row[3], row[4], row[5], row[6])
 
     def list_runs(self, *, prefix: str | None = None) -> Iterator[Head]:
@@ -1246,7 +631,7 @@ class PostgresStore(FoldingStore):
             with self.lock, self.mapped("listing runs"):
                 if self.x("SELECT EXISTS (SELECT 1 FROM unsealed)").fetchone()[0]:
                     self._seal_quietly()
-        sql = (_PUBLIC_HEAD if public else
+        sql = (PUBLIC_HEAD if public else
                "SELECT run_id, last_seq, last_hash, lease, lease_holder, first_position, last_position, "
                "first_position FROM heads h")
         cursor: tuple[Any, ...] | None = None
@@ -1338,12 +723,12 @@ class PostgresStore(FoldingStore):
         conn = self.ready()
         with conn.cursor() as cur:
             if events:
-                cur.executemany(_INSERT, events)
+                cur.executemany(INSERT, events)
                 cur.executemany("INSERT INTO ledger_order (position, event_id, global_hash) VALUES (%s,%s,%s)",
                                 order)
             for h in heads:
                 f = h.fence
-                cur.execute(_UPSERT_HEAD, (h.run_id, h.seq, h.hash, f.lease, f.holder, f.max_lease,
+                cur.execute(UPSERT_HEAD, (h.run_id, h.seq, h.hash, f.lease, f.holder, f.max_lease,
                                            h.first_position, h.last_position))
                 if f.digest_moved:
                     cur.execute("UPDATE heads SET lease_digest=%s WHERE run_id=%s", (f.digest, h.run_id))
@@ -1474,7 +859,7 @@ class PostgresTransaction(StoreTransaction):
 
     def runs_since(self, position: int) -> list[str]:
         """Runs with events after a write id (the views' cursor on this backend)."""
-        return [r[0] for r in self._store.x(_RUNS_SINCE, (position,))]
+        return [r[0] for r in self._store.x(RUNS_SINCE, (position,))]
 
     def count_runs(self, *, begun_by: int | None = None) -> int:
         x = self._store.x

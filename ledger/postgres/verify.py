@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from .. import verify
 from ..store import Problem, Recorded
-from .store import RUN_COLUMNS, as_bytes, recorded_row
+from .rows import RUN_COLUMNS, as_bytes, recorded_row
 
 if TYPE_CHECKING:
     from .store import PostgresStore

@@ -67,16 +67,28 @@ def reader(url: str, out: str, total: str, seconds: str) -> None:
 
 
 def staller(url: str, run: str, stalled: str, go: str) -> None:
-    store = PostgresStore(url, busy_timeout_s=60)
+    """One event written through handoff_append as a client would, inside a transaction
+    that stays open (its insert made, the run's row locked) until GO exists; then COMMIT
+    and the seal, as the store's one message does them. Its insert finds another session
+    sealing, so it is queued (as any insert that meets a sealer): it holds the run, not
+    the seal, and so stands for a write that commits late."""
+    import psycopg
 
-    def hold(txn, run_id, state, last_position):
-        open(stalled, "w").write(str(last_position))
+    from handoff.ledger.postgres.schema import SEAL_LOCK
+    from tests.pg import append_call
+
+    PostgresStore(url).close()  # the schema
+    with psycopg.connect(url, autocommit=True) as conn, psycopg.connect(url) as sealer:
+        sealer.execute(SEAL_LOCK)
+        conn.execute("BEGIN")
+        sql, args = append_call(conn, run, ev.ProgressRecorded(kind="a"))
+        conn.execute(sql, args)
+        sealer.rollback()
+        open(stalled, "w").write(str(args[3][0]))
         while not os.path.exists(go):
             time.sleep(0.01)
-
-    store.attach(_Nothing(), hold)
-    store.append(run, [ev.ProgressRecorded(kind="a")], actor=W)
-    store.close()
+        conn.execute("COMMIT")
+        conn.execute("SELECT count(*) FROM handoff_seal(true, '{}')")
 
 
 def one(url: str, run: str, out: str) -> None:

@@ -169,7 +169,7 @@ def _four_sealed_two_queued():
     import psycopg
 
     from handoff.ledger import events as ev
-    from handoff.ledger.postgres import store as P
+    from handoff.ledger.postgres import schema as P
     from handoff.ledger.store import Actor
 
     url = fresh_url()
@@ -197,7 +197,7 @@ def test_a_schema_3_ledger_gets_the_seal_by_key_and_keeps_its_order():
 
     from handoff.api import Ledger
     from handoff.ledger import events as ev
-    from handoff.ledger.postgres import store as P
+    from handoff.ledger.postgres import schema as P
 
     url, schema, w = _four_sealed_two_queued()
     old = SEAL_V3.read_text().format(schema=P.ident(schema), ns=OLD_NS, seal=OLD_SEAL,
@@ -238,7 +238,7 @@ def test_a_schema_4_ledger_gets_the_sealing_insert_and_keeps_its_order():
 
     from handoff.api import Ledger
     from handoff.ledger import events as ev
-    from handoff.ledger.postgres import store as P
+    from handoff.ledger.postgres import schema as P
 
     url, schema, w = _four_sealed_two_queued()
     old = QUEUE_V4.read_text().format(schema=P.ident(schema), ns=OLD_NS, seal=OLD_SEAL,

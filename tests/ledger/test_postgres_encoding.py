@@ -21,7 +21,8 @@ from types import SimpleNamespace
 import pytest
 
 from handoff.ledger.errors import StoreUnavailable
-from handoff.ledger.postgres.store import PostgresStore, _require_utf8
+from handoff.ledger.postgres.connection import _require_utf8
+from handoff.ledger.postgres.store import PostgresStore
 from tests import pg
 from tests.support import executable
 

@@ -179,7 +179,7 @@ def test_a_page_finds_its_write_ids_through_the_position_key_only():
     statistics, as a walk of the event_id index from either end, filtering on the
     position: through every event before the page, for each page. The page statement's
     plan must read ledger_order by position alone."""
-    from handoff.ledger.postgres.store import _PAGE
+    from handoff.ledger.postgres.rows import PAGE_SQL as _PAGE
 
     with PostgresStore(fresh_url()) as store:
         for i in range(40):

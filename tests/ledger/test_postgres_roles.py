@@ -273,22 +273,6 @@ def test_no_role_may_change_or_lock_any_table(roles, group):
         assert lg.verify() == [] and lg.check() == []
 
 
-def _append_args(head, *, lease, secret, new_lease=None, digest=None, moved=False):
-    """handoff_append's arguments for one heartbeat on run r0 after ``head``, as an attacker
-    would build them by hand (the chain hash computed as the library does)."""
-    from handoff.ledger import events as ev
-    from handoff.ledger.store import chain_hash, encode_events
-
-    (tag, payload), = encode_events([ev.HeartbeatRecorded()], 1 << 20)
-    seq, prev = head[1] + 1, bytes(head[2])
-    at = 1_900_000_000_000_000
-    h = chain_hash(prev, "r0", seq, tag, "worker:thief", lease, None, at, ev.SCHEMA_VERSION, payload)
-    return ("r0", head[1], prev, [10 ** 12], secret, lease, "worker:thief", at, ev.SCHEMA_VERSION, False,
-            [seq], [tag], [None], [None], [payload], [prev], [h],
-            new_lease if moved else head[3], "thief" if moved else head[4], max(head[5], new_lease or 0),
-            digest, moved, None, None)
-
-
 def test_a_writer_cannot_write_under_another_workers_lease(roles):
     """U1: the heads (and so the token digests) are out of a writer's reach, and the append
     function checks the lease's token itself: a write under another worker's lease without
@@ -296,24 +280,23 @@ def test_a_writer_cannot_write_under_another_workers_lease(roles):
     nothing. The real holder goes on writing."""
     import psycopg
 
-    from handoff.ledger.postgres.schema import APPEND_SIGNATURE
+    from handoff.ledger import events as ev
+    from tests.pg import append_call
 
     with Ledger(roles.owner) as lg:
         lease = lg.claim("r0", "w1")
     before = _state(roles.owner)
-    call = f"SELECT {APPEND_SIGNATURE.split('(')[0]}({', '.join(['%s'] * 24)})"
     with psycopg.connect(roles.url("writer"), autocommit=True) as conn:
-        head = conn.execute("SELECT run_id, last_seq, last_hash, lease, lease_holder, max_lease "
-                            "FROM heads WHERE run_id = 'r0'").fetchone()
+        beat = ev.HeartbeatRecorded()
         attempts = [
-            _append_args(head, lease=lease.lease, secret=None),  # the number alone
-            _append_args(head, lease=lease.lease, secret="guessed-secret"),  # a wrong secret
+            append_call(conn, "r0", beat, lease=lease.lease),  # the number alone
+            append_call(conn, "r0", beat, lease=lease.lease, secret="guessed-secret"),  # a wrong secret
             # the lease moved to the thief's own digest without a grant above the highest
-            _append_args(head, lease=None, secret=None, new_lease=lease.lease, digest="ab" * 32, moved=True),
+            append_call(conn, "r0", beat, move=(lease.lease, "thief", "ab" * 32)),
         ]
-        for args in attempts:
+        for sql, args in attempts:
             with conn.transaction(), pytest.raises(psycopg.Error) as caught:
-                conn.execute(call, args)
+                conn.execute(sql, args)
             assert caught.value.sqlstate == "HL401", caught.value
         with conn.transaction(), pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("UPDATE heads SET lease_digest = %s WHERE run_id = 'r0'", ("ab" * 32,))

@@ -1,12 +1,11 @@
 """A waiting seal cancelled at any moment leaves no lock behind.
 
-A writer whose events were queued waits for the sealer in a session-level shared lock
-that it takes and drops at once (handoff_seal, schema 5). Cancelled between the two (a
-client's cancel, ``statement_timeout``), the lock would outlive the call: the idle
-session would keep it, and then no insert could seal and every waiting seal would give
-up, for every ledger in the database. The function's handler drops it. A cancel lands
-between the two only now and then (a few in 400 tries without the handler, found by a
-review), so this sends many, at moments spread over the wait, and counts."""
+A writer whose events were queued waits in line for the sealer (handoff_seal waits for
+the seal lock, the ledger_tail row). A lock that outlived a cancelled call (a client's
+cancel, ``statement_timeout``) would be kept by the idle session, and then no insert
+could seal and every waiting seal would give up. The seal lock is a row lock, which ends
+with its transaction; this sends many cancels, at moments spread over the wait, and
+counts the locks the idle session still holds after each."""
 
 from __future__ import annotations
 
@@ -16,7 +15,8 @@ import time
 import psycopg
 
 from handoff.ledger import events as ev
-from handoff.ledger.postgres.store import _LEDGER_NS, _SEAL, PostgresStore
+from handoff.ledger.postgres.schema import SEAL_LOCK
+from handoff.ledger.postgres.store import PostgresStore
 from handoff.ledger.store import Actor
 
 from tests.faults.conftest import scale
@@ -25,7 +25,7 @@ from tests.faults.conftest import scale
 def _queue_one(url: str) -> None:
     """Leave one committed event in the queue: written while another session seals."""
     holder = psycopg.connect(url)
-    holder.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_LEDGER_NS, _SEAL))
+    holder.execute(SEAL_LOCK)
     with PostgresStore(url, busy_timeout_s=0.1) as store:
         store.append("q", [ev.HeartbeatRecorded()], actor=Actor("worker", "w"))
     holder.rollback()
@@ -42,7 +42,7 @@ def test_a_cancelled_wait_for_the_seal_leaves_no_lock_held(pg_url, evidence):
     try:
         for i in range(tries):
             sealer = psycopg.connect(pg_url)
-            sealer.execute("SELECT pg_advisory_xact_lock(%s, %s)", (_LEDGER_NS, _SEAL))
+            sealer.execute(SEAL_LOCK)
             outcome: list[str] = []
 
             def wait(conn=waiter, outcome=outcome) -> None:
@@ -54,16 +54,15 @@ def test_a_cancelled_wait_for_the_seal_leaves_no_lock_held(pg_url, evidence):
 
             t = threading.Thread(target=wait)
             t.start()
-            time.sleep(0.01)  # the waiter is in the shared lock's queue now
+            time.sleep(0.01)  # the waiter is in the lock's queue now
             sealer.rollback()  # the sealer is done: the waiters are let go ...
             time.sleep((i % 40) * 0.000025)  # ... and the cancel lands somewhere in that
             admin.execute("SELECT pg_cancel_backend(%s)", (waiter.info.backend_pid,))
             t.join(10)
             sealer.close()
             cancelled += outcome == ["cancelled"]
-            held = admin.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s AND objid = %s",
-                (waiter.info.backend_pid, _SEAL)).fetchone()[0]
+            held = admin.execute(  # an idle session in autocommit holds no lock at all
+                "SELECT count(*) FROM pg_locks WHERE pid = %s AND granted", (waiter.info.backend_pid,)).fetchone()[0]
             if held:
                 leaks += 1
                 waiter.close()

@@ -135,11 +135,12 @@ def test_a_silent_server_is_given_up_after_the_reply_timeout_and_a_cut_after_rec
 
 
 def test_a_writer_cut_off_inside_its_transaction_holds_the_others_back_only_briefly(pg_url, proxies, tmp_path, evidence):
-    """Writer A is cut off after its transaction took its locks and before its COMMIT got
-    through (the proxy holds the COMMIT). Its server session sits idle in the transaction
-    holding them; the server ends it after A's own lock timeout (1 s here), so a write to
-    the same run and one to another run get through in seconds. It used to be 60 s, past
-    every other writer's lock timeout: one cut-off worker stopped the whole ledger."""
+    """Writer A is cut off with its write on the wire (the proxy holds the message that
+    carries its COMMIT). A write takes its locks inside that one message, which the server
+    runs only once it has all of it: A holds no lock, so a write to the same run and one
+    to another run get through at once. Once the wire heals, A's write reaches a run that
+    moved: it is decided again from the new head and lands, or A reports the outcome
+    unknown or failed; the history check below holds either way."""
     with Ledger(pg_url) as lg:
         run_a = lg.open(goal="cut inside", target="chat:#ops", owner="alice")
         run_b = lg.open(goal="bystander", target="chat:#ops", owner="alice")
@@ -162,7 +163,7 @@ def test_a_writer_cut_off_inside_its_transaction_holds_the_others_back_only_brie
     finally:
         proxy.heal()
         out, err = a.communicate(timeout=120)
-    assert out.strip() in ("unknown", "failed"), (out, err)  # never success
+    assert out.strip() in ("ok", "unknown", "failed"), (out, err)
     with Ledger(pg_url) as lg:
         counts = check(lg, read_history([hist]), _retry(lg))
     evidence.add("pg_wire_cut_inside_a_transaction", waited_s=waited, cut_writer=out.strip(), **counts)

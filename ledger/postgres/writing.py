@@ -1,0 +1,397 @@
+"""The PostgreSQL write path: a write read with no lock, decided on the client, and sent
+as one message to ``handoff_append`` (docs/architecture.md, "PostgreSQL: what a write
+does"). ``Writes`` is the part of PostgresStore that writes; the rest of the store
+(connection, transactions, reads) is in ledger/postgres/store.py."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from .. import events as ev
+from .. import plan
+from ..errors import StaleLease, StoreUnavailable
+from ..folds import MISSING as _MISSING
+from ..store import (
+    GENESIS_HASH,
+    Actor,
+    Aggregate,
+    AppendResult,
+    Decision,
+    Head,
+    LeaseToken,
+    Recorded,
+    encode_events,
+)
+from .rows import HEAD_SELECT, as_bytes, decode_steps, head_of
+from .schema import HEAD_MOVED, ID_BLOCK, NOT_THE_HOLDER
+from .sync import as_json
+
+try:  # the driver is an optional extra: pip install 'handoff-ledger[postgres]'
+    import psycopg
+    from psycopg import errors as pgerr
+except ImportError:  # pragma: no cover - exercised only without the extra
+    psycopg = None  # type: ignore[assignment]
+    pgerr = None  # type: ignore[assignment]
+
+S = TypeVar("S")
+
+#: A repeated key's earlier batch: its first seq and write id, the request's digest, size
+#: and actor, and every event's write id and position (null while waiting to be sealed).
+DUPLICATE = (
+    "SELECT d.seq, d.id, d.idem_digest, d.batch_size, d.actor, b.ids, b.positions FROM events d, "
+    "LATERAL (SELECT array_agg(e.id ORDER BY e.seq) AS ids, array_agg(o.position ORDER BY e.seq) AS positions "
+    "FROM events e LEFT JOIN ledger_order o ON o.event_id = e.id "
+    "WHERE e.run_id = d.run_id AND e.seq BETWEEN d.seq AND d.seq + d.batch_size - 1) b "
+    "WHERE d.run_id=%s AND d.idem_key=%s"
+)
+#: A write's first round trip (one message, no lock taken): a block of write ids, the
+#: run's head, the key's earlier batch, and the run's events since the cached fold.
+NEXT_ID = "SELECT nextval('events_id_seq')"
+STEPS_FROM = ("SELECT seq, type, recorded_us, payload, hash, actor FROM events WHERE run_id=%s "
+               "AND seq>=%s ORDER BY seq")
+#: A write's second: the batch, the head it was decided from and the views' rows, to
+#: handoff_append (schema.APPEND_FUNCTION), then, after the COMMIT in the same message,
+#: the seal of its events when its insert could not seal them (another session was
+#: sealing): the condition is one probe of the queue, so the common case calls nothing.
+APPEND = ("BEGIN;\nSELECT handoff_append(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+           "%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb);\nCOMMIT;\n"
+           "SELECT s.event_id, s.event_position FROM handoff_seal(true, %s::bigint[]) s "
+           "WHERE EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = ANY(%s::bigint[]))")
+class HeadMoved(Exception):
+    """handoff_append refused a write: the run's head is no longer the one it was decided
+    from (another writer came first). Nothing was written; the write is decided again."""
+
+
+class Writes:
+    """The write path of a PostgresStore (mixed into it: the same object, its connection
+    and its lock)."""
+
+
+    def _duplicate(self, run_id: str, key: str, digest: bytes, actor: str,
+                   row: Sequence[Any] | None) -> tuple[int, int, list[int], list[int | None]] | None:
+        """The earlier batch a repeated key names: (first seq, last seq, its write ids,
+        their positions, None where one still waits to be sealed)."""
+        if row is None:
+            return None
+        seq, first_id, stored, size, by, ids, positions = row
+        plan.check_repeat(run_id, key, digest, actor, as_bytes(stored), by, seq)
+        return seq, seq + size - 1, list(ids), list(positions)
+
+    def _positions_of(self, ids: Sequence[int]) -> tuple[int, ...]:
+        """The ledger positions of these write ids, sealing them first if they still wait
+        (outside any transaction)."""
+        rows = dict(self.x("SELECT event_id, event_position FROM handoff_seal(true, %s)", (list(ids),)).fetchall())
+        return tuple(rows[i] for i in ids if i in rows)
+
+    def _ids(self, base: int, n: int) -> list[int]:
+        """Write ids for a batch of ``n`` events: the block taken with the write's first
+        round trip, and more blocks for a batch larger than one (rare: a long stream)."""
+        ids = list(range(base, base + min(n, ID_BLOCK)))
+        if n > ID_BLOCK:
+            blocks = -(-(n - ID_BLOCK) // ID_BLOCK)
+            for (b,) in self.x("SELECT nextval('events_id_seq') FROM generate_series(1, %s)", (blocks,)):
+                ids.extend(range(b, b + ID_BLOCK))
+            ids = ids[:n]
+        return ids
+
+    def _stamp(
+        self, run_id: str, head: Head | None, max_lease: int, batch: Sequence[ev.Event],
+        encoded: list[tuple[str, bytes]], actor: str, lease: int | None, key: str | None,
+        digest: bytes | None, ids: list[int], now: int,
+    ) -> tuple[plan.Stamped, Head, list[Recorded]]:
+        """The batch stamped (plan.stamp) under its write ids, the new head and what the
+        fold sees (Recorded.position is the write id until the order is sealed)."""
+        done = plan.stamp(run_id, head, max_lease, batch, encoded, actor, lease, key, digest, now,
+                          lambda parent: self._head_locked(parent)[0])
+        now = done.now
+        written = [Recorded(run_id, seq, ids[i], tag, actor, lease, k, now, ev.SCHEMA_VERSION, payload, prev, h)
+                   for i, (seq, tag, k, _, payload, prev, h) in enumerate(done.events)]
+        fence = done.fence
+        first = head.first_position if head else ids[0]
+        new_head = Head(run_id, done.last_seq, done.last_hash, fence.lease, fence.holder, first, ids[-1])
+        return done, new_head, written
+
+    def _message(self, sql: str, args: Sequence[Any]) -> list[list[Any]]:
+        """Run several statements as ONE simple-query message, their values bound by
+        psycopg on the client (ClientCursor), and return each one's rows. One message:
+        the server runs none of it before it has all of it, so a client that stalls or is
+        cut off mid-send holds no lock (a pipeline would leave the session 'active',
+        waiting for the rest)."""
+        cur = psycopg.ClientCursor(self.ready())
+        cur.execute(sql, args)
+        out = []
+        while True:
+            out.append(cur.fetchall() if cur.description is not None else [])
+            if not cur.nextset():
+                return out
+
+    def _write(
+        self, run_id: str, aggregate: Aggregate[Any] | None, actor: str, idempotency_key: str | None,
+        digest: bytes | None, token: LeaseToken | None, planner: Callable[..., Any], doing: str,
+    ) -> tuple[AppendResult, Any]:
+        """A write: decided from the head as it is, written only onto that head.
+
+        Each try is two round trips: the first reads (no lock), the second writes through
+        handoff_append, which refuses with HL409 when another writer moved the run in
+        between; the write is then decided again from the head as it now is, until it
+        lands or the lock timeout (``busy_timeout_s``) has passed.
+
+        The events are stamped with the time the write was asked for, not the time its
+        read came back: a heartbeat whose read a partition held up proves the worker was
+        alive when it beat, not when the network healed. A write decided again is stamped
+        anew (another write landed on the run in between)."""
+        if self.readonly:
+            raise StoreUnavailable(f"the ledger {self.path} was opened read-only; {doing} refused")
+        deadline = time.monotonic() + self.busy_timeout_s
+        now = self._clock()
+        while True:
+            try:
+                with self.mapped(doing):
+                    return self._write_once(run_id, aggregate, actor, idempotency_key, digest, token, planner,
+                                            now, doing)
+            except HeadMoved as moved:
+                self._decided_again += 1
+                now = self._clock()
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailable(
+                        f"run {run_id} kept changing under this write for {self.busy_timeout_s:g}s "
+                        f"({moved}) while {doing} on {self.path}; nothing was written. Retry, or raise "
+                        "the timeout (--busy-timeout)") from None
+
+    def _write_once(
+        self, run_id: str, aggregate: Aggregate[Any] | None, actor: str, key: str | None,
+        digest: bytes | None, token: LeaseToken | None, planner: Callable[..., Any], now: int, doing: str,
+    ) -> tuple[AppendResult, Any]:
+        lean = aggregate is not None and aggregate.lean
+        cached = self._cached(aggregate, run_id) if aggregate is not None else None
+        after = cached[1] if cached is not None else 0
+        sql = [NEXT_ID, HEAD_SELECT]
+        args: list[Any] = [run_id]
+        if key:
+            sql.append(DUPLICATE)
+            args += [run_id, key]
+        if lean:
+            sql.append(STEPS_FROM)
+            args += [run_id, after]
+        got = iter(self._message(";\n".join(sql), args))
+        base = next(got)[0][0]
+        head_rows = next(got)
+        head, max_lease, lease_digest = head_of(head_rows[0] if head_rows else None, digest=True)
+        dup_rows = next(got) if key else None
+        steps = next(got) if lean else None
+        state: Any = None
+        if aggregate is not None:
+            state = self._state_from(run_id, aggregate, head, cached, steps) if steps is not None else _MISSING
+            if state is _MISSING:
+                state = self._state_locked(run_id, aggregate, head)
+        if dup_rows:
+            dup = self._duplicate(run_id, key, digest, actor, dup_rows[0])  # type: ignore[arg-type]
+            positions = tuple(dup[3]) if None not in dup[3] else self._positions_of(dup[2])
+            return AppendResult(run_id, "duplicate", dup[0], dup[1], positions), state
+        if token is not None:
+            plan.check_token(run_id, head, max_lease, token, lease_digest)
+        self._guards = []
+        try:
+            planned = planner(head, max_lease, state)
+            if isinstance(planned, AppendResult):
+                return planned, state
+            events, lease_n = planned
+            encoded = encode_events(events, self.max_payload)
+            ids = self._ids(base, len(encoded))
+            done, new_head, written = self._stamp(run_id, head, max_lease, events, encoded, actor, lease_n, key,
+                                                  digest, ids, now)
+            self._view_rows = {}
+            self._pending = (run_id, new_head, head, written)
+            forking = head is None and isinstance(events[0], ev.RunForked)
+            new_state = (aggregate.evolve_all(state, written)
+                         if aggregate is not None and not forking else _MISSING)
+            folded = self._run_hooks(run_id, new_head, self._after_write(
+                run_id, head, written, [(aggregate, new_state)] if new_state is not _MISSING else []))
+            views, guards = self._view_rows, self._guards
+        finally:
+            self._view_rows = self._guards = self._pending = None
+        sealed = self._append(run_id, head, ids, token, lease_n, done, views, guards, doing)
+        if new_state is _MISSING and aggregate is not None:
+            new_state = next((st for agg, st in folded[1] if agg is aggregate), _MISSING)
+            if new_state is _MISSING:
+                new_state = self._after_write(run_id, head, written, [], [aggregate])[0][1]
+        return self._committed(run_id, aggregate, new_head, folded, new_state, len(ids),
+                               self._positions_after(sealed, ids))
+
+    def _after_write(self, run_id: str, head: Head | None, written: list[Recorded],
+                     known: list[tuple[Aggregate[Any], Any]],
+                     wanted: Sequence[Aggregate[Any]] | None = None) -> list[tuple[Aggregate[Any], Any]]:
+        """Each aggregate's state after a write that is not stored yet: the hooks run
+        before the one message that stores it, so the fold of what it adds is made here,
+        from the run as read (at ``head``) and the rows written."""
+        out = list(known)
+        for aggregate in (wanted if wanted is not None else [agg for agg, _ in self._hooks]):
+            if any(agg is aggregate for agg, _ in out):
+                continue
+            if head is None and written and written[0].type == "run_forked":
+                fork = written[0].event
+                assert isinstance(fork, ev.RunForked)
+                before = aggregate.evolve_all(aggregate.initial(run_id), (
+                    self._lineage_steps(fork.parent, fork.parent_seq) if aggregate.lean
+                    else self.history(fork.parent, until_seq=fork.parent_seq)))
+            else:
+                before = self._state_locked(run_id, aggregate, head)
+            out.append((aggregate, aggregate.evolve_all(before, written)))
+        return out
+
+    def view_rows(self, table: str, run_id: str, rows: Sequence[Any], many: bool) -> bool:
+        """Keep a view table's rows for a run with the write being made (its hooks call
+        this through the view store): they go to the server with the batch, in the same
+        call. False outside a write (the caller writes them itself)."""
+        pending = self._view_rows
+        if pending is None:
+            return False
+        entry = pending.get(table)
+        if entry is None:
+            pending[table] = {"r": list(rows), "m": many}
+        else:
+            entry["r"].extend(rows)
+            entry["m"] = entry["m"] or many
+        return True
+
+    def view_read(self, table: str, where: dict[str, Any], where_not: dict[str, Any], count: int) -> None:
+        """A count of a view's rows that the write being decided read (an owner's load):
+        handoff_append counts again under the views lock and refuses the write if the
+        number changed, so no two writes decide on the same stale count."""
+        if self._guards is not None:
+            self._guards.append({"t": table, "w": where, "n": where_not, "c": count})
+
+    @property
+    def deciding(self) -> bool:
+        """Whether a write is being decided (a view read now is one it depends on)."""
+        return self._guards is not None
+
+    def _append(self, run_id: str, head: Head | None, ids: list[int], token: LeaseToken | None,
+                lease: int | None, done: plan.Stamped, views: dict[str, Any] | None,
+                guards: list[Any] | None, doing: str) -> tuple[str, dict[int, int]]:
+        """The second round trip: handoff_append, COMMIT, and the seal of what could not be
+        sealed at the insert. Returns "first id:position" when the insert sealed the batch."""
+        fence = done.fence
+        rows = done.events
+        args = [run_id, head.last_seq if head else 0, head.last_hash if head else GENESIS_HASH, ids,
+                token.secret if token is not None else None, lease, done.actor, done.now, ev.SCHEMA_VERSION,
+                self._keeps_views, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
+                [r[3] for r in rows], [r[4] for r in rows], [r[5] for r in rows], [r[6] for r in rows],
+                fence.lease, fence.holder, fence.max_lease, fence.digest, fence.digest_moved,
+                as_json(views) if views else None, as_json(guards) if guards else None, ids, ids]
+        conn = self.ready()
+        try:
+            results = self._message(APPEND, args)
+        except psycopg.Error as exc:
+            status = conn.info.transaction_status
+            if conn.closed or conn.broken or status == psycopg.pq.TransactionStatus.UNKNOWN:
+                raise self._unknown(doing, exc) from exc
+            if status == psycopg.pq.TransactionStatus.IDLE:
+                if isinstance(exc, (pgerr.LockNotAvailable, pgerr.QueryCanceled)):
+                    return "", {}  # committed; the seal after it timed out (the next one seals it)
+                raise self._unknown(doing, exc) from exc
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+            if exc.sqlstate == HEAD_MOVED:
+                raise HeadMoved(str(exc).splitlines()[0]) from None
+            if exc.sqlstate == NOT_THE_HOLDER:
+                raise StaleLease(
+                    f"the server refused the write to run {run_id}: {str(exc).splitlines()[0]}; "
+                    "nothing was written. Claim the run again for a new lease",
+                    run_id=run_id, lease=lease, why="refused_by_server") from None
+            raise
+        # BEGIN; SELECT handoff_append(...); COMMIT; SELECT the seal after it
+        return results[1][0][0], dict(results[3])
+
+    def _positions_after(self, sealed: tuple[str, dict[int, int]], ids: Sequence[int]) -> tuple[int, ...] | None:
+        """The committed write's positions: where its insert sealed it, else where the seal
+        after the commit put it. None when that could not be had (the write is committed
+        and waits in the queue for the next writer or reader to seal it)."""
+        at_insert, got = sealed
+        first_id, _, first = at_insert.partition(":")
+        # Counted on only when it names this write's first id and the ids are one block:
+        # nothing else was sealed between them.
+        if first and first_id == str(ids[0]) and ids[-1] - ids[0] == len(ids) - 1:
+            return tuple(range(int(first), int(first) + len(ids)))
+        if len(got) < len(ids):  # sealed by another session since: read them
+            try:
+                got = dict(self.x("SELECT event_id, position FROM ledger_order WHERE event_id = ANY(%s)",
+                                  (list(ids),)).fetchall())
+            except psycopg.Error:
+                return None
+        return tuple(got[i] for i in ids) if all(i in got for i in ids) else None
+
+    def _committed(self, run_id: str, aggregate: Aggregate[Any] | None, new_head: Head,
+                   folded: tuple[Head | None, list[tuple[Aggregate[Any], Any]]], new_state: Any,
+                   n: int, positions: tuple[int, ...] | None) -> tuple[AppendResult, Any]:
+        if folded[0] is not None:
+            self._remember_all(run_id, (new_head, folded[1]))
+        if aggregate is not None and new_state is not _MISSING:
+            self._remember(aggregate, run_id, new_head.last_seq, new_head.last_hash, new_state)
+        first = new_head.last_seq - n + 1
+        return AppendResult(run_id, "committed", first, new_head.last_seq, positions or ()), new_state
+
+    def _state_from(self, run_id: str, aggregate: Aggregate[S], head: Head | None,
+                    cached: tuple[Any, int, bytes, Any] | None, rows: list[Sequence[Any]]) -> Any:
+        """The fold at the head from the steps the first round trip brought, or _MISSING
+        when they are not enough (a fork's lineage, a cached fold off the chain, a write
+        that landed between the two reads)."""
+        if head is None:
+            return aggregate.initial(run_id)
+        if cached is not None and cached[1] > 0:
+            if not rows or rows[0][0] != cached[1] or as_bytes(rows[0][4]) != cached[2]:
+                return _MISSING
+            state, rows = cached[3], rows[1:]
+        else:
+            if rows and rows[0][1] == "run_forked":
+                return _MISSING
+            state = aggregate.initial(run_id)
+        if not rows:
+            return state if (cached is not None and cached[1] == head.last_seq) else _MISSING
+        if rows[-1][0] != head.last_seq:
+            return _MISSING
+        steps = decode_steps(run_id, rows)
+        if steps is None:
+            return _MISSING
+        return aggregate.evolve_all(state, steps)
+
+    def append(
+        self, run_id: str, events: Sequence[ev.Event], *, actor: Actor,
+        expected_seq: int | None = None, lease: str | None = None, idempotency_key: str | None = None,
+    ) -> AppendResult:
+        # Checked and encoded before any round trip.
+        req = plan.append_request(run_id, events, actor=actor, expected_seq=expected_seq, lease=lease,
+                                  key=idempotency_key, max_payload=self.max_payload)
+
+        def decide(head: Head | None, max_lease: int, state: Any) -> Any:
+            plan.check_fence(run_id, head, req.expected_seq, None)
+            return req.events, req.lease
+
+        # With hooks attached, fold for the first of them in the same round trips (its
+        # steps come with the first one), so the hooks need no read of their own.
+        folded_for = self._hooks[0][0] if self._hooks else None
+        with self.lock:
+            result, _ = self._write(run_id, folded_for, req.actor, req.key, req.digest, req.token, decide,
+                                    "appending")
+        return result
+
+    def execute(
+        self, run_id: str, aggregate: Aggregate[S], decide: Callable[[S, Head | None], Decision], *,
+        actor: Actor, idempotency_key: str | None = None, digest_of: bytes | None = None,
+        lease: str | None = None,
+    ) -> tuple[AppendResult, S]:
+        req = plan.execute_request(run_id, actor=actor, key=idempotency_key, lease=lease, digest_of=digest_of)
+
+        def planned(head: Head | None, max_lease: int, state: Any) -> Any:
+            decision = decide(state, head)
+            if not decision.events:
+                return plan.unchanged(run_id, head)
+            plan.check_decision(run_id, decision, req.token, head, max_lease)
+            return decision.events, decision.lease
+
+        with self.lock:
+            return self._write(run_id, aggregate, req.actor, req.key, req.digest, req.token, planned,
+                               "committing a command")
