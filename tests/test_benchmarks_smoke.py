@@ -35,12 +35,10 @@ def test_every_benchmark_scenario_runs_in_its_quick_size(tmp_path):
         # A missing optional peer is fine ("peer not installed"); our own side must run.
         assert subject["status"] == "ok", (scenario["scenario"], subject["error"])
         if scenario["scenario"] == "pg-command-single" and subject["status"] == "ok":
-            # The floor is the evidence behind the command's goals (docs/performance.md):
-            # it must run whenever the command does, and every side says its CPU per event.
+            # Where a command's time goes (docs/performance.md): every side says its CPU
+            # per event, the client's and the server's.
             sides = {s["name"]: s for s in scenario["sides"]}
-            floor = sides["writes alone (floor)"]
-            assert floor["status"] == "ok", floor["error"]
-            for side in (subject, floor, sides["raw psycopg"]):
+            for side in (subject, sides["raw psycopg"]):
                 assert side["metrics"]["client_cpu_us"][0] > 0, side
                 if _server_is_here():
                     assert side["metrics"]["server_cpu_us"][0] > 0, side

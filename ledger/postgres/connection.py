@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     pgerr = None  # type: ignore[assignment]
 
 
-def _now_us() -> int:
+def now_us() -> int:
     return time.time_ns() // 1000
 
 
@@ -85,7 +85,7 @@ def _fatal(text: str) -> str:
     return text.split("FATAL:", 1)[-1].strip()
 
 
-def _explain(exc: BaseException, doing: str, where: str) -> LedgerError:
+def explain(exc: BaseException, doing: str, where: str) -> LedgerError:
     """Map a driver error to the library's own, in one place."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if isinstance(exc, (pgerr.LockNotAvailable, pgerr.QueryCanceled)):
@@ -187,7 +187,7 @@ def connect(url: str, where: str, connect_timeout_s: float, busy_timeout_s: floa
             application_name="handoff-ledger", client_encoding="UTF8",
         )
     except psycopg.Error as exc:
-        raise _explain(exc, "connecting", where) from exc
+        raise explain(exc, "connecting", where) from exc
     try:
         _require_utf8(conn, where)  # before anything is read or created
         ms = max(1, int(busy_timeout_s * 1000))
@@ -204,7 +204,7 @@ def connect(url: str, where: str, connect_timeout_s: float, busy_timeout_s: floa
         t1 = time.monotonic_ns()
     except psycopg.Error as exc:
         conn.close()
-        raise _explain(exc, "connecting", where) from exc
+        raise explain(exc, "connecting", where) from exc
     except StoreUnavailable:
         conn.close()
         raise

@@ -24,7 +24,7 @@ PG_SCHEMA_VERSION = 6
 FORMAT_NAME = "handoff-ledger"
 #: The advisory lock two sessions creating the schema at once meet on (nothing else
 #: waits on an advisory lock: see MAINTENANCE_LOCK).
-_CREATE_LOCK = (0x48414E44, 0)  # "HAND"
+CREATE_LOCK = (0x48414E44, 0)  # "HAND"
 #: Write ids come from a sequence in blocks of this size: one nextval per write, taken in
 #: its first round trip, numbers the write's events (more blocks for a larger batch).
 ID_BLOCK = 1024
@@ -363,7 +363,7 @@ def notify_channel(schema: str) -> str:
     return "handoff_" + hashlib.sha256(schema.encode()).hexdigest()[:16]
 
 
-_SCHEMA = [
+SCHEMA = [
     "CREATE TABLE handoff_meta (key text PRIMARY KEY, value text NOT NULL)",
     f"CREATE SEQUENCE events_id_seq INCREMENT BY {ID_BLOCK}",
     # The log. id: the write id (insertion order within a run; not the ledger order).

@@ -60,7 +60,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
     pgerr = None  # type: ignore[assignment]
 
-from .connection import DEFAULT_REPLY_TIMEOUT_S, _explain, _now_us, connect, redact
+from .connection import DEFAULT_REPLY_TIMEOUT_S, explain, now_us, connect, redact
 from .rows import (
     PAGE_SQL,
     POSITION,
@@ -79,10 +79,9 @@ from .rows import (
 )
 from .writing import Writes
 from .schema import (
-    _CREATE_LOCK,
+    CREATE_LOCK,
     FORMAT_NAME,
     ID_BLOCK,
-    LEDGER_TABLES,
     MAINTENANCE_LOCK,
     MIGRATIONS,
     PG_SCHEMA_VERSION,
@@ -90,7 +89,7 @@ from .schema import (
     REVOKED,
     VIEWS_FUNCTION_EMPTY,
     VIEWS_LOCK,
-    _SCHEMA,
+    SCHEMA,
     functions,
     layout_problems,
     migration_step,
@@ -130,7 +129,7 @@ class PostgresStore(Writes, FoldingStore):
         reply_timeout_s: float = DEFAULT_REPLY_TIMEOUT_S,
     ) -> None:
         if psycopg is None:
-            from .errors import BackendUnavailable
+            from ..errors import BackendUnavailable
 
             raise BackendUnavailable(
                 "this address names a PostgreSQL ledger, but the PostgreSQL driver is not "
@@ -190,7 +189,7 @@ class PostgresStore(Writes, FoldingStore):
         been silent (docs/postgres.md, "Clocks").
         """
         if self._server_at is None:
-            return _now_us()
+            return now_us()
         server_us, mono_ns = self._server_at
         return server_us + (time.monotonic_ns() - mono_ns) // 1000
 
@@ -217,7 +216,7 @@ class PostgresStore(Writes, FoldingStore):
         try:
             yield
         except psycopg.Error as exc:
-            raise _explain(exc, doing, self.path) from exc
+            raise explain(exc, doing, self.path) from exc
 
     def _ensure_schema(self, may_create: bool) -> None:
         with self.lock, self.mapped("opening"):
@@ -260,11 +259,11 @@ class PostgresStore(Writes, FoldingStore):
         conn.execute("BEGIN")
         try:
             # Two processes creating at once: the second waits here, then finds the schema.
-            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", _CREATE_LOCK)
+            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", CREATE_LOCK)
             if conn.execute("SELECT to_regclass('handoff_meta')").fetchone()[0] is not None:
                 conn.execute("COMMIT")
                 return
-            for sql in _SCHEMA:
+            for sql in SCHEMA:
                 conn.execute(sql)
             schema = conn.execute("SELECT current_schema()").fetchone()[0]
             for name, (create, _) in functions(schema).items():
@@ -307,7 +306,7 @@ class PostgresStore(Writes, FoldingStore):
                 self.x("UPDATE handoff_meta SET value=%s WHERE key='schema_version'", (str(version),))
                 ok = True
             except psycopg.Error as exc:
-                raise _explain(exc, "migrating the ledger schema", self.path) from exc
+                raise explain(exc, "migrating the ledger schema", self.path) from exc
             finally:
                 self._finish(ok, "migrating the ledger schema")
 
@@ -358,7 +357,7 @@ class PostgresStore(Writes, FoldingStore):
             except psycopg.Error as exc:
                 if conn.broken or conn.closed or isinstance(exc, psycopg.OperationalError):
                     raise self._unknown(doing, exc) from exc
-                raise _explain(exc, doing, self.path) from exc
+                raise explain(exc, doing, self.path) from exc
             if cur.statusmessage != "COMMIT":  # the server rolled back a failed transaction
                 raise StoreUnavailable(f"PostgreSQL rolled back the transaction while {doing} on "
                                        f"{self.path}; nothing was written. Retry")
@@ -391,7 +390,7 @@ class PostgresStore(Writes, FoldingStore):
                 yield self._txn
                 ok = True
             except psycopg.Error as exc:
-                raise _explain(exc, doing, self.path) from exc
+                raise explain(exc, doing, self.path) from exc
             finally:
                 self._finish(ok, doing)
 
@@ -407,7 +406,7 @@ class PostgresStore(Writes, FoldingStore):
                     self._in_txn = True
                 yield self._txn
             except psycopg.Error as exc:
-                raise _explain(exc, "reading", self.path) from exc
+                raise explain(exc, "reading", self.path) from exc
             finally:
                 if began:
                     self._in_txn = False
@@ -685,7 +684,7 @@ class PostgresStore(Writes, FoldingStore):
                 counts, touched = run_import(self, items, aggregate, admit, before_commit)
                 ok = True
             except psycopg.Error as exc:
-                raise _explain(exc, "importing", self.path) from exc
+                raise explain(exc, "importing", self.path) from exc
             finally:
                 self._finish(ok, "committing an import")
         for run_id, folded in touched:
@@ -872,25 +871,3 @@ class PostgresTransaction(StoreTransaction):
         """The last sealed position. Inside write_transaction every write is excluded and
         everything committed was sealed when it began: no event can still appear below it."""
         return self._store.x("SELECT position FROM ledger_tail").fetchone()[0]
-
-
-def rebuild_refusal(store: PostgresStore) -> str | None:
-    """Why this session may not rebuild projections (None if it may): a rebuild creates
-    shadow tables and drops and renames the old ones, which needs CREATE on the schema
-    and ownership of the view tables."""
-    row = store.x(
-        "SELECT current_user, current_schema(), has_schema_privilege(current_schema(), 'CREATE'), "
-        "(SELECT count(*) FROM pg_tables WHERE schemaname = current_schema() "
-        " AND tablename <> ALL(%s) AND NOT pg_has_role(tableowner, 'USAGE'))",
-        (list(LEDGER_TABLES),),
-    ).fetchone()
-    user, schema, may_create, foreign = row
-    if may_create and not foreign:
-        return None
-    return (
-        f"rebuilding projections creates, drops and renames tables, and the role {user} "
-        + ("has no CREATE on the schema " + str(schema) if not may_create else
-           f"does not own {foreign} of the view tables in the schema {schema}")
-        + f" on {store.path}; nothing was changed. A role with CREATE on the schema that owns "
-        "its tables (the one that ran 'handoff init') must run it (docs/postgres.md, roles)"
-    )

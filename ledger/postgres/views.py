@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from .. import viewsql
-from ..errors import InvalidInput, StoreUnavailable
+from ..errors import InvalidInput
 from ..views import TRACKING, VERSIONS, TableSpec, Views
 from .sync import EXISTING, PREFIX, as_json, sync_function, views_function
 
@@ -185,14 +185,6 @@ class PostgresViewStore(viewsql.SqlViewStore):
             self._track_at(n, pos)
 
     # --- rebuild ----------------------------------------------------------------------
-
-    def create_shadows(self, specs: Sequence[TableSpec]) -> list[viewsql.Table]:
-        from .store import rebuild_refusal
-
-        why = rebuild_refusal(self._store)
-        if why is not None:  # a writer or auditor role: typed, before any psycopg error
-            raise StoreUnavailable(why)
-        return super().create_shadows(specs)
 
     def swap_in(self, views: Views, position: int) -> dict[str, int]:
         counts = super().swap_in(views, position)

@@ -60,6 +60,8 @@ APPEND = ("BEGIN;\nSELECT handoff_append(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
            "%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb);\nCOMMIT;\n"
            "SELECT s.event_id, s.event_position FROM handoff_seal(true, %s::bigint[]) s "
            "WHERE EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = ANY(%s::bigint[]))")
+
+
 class HeadMoved(Exception):
     """handoff_append refused a write: the run's head is no longer the one it was decided
     from (another writer came first). Nothing was written; the write is decided again."""
@@ -68,7 +70,6 @@ class HeadMoved(Exception):
 class Writes:
     """The write path of a PostgresStore (mixed into it: the same object, its connection
     and its lock)."""
-
 
     def _duplicate(self, run_id: str, key: str, digest: bytes, actor: str,
                    row: Sequence[Any] | None) -> tuple[int, int, list[int], list[int | None]] | None:

@@ -169,7 +169,6 @@ def _four_sealed_two_queued():
     import psycopg
 
     from handoff.ledger import events as ev
-    from handoff.ledger.postgres import schema as P
     from handoff.ledger.store import Actor
 
     url = fresh_url()
