@@ -23,9 +23,7 @@ from .. import plan, verify
 from ..errors import (
     InvalidInput,
     LedgerError,
-    NotALedger,
     OutcomeUnknown,
-    SchemaTooNew,
     StoreUnavailable,
 )
 from ..folds import Folded, FoldingStore, StoreTransaction
@@ -50,7 +48,7 @@ from ..store import (
 )
 from . import schema
 from .driver import explain as _explain
-from .schema import APPEND_ONLY_TRIGGERS, CREATE_UNKEPT, FORMAT_NAME, HEADS_FIRST, MARK_UNKEPT, UNKEPT
+from .schema import MARK_UNKEPT
 from .group import GroupCommit
 from .opening import sniff, unreadable_schema, unusable_path
 
@@ -150,16 +148,15 @@ class SqliteStore(FoldingStore):
         self._memory = self.path == ":memory:"
         self._txn = SqliteTransaction(self)
         self._views: Any = None
-        self._db: Any = None
         self._commits_since_check = 0
         self._heads_indexed = False
         self._group: GroupCommit | None = None
-        #: The file's schema: an older one stays only on a read-only open (see _migrate).
+        #: The file's schema: an older one stays only on a read-only open (see schema.prepare).
         self.file_schema = schema.STORE_SCHEMA_VERSION
         self.readonly = readonly
         self.conn = self._connect(create=create, readonly=readonly)
         try:
-            self._ensure_schema(create and not readonly)
+            schema.prepare(self, create and not readonly)
             # Only once the file is known to be a ledger: switching a foreign database
             # to WAL would rewrite its header even though we then refuse it.
             if not self._memory and not readonly:
@@ -167,19 +164,6 @@ class SqliteStore(FoldingStore):
         except BaseException:
             self.conn.close()
             raise
-
-    @property
-    def db(self) -> Any:
-        """A sqlite_utils.Database on the store's connection, for schema work and inspection.
-
-        Imported on first use: sqlite-utils costs ~60 ms to import, which every short-lived
-        ``handoff progress`` process would otherwise pay.
-        """
-        if self._db is None:
-            import sqlite_utils
-
-            self._db = sqlite_utils.Database(self.conn)
-        return self._db
 
     @classmethod
     def memory(cls, **kw: Any) -> SqliteStore:
@@ -269,191 +253,6 @@ class SqliteStore(FoldingStore):
                 f"could not switch {self.path} to WAL mode (got {mode}); is it on a "
                 "network filesystem? Those are not supported"
             )
-
-    def _ensure_schema(self, may_create: bool) -> None:
-        conn = self.conn
-        try:
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        except sqlite3.DatabaseError as exc:
-            raise (unreadable_schema(self.path, exc) if not self._memory else _explain(exc, "opening", self.path)) from exc
-        if "handoff_meta" not in tables:
-            if tables:
-                raise NotALedger(
-                    f"{self.path} is an SQLite database but not a handoff ledger (it has "
-                    f"tables {', '.join(sorted(tables)[:5])}); use another file name"
-                )
-            if not may_create:
-                raise NotALedger(f"{self.path} is empty, not a handoff ledger; run 'handoff init'")
-            self._create_schema()
-            return
-        meta = dict(conn.execute("SELECT key, value FROM handoff_meta"))
-        if meta.get("format") != FORMAT_NAME:
-            raise NotALedger(f"{self.path} has a handoff_meta table but no handoff-ledger format mark")
-        version = int(meta.get("schema_version", "0"))
-        if version > schema.STORE_SCHEMA_VERSION:
-            raise SchemaTooNew(
-                f"{self.path} was written by a newer handoff-ledger (file schema {version}, "
-                f"this version reads up to {schema.STORE_SCHEMA_VERSION}); upgrade handoff-ledger"
-            )
-        self.file_schema = version
-        if version < schema.STORE_SCHEMA_VERSION and not self.readonly:  # any writable open upgrades
-            self._migrate(version)
-            self.file_schema = schema.STORE_SCHEMA_VERSION
-        if not self.readonly:
-            self._ensure_heads_index()
-            self._ensure_lease_digest_column()
-
-    def _ensure_heads_index(self) -> None:
-        """Add ``heads_first`` to a ledger made before it existed.
-
-        An additive index, so the file schema version stays: older versions read and
-        write the file as before and SQLite keeps the index current for them. Without it
-        (a file only ever opened read-only) ``list_runs`` falls back to one query."""
-        conn = self.conn
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE name='heads_first'").fetchone():
-            return
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(HEADS_FIRST)
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise _explain(exc, "adding an index to the heads table", self.path) from exc
-
-    def _ensure_lease_digest_column(self) -> None:
-        """Add ``heads.lease_digest`` (the digest a write's lease token must match) to a
-        ledger made before lease tokens. Additive like ``heads_first``: the file schema
-        version stays. A lease held at the upgrade has no digest, so no write can prove it:
-        it must be revoked and claimed again (docs/reliability.md, "Lease tokens")."""
-        conn = self.conn
-        if any(r[1] == "lease_digest" for r in conn.execute("PRAGMA table_info(heads)")):
-            return
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            # Another process may have added it while we waited for the lock.
-            if not any(r[1] == "lease_digest" for r in conn.execute("PRAGMA table_info(heads)")):
-                conn.execute("ALTER TABLE heads ADD COLUMN lease_digest TEXT")
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise _explain(exc, "adding the lease_digest column to the heads table", self.path) from exc
-
-    def _create_schema(self) -> None:
-        db = self.db
-        try:
-            self.conn.execute("BEGIN IMMEDIATE")
-            # Another process may have created it while we waited for the lock.
-            if db["handoff_meta"].exists():
-                self.conn.execute("COMMIT")
-                return
-            db.create_table("handoff_meta", {"key": str, "value": str}, pk="key")
-            db["handoff_meta"].insert_all(
-                [
-                    {"key": "format", "value": FORMAT_NAME},
-                    {"key": "schema_version", "value": str(schema.STORE_SCHEMA_VERSION)},
-                    {"key": "created_us", "value": str(self._clock())},
-                ]
-            )
-            db.create_table(
-                "events",
-                {
-                    "position": int,
-                    "run_id": str,
-                    "seq": int,
-                    "type": str,
-                    "actor": str,
-                    "lease": int,
-                    "idem_key": str,
-                    "idem_digest": bytes,
-                    "batch_size": int,
-                    "recorded_us": int,
-                    "schema_version": int,
-                    "payload": bytes,
-                    "prev_hash": bytes,
-                    "hash": bytes,
-                    "global_hash": bytes,
-                },
-                pk="position",
-                not_null=[
-                    "run_id", "seq", "type", "actor", "batch_size", "recorded_us",
-                    "schema_version", "payload", "prev_hash", "hash", "global_hash",
-                ],
-            )
-            db["events"].create_index(["run_id", "seq"], index_name="events_run_seq", unique=True)
-            self.conn.execute(
-                "CREATE UNIQUE INDEX events_idem ON events(run_id, idem_key) "
-                "WHERE idem_key IS NOT NULL"
-            )
-            for sql in APPEND_ONLY_TRIGGERS.values():
-                self.conn.execute(sql)
-            db.create_table(
-                "heads",
-                {
-                    "run_id": str,
-                    "last_seq": int,
-                    "last_hash": bytes,
-                    "lease": int,
-                    "lease_holder": str,
-                    "max_lease": int,
-                    "first_position": int,
-                    "last_position": int,
-                    "lease_digest": str,
-                },
-                pk="run_id",
-                not_null=["last_seq", "last_hash", "max_lease", "first_position", "last_position"],
-            )
-            self.conn.execute(HEADS_FIRST)
-            self.conn.execute(CREATE_UNKEPT)
-            self.conn.execute("COMMIT")
-            self.created_schema = True
-        except sqlite3.Error as exc:
-            if self.conn.in_transaction:
-                self.conn.execute("ROLLBACK")
-            raise _explain(exc, "creating the ledger schema", self.path) from exc
-
-    def _migrate(self, from_version: int) -> None:
-        """Upgrade the file to ``schema.STORE_SCHEMA_VERSION`` in one write transaction.
-
-        1 -> 2: the views_unkept table. Under schema 1 every inline write moved the tracking
-        rows, so a projection whose row stands behind the log's end was not kept by the
-        writes after it: each such position gets a mark naming the projections that were
-        ahead of it, so catch-up refolds exactly what it would have. Events, hashes, chains
-        and view rows are untouched. An older version then refuses the file (SchemaTooNew):
-        it would write without marking."""
-        if from_version != 1:
-            raise SchemaTooNew(f"{self.path} has file schema {from_version}; no migration from it is known")
-        conn = self.conn
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            found = int(dict(conn.execute("SELECT key, value FROM handoff_meta")).get("schema_version", "0"))
-            if found == from_version:  # another process may have upgraded it while we waited
-                conn.execute(CREATE_UNKEPT)
-                tracked = conn.execute(
-                    "SELECT 1 FROM sqlite_master WHERE type='table' AND name='projection_positions'").fetchone()
-                if tracked:
-                    last = conn.execute("SELECT coalesce(max(position), 0) FROM events").fetchone()[0]
-                    tracking = dict(conn.execute("SELECT name, position FROM projection_positions"))
-                    for pos in sorted({p for p in tracking.values() if p < last}):
-                        kept = ",".join(sorted(n for n, p in tracking.items() if p > pos))
-                        conn.execute(f"INSERT OR REPLACE INTO {UNKEPT} (position, kept) VALUES (?, ?)",
-                                     (pos + 1, kept))
-                conn.execute("UPDATE handoff_meta SET value=? WHERE key='schema_version'",
-                             (str(schema.STORE_SCHEMA_VERSION),))
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise _explain(exc, f"upgrading the file from schema {from_version}", self.path) from exc
-
-    def upgrade_note(self) -> str | None:
-        """What to run when a read-only open found an older file schema, else None."""
-        if self.file_schema >= schema.STORE_SCHEMA_VERSION or self._memory:
-            return None
-        return (f"{self.path} is in file schema {self.file_schema}; this version writes "
-                f"{schema.STORE_SCHEMA_VERSION}. It reads as it is; to upgrade it in place, open it once with "
-                "write access (any handoff command without read-only access, e.g. 'handoff doctor')")
 
     # --- writing -------------------------------------------------------------------
 
@@ -1001,7 +800,7 @@ class SqliteStore(FoldingStore):
             return (*row, self._lease_digest_locked(rid))
 
         problems += verify.check_heads(found, heads, fence_of, "positions")
-        problems.extend(self._append_only_locked())
+        problems.extend(schema.append_only_problems(self.conn))
         return problems
 
     def _verify_global_chain(self, *, gaps: bool = False) -> list[Problem]:
@@ -1012,34 +811,9 @@ class SqliteStore(FoldingStore):
 
         return verify.chain(page, PAGE * 10, gaps=gaps)[0]
 
-    def _append_only_locked(self) -> list[Problem]:
-        have = dict(self.conn.execute(
-            "SELECT name, sql FROM sqlite_master WHERE type='trigger' AND tbl_name='events'"
-        ).fetchall())
-        out = []
-        for name, sql in APPEND_ONLY_TRIGGERS.items():
-            if name not in have:
-                out.append(Problem(
-                    "trigger_missing", None, None, None,
-                    f"the append-only trigger {name} is gone: events can be changed or deleted "
-                    "without any error. Someone edited the file behind the store; run 'handoff "
-                    "verify' against a head digest kept elsewhere, and restore from a backup",
-                ))
-            elif " ".join(str(have[name]).split()) != " ".join(sql.split()):
-                out.append(Problem(
-                    "trigger_altered", None, None, None,
-                    f"the append-only trigger {name} is not the one the store created: it may "
-                    "no longer refuse changes. Someone edited the file behind the store; restore "
-                    "from a backup and compare with a head digest kept elsewhere",
-                ))
-        return out
-
     def append_only_problems(self) -> list[Problem]:
-        with self.lock:
-            try:
-                return self._append_only_locked()
-            except sqlite3.Error as exc:
-                raise _explain(exc, "reading the triggers", self.path) from exc
+        with self._reading("reading the triggers"):
+            return schema.append_only_problems(self.conn)
 
     # --- heads of the whole ledger, and copies ---------------------------------------
 
@@ -1149,7 +923,7 @@ class SqliteStore(FoldingStore):
                 "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(pragma("synchronous")),
                 "wal_autocheckpoint": pragma("wal_autocheckpoint"),
                 "file_schema": self.file_schema,
-                **({"upgrade": note} if (note := self.upgrade_note()) else {}),
+                **({"upgrade": note} if (note := schema.upgrade_note(self)) else {}),
             }
 
     def integrity_check(self) -> str:
