@@ -9,6 +9,7 @@ Checkpoints run only under the writer lock (see docs/architecture.md, "WAL reset
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sqlite3
 import threading
@@ -55,7 +56,6 @@ from .opening import sniff, unreadable_schema, unusable_path
 S = TypeVar("S")
 
 PAGE = 1000
-_TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
 # Runs with events after a position, in the order they first appeared in the log (the
 # order a full rebuild inserts them in), so new view rows get rowids in creation order.
 _RUNS_SINCE = (
@@ -93,18 +93,6 @@ _INSERT_REST = (
     "batch_size, recorded_us, schema_version, payload, prev_hash, hash, global_hash) "
     "VALUES (?,?,?,?,?,?,NULL,NULL,?,?,?,?,?,?,?)"
 )
-
-
-def _decoded(payloads: list[bytes], types: list[str]) -> list[ev.Event] | None:
-    """A page of payloads decoded together, or None if one does not decode or is not the
-    type its row names (the caller then reads the page whole, to name the damaged one)."""
-    try:
-        events = ev.decode_many(payloads)
-        if list(map(_TAGS.__getitem__, map(type, events))) == types:
-            return events
-    except (msgspec.ValidationError, msgspec.DecodeError, TypeError, UnicodeDecodeError, KeyError):
-        pass
-    return None
 
 
 def _now_us() -> int:
@@ -351,9 +339,6 @@ class SqliteStore(FoldingStore):
             except sqlite3.Error as exc:
                 raise _explain(exc, doing, self.path) from exc
 
-    def _page_size(self) -> int:
-        return PAGE
-
     def _lease_digest_locked(self, run_id: str) -> str | None:
         try:
             row = self.conn.execute("SELECT lease_digest FROM heads WHERE run_id=?", (run_id,)).fetchone()
@@ -518,26 +503,9 @@ class SqliteStore(FoldingStore):
             self._remember_all(run_id, folded)
             return result
 
-    def _steps_page(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Step]:
-        """Events of one run as Steps: five columns read, the payloads decoded together."""
-        sql = "SELECT seq, type, recorded_us, payload, actor FROM events WHERE run_id=? AND seq>?"
-        args: list[Any] = [run_id, after_seq]
-        if until_seq is not None:
-            sql += " AND seq<=?"
-            args.append(until_seq)
-        try:
-            rows = self.conn.execute(sql + " ORDER BY seq", args).fetchall()
-        except sqlite3.Error as exc:
-            raise _explain(exc, "reading", self.path) from exc
-        events = _decoded([r[3] for r in rows], [r[1] for r in rows])
-        if events is None:
-            # Read the page again whole: Recorded.event raises CorruptLedger naming the
-            # position of the payload that does not decode or does not match its type.
-            events = [rec.event for rec in self._read_run_page(run_id, after_seq, until_seq)]
-        return [
-            Step(run_id, seq, type_, at_us, event, actor)
-            for (seq, type_, at_us, _, actor), event in zip(rows, events)
-        ]
+    def _step_rows(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Any]:
+        with self._reading():
+            return self._run_range("seq, type, recorded_us, payload, actor", run_id, after_seq, until_seq).fetchall()
 
     def execute(
         self,
@@ -607,74 +575,29 @@ class SqliteStore(FoldingStore):
 
     # --- reading -------------------------------------------------------------------
 
-    def _read_run_page(
-        self, run_id: str, after_seq: int, until_seq: int | None
-    ) -> list[Recorded]:
-        sql = f"SELECT {_COLUMNS} FROM events WHERE run_id=? AND seq>?"
-        args: list[Any] = [run_id, after_seq]
-        if until_seq is not None:
-            sql += " AND seq<=?"
-            args.append(until_seq)
-        sql += " ORDER BY seq"
-        return [Recorded(*r) for r in self.conn.execute(sql, args)]
+    def _run_range(self, columns: str, run_id: str, after_seq: int, until_seq: int | None) -> sqlite3.Cursor:
+        """The run's events after ``after_seq`` (up to ``until_seq``) in seq order."""
+        if until_seq is None:
+            return self.conn.execute(f"SELECT {columns} FROM events WHERE run_id=? AND seq>? ORDER BY seq",
+                                     (run_id, after_seq))
+        return self.conn.execute(f"SELECT {columns} FROM events WHERE run_id=? AND seq>? AND seq<=? ORDER BY seq",
+                                 (run_id, after_seq, until_seq))
 
-    def read_run(
-        self, run_id: str, *, after_seq: int = 0, until_seq: int | None = None
-    ) -> Iterator[Recorded]:
-        # Checked now, not at the first next(): a bad argument fails where it was passed.
-        check_run_id(run_id)
-        check_seq(after_seq, "after_seq")
-        if until_seq is not None:
-            check_seq(until_seq, "until_seq")
-        return self._iter_run(run_id, after_seq, until_seq)
-
-    def _iter_run(self, run_id: str, after_seq: int, until_seq: int | None) -> Iterator[Recorded]:
-        cursor = after_seq
-        while True:
-            stop = cursor + PAGE if until_seq is None else min(cursor + PAGE, until_seq)
-            if until_seq is not None and cursor >= until_seq:
-                return
-            with self.lock:
-                try:
-                    page = self._read_run_page(run_id, cursor, stop)
-                except sqlite3.Error as exc:
-                    raise _explain(exc, "reading", self.path) from exc
-            yield from page
-            if len(page) < stop - cursor:
-                return
-            cursor = stop
-
-    def read_all(
-        self, *, after_position: int = 0, until_position: int | None = None, page: int = PAGE
-    ) -> Iterator[Recorded]:
-        check_seq(after_position, "after_position")
-        if until_position is not None:
-            check_seq(until_position, "until_position")
-        check_seq(page, "page", low=1, high=1_000_000)
-        return self._iter_all(after_position, until_position, page)
+    def _read_run_page(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Recorded]:
+        return [Recorded(*r) for r in self._run_range(_COLUMNS, run_id, after_seq, until_seq)]
 
     def _iter_all(self, after_position: int, until_position: int | None, page: int) -> Iterator[Recorded]:
+        upto = "" if until_position is None else " AND position<=?"
+        sql = f"SELECT {_COLUMNS} FROM events WHERE position>?{upto} ORDER BY position LIMIT ?"
+        bound = () if until_position is None else (until_position,)
         cursor = after_position
         while True:
-            sql = f"SELECT {_COLUMNS} FROM events WHERE position>?"
-            args: list[Any] = [cursor]
-            if until_position is not None:
-                sql += " AND position<=?"
-                args.append(until_position)
-            sql += " ORDER BY position LIMIT ?"
-            args.append(page)
-            with self.lock:
-                try:
-                    rows = self.conn.execute(sql, args).fetchall()
-                except sqlite3.Error as exc:
-                    raise _explain(exc, "reading", self.path) from exc
-            if not rows:
-                return
-            for r in rows:
-                yield Recorded(*r)
-            cursor = rows[-1][2]
+            with self._reading():
+                rows = self.conn.execute(sql, (cursor, *bound, page)).fetchall()
+            yield from itertools.starmap(Recorded, rows)
             if len(rows) < page:
                 return
+            cursor = rows[-1][2]
 
     def read_for_export(
         self, run_ids: Sequence[str] | None = None
@@ -683,15 +606,9 @@ class SqliteStore(FoldingStore):
         wanted = None if run_ids is None else set(run_ids)
         cursor = 0
         while True:
-            with self.lock:
-                try:
-                    rows = self.conn.execute(
-                        f"SELECT {_COLUMNS}, idem_digest, batch_size FROM events WHERE position>? "
-                        "ORDER BY position LIMIT ?",
-                        (cursor, PAGE),
-                    ).fetchall()
-                except sqlite3.Error as exc:
-                    raise _explain(exc, "exporting", self.path) from exc
+            with self._reading("exporting"):
+                rows = self.conn.execute(f"SELECT {_COLUMNS}, idem_digest, batch_size FROM events "
+                                         "WHERE position>? ORDER BY position LIMIT ?", (cursor, PAGE)).fetchall()
             if not rows:
                 return
             for r in rows:
