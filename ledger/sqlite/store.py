@@ -67,6 +67,8 @@ WAL_CHECKPOINT_BYTES = 8 << 20
 
 Sync = Literal["FULL", "NORMAL"]
 
+#: The ledger's last event: its position and the ledger-wide chain's hash there.
+_TAIL = "SELECT position, global_hash FROM events ORDER BY position DESC LIMIT 1"
 _COLUMNS = (
     "run_id, seq, position, type, actor, lease, idem_key, recorded_us, "
     "schema_version, payload, prev_hash, hash"
@@ -304,15 +306,12 @@ class SqliteStore(FoldingStore):
 
         Returns SQLite's (busy, WAL frames, frames checkpointed).
         """
-        with self.lock:
+        with self._reading("checkpointing"):
             conn = self.conn
             try:
                 if not wait:
                     conn.execute("PRAGMA busy_timeout=0")
-                row = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
-                return tuple(row)  # type: ignore[return-value]
-            except sqlite3.Error as exc:
-                raise _explain(exc, "checkpointing", self.path) from exc
+                return tuple(conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone())  # type: ignore[return-value]
             finally:
                 if not wait:
                     conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
@@ -373,8 +372,7 @@ class SqliteStore(FoldingStore):
         reader would get them, without reading them back."""
         conn = self.conn
         run_id = req.run_id
-        tail = conn.execute("SELECT position, global_hash FROM events ORDER BY position DESC LIMIT 1").fetchone()
-        last_pos, gprev = tail if tail is not None else (0, GENESIS_HASH)
+        last_pos, gprev = self._import_tail()
         done = plan.stamp(run_id, head, max_lease, batch, encoded, req.actor, lease, req.key, req.digest,
                           self._clock(), lambda parent: self._head_locked(parent)[0])
         n = done.size
@@ -416,22 +414,15 @@ class SqliteStore(FoldingStore):
         admit: Callable[[Any, Recorded, ev.Event], None] | None = None,
         before_commit: Callable[[], None] | None = None,
     ) -> dict[str, int]:
-        with self.lock:
-            self.begin("importing")
-            ok = False
-            try:
-                counts, touched = run_import(self, items, aggregate, admit, before_commit)
-                ok = True
-            except sqlite3.Error as exc:
-                raise _explain(exc, "importing", self.path) from exc
-            finally:
-                self.finish(ok, "committing an import")
+        with self.write_transaction("importing", "committing an import"):
+            counts, touched = run_import(self, items, aggregate, admit, before_commit)
         for run_id, folded in touched:
             self._remember_all(run_id, folded)
         return counts
 
     def _import_tail(self) -> tuple[int, bytes]:
-        tail = self.conn.execute("SELECT position, global_hash FROM events ORDER BY position DESC LIMIT 1").fetchone()
+        """The ledger's last position and global hash, in the open transaction."""
+        tail = self.conn.execute(_TAIL).fetchone()
         return tail if tail is not None else (0, GENESIS_HASH)
 
     def _key_used(self, run_id: str, key: str) -> bool:
@@ -470,37 +461,10 @@ class SqliteStore(FoldingStore):
         req = plan.append_request(run_id, events, actor=actor, expected_seq=expected_seq, lease=lease,
                                   key=idempotency_key, max_payload=self.max_payload)
         with self.lock:
-            self.begin("appending")
-            ok = False
-            try:
-                if req.key:
-                    dup = self._duplicate(req)
-                    if dup is not None:
-                        ok = True
-                        return dup
-                head, max_lease = self._head_locked(run_id)
-                plan.check_fence(run_id, head, req.expected_seq, None)
-                if req.token is not None:
-                    plan.check_token(run_id, head, max_lease, req.token, self._lease_digest_locked(run_id))
-                # The hooks' states before the write (cached for a warm run), so that after
-                # it they are evolved over the rows written instead of reading them back. A
-                # new fork child is the exception: its fold starts with the parent's prefix.
-                forking = head is None and isinstance(req.events[0], ev.RunForked)
-                before = [] if forking else [
-                    (agg, self._state_locked(run_id, agg, head)) for agg, _ in self._hooks
-                ]
-                written: list[Recorded] = []
-                result, new_head = self._insert_locked(req, head, max_lease, req.events, req.encoded,  # type: ignore[arg-type]
-                                                       req.lease, written)
-                folded = self._run_hooks(
-                    run_id, new_head, [(agg, agg.evolve_all(state, written)) for agg, state in before]
-                )
-                ok = True
-            except sqlite3.Error as exc:
-                raise _explain(exc, "appending", self.path) from exc
-            finally:
-                self.finish(ok, "committing an append")
-            self._remember_all(run_id, folded)
+            with self.write_transaction("appending", "committing an append"):
+                result, _, folded = self._write_locked(req, None, None)
+            if folded is not None:
+                self._remember_all(run_id, folded)
             return result
 
     def _step_rows(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Any]:
@@ -520,51 +484,52 @@ class SqliteStore(FoldingStore):
     ) -> tuple[AppendResult, S]:
         req = plan.execute_request(run_id, actor=actor, key=idempotency_key, lease=lease, digest_of=digest_of)
         if self._group is not None:
-            return self._group.submit(run_id, lambda: self._execute_locked(req, aggregate, decide))
+            return self._group.submit(run_id, lambda: self._write_locked(req, aggregate, decide))
         with self.lock:
-            self.begin("appending")
-            ok = False
-            try:
-                result, state, folded = self._execute_locked(req, aggregate, decide)
-                ok = True
-            finally:
-                self.finish(ok, "committing a command")
+            with self.write_transaction("appending", "committing a command"):
+                result, state, folded = self._write_locked(req, aggregate, decide)
             if folded is not None:
                 self._remember_all(run_id, folded)
             return result, state
 
-    def _execute_locked(
-        self, req: Request, aggregate: Aggregate[S], decide: Callable[[S, Head | None], Decision],
-    ) -> tuple[AppendResult, S, Folded | None]:
-        """The body of ``execute`` inside an open write transaction: the result, the state
-        after it, and the folds to remember once the transaction commits (None: nothing new)."""
+    def _write_locked(
+        self, req: Request, aggregate: Aggregate[S] | None, decide: Callable[[S, Head | None], Decision] | None,
+    ) -> tuple[AppendResult, S | None, Folded | None]:
+        """The body of a command inside an open write transaction, in the plan's order: the
+        repeated key, the fence, then ``decide`` (an append, with no ``aggregate``, carries
+        its events). Returns the result, the state after it, and the folds to remember once
+        the transaction commits (None: nothing new)."""
         run_id = req.run_id
         try:
             head, max_lease = self._head_locked(run_id)
-            if req.key:
-                dup = self._duplicate(req)
-                if dup is not None:
-                    return dup, self._state_locked(run_id, aggregate, head), None
+            if req.key and (dup := self._duplicate(req)) is not None:
+                return dup, None if aggregate is None else self._state_locked(run_id, aggregate, head), None
+            plan.check_fence(run_id, head, req.expected_seq, None)
             if req.token is not None:
                 plan.check_token(run_id, head, max_lease, req.token, self._lease_digest_locked(run_id))
-            state = self._state_locked(run_id, aggregate, head)
-            decision = decide(state, head)
-            if not decision.events:
-                return plan.unchanged(run_id, head), state, None
-            plan.check_decision(run_id, decision, req.token, head, max_lease)
-            encoded = encode_events(decision.events, self.max_payload)
+            # The states before the write (cached for a warm run), so that after it they
+            # are evolved over the rows written instead of reading them back.
+            aggregates = [agg for agg, _ in self._hooks] if aggregate is None else [aggregate]
+            before = [(agg, self._state_locked(run_id, agg, head)) for agg in aggregates]
+            events, encoded, lease = req.events, req.encoded, req.lease
+            if aggregate is not None and decide is not None:
+                decision = decide(before[0][1], head)
+                if not decision.events:
+                    return plan.unchanged(run_id, head), before[0][1], None
+                plan.check_decision(run_id, decision, req.token, head, max_lease)
+                events, encoded, lease = decision.events, encode_events(decision.events, self.max_payload), decision.lease
             written: list[Recorded] = []
-            result, new_head = self._insert_locked(req, head, max_lease, decision.events, encoded,
-                                                   decision.lease, written)
-            if head is None:
-                # A new run: fold its whole lineage, so a fork child that this
-                # command created starts from the parent's prefix.
-                new_state = self._state_locked(run_id, aggregate, new_head)
-            else:
-                new_state = aggregate.evolve_all(state, written)
-            folded = self._run_hooks(run_id, new_head, [(aggregate, new_state)])
+            result, new_head = self._insert_locked(req, head, max_lease, events, encoded, lease, written)  # type: ignore[arg-type]
+            # A new fork child's fold starts from its parent's prefix: fold its lineage.
+            forked = head is None and isinstance(events[0], ev.RunForked)
+            after = [(agg, self._state_locked(run_id, agg, new_head) if forked else agg.evolve_all(state, written))
+                     for agg, state in before]
+            folded = self._run_hooks(run_id, new_head, after)
         except sqlite3.Error as exc:
             raise _explain(exc, "appending", self.path) from exc
+        if aggregate is None:
+            return result, None, folded
+        new_state = after[0][1]
         if folded[0] is None:
             # The head new_state belongs to, as of this transaction: after COMMIT
             # another process may already have moved it past what new_state covers.
@@ -618,11 +583,8 @@ class SqliteStore(FoldingStore):
 
     def head(self, run_id: str) -> Head | None:
         check_run_id(run_id)
-        with self.lock:
-            try:
-                return self._head_locked(run_id)[0]
-            except sqlite3.Error as exc:
-                raise _explain(exc, "reading a run's head", self.path) from exc
+        with self._reading("reading a run's head"):
+            return self._head_locked(run_id)[0]
 
     def list_runs(self, *, prefix: str | None = None) -> Iterator[Head]:
         sql = ("SELECT run_id, last_seq, last_hash, lease, lease_holder, first_position, "
@@ -686,17 +648,8 @@ class SqliteStore(FoldingStore):
         read transaction, so a concurrent writer cannot make the heads look ahead of the
         events walked (a false head_mismatch).
         """
-        with self.lock:
-            began = not self.conn.in_transaction
-            try:
-                if began:
-                    self.conn.execute("BEGIN")
-                return self._verify_snapshot(run_id, progress)
-            except sqlite3.Error as exc:
-                raise _explain(exc, "verifying", self.path) from exc
-            finally:
-                if began and self.conn.in_transaction:
-                    self.conn.execute("ROLLBACK")
+        with self.read_transaction("verifying"):
+            return self._verify_snapshot(run_id, progress)
 
     def _verify_snapshot(
         self, run_id: str | None, progress: Callable[[int, int], None] | None
@@ -735,26 +688,16 @@ class SqliteStore(FoldingStore):
     # --- heads of the whole ledger, and copies ---------------------------------------
 
     def ledger_head(self) -> tuple[int, bytes]:
-        with self.lock:
-            try:
-                row = self.conn.execute(
-                    "SELECT position, global_hash FROM events ORDER BY position DESC LIMIT 1"
-                ).fetchone()
-            except sqlite3.Error as exc:
-                raise _explain(exc, "reading the ledger's head", self.path) from exc
+        with self._reading("reading the ledger's head"):
+            row = self.conn.execute(_TAIL).fetchone()
         if row is None:
             return 0, GENESIS_HASH
         return row[0], bytes(row[1]) if isinstance(row[1], (bytes, bytearray)) else b""
 
     def global_hash_at(self, position: int) -> bytes | None:
         check_seq(position, "position")
-        with self.lock:
-            try:
-                row = self.conn.execute(
-                    "SELECT global_hash FROM events WHERE position=?", (position,)
-                ).fetchone()
-            except sqlite3.Error as exc:
-                raise _explain(exc, "reading the ledger-wide chain", self.path) from exc
+        with self._reading("reading the ledger-wide chain"):
+            row = self.conn.execute("SELECT global_hash FROM events WHERE position=?", (position,)).fetchone()
         if row is None or not isinstance(row[0], (bytes, bytearray)):
             return None
         return bytes(row[0])
@@ -771,7 +714,7 @@ class SqliteStore(FoldingStore):
             with self.lock:
                 self.conn.backup(dst)
             dst.execute("PRAGMA journal_mode=DELETE")
-            row = dst.execute("SELECT position, global_hash FROM events ORDER BY position DESC LIMIT 1").fetchone()
+            row = dst.execute(_TAIL).fetchone()
             runs = dst.execute("SELECT count(*) FROM heads").fetchone()[0]
         except sqlite3.Error as exc:
             raise _explain(exc, "copying the ledger into a backup", self.path) from exc
@@ -782,8 +725,9 @@ class SqliteStore(FoldingStore):
     # --- the backend-neutral interface for the layers above (ledger/store.py) ---------
 
     @contextlib.contextmanager
-    def write_transaction(self, doing: str) -> Iterator[SqliteTransaction]:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on any exception), under the lock."""
+    def write_transaction(self, doing: str, committing: str | None = None) -> Iterator[SqliteTransaction]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on any exception), under the lock;
+        the commit's errors name ``committing`` when given (else ``doing``)."""
         with self.lock:
             self.begin(doing)
             ok = False
@@ -793,10 +737,10 @@ class SqliteStore(FoldingStore):
             except sqlite3.Error as exc:
                 raise _explain(exc, doing, self.path) from exc
             finally:
-                self.finish(ok, doing)
+                self.finish(ok, committing or doing)
 
     @contextlib.contextmanager
-    def read_transaction(self) -> Iterator[SqliteTransaction]:
+    def read_transaction(self, doing: str = "reading") -> Iterator[SqliteTransaction]:
         """One read snapshot (``BEGIN`` ... ``ROLLBACK``), or the transaction already open."""
         with self.lock:
             conn = self.conn
@@ -806,7 +750,7 @@ class SqliteStore(FoldingStore):
                     conn.execute("BEGIN")
                 yield self._txn
             except sqlite3.Error as exc:
-                raise _explain(exc, "reading", self.path) from exc
+                raise _explain(exc, doing, self.path) from exc
             finally:
                 if began and conn.in_transaction:
                     conn.execute("ROLLBACK")
