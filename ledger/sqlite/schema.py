@@ -14,8 +14,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..errors import NotALedger, SchemaTooNew
-from ..store import Problem
+from ..store import FORMAT_NAME, Problem, meta_schema_version
 from .driver import explain
+from .opening import unreadable_schema
 
 if TYPE_CHECKING:
     from .store import SqliteStore
@@ -37,7 +38,6 @@ MARK_UNKEPT = (
     f"INSERT INTO {UNKEPT} (position, kept) SELECT ?, '' "
     "WHERE EXISTS (SELECT 1 FROM sqlite_master WHERE type='table' AND name='projection_positions')"
 )
-FORMAT_NAME = "handoff-ledger"
 # Runs in the order they first appeared, a page at a time: list_runs and a rebuild walk
 # every run without holding them all in memory. A run's first position never changes,
 # so head updates never touch this index; only a run's first append adds an entry.
@@ -99,8 +99,6 @@ def prepare(store: SqliteStore, may_create: bool) -> None:
     """Make the file a ledger of this version's schema, or refuse it: create the schema in
     an empty file (when ``may_create``), upgrade an older one on a writable open, and
     refuse a file that is another database or was written by a newer version."""
-    from .opening import unreadable_schema  # opening reads the format mark from here
-
     conn, path = store.conn, store.path
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -117,14 +115,7 @@ def prepare(store: SqliteStore, may_create: bool) -> None:
         _create(store)
         return
     meta = dict(conn.execute("SELECT key, value FROM handoff_meta"))
-    if meta.get("format") != FORMAT_NAME:
-        raise NotALedger(f"{path} has a handoff_meta table but no handoff-ledger format mark")
-    version = int(meta.get("schema_version", "0"))
-    if version > STORE_SCHEMA_VERSION:
-        raise SchemaTooNew(
-            f"{path} was written by a newer handoff-ledger (file schema {version}, "
-            f"this version reads up to {STORE_SCHEMA_VERSION}); upgrade handoff-ledger"
-        )
+    version = meta_schema_version(meta, path, STORE_SCHEMA_VERSION, "file schema")
     store.file_schema = version
     if store.readonly:  # an older schema stays as it is: it reads as it is (upgrade_note)
         return

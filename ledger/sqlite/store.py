@@ -13,40 +13,17 @@ import itertools
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
-import msgspec
-
 from .. import events as ev
 from .. import plan, verify
-from ..errors import (
-    InvalidInput,
-    LedgerError,
-    OutcomeUnknown,
-    StoreUnavailable,
-)
+from ..errors import InvalidInput, LedgerError, OutcomeUnknown, StoreUnavailable
 from ..folds import Folded, FoldingStore, StoreTransaction
 from ..importing import ImportHead, ImportRow, run_import
-from ..plan import Request
-from ..store import (
-    DEFAULT_MAX_PAYLOAD,
-    GENESIS_HASH,
-    Actor,
-    Aggregate,
-    AppendResult,
-    Capabilities,
-    Decision,
-    Head,
-    Problem,
-    Recorded,
-    Step,
-    check_run_id,
-    check_seq,
-    encode_events,
-    global_link,
-)
+from ..plan import LeaseState, Request
+from ..store import (DEFAULT_MAX_PAYLOAD, GENESIS_HASH, Actor, Aggregate, AppendResult, Capabilities, Decision,
+                     Head, Problem, Recorded, check_run_id, check_seq, encode_events, global_link, now_us)
 from . import schema
 from .driver import explain as _explain
 from .schema import MARK_UNKEPT
@@ -75,8 +52,6 @@ _COLUMNS = (
 )
 
 
-#: A run's head after a write (new run or existing): the one statement both the live
-#: append and the import keep it with.
 _UPSERT_HEAD = (
     "INSERT INTO heads (run_id, last_seq, last_hash, lease, lease_holder, max_lease, "
     "first_position, last_position) VALUES (?,?,?,?,?,?,?,?) "
@@ -85,21 +60,13 @@ _UPSERT_HEAD = (
     "lease_holder=excluded.lease_holder, max_lease=excluded.max_lease, "
     "last_position=excluded.last_position"
 )
-_INSERT_FIRST = (
+_INSERT = (
     "INSERT INTO events (position, run_id, seq, type, actor, lease, idem_key, idem_digest, "
-    "batch_size, recorded_us, schema_version, payload, prev_hash, hash, global_hash) "
-    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    "batch_size, recorded_us, schema_version, payload, prev_hash, hash, global_hash) VALUES "
 )
-_INSERT_REST = (
-    "INSERT INTO events (position, run_id, seq, type, actor, lease, idem_key, idem_digest, "
-    "batch_size, recorded_us, schema_version, payload, prev_hash, hash, global_hash) "
-    "VALUES (?,?,?,?,?,?,NULL,NULL,?,?,?,?,?,?,?)"
-)
-
-
-def _now_us() -> int:
-    return time.time_ns() // 1000
-
+_INSERT_FIRST = _INSERT + "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+#: Only a batch's first event carries the idempotency key and digest.
+_INSERT_REST = _INSERT + "(?,?,?,?,?,?,NULL,NULL,?,?,?,?,?,?,?)"
 
 
 class SqliteStore(FoldingStore):
@@ -132,7 +99,7 @@ class SqliteStore(FoldingStore):
         self.synchronous = synchronous
         self.busy_timeout_s = busy_timeout_s
         self.max_payload = max_payload
-        self._clock = clock or _now_us
+        self._clock = clock or now_us
         self.lock = threading.RLock()
         FoldingStore.__init__(self)
         self._memory = self.path == ":memory:"
@@ -389,20 +356,24 @@ class SqliteStore(FoldingStore):
                                     payload, prev, h))
         conn.execute(_INSERT_FIRST, rows[0])
         if n > 1:
-            # Only a batch's first event carries the idempotency key and digest.
             conn.executemany(_INSERT_REST, [r[:6] + r[8:] for r in rows[1:]])
         fence = done.fence
         first_position = head.first_position if head else last_pos + 1
-        conn.execute(_UPSERT_HEAD, (run_id, done.last_seq, bytearray(done.last_hash), fence.lease, fence.holder,
-                                    fence.max_lease, first_position, last_pos + n))
-        if fence.digest_moved:
-            conn.execute("UPDATE heads SET lease_digest=? WHERE run_id=?", (fence.digest, run_id))
+        self._put_head(run_id, done.last_seq, done.last_hash, fence, first_position, last_pos + n)
         if not self._keeps_views:
             conn.execute(MARK_UNKEPT, (last_pos + 1,))
         result = AppendResult(run_id, "committed", done.last_seq - n + 1, done.last_seq,
                               tuple(range(last_pos + 1, last_pos + n + 1)))
         return result, Head(run_id, done.last_seq, done.last_hash, fence.lease, fence.holder, first_position,
                             last_pos + n)
+
+    def _put_head(self, run_id: str, last_seq: int, last_hash: bytes, fence: LeaseState, first_position: int,
+                  last_position: int) -> None:
+        """A run's head after a write (new run or existing), live or imported."""
+        self.conn.execute(_UPSERT_HEAD, (run_id, last_seq, bytearray(last_hash), fence.lease, fence.holder,
+                                         fence.max_lease, first_position, last_position))
+        if fence.digest_moved:
+            self.conn.execute("UPDATE heads SET lease_digest=? WHERE run_id=?", (fence.digest, run_id))
 
     # --- import: the core's streamed import (ledger/importing.py) on this file ---------
 
@@ -438,10 +409,7 @@ class SqliteStore(FoldingStore):
             if not self._keeps_views:
                 conn.execute(MARK_UNKEPT, (rows[0][0],))
         for h in heads:
-            conn.execute(_UPSERT_HEAD, (h.run_id, h.seq, bytearray(h.hash), h.fence.lease, h.fence.holder,
-                                        h.fence.max_lease, h.first_position, h.last_position))
-            if h.fence.digest_moved:
-                conn.execute("UPDATE heads SET lease_digest=? WHERE run_id=?", (h.fence.digest, h.run_id))
+            self._put_head(h.run_id, h.seq, h.hash, h.fence, h.first_position, h.last_position)  # type: ignore[arg-type]
 
     def _import_done(self, last_position: int, global_hash: bytes) -> None:
         """Nothing more: the rows carry their positions and the ledger-wide chain."""
@@ -649,37 +617,27 @@ class SqliteStore(FoldingStore):
         events walked (a false head_mismatch).
         """
         with self.read_transaction("verifying"):
-            return self._verify_snapshot(run_id, progress)
+            source = self.read_run(run_id) if run_id is not None else self.read_all()
+            found = verify.walk(((rec, rec.position) for rec in source), whole=run_id is None,
+                                total=self.last_position(), progress=progress)
 
-    def _verify_snapshot(
-        self, run_id: str | None, progress: Callable[[int, int], None] | None
-    ) -> list[Problem]:
-        source = self.read_run(run_id) if run_id is not None else self.read_all()
-        found = verify.walk(((rec, rec.position) for rec in source), whole=run_id is None,
-                            total=self.last_position(), progress=progress)
-        # The ledger-wide checks run for one run too: a hole or a break anywhere in the
-        # global chain makes every run's place in the order doubtful.
-        problems = found.problems + self._verify_global_chain(gaps=run_id is not None)
-        heads = {h.run_id: h for h in self.list_runs()} if run_id is None else (
-            {run_id: h} if (h := self.head(run_id)) else {}
-        )
+            # The ledger-wide checks run for one run too: a hole or a break anywhere in the
+            # global chain makes every run's place in the order doubtful.
+            def page(after: int) -> list[Any]:
+                return self.conn.execute("SELECT position, run_id, seq, hash, global_hash FROM events "
+                                         "WHERE position > ? ORDER BY position LIMIT ?", (after, PAGE * 10)).fetchall()
 
-        def fence_of(rid: str) -> tuple:
-            row = self.conn.execute("SELECT lease, lease_holder, max_lease FROM heads WHERE run_id=?",
-                                     (rid,)).fetchone()
-            return (*row, self._lease_digest_locked(rid))
+            problems = found.problems + verify.chain(page, PAGE * 10, gaps=run_id is not None)[0]
+            heads = {h.run_id: h for h in self.list_runs()} if run_id is None else (
+                {run_id: h} if (h := self.head(run_id)) else {})
 
-        problems += verify.check_heads(found, heads, fence_of, "positions")
-        problems.extend(schema.append_only_problems(self.conn))
-        return problems
+            def fence_of(rid: str) -> tuple:
+                row = self.conn.execute("SELECT lease, lease_holder, max_lease FROM heads WHERE run_id=?",
+                                        (rid,)).fetchone()
+                return (*row, self._lease_digest_locked(rid))
 
-    def _verify_global_chain(self, *, gaps: bool = False) -> list[Problem]:
-        """The ledger-wide chain (ledger.verify.chain), read from the events by position."""
-        def page(after: int) -> list[Any]:
-            return self.conn.execute("SELECT position, run_id, seq, hash, global_hash FROM events "
-                                     "WHERE position > ? ORDER BY position LIMIT ?", (after, PAGE * 10)).fetchall()
-
-        return verify.chain(page, PAGE * 10, gaps=gaps)[0]
+            problems += verify.check_heads(found, heads, fence_of, "positions")
+            return problems + schema.append_only_problems(self.conn)
 
     def append_only_problems(self) -> list[Problem]:
         with self._reading("reading the triggers"):
@@ -790,10 +748,6 @@ class SqliteStore(FoldingStore):
     def integrity_check(self) -> str:
         with self.lock:
             return "; ".join(r[0] for r in self.conn.execute("PRAGMA integrity_check"))
-
-    @property
-    def sqlite_version(self) -> str:
-        return sqlite3.sqlite_version
 
     def enable_group_commit(self) -> None:
         """Let concurrent ``execute`` calls from this process's threads share one write
