@@ -79,8 +79,30 @@ class FoldingStore(EventStore):
 
     @abc.abstractmethod
     def _reading(self, doing: str = "reading") -> contextlib.AbstractContextManager[Any]:
-        """The context one read outside a transaction runs in: the store's lock, and the
-        driver's errors mapped to the library's."""
+        """The context one call into the database runs in (a read outside a transaction, a
+        whole write transaction): the store's lock, and the driver's errors mapped to the
+        library's, naming ``doing``."""
+
+    def begin(self, doing: str) -> None:
+        """Open a write transaction (for ``write_transaction``, unless a dialect has its own)."""
+        raise NotImplementedError
+
+    def finish(self, ok: bool, doing: str) -> None:
+        """Commit the open write transaction (``ok``), or roll it back."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def write_transaction(self, doing: str, committing: str | None = None) -> Iterator[Transaction]:
+        """``begin`` ... ``finish``: committed when the block ends, rolled back on any
+        exception; driver errors name ``doing``, or ``committing`` for the commit's own."""
+        with self._reading(doing):
+            self.begin(doing)
+            ok = False
+            try:
+                yield self._txn
+                ok = True
+            finally:
+                self.finish(ok, committing or doing)
 
     # --- reads, checked where they enter ---------------------------------------------
 

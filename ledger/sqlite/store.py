@@ -9,6 +9,7 @@ Checkpoints run only under the writer lock (see docs/architecture.md, "WAL reset
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import sqlite3
@@ -104,7 +105,6 @@ class SqliteStore(FoldingStore):
         FoldingStore.__init__(self)
         self._memory = self.path == ":memory:"
         self._txn = SqliteTransaction(self)
-        self._views: Any = None
         self._commits_since_check = 0
         self._heads_indexed = False
         self._group: GroupCommit | None = None
@@ -378,10 +378,7 @@ class SqliteStore(FoldingStore):
     # --- import: the core's streamed import (ledger/importing.py) on this file ---------
 
     def import_records(
-        self,
-        items: Iterable[tuple[Recorded, bytes | None, int]],
-        *,
-        aggregate: Aggregate[Any] | None = None,
+        self, items: Iterable[tuple[Recorded, bytes | None, int]], *, aggregate: Aggregate[Any] | None = None,
         admit: Callable[[Any, Recorded, ev.Event], None] | None = None,
         before_commit: Callable[[], None] | None = None,
     ) -> dict[str, int]:
@@ -417,14 +414,8 @@ class SqliteStore(FoldingStore):
     # --- commands --------------------------------------------------------------------
 
     def append(
-        self,
-        run_id: str,
-        events: Sequence[ev.Event],
-        *,
-        actor: Actor,
-        expected_seq: int | None = None,
-        lease: str | None = None,
-        idempotency_key: str | None = None,
+        self, run_id: str, events: Sequence[ev.Event], *, actor: Actor,
+        expected_seq: int | None = None, lease: str | None = None, idempotency_key: str | None = None,
     ) -> AppendResult:
         req = plan.append_request(run_id, events, actor=actor, expected_seq=expected_seq, lease=lease,
                                   key=idempotency_key, max_payload=self.max_payload)
@@ -440,14 +431,8 @@ class SqliteStore(FoldingStore):
             return self._run_range("seq, type, recorded_us, payload, actor", run_id, after_seq, until_seq).fetchall()
 
     def execute(
-        self,
-        run_id: str,
-        aggregate: Aggregate[S],
-        decide: Callable[[S, Head | None], Decision],
-        *,
-        actor: Actor,
-        idempotency_key: str | None = None,
-        digest_of: bytes | None = None,
+        self, run_id: str, aggregate: Aggregate[S], decide: Callable[[S, Head | None], Decision], *,
+        actor: Actor, idempotency_key: str | None = None, digest_of: bytes | None = None,
         lease: str | None = None,
     ) -> tuple[AppendResult, S]:
         req = plan.execute_request(run_id, actor=actor, key=idempotency_key, lease=lease, digest_of=digest_of)
@@ -532,9 +517,7 @@ class SqliteStore(FoldingStore):
                 return
             cursor = rows[-1][2]
 
-    def read_for_export(
-        self, run_ids: Sequence[str] | None = None
-    ) -> Iterator[tuple[Recorded, bytes | None, int]]:
+    def read_for_export(self, run_ids: Sequence[str] | None = None) -> Iterator[tuple[Recorded, bytes | None, int]]:
         """Events in global order with what an export needs beyond the envelope."""
         wanted = None if run_ids is None else set(run_ids)
         cursor = 0
@@ -606,9 +589,7 @@ class SqliteStore(FoldingStore):
 
     # --- checking ------------------------------------------------------------------
 
-    def verify(
-        self, run_id: str | None = None, *, progress: Callable[[int, int], None] | None = None
-    ) -> list[Problem]:
+    def verify(self, run_id: str | None = None, *, progress: Callable[[int, int], None] | None = None) -> list[Problem]:
         """Walk the log and report broken links, seq gaps, bad payloads and stale heads.
 
         Reports the first problem of each run (later ones usually follow from it) and any
@@ -683,21 +664,6 @@ class SqliteStore(FoldingStore):
     # --- the backend-neutral interface for the layers above (ledger/store.py) ---------
 
     @contextlib.contextmanager
-    def write_transaction(self, doing: str, committing: str | None = None) -> Iterator[SqliteTransaction]:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on any exception), under the lock;
-        the commit's errors name ``committing`` when given (else ``doing``)."""
-        with self.lock:
-            self.begin(doing)
-            ok = False
-            try:
-                yield self._txn
-                ok = True
-            except sqlite3.Error as exc:
-                raise _explain(exc, doing, self.path) from exc
-            finally:
-                self.finish(ok, committing or doing)
-
-    @contextlib.contextmanager
     def read_transaction(self, doing: str = "reading") -> Iterator[SqliteTransaction]:
         """One read snapshot (``BEGIN`` ... ``ROLLBACK``), or the transaction already open."""
         with self.lock:
@@ -713,14 +679,12 @@ class SqliteStore(FoldingStore):
                 if began and conn.in_transaction:
                     conn.execute("ROLLBACK")
 
-    @property
+    @functools.cached_property
     def views(self) -> Any:
-        """The view store on this file (ledger/sqlite/views.py)."""
-        if self._views is None:
-            from .views import SqliteViewStore
+        """The view store on this file (ledger/sqlite/views.py), made on first use."""
+        from .views import SqliteViewStore
 
-            self._views = SqliteViewStore(self)
-        return self._views
+        return SqliteViewStore(self)
 
     def diagnostics(self) -> dict[str, Any]:
         """What ``handoff doctor`` prints: the file, the SQLite library and its settings."""
