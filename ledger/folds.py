@@ -20,7 +20,10 @@ from typing import Any, ClassVar, TypeVar
 import msgspec
 
 from . import events as ev
-from .store import Aggregate, EventStore, Head, Recorded, Step, Transaction, check_run_id, check_seq, keeps_views
+from . import plan
+from .plan import Request
+from .store import (Actor, Aggregate, AppendResult, Decision, EventStore, Head, Recorded, Step, Transaction,
+                    check_run_id, check_seq, keeps_views)
 
 S = TypeVar("S")
 #: A fold argument not given (``Transaction.state``'s ``head``), told apart from None.
@@ -42,6 +45,7 @@ class FoldingStore(EventStore):
     """The backend-neutral half of a store: a dialect subclasses it and fills in its reads."""
 
     _txn: Transaction
+    max_payload: int
     #: An attached hook keeps every projection inline (``ledger.store.Hook.keeps_views``):
     #: a dialect then marks no view as behind for its writes.
     _keeps_views: bool = False
@@ -103,6 +107,28 @@ class FoldingStore(EventStore):
                 ok = True
             finally:
                 self.finish(ok, committing or doing)
+
+    # --- commands, checked where they enter (ledger/plan.py), then the dialect's write ---
+
+    def append(self, run_id: str, events: Sequence[ev.Event], *, actor: Actor, expected_seq: int | None = None,
+               lease: str | None = None, idempotency_key: str | None = None) -> AppendResult:
+        return self._append(plan.append_request(run_id, events, actor=actor, expected_seq=expected_seq,
+                                                lease=lease, key=idempotency_key, max_payload=self.max_payload))
+
+    def execute(self, run_id: str, aggregate: Aggregate[S], decide: Callable[[S, Head | None], Decision], *,
+                actor: Actor, idempotency_key: str | None = None, digest_of: bytes | None = None,
+                lease: str | None = None) -> tuple[AppendResult, S]:
+        req = plan.execute_request(run_id, actor=actor, key=idempotency_key, lease=lease, digest_of=digest_of)
+        return self._execute(req, aggregate, decide)
+
+    def _append(self, req: Request) -> AppendResult:
+        """Write an append's checked request (its events encoded) under its fence."""
+        raise NotImplementedError
+
+    def _execute(self, req: Request, aggregate: Aggregate[S],
+                 decide: Callable[[S, Head | None], Decision]) -> tuple[AppendResult, S]:
+        """Fold, decide and write a command's checked request in one write transaction."""
+        raise NotImplementedError
 
     # --- reads, checked where they enter ---------------------------------------------
 

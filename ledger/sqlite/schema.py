@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ..errors import NotALedger, SchemaTooNew
@@ -95,10 +95,11 @@ def _immediate(store: SqliteStore, doing: str) -> Iterator[sqlite3.Connection]:
         raise explain(exc, doing, store.path) from exc
 
 
-def prepare(store: SqliteStore, may_create: bool) -> None:
+def prepare(store: SqliteStore, may_create: bool, clock: Callable[[], int]) -> None:
     """Make the file a ledger of this version's schema, or refuse it: create the schema in
     an empty file (when ``may_create``), upgrade an older one on a writable open, and
-    refuse a file that is another database or was written by a newer version."""
+    refuse a file that is another database or was written by a newer version. ``clock``
+    dates a new ledger (its ``created_us``)."""
     conn, path = store.conn, store.path
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -112,7 +113,7 @@ def prepare(store: SqliteStore, may_create: bool) -> None:
             )
         if not may_create:
             raise NotALedger(f"{path} is empty, not a handoff ledger; run 'handoff init'")
-        _create(store)
+        _create(store, clock)
         return
     meta = dict(conn.execute("SELECT key, value FROM handoff_meta"))
     version = meta_schema_version(meta, path, STORE_SCHEMA_VERSION, "file schema")
@@ -126,7 +127,7 @@ def prepare(store: SqliteStore, may_create: bool) -> None:
     _add_lease_digest_column(store)
 
 
-def _create(store: SqliteStore) -> None:
+def _create(store: SqliteStore, clock: Callable[[], int]) -> None:
     with _immediate(store, "creating the ledger schema") as conn:
         # Another process may have created it while we waited for the lock.
         if conn.execute("SELECT 1 FROM sqlite_master WHERE name='handoff_meta'").fetchone():
@@ -135,8 +136,8 @@ def _create(store: SqliteStore) -> None:
             conn.execute(sql)
         conn.executemany("INSERT INTO handoff_meta (key, value) VALUES (?, ?)", [
             ("format", FORMAT_NAME), ("schema_version", str(STORE_SCHEMA_VERSION)),
-            ("created_us", str(store._clock()))])
-    store.created_schema = True
+            ("created_us", str(clock()))])
+        store.created_schema = True
 
 
 def _add_heads_index(store: SqliteStore) -> None:

@@ -23,7 +23,7 @@ from ..errors import InvalidInput, LedgerError, OutcomeUnknown, StoreUnavailable
 from ..folds import Folded, FoldingStore, StoreTransaction
 from ..importing import ImportHead, ImportRow, run_import
 from ..plan import LeaseState, Request
-from ..store import (DEFAULT_MAX_PAYLOAD, GENESIS_HASH, Actor, Aggregate, AppendResult, Capabilities, Decision,
+from ..store import (DEFAULT_MAX_PAYLOAD, GENESIS_HASH, Aggregate, AppendResult, Capabilities, Decision,
                      Head, Problem, Recorded, check_run_id, check_seq, encode_events, global_link, now_us)
 from . import schema
 from .driver import explain as _explain
@@ -113,7 +113,7 @@ class SqliteStore(FoldingStore):
         self.readonly = readonly
         self.conn = self._connect(create=create, readonly=readonly)
         try:
-            schema.prepare(self, create and not readonly)
+            schema.prepare(self, create and not readonly, self._clock)
             # Only once the file is known to be a ledger: switching a foreign database
             # to WAL would rewrite its header even though we then refuse it.
             if not self._memory and not readonly:
@@ -413,36 +413,22 @@ class SqliteStore(FoldingStore):
 
     # --- commands --------------------------------------------------------------------
 
-    def append(
-        self, run_id: str, events: Sequence[ev.Event], *, actor: Actor,
-        expected_seq: int | None = None, lease: str | None = None, idempotency_key: str | None = None,
-    ) -> AppendResult:
-        req = plan.append_request(run_id, events, actor=actor, expected_seq=expected_seq, lease=lease,
-                                  key=idempotency_key, max_payload=self.max_payload)
-        with self.lock:
-            with self.write_transaction("appending", "committing an append"):
-                result, _, folded = self._write_locked(req, None, None)
-            if folded is not None:
-                self._remember_all(run_id, folded)
-            return result
+    def _append(self, req: Request) -> AppendResult:
+        return self._command(req, None, None, "committing an append")[0]
 
-    def _step_rows(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Any]:
-        with self._reading():
-            return self._run_range("seq, type, recorded_us, payload, actor", run_id, after_seq, until_seq).fetchall()
-
-    def execute(
-        self, run_id: str, aggregate: Aggregate[S], decide: Callable[[S, Head | None], Decision], *,
-        actor: Actor, idempotency_key: str | None = None, digest_of: bytes | None = None,
-        lease: str | None = None,
-    ) -> tuple[AppendResult, S]:
-        req = plan.execute_request(run_id, actor=actor, key=idempotency_key, lease=lease, digest_of=digest_of)
+    def _execute(self, req: Request, aggregate: Aggregate[S],
+                 decide: Callable[[S, Head | None], Decision]) -> tuple[AppendResult, S]:
         if self._group is not None:
-            return self._group.submit(run_id, lambda: self._write_locked(req, aggregate, decide))
+            return self._group.submit(req.run_id, lambda: self._write_locked(req, aggregate, decide))
+        return self._command(req, aggregate, decide, "committing a command")  # type: ignore[return-value]
+
+    def _command(self, req: Request, aggregate: Aggregate[S] | None,
+                 decide: Callable[[S, Head | None], Decision] | None, committing: str) -> tuple[AppendResult, S | None]:
         with self.lock:
-            with self.write_transaction("appending", "committing a command"):
+            with self.write_transaction("appending", committing):
                 result, state, folded = self._write_locked(req, aggregate, decide)
             if folded is not None:
-                self._remember_all(run_id, folded)
+                self._remember_all(req.run_id, folded)
             return result, state
 
     def _write_locked(
@@ -503,6 +489,10 @@ class SqliteStore(FoldingStore):
 
     def _read_run_page(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Recorded]:
         return [Recorded(*r) for r in self._run_range(_COLUMNS, run_id, after_seq, until_seq)]
+
+    def _step_rows(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Any]:
+        with self._reading():
+            return self._run_range("seq, type, recorded_us, payload, actor", run_id, after_seq, until_seq).fetchall()
 
     def _iter_all(self, after_position: int, until_position: int | None, page: int) -> Iterator[Recorded]:
         upto = "" if until_position is None else " AND position<=?"
