@@ -153,6 +153,8 @@ def _add_heads_index(store: SqliteStore) -> None:
 
 
 def has_lease_digest(conn: sqlite3.Connection) -> bool:
+    """Whether the heads table has the ``lease_digest`` column (a file from before lease
+    tokens, opened read-only, has not)."""
     return any(r[1] == "lease_digest" for r in conn.execute("PRAGMA table_info(heads)"))
 
 

@@ -311,7 +311,7 @@ class SqliteStore(FoldingStore):
         except sqlite3.OperationalError:
             # A file from before lease tokens, opened read-only (a writable open adds the
             # column): no lease of it has a digest.
-            if any(r[1] == "lease_digest" for r in self.conn.execute("PRAGMA table_info(heads)")):
+            if schema.has_lease_digest(self.conn):
                 raise
             return None
         return None if row is None else row[0]
