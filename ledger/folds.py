@@ -2,9 +2,10 @@
 
 ``FoldingStore`` is the part of an ``EventStore`` that is the same on every backend. A
 dialect supplies four reads inside its open transaction (``_head_locked``, ``_hash_at``,
-``_steps_page``, ``_read_run_page``) and ``_reading``, the context a read outside a
-transaction runs in (its lock and its error mapping); the fold cache, a fork's lineage,
-the lean fold and the running of inline hooks are written once, here.
+``_step_rows``, ``_read_run_page``), ``_iter_all`` and ``_reading``, the context a read
+outside a transaction runs in (its lock and its error mapping); the argument checks of
+the reads, their paging, the fold cache, a fork's lineage, the lean fold and the running
+of inline hooks are written once, here.
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ import abc
 import collections
 import contextlib
 import itertools
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar, TypeVar
+
+import msgspec
 
 from . import events as ev
-from .store import Aggregate, EventStore, Head, Recorded, Step, Transaction, check_run_id, check_seq, keeps_views
+from . import plan
+from .plan import Request
+from .store import (Actor, Aggregate, AppendResult, Decision, EventStore, Head, Recorded, Step, Transaction,
+                    check_run_id, check_seq, keeps_views)
 
 S = TypeVar("S")
 #: A fold argument not given (``Transaction.state``'s ``head``), told apart from None.
@@ -26,6 +32,9 @@ MISSING: Any = object()
 CACHE_RUNS = 4096
 #: Events per page when a fold reads a run.
 PAGE = 1000
+
+#: The tag each event type is stored under.
+_TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
 
 #: What a write hands back to remember once it commits: the head its hooks ran at (None:
 #: no hook ran) and each aggregate's state there.
@@ -36,6 +45,7 @@ class FoldingStore(EventStore):
     """The backend-neutral half of a store: a dialect subclasses it and fills in its reads."""
 
     _txn: Transaction
+    max_payload: int
     #: An attached hook keeps every projection inline (``ledger.store.Hook.keeps_views``):
     #: a dialect then marks no view as behind for its writes.
     _keeps_views: bool = False
@@ -58,18 +68,118 @@ class FoldingStore(EventStore):
     def _hash_at(self, run_id: str, seq: int) -> bytes | None:
         """The hash of the run's event at ``seq``, or None."""
 
-    @abc.abstractmethod
-    def _steps_page(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Step]:
-        """The run's events after ``after_seq`` (up to ``until_seq``) as Steps."""
+    def _step_rows(self, run_id: str, after_seq: int, until_seq: int | None) -> Sequence[Sequence[Any]]:
+        """The run's events after ``after_seq`` (up to ``until_seq``) as (seq, type,
+        recorded_us, payload, actor) rows, for ``_steps_page`` (unless a dialect has its own)."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def _read_run_page(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Recorded]:
         """The run's events after ``after_seq`` (up to ``until_seq``) as Recorded."""
 
     @abc.abstractmethod
+    def _iter_all(self, after_position: int, until_position: int | None, page: int) -> Iterator[Recorded]:
+        """``read_all`` once its arguments are checked."""
+
+    @abc.abstractmethod
     def _reading(self, doing: str = "reading") -> contextlib.AbstractContextManager[Any]:
-        """The context one read outside a transaction runs in: the store's lock, and the
-        driver's errors mapped to the library's."""
+        """The context one call into the database runs in (a read outside a transaction, a
+        whole write transaction): the store's lock, and the driver's errors mapped to the
+        library's, naming ``doing``."""
+
+    def begin(self, doing: str) -> None:
+        """Open a write transaction (for ``write_transaction``, unless a dialect has its own)."""
+        raise NotImplementedError
+
+    def finish(self, ok: bool, doing: str) -> None:
+        """Commit the open write transaction (``ok``), or roll it back."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def write_transaction(self, doing: str, committing: str | None = None) -> Iterator[Transaction]:
+        """``begin`` ... ``finish``: committed when the block ends, rolled back on any
+        exception; driver errors name ``doing``, or ``committing`` for the commit's own."""
+        with self._reading(doing):
+            self.begin(doing)
+            ok = False
+            try:
+                yield self._txn
+                ok = True
+            finally:
+                self.finish(ok, committing or doing)
+
+    # --- commands, checked where they enter (ledger/plan.py), then the dialect's write ---
+
+    def append(self, run_id: str, events: Sequence[ev.Event], *, actor: Actor, expected_seq: int | None = None,
+               lease: str | None = None, idempotency_key: str | None = None) -> AppendResult:
+        return self._append(plan.append_request(run_id, events, actor=actor, expected_seq=expected_seq,
+                                                lease=lease, key=idempotency_key, max_payload=self.max_payload))
+
+    def execute(self, run_id: str, aggregate: Aggregate[S], decide: Callable[[S, Head | None], Decision], *,
+                actor: Actor, idempotency_key: str | None = None, digest_of: bytes | None = None,
+                lease: str | None = None) -> tuple[AppendResult, S]:
+        req = plan.execute_request(run_id, actor=actor, key=idempotency_key, lease=lease, digest_of=digest_of)
+        return self._execute(req, aggregate, decide)
+
+    def _append(self, req: Request) -> AppendResult:
+        """Write an append's checked request (its events encoded) under its fence."""
+        raise NotImplementedError
+
+    def _execute(self, req: Request, aggregate: Aggregate[S],
+                 decide: Callable[[S, Head | None], Decision]) -> tuple[AppendResult, S]:
+        """Fold, decide and write a command's checked request in one write transaction."""
+        raise NotImplementedError
+
+    # --- reads, checked where they enter ---------------------------------------------
+
+    #: ``read_all``'s default page.
+    READ_PAGE: ClassVar[int] = PAGE
+
+    def read_run(self, run_id: str, *, after_seq: int = 0, until_seq: int | None = None) -> Iterator[Recorded]:
+        # Checked now, not at the first next(): a bad argument fails where it was passed.
+        check_run_id(run_id)
+        check_seq(after_seq, "after_seq")
+        if until_seq is not None:
+            check_seq(until_seq, "until_seq")
+        return self._iter_run(run_id, after_seq, until_seq)
+
+    def read_all(self, *, after_position: int = 0, until_position: int | None = None,
+                 page: int | None = None) -> Iterator[Recorded]:
+        check_seq(after_position, "after_position")
+        if until_position is not None:
+            check_seq(until_position, "until_position")
+        page = self.READ_PAGE if page is None else check_seq(page, "page", low=1, high=1_000_000)
+        return self._iter_all(after_position, until_position, page)
+
+    def _iter_run(self, run_id: str, after_seq: int, until_seq: int | None) -> Iterator[Recorded]:
+        return itertools.chain.from_iterable(self._pages(self._read_run_page, run_id, after_seq, until_seq))
+
+    def _pages(self, read: Callable[[str, int, int], list[Any]], run_id: str, after_seq: int,
+               until_seq: int | None) -> Iterator[list[Any]]:
+        """A run's events a page at a time, each page read whole under ``_reading`` (so a
+        caller may write between pages), until a short page or ``until_seq``."""
+        cursor = after_seq
+        page_size = self._page_size()
+        while until_seq is None or cursor < until_seq:
+            stop = cursor + page_size if until_seq is None else min(cursor + page_size, until_seq)
+            with self._reading():
+                page = read(run_id, cursor, stop)
+            yield page
+            if len(page) < stop - cursor:
+                return
+            cursor = stop
+
+    def _steps_page(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Step]:
+        """The run's events after ``after_seq`` (up to ``until_seq``) as Steps: five columns
+        read, the payloads decoded together."""
+        rows = self._step_rows(run_id, after_seq, until_seq)
+        steps = decode_steps(run_id, rows)
+        if steps is None:
+            # Read the page again whole: Recorded.event raises CorruptLedger naming the
+            # position of the payload that does not decode or does not match its type.
+            events = [rec.event for rec in self._read_run_page(run_id, after_seq, until_seq)]
+            steps = [Step(run_id, r[0], r[1], r[2], e, r[-1]) for r, e in zip(rows, events)]
+        return steps
 
     # --- inline hooks -----------------------------------------------------------------
 
@@ -154,24 +264,29 @@ class FoldingStore(EventStore):
 
     def _lineage_pages(self, run_id: str, until_seq: int | None) -> Iterator[list[Step]]:
         # Pages, chained by the caller in C: a generator resumed per event cost ~8% of a fold.
-        cursor = 0
-        page_size = self._page_size()
-        while until_seq is None or cursor < until_seq:
-            stop = cursor + page_size if until_seq is None else min(cursor + page_size, until_seq)
-            with self._reading():
-                page = self._steps_page(run_id, cursor, stop)
-            if cursor == 0 and page and page[0].type == "run_forked":
+        for i, page in enumerate(self._pages(self._steps_page, run_id, 0, until_seq)):
+            if i == 0 and page and page[0].type == "run_forked":
                 fork = page[0].event
                 assert isinstance(fork, ev.RunForked)
                 yield from self._lineage_pages(fork.parent, fork.parent_seq)
             yield page
-            if len(page) < stop - cursor:
-                return
-            cursor = stop
 
     def _page_size(self) -> int:
         """Events per page a fold reads (a dialect's module may set its own ``PAGE``)."""
         return PAGE
+
+
+def decode_steps(run_id: str, rows: Sequence[Sequence[Any]]) -> list[Step] | None:
+    """Steps from (seq, type, recorded_us, payload, ..., actor) rows, the payloads decoded
+    together; None when one does not decode or is not the type its row names (the caller
+    then reads the page whole, to name the damaged one)."""
+    try:
+        events = ev.decode_many([r[3] for r in rows])
+        if list(map(_TAGS.__getitem__, map(type, events))) != [r[1] for r in rows]:
+            return None
+    except (msgspec.ValidationError, msgspec.DecodeError, TypeError, UnicodeDecodeError, KeyError):
+        return None
+    return [Step(run_id, r[0], r[1], r[2], e, r[-1]) for r, e in zip(rows, events)]
 
 
 class StoreTransaction(Transaction):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 import msgspec
 
 from . import events as ev
-from .errors import CorruptLedger, InvalidInput, PayloadTooLarge, ReservedKey, UnknownEventType
+from .errors import CorruptLedger, InvalidInput, NotALedger, PayloadTooLarge, ReservedKey, SchemaTooNew, UnknownEventType
 
 if TYPE_CHECKING:
     from .views import ViewStore, ViewWriter
@@ -39,6 +39,9 @@ CONTROL_RE = re.compile(f"[{CONTROL_CHARS}]")
 ACTOR_NAME_RE = re.compile(f"[^\t\n{CONTROL_CHARS}]{{1,128}}")
 DEFAULT_MAX_PAYLOAD = 1 << 20
 GENESIS_HASH = b"\x00" * 32
+#: The ``format`` row of every ledger's handoff_meta table: what tells a ledger from any
+#: other database of the same engine.
+FORMAT_NAME = "handoff-ledger"
 
 
 class Actor(msgspec.Struct, frozen=True):
@@ -246,6 +249,25 @@ def check_chars(value: str, field: str) -> str:
             field=field,
         )
     return value
+
+
+def now_us() -> int:
+    """This host's clock, in UTC µs: what a store stamps events with unless given its own."""
+    return time.time_ns() // 1000
+
+
+def meta_schema_version(meta: dict[str, str], where: str, newest: int, what: str = "schema") -> int:
+    """The schema version a ledger's handoff_meta rows declare: NotALedger without the
+    format mark, SchemaTooNew when a newer version than this one (``newest``) wrote it."""
+    if meta.get("format") != FORMAT_NAME:
+        raise NotALedger(f"{where} has a handoff_meta table but no handoff-ledger format mark")
+    version = int(meta.get("schema_version", "0"))
+    if version > newest:
+        raise SchemaTooNew(
+            f"{where} was written by a newer handoff-ledger ({what} {version}, this "
+            f"version reads up to {newest}); upgrade handoff-ledger"
+        )
+    return version
 
 
 def check_seq(value: object, field: str, *, low: int = 0, high: int = 2**53) -> int:
@@ -547,7 +569,7 @@ class EventStore(abc.ABC):
 
     def clock(self) -> int:
         """The store's "now" in µs; this host's clock unless ``capabilities.own_clock``."""
-        return time.time_ns() // 1000
+        return now_us()
 
     def enable_group_commit(self) -> None:
         """Let concurrent commands of this process share write transactions; only a backend

@@ -19,10 +19,6 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     pgerr = None  # type: ignore[assignment]
 
 
-def now_us() -> int:
-    return time.time_ns() // 1000
-
-
 #: How long a statement may go without an answer from the server beyond its lock waits,
 #: by default, before the connection is given up (PostgresStore's ``reply_timeout_s``).
 DEFAULT_REPLY_TIMEOUT_S = 30.0

@@ -7,10 +7,9 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
 
 from .. import events as ev
-from ..store import Head, Recorded, Step
+from ..store import Head, Recorded
 
 TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
 
@@ -89,15 +88,3 @@ def head_of(row: Sequence[Any] | None, *, digest: bool = False) -> Any:
         return (None, 0, None) if digest else (None, 0)
     head = Head(row[0], row[1], as_bytes(row[2]), row[3], row[4], row[5], row[6])
     return (head, row[7], row[8]) if digest else (head, row[7])
-
-
-def decode_steps(run_id: str, rows: Sequence[Sequence[Any]]) -> list[Step] | None:
-    """Steps from (seq, type, recorded_us, payload, ..., actor) rows, or None when a payload does
-    not decode to its type (the caller then reads the run the slow way, which says why)."""
-    try:
-        events = ev.decode_many([as_bytes(r[3]) for r in rows])
-        if not all(TAGS[type(e)] == r[1] for r, e in zip(rows, events)):
-            return None
-    except (msgspec.ValidationError, msgspec.DecodeError, TypeError, UnicodeDecodeError, KeyError):
-        return None
-    return [Step(run_id, r[0], r[1], r[2], e, r[-1]) for r, e in zip(rows, events)]

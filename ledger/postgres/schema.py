@@ -21,7 +21,6 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 #: Layout version of the database schema (tables, indexes, triggers), kept in handoff_meta.
 PG_SCHEMA_VERSION = 6
-FORMAT_NAME = "handoff-ledger"
 #: The advisory lock two sessions creating the schema at once meet on (nothing else
 #: waits on an advisory lock: see MAINTENANCE_LOCK).
 CREATE_LOCK = (0x48414E44, 0)  # "HAND"

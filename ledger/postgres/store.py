@@ -42,15 +42,17 @@ from ..folds import FoldingStore, StoreTransaction
 from ..importing import ImportHead, ImportRow, run_import
 from ..store import (
     DEFAULT_MAX_PAYLOAD,
+    FORMAT_NAME,
     GENESIS_HASH,
     Aggregate,
     Capabilities,
     Head,
     Problem,
     Recorded,
-    Step,
     check_run_id,
     check_seq,
+    meta_schema_version,
+    now_us,
 )
 
 try:  # the driver is an optional extra: pip install 'handoff-ledger[postgres]'
@@ -60,7 +62,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
     pgerr = None  # type: ignore[assignment]
 
-from .connection import DEFAULT_REPLY_TIMEOUT_S, explain, now_us, connect, redact
+from .connection import DEFAULT_REPLY_TIMEOUT_S, connect, explain, redact
 from .rows import (
     PAGE_SQL,
     POSITION,
@@ -73,14 +75,12 @@ from .rows import (
     UPSERT_HEAD,
     HEAD_SELECT,
     as_bytes,
-    decode_steps,
     head_of,
     recorded_row,
 )
 from .writing import Writes
 from .schema import (
     CREATE_LOCK,
-    FORMAT_NAME,
     ID_BLOCK,
     MAINTENANCE_LOCK,
     MIGRATIONS,
@@ -99,11 +99,6 @@ from .schema import (
 S = TypeVar("S")
 
 PAGE = 1000
-#: read_all's default page. A whole-log reader is usually far behind, and each page
-#: costs a statement planned and a round trip whatever its size: pages of 2,000 cost
-#: about 8% less per event than pages of 1,000; at 4,000 the client's share grows more
-#: than the server's shrinks.
-READ_PAGE = 2000
 
 class PostgresStore(Writes, FoldingStore):
     """An EventStore in a PostgreSQL database (``postgresql://user@host:port/dbname``).
@@ -114,6 +109,11 @@ class PostgresStore(Writes, FoldingStore):
     """
 
     backend = "postgresql"
+    #: read_all's default page. A whole-log reader is usually far behind, and each page
+    #: costs a statement planned and a round trip whatever its size: pages of 2,000 cost
+    #: about 8% less per event than pages of 1,000; at 4,000 the client's share grows more
+    #: than the server's shrinks.
+    READ_PAGE = 2000
     capabilities = Capabilities(attested_roles=True, own_clock=True)
 
     def __init__(
@@ -237,14 +237,7 @@ class PostgresStore(Writes, FoldingStore):
                 self._create_schema()
                 return
             meta = dict(self.x("SELECT key, value FROM handoff_meta").fetchall())
-            if meta.get("format") != FORMAT_NAME:
-                raise NotALedger(f"{self.path} has a handoff_meta table but no handoff-ledger format mark")
-            version = int(meta.get("schema_version", "0"))
-            if version > PG_SCHEMA_VERSION:
-                raise SchemaTooNew(
-                    f"{self.path} was written by a newer handoff-ledger (schema {version}, this "
-                    f"version reads up to {PG_SCHEMA_VERSION}); upgrade handoff-ledger"
-                )
+            version = meta_schema_version(meta, self.path, PG_SCHEMA_VERSION)
             if version < PG_SCHEMA_VERSION:
                 if self.readonly:
                     raise StoreUnavailable(
@@ -291,7 +284,7 @@ class PostgresStore(Writes, FoldingStore):
         """Bring an older schema up to this version, in one transaction that excludes every
         write (the hook for later versions: add statements to MIGRATIONS)."""
         with self.lock:
-            self._begin("migrating the ledger schema", migrating=True)
+            self.begin("migrating the ledger schema", migrating=True)
             ok = False
             try:
                 version = int(self.x("SELECT value FROM handoff_meta WHERE key='schema_version'").fetchone()[0])
@@ -308,11 +301,11 @@ class PostgresStore(Writes, FoldingStore):
             except psycopg.Error as exc:
                 raise explain(exc, "migrating the ledger schema", self.path) from exc
             finally:
-                self._finish(ok, "migrating the ledger schema")
+                self.finish(ok, "migrating the ledger schema")
 
     # --- transactions ----------------------------------------------------------------
 
-    def _begin(self, doing: str, *, migrating: bool = False) -> None:
+    def begin(self, doing: str, *, migrating: bool = False) -> None:
         """BEGIN a transaction that excludes every write: wait until no write is in flight
         and hold every ledger-wide lock to the commit (rebuilds, catch-up, imports,
         migrations), with the order sealed up to date first. (A write is one message of
@@ -336,17 +329,17 @@ class PostgresStore(Writes, FoldingStore):
                     conn.execute("SELECT count(*) FROM handoff_seal(true, '{}')")
                     conn.execute("SELECT 1 FROM ledger_tail FOR UPDATE")
             except pgerr.InsufficientPrivilege as exc:
-                self._finish(False, doing)
+                self.finish(False, doing)
                 raise StoreUnavailable(
                     f"{doing} is for the role that owns the ledger (the one that ran 'handoff init'): "
                     f"this role may not take the lock that keeps every write out meanwhile, on {self.path}; "
                     "nothing was changed. Run it as the owner (docs/postgres.md, roles)",
                     cause=str(exc).splitlines()[0]) from None
             except BaseException:
-                self._finish(False, doing)
+                self.finish(False, doing)
                 raise
 
-    def _finish(self, ok: bool, doing: str) -> None:
+    def finish(self, ok: bool, doing: str) -> None:
         conn = self._conn
         self._in_txn = False
         self.writing = False
@@ -378,21 +371,6 @@ class PostgresStore(Writes, FoldingStore):
     def _head_locked(self, run_id: str, *, lock: bool = False) -> tuple[Head | None, int]:
         row = self.x(HEAD_SELECT + (" FOR UPDATE" if lock else ""), (run_id,)).fetchone()
         return head_of(row)
-
-    @contextlib.contextmanager
-    def write_transaction(self, doing: str) -> Iterator[PostgresTransaction]:
-        """BEGIN with every write excluded (as under SQLite's write lock) ... COMMIT, or
-        ROLLBACK on any exception."""
-        with self.lock:
-            self._begin(doing)
-            ok = False
-            try:
-                yield self._txn
-                ok = True
-            except psycopg.Error as exc:
-                raise explain(exc, doing, self.path) from exc
-            finally:
-                self._finish(ok, doing)
 
     @contextlib.contextmanager
     def read_transaction(self) -> Iterator[PostgresTransaction]:
@@ -513,49 +491,24 @@ class PostgresStore(Writes, FoldingStore):
             args.append(until_seq)
         return [recorded_row(r) for r in self.x(sql + " ORDER BY e.seq", args)]
 
-    def _steps_page(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Step]:
+    def _step_rows(self, run_id: str, after_seq: int, until_seq: int | None) -> list[tuple[Any, ...]]:
         sql = "SELECT seq, type, recorded_us, payload, actor FROM events WHERE run_id=%s AND seq>%s"
         args: list[Any] = [run_id, after_seq]
         if until_seq is not None:
             sql += " AND seq<=%s"
             args.append(until_seq)
-        rows = self.x(sql + " ORDER BY seq", args).fetchall()
-        steps = decode_steps(run_id, rows)
-        if steps is None:
-            events = [rec.event for rec in self._read_run_page(run_id, after_seq, until_seq)]
-            steps = [Step(run_id, seq, type_, at_us, event, actor) for (seq, type_, at_us, _, actor), event in zip(rows, events)]
-        return steps
-
-    def read_run(self, run_id: str, *, after_seq: int = 0, until_seq: int | None = None) -> Iterator[Recorded]:
-        check_run_id(run_id)
-        check_seq(after_seq, "after_seq")
-        if until_seq is not None:
-            check_seq(until_seq, "until_seq")
-        return self._iter_run(run_id, after_seq, until_seq)
+        return [(r[0], r[1], r[2], as_bytes(r[3]), r[4]) for r in self.x(sql + " ORDER BY seq", args)]
 
     def _iter_run(self, run_id: str, after_seq: int, until_seq: int | None) -> Iterator[Recorded]:
-        cursor = after_seq
-        while True:
-            if until_seq is not None and cursor >= until_seq:
-                return
-            stop = cursor + PAGE if until_seq is None else min(cursor + PAGE, until_seq)
-            with self.lock, self.mapped("reading"):
-                page = self._read_run_page(run_id, cursor, stop)
-                if not self._in_txn and any(r.position == 0 for r in page):
-                    self._seal_quietly()
-                    page = self._read_run_page(run_id, cursor, stop)
-            yield from page
-            if len(page) < stop - cursor:
-                return
-            cursor = stop
+        # An event committed but not sealed yet reads with position 0: seal (when this
+        # session may) and read the page again.
+        def page(run: str, cursor: int, stop: int) -> list[Recorded]:
+            rows = self._read_run_page(run, cursor, stop)
+            if not self._in_txn and any(r.position == 0 for r in rows) and self._seal_quietly():
+                rows = self._read_run_page(run, cursor, stop)
+            return rows
 
-    def read_all(self, *, after_position: int = 0, until_position: int | None = None,
-                 page: int = READ_PAGE) -> Iterator[Recorded]:
-        check_seq(after_position, "after_position")
-        if until_position is not None:
-            check_seq(until_position, "until_position")
-        check_seq(page, "page", low=1, high=1_000_000)
-        return self._iter_all(after_position, until_position, page)
+        return itertools.chain.from_iterable(self._pages(page, run_id, after_seq, until_seq))
 
     def _iter_all(self, after_position: int, until_position: int | None, page: int) -> Iterator[Recorded]:
         """Pages of positions (cursor, stop], never past the tail last read: every position
@@ -674,7 +627,7 @@ class PostgresStore(Writes, FoldingStore):
         events take the next positions after the sealed tail, with their write ids drawn
         from the ledger's sequence."""
         with self.lock:
-            self._begin("importing")
+            self.begin("importing")
             ok = False
             try:
                 # The import gives its events their positions itself: the insert trigger
@@ -686,7 +639,7 @@ class PostgresStore(Writes, FoldingStore):
             except psycopg.Error as exc:
                 raise explain(exc, "importing", self.path) from exc
             finally:
-                self._finish(ok, "committing an import")
+                self.finish(ok, "committing an import")
         for run_id, folded in touched:
             self._remember_all(run_id, folded)
         return counts

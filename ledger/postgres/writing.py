@@ -14,9 +14,9 @@ from .. import events as ev
 from .. import plan
 from ..errors import StaleLease, StoreUnavailable
 from ..folds import MISSING as _MISSING
+from ..folds import decode_steps
 from ..store import (
     GENESIS_HASH,
-    Actor,
     Aggregate,
     AppendResult,
     Decision,
@@ -25,7 +25,7 @@ from ..store import (
     Recorded,
     encode_events,
 )
-from .rows import HEAD_SELECT, as_bytes, decode_steps, head_of
+from .rows import HEAD_SELECT, as_bytes, head_of
 from .schema import HEAD_MOVED, ID_BLOCK, NOT_THE_HOLDER
 from .sync import as_json
 
@@ -214,7 +214,7 @@ class Writes:
             views, guards = self._view_rows, self._guards
         finally:
             self._view_rows = self._guards = self._pending = None
-        sealed = self._append(run_id, head, ids, token, lease_n, done, views, guards, doing)
+        sealed = self._send_write(run_id, head, ids, token, lease_n, done, views, guards, doing)
         if new_state is _MISSING and aggregate is not None:
             new_state = next((st for agg, st in folded[1] if agg is aggregate), _MISSING)
             if new_state is _MISSING:
@@ -270,7 +270,7 @@ class Writes:
         """Whether a write is being decided (a view read now is one it depends on)."""
         return self._guards is not None
 
-    def _append(self, run_id: str, head: Head | None, ids: list[int], token: LeaseToken | None,
+    def _send_write(self, run_id: str, head: Head | None, ids: list[int], token: LeaseToken | None,
                 lease: int | None, done: plan.Stamped, views: dict[str, Any] | None,
                 guards: list[Any] | None, doing: str) -> tuple[str, dict[int, int]]:
         """The second round trip: handoff_append, COMMIT, and the seal of what could not be
@@ -354,45 +354,33 @@ class Writes:
             return state if (cached is not None and cached[1] == head.last_seq) else _MISSING
         if rows[-1][0] != head.last_seq:
             return _MISSING
-        steps = decode_steps(run_id, rows)
+        steps = decode_steps(run_id, [(r[0], r[1], r[2], as_bytes(r[3]), r[4], r[5]) for r in rows])
         if steps is None:
             return _MISSING
         return aggregate.evolve_all(state, steps)
 
-    def append(
-        self, run_id: str, events: Sequence[ev.Event], *, actor: Actor,
-        expected_seq: int | None = None, lease: str | None = None, idempotency_key: str | None = None,
-    ) -> AppendResult:
-        # Checked and encoded before any round trip.
-        req = plan.append_request(run_id, events, actor=actor, expected_seq=expected_seq, lease=lease,
-                                  key=idempotency_key, max_payload=self.max_payload)
-
+    def _append(self, req: plan.Request) -> AppendResult:
         def decide(head: Head | None, max_lease: int, state: Any) -> Any:
-            plan.check_fence(run_id, head, req.expected_seq, None)
+            plan.check_fence(req.run_id, head, req.expected_seq, None)
             return req.events, req.lease
 
         # With hooks attached, fold for the first of them in the same round trips (its
         # steps come with the first one), so the hooks need no read of their own.
         folded_for = self._hooks[0][0] if self._hooks else None
         with self.lock:
-            result, _ = self._write(run_id, folded_for, req.actor, req.key, req.digest, req.token, decide,
+            result, _ = self._write(req.run_id, folded_for, req.actor, req.key, req.digest, req.token, decide,
                                     "appending")
         return result
 
-    def execute(
-        self, run_id: str, aggregate: Aggregate[S], decide: Callable[[S, Head | None], Decision], *,
-        actor: Actor, idempotency_key: str | None = None, digest_of: bytes | None = None,
-        lease: str | None = None,
-    ) -> tuple[AppendResult, S]:
-        req = plan.execute_request(run_id, actor=actor, key=idempotency_key, lease=lease, digest_of=digest_of)
-
+    def _execute(self, req: plan.Request, aggregate: Aggregate[S],
+                 decide: Callable[[S, Head | None], Decision]) -> tuple[AppendResult, S]:
         def planned(head: Head | None, max_lease: int, state: Any) -> Any:
             decision = decide(state, head)
             if not decision.events:
-                return plan.unchanged(run_id, head)
-            plan.check_decision(run_id, decision, req.token, head, max_lease)
+                return plan.unchanged(req.run_id, head)
+            plan.check_decision(req.run_id, decision, req.token, head, max_lease)
             return decision.events, decision.lease
 
         with self.lock:
-            return self._write(run_id, aggregate, req.actor, req.key, req.digest, req.token, planned,
+            return self._write(req.run_id, aggregate, req.actor, req.key, req.digest, req.token, planned,
                                "committing a command")

@@ -1,9 +1,10 @@
 """The SQLite dialect: one file, WAL, every write under BEGIN IMMEDIATE.
 
 ``store`` holds the store (connection, reads, the write's I/O), ``schema`` the file's
-layout, ``opening`` what a path must be, ``driver`` the error mapping, ``group`` group
-commit and ``views`` the projections' tables. The algorithms every backend shares live
-one level up, in ledger/ (plan, folds, importing, verify).
+layout and its life (create, check, upgrade), ``opening`` what a path must be,
+``driver`` the error mapping, ``group`` group commit and ``views`` the projections'
+tables. The algorithms every backend shares live one level up, in ledger/ (plan,
+folds, importing, verify).
 """
 
 from ..store import global_link

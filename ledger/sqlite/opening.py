@@ -12,7 +12,7 @@ import stat
 
 from .. import files
 from ..errors import CorruptLedger, LedgerError, NotALedger
-from .schema import FORMAT_NAME
+from ..store import FORMAT_NAME
 
 
 #: The first 16 bytes of every SQLite 3 database file.
