@@ -2247,6 +2247,7 @@ def verify(run: str | None, expect_head: tuple[str, ...], quiet: bool, as_json: 
                        + (f"; the ledger still holds {len(expect_head)} head digest(s)" if expect_head else ""))
             if skipped:
                 click.echo("not checked: " + "; ".join(skipped))
+            _echo_erased(doc["erased"])
             if doc["db_roles"]:  # the server's word on who inserted the events (PostgreSQL)
                 click.echo("written by database roles: "
                            + ", ".join(f"{R.visible(role)} ({n} events)" for role, n in doc["db_roles"].items()))
@@ -2263,11 +2264,19 @@ def verify(run: str | None, expect_head: tuple[str, ...], quiet: bool, as_json: 
                                        for d in diffs]))
             for text in tables:
                 click.echo(text + "\n")
+            _echo_erased(doc["erased"], err=True)
             click.echo(f"{len(probs)} problem(s) in the log, {len(diffs)} projection difference(s)", err=True)
             if skipped:
                 click.echo("not checked: " + "; ".join(skipped), err=True)
     if not ok:
         _exit_damage_found()
+
+
+def _echo_erased(erased: list[dict], *, err: bool = False) -> None:
+    """Values deleted on purpose: each deletion event, which is not damage."""
+    for e in erased:
+        click.echo(f"erased: {e['erased']} value(s) of run {e['run_id']} deleted as recorded by values_erased at "
+                   f"seq {e['seq']} ({e['reason']}); not damage", err=err)
 
 
 @main.command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from ..errors import InvalidInput
+from .blobs import TABLE as VALUES
 from .schema import LEDGER_TABLES as _LEDGER_TABLES
 from .schema import ident
 
@@ -69,6 +70,8 @@ def roles_sql(schema: str, prefix: str = "handoff") -> str:
         f"GRANT SELECT, INSERT, UPDATE ON {s}.heads TO {appenders};",
         f"GRANT SELECT ON {s}.ledger_tail, {s}.ledger_order TO {appenders};",
         f"GRANT SELECT ON {s}.unsealed TO {appenders};",
+        # Values beside the log: written once, read, deleted after a recorded erasure; never changed.
+        f"REVOKE UPDATE, TRUNCATE ON {s}.{VALUES} FROM {appenders};",
         # Sealing and queueing run as the owner (SECURITY DEFINER): callers need EXECUTE only.
         f"REVOKE ALL ON FUNCTION {s}.handoff_seal(boolean, bigint[]), {s}.handoff_queue() FROM PUBLIC;",
         f"GRANT EXECUTE ON FUNCTION {s}.handoff_seal(boolean, bigint[]) TO {everyone};",

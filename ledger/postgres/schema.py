@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 
+from .blobs import CREATE as VALUES_TABLE
+
 try:  # the driver is an optional extra: pip install 'handoff-ledger[postgres]'
     from psycopg import sql as _sql
 except ImportError:  # pragma: no cover - exercised only without the extra
@@ -16,7 +18,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 
 #: Layout version of the database schema (tables, indexes, triggers), kept in handoff_meta.
-PG_SCHEMA_VERSION = 5
+PG_SCHEMA_VERSION = 6
 FORMAT_NAME = "handoff-ledger"
 #: Advisory lock namespace (the first key of pg_advisory_xact_lock(int, int)) for runs.
 _RUN_LOCK_NS = 0x48414E44  # "HAND"
@@ -304,6 +306,7 @@ _SCHEMA = [
     *ORDER_TRIGGERS.values(),
     STAMP_FUNCTION,
     *ROLE_TRIGGERS.values(),
+    VALUES_TABLE,
 ]
 
 #: Migrations from an older schema version: {from_version: [statements]}, run in one
@@ -351,6 +354,8 @@ MIGRATIONS: dict[int, list[str]] = {
     # 5: an insert seals itself when the seal lock is free (QUEUE_FUNCTION), and a write
     # sent in one round trip proves the head it decided from (BEGIN_FUNCTION).
     4: ["{requeue}", "{reseal}", "{begin}", "{expect}"],
+    # 6: values beside the log (blobs.py); writers get INSERT, SELECT, DELETE on it (roles.py).
+    5: [VALUES_TABLE],
 }
 
 

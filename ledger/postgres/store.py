@@ -81,6 +81,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     psycopg = None  # type: ignore[assignment]
     pgerr = None  # type: ignore[assignment]
 
+from .blobs import PostgresValues
 from .schema import (
     PG_SCHEMA_VERSION,
     FORMAT_NAME,
@@ -675,7 +676,7 @@ def _decode_steps(run_id: str, rows: Sequence[Sequence[Any]]) -> list[Step] | No
     return [Step(run_id, r[0], r[1], r[2], e, r[-1]) for r, e in zip(rows, events)]
 
 
-class PostgresStore(FoldingStore):
+class PostgresStore(PostgresValues, FoldingStore):
     """An EventStore in a PostgreSQL database (``postgresql://user@host:port/dbname``).
 
     One store object owns one connection and may be shared by threads; open one per

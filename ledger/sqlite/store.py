@@ -48,7 +48,7 @@ from ..store import (
     encode_events,
     global_link,
 )
-from . import schema
+from . import blobs, schema
 from .driver import explain as _explain
 from .schema import APPEND_ONLY_TRIGGERS, CREATE_UNKEPT, FORMAT_NAME, HEADS_FIRST, MARK_UNKEPT, UNKEPT
 from .group import GroupCommit
@@ -114,7 +114,7 @@ def _now_us() -> int:
 
 
 
-class SqliteStore(FoldingStore):
+class SqliteStore(blobs.SqliteValues, FoldingStore):
     """An EventStore in one SQLite file (or ``:memory:`` for tests and scratch work).
 
     One store object owns one connection and may be shared by threads; open one per
@@ -302,6 +302,7 @@ class SqliteStore(FoldingStore):
         if not self.readonly:
             self._ensure_heads_index()
             self._ensure_lease_digest_column()
+            blobs.ensure(self)
 
     def _ensure_heads_index(self) -> None:
         """Add ``heads_first`` to a ledger made before it existed.
@@ -406,6 +407,7 @@ class SqliteStore(FoldingStore):
             )
             self.conn.execute(HEADS_FIRST)
             self.conn.execute(CREATE_UNKEPT)
+            self.conn.execute(blobs.CREATE)
             self.conn.execute("COMMIT")
             self.created_schema = True
         except sqlite3.Error as exc:
