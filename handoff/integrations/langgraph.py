@@ -42,7 +42,7 @@ from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 from handoff.api import Ledger
 from handoff.lease import HeldLease
 from handoff.ledger import events as ev
-from handoff.ledger.errors import InvalidInput, RunExists, StaleLease, UnknownRun
+from handoff.ledger.errors import InvalidInput, LeaseLost, RunExists, StaleLease, UnknownRun
 from handoff.ledger.store import RUN_ID_RE, Actor, value_digest
 from handoff.reducers import transitions as T
 
@@ -196,22 +196,32 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         """The write's credentials: the lease's token (checked by the lease block first), or
         the run's owner."""
         if self.lease is not None:
-            return {"lease": self.lease.token}
+            try:
+                return {"lease": self.lease.token}
+            except LeaseLost as exc:  # the block already knows: the same refusal the ledger gives
+                raise StaleLease(f"the saver's lease on run {run} is lost ({exc.message}); nothing was written and "
+                                 "this graph must stop", run_id=run, lease=self.lease.number,
+                                 why="lease_lost") from exc
         return {"actor": Actor("owner", index.owner or self.owner)}
 
-    def _begin(self, run: str) -> None:
+    def _begin(self, run: str, index: _Index) -> None:
         """Once per run, with a lease: move a queued run to executing, where its graph steps
         count as progress (a run left in unknown moves once its side effects are settled)."""
         if self.lease is None or run in self._begun:
             return
-        token, worker = self.lease.token, self.lease.worker
-        state = self.lg.checkpoint(run).state
-        if state == T.QUEUED:
-            self.lg.transition(run, token, T.PLANNING, reason="the graph started", worker=worker)
-            state = T.PLANNING
-        if state in (T.PLANNING, T.UNKNOWN):
-            self.lg.transition(run, token, T.EXECUTING, reason="the graph runs", worker=worker)
-        self._begun.add(run)
+        with self._lock:  # LangGraph saves from more than one thread: one of them moves the run
+            if run in self._begun:
+                return
+            token, worker = self._writer(run, index)["lease"], self.lease.worker
+            state = self.lg.checkpoint(run).state
+            if state == T.QUEUED:
+                self._fenced(lambda: self.lg.transition(run, token, T.PLANNING, reason="the graph started",
+                                                        worker=worker))
+                state = T.PLANNING
+            if state in (T.PLANNING, T.UNKNOWN):
+                self._fenced(lambda: self.lg.transition(run, token, T.EXECUTING, reason="the graph runs",
+                                                        worker=worker))
+            self._begun.add(run)
 
     def _fenced(self, call: Any) -> Any:
         try:
@@ -258,6 +268,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         index = self._index(run)
         if index is None:
             return None
+        self._begin(run, index)  # a leased graph loading its state starts working: its first task may be a tool
         cid = get_checkpoint_id(config)
         if cid:
             s = index.saved.get((thread, ns, cid))
@@ -304,7 +315,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         self._ensure_run(run, thread, config)
         index = self._index(run)
         assert index is not None
-        self._begin(run)
+        self._begin(run, index)
         body = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         values = checkpoint.get("channel_values", {})
         versions = checkpoint.get("channel_versions", {})
@@ -346,7 +357,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
             items.append((idx, channel, blob))
         if not items:
             return
-        self._begin(run)
+        self._begin(run, index)
         if any(ch == RESUME for _, ch, _ in items):
             self._clear_interrupt(run, index, True)
         self._fenced(lambda: self.lg.save_graph_writes(
@@ -359,22 +370,23 @@ class LedgerSaver(BaseCheckpointSaver[str]):
 
     def _raise_interrupt(self, run: str, index: _Index, thread: str, task_id: str, blob: bytes) -> None:
         """An ``interrupt()``: a blocker whose next action is resuming the thread."""
-        if any(b.reason.startswith(INTERRUPT_BLOCKER) for b in self.lg.checkpoint(run).blockers):
-            return
         shown = repr(self.serde.loads_typed(_unframe(blob)))
         shown = shown if len(shown) <= 300 else shown[:299] + "..."
-        self._fenced(lambda: self.lg.block(
-            run, f"{INTERRUPT_BLOCKER} in task {task_id} of thread {thread}: {shown}",
-            f"resume the graph on thread {thread} with Command(resume=...)", **self._writer(run, index)))
+        with self._lock:
+            if any(b.reason.startswith(INTERRUPT_BLOCKER) for b in self.lg.checkpoint(run).blockers):
+                return
+            self._fenced(lambda: self.lg.block(
+                run, f"{INTERRUPT_BLOCKER} in task {task_id} of thread {thread}: {shown}",
+                f"resume the graph on thread {thread} with Command(resume=...)", **self._writer(run, index)))
 
     def _clear_interrupt(self, run: str, index: _Index, resumed: bool) -> None:
         if not resumed:
             return
-        cp = self.lg.checkpoint(run)
-        for b in cp.blockers:
-            if b.reason.startswith(INTERRUPT_BLOCKER):
-                self._fenced(lambda b=b: self.lg.unblock(run, "the graph was resumed", blocker_id=b.id,
-                                                        **self._writer(run, index)))
+        with self._lock:  # the resume's writes and the next checkpoint may come from two threads
+            for b in self.lg.checkpoint(run).blockers:
+                if b.reason.startswith(INTERRUPT_BLOCKER):
+                    self._fenced(lambda b=b: self.lg.unblock(run, "the graph was resumed", blocker_id=b.id,
+                                                            **self._writer(run, index)))
 
     # --- deleting: recorded first, then done ---------------------------------------------
 
@@ -442,7 +454,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         self._ensure_run(dst, d_thread, target)
         dindex = self._index(dst)
         assert dindex is not None
-        self._begin(dst)
+        self._begin(dst, dindex)
         for s in saved:
             e = s.event
             blobs = self.lg.values(src, set(e.values.values()) | {d for _, d, _ in s.writes.values()})
