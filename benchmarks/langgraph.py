@@ -2,7 +2,7 @@
 
 ``lg-graph-growing`` runs one ``StateGraph`` (a node appends a 1 KiB message to a list
 channel and loops until the list holds ``n``) to completion: ``n`` steps, a checkpoint
-each (and the task's writes). Subject: ``LedgerSaver`` on an SQLite ledger (WAL,
+each (and the task's writes), saved before the next step runs (``durability="sync"``). Subject: ``LedgerSaver`` on an SQLite ledger (WAL,
 synchronous=FULL). Reference: LangGraph's ``SqliteSaver`` on a file, WAL and
 synchronous=FULL (peers.py). Peers: ``LedgerSaver`` on PostgreSQL, and LangGraph's
 ``PostgresSaver`` in a schema of its own; both ``no server`` without one.
@@ -16,7 +16,6 @@ quarter alone: flat bytes per step means the last quarter costs what the first d
 from __future__ import annotations
 
 import operator
-import os
 import sqlite3
 import time
 from typing import Annotated, Any, TypedDict
@@ -55,7 +54,9 @@ def _run(graph: Any, n: int, stored: Any) -> Any:
     config = {"configurable": {"thread_id": "bench-thread"}, "recursion_limit": n + 10}
     quarter = max(1, n // 4)
     seconds, at_3q, steps = 0.0, None, 0
-    it = iter(graph.stream({"messages": []}, config, stream_mode="values"))
+    # durability="sync": each step's checkpoint is stored before the next step runs (the
+    # default saves in the background and may still be writing when a step is reported).
+    it = iter(graph.stream({"messages": []}, config, stream_mode="values", durability="sync"))
     while True:
         t0 = time.perf_counter()
         try:
@@ -77,13 +78,12 @@ def _run(graph: Any, n: int, stored: Any) -> Any:
     })
 
 
-def _sqlite_sizes(path: str, queries: tuple[str, ...]) -> Any:
+def _sqlite_sizes(conn: sqlite3.Connection, lock: Any, queries: tuple[str, ...]) -> Any:
+    """What the tables hold, read on the writer's own connection (a second connection to
+    the WAL file may read an older snapshot while the writer holds its read mark)."""
     def stored() -> int:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        try:
+        with lock:
             return sum(conn.execute(q).fetchone()[0] or 0 for q in queries)
-        finally:
-            conn.close()
     return stored
 
 
@@ -110,15 +110,16 @@ def _ledger_sqlite(ctx: Ctx) -> Trial:
     path = str(ctx.dir / "ledger.db")
     lg = Ledger(path, synchronous=SYNCHRONOUS)
     graph = _graph(LedgerSaver(lg), ctx.params["n"])
-    return Trial(lambda: _run(graph, ctx.params["n"], _sqlite_sizes(path, LEDGER_SQLITE)),
-                 close=lg.close)
+    sizes = _sqlite_sizes(lg.store.conn, lg.store.lock, LEDGER_SQLITE)
+    return Trial(lambda: _run(graph, ctx.params["n"], sizes), close=lg.close)
 
 
 def _sqlite_saver(ctx: Ctx) -> Trial:
     path = str(ctx.dir / "lg.db")
     saver, conn = lg_saver(path)
     graph = _graph(saver, ctx.params["n"])
-    return Trial(lambda: _run(graph, ctx.params["n"], _sqlite_sizes(path, LG_SQLITE)), close=conn.close)
+    sizes = _sqlite_sizes(conn, saver.lock, LG_SQLITE)
+    return Trial(lambda: _run(graph, ctx.params["n"], sizes), close=conn.close)
 
 
 def _ledger_pg(ctx: Ctx) -> Trial:
