@@ -204,7 +204,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                                  why="lease_lost") from exc
         return {"actor": Actor("owner", index.owner or self.owner)}
 
-    def _begin(self, run: str, index: _Index) -> None:
+    def _start_work(self, run: str, index: _Index) -> None:
         """Once per run, with a lease: move a queued run to executing, where its graph steps
         count as progress (a run left in unknown moves once its side effects are settled)."""
         if self.lease is None or run in self._begun:
@@ -268,7 +268,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         index = self._index(run)
         if index is None:
             return None
-        self._begin(run, index)  # a leased graph loading its state starts working: its first task may be a tool
+        self._start_work(run, index)  # a leased graph loading its state starts working: its first task may be a tool
         cid = get_checkpoint_id(config)
         if cid:
             s = index.saved.get((thread, ns, cid))
@@ -315,7 +315,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         self._ensure_run(run, thread, config)
         index = self._index(run)
         assert index is not None
-        self._begin(run, index)
+        self._start_work(run, index)
         body = {k: v for k, v in checkpoint.items() if k != "channel_values"}
         values = checkpoint.get("channel_values", {})
         versions = checkpoint.get("channel_versions", {})
@@ -357,7 +357,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
             items.append((idx, channel, blob))
         if not items:
             return
-        self._begin(run, index)
+        self._start_work(run, index)
         if any(ch == RESUME for _, ch, _ in items):
             self._clear_interrupt(run, index, True)
         self._fenced(lambda: self.lg.save_graph_writes(
@@ -454,7 +454,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         self._ensure_run(dst, d_thread, target)
         dindex = self._index(dst)
         assert dindex is not None
-        self._begin(dst, dindex)
+        self._start_work(dst, dindex)
         for s in saved:
             e = s.event
             blobs = self.lg.values(src, set(e.values.values()) | {d for _, d, _ in s.writes.values()})
