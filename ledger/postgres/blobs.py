@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any
 
 TABLE = "run_values"
-CREATE = (f"CREATE TABLE {TABLE} (run_id text COLLATE \"C\" NOT NULL, sha256 text NOT NULL, "
+CREATE = (f"CREATE TABLE IF NOT EXISTS {TABLE} (run_id text COLLATE \"C\" NOT NULL, sha256 text NOT NULL, "
           "value bytea NOT NULL, PRIMARY KEY (run_id, sha256))")
 
 

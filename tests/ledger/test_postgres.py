@@ -134,7 +134,7 @@ def test_an_older_ledger_is_migrated_and_keeps_every_position_and_hash(version):
         before = conn.execute("SELECT position, run_id, seq, hash, global_hash FROM events ORDER BY position").fetchall()
         tail = conn.execute("SELECT position, global_hash FROM ledger_tail").fetchone()
     with Ledger(url) as lg:
-        assert lg.store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 5
+        assert lg.store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 6
         assert [(r.position, r.run_id, r.seq, r.hash) for r in lg.store.read_all()] == [
             (p, r, s, bytes(h)) for p, r, s, h, _ in before]
         assert lg.store.ledger_head() == (tail[0], bytes(tail[1]))
@@ -150,7 +150,7 @@ def test_an_older_ledger_is_migrated_and_keeps_every_position_and_hash(version):
         assert lg.store.head("r3").first_position == 11
         assert lg.verify() == [] and lg.check() == []
     with psycopg.connect(url) as conn:
-        assert conn.execute("SELECT value FROM handoff_meta WHERE key = 'schema_version'").fetchone()[0] == "5"
+        assert conn.execute("SELECT value FROM handoff_meta WHERE key = 'schema_version'").fetchone()[0] == str(PG_SCHEMA_VERSION)
         assert {r[0] for r in conn.execute("SELECT DISTINCT db_role FROM events")} == {
             conn.execute("SELECT session_user").fetchone()[0]}
 
@@ -206,7 +206,7 @@ def test_a_schema_3_ledger_gets_the_seal_by_key_and_keeps_its_order():
         PostgresStore(url, readonly=True)
     with Ledger(url) as lg:
         store = lg.store
-        assert store.diagnostics()["schema_version"] == 5
+        assert store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION
         body = store.x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_seal' "
                         "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
         assert "unnest(ps, es, gs)" in body
@@ -246,7 +246,7 @@ def test_a_schema_4_ledger_gets_the_sealing_insert_and_keeps_its_order():
         PostgresStore(url, readonly=True)
     with Ledger(url) as lg:
         store = lg.store
-        assert store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 5
+        assert store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 6
         body = store.x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_queue' "
                         "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
         assert "pg_try_advisory_xact_lock" in body
