@@ -2971,14 +2971,18 @@ action), `duplicate` (already recorded), `failed` (it would be refused, a key ta
 another request included; `reason` says why) or `skipped` (the run moved on).
 
 **verify**: `{"ok", "run_id", "events", "streams", "problems": [{"kind", "run_id",
-"seq", "position", "message"}], "projections": [difference, ...], "anchors", "skipped",
-"db_roles"}`.
+"seq", "position", "message"}], "projections": [difference, ...], "anchors", "erased",
+"skipped", "db_roles"}`.
 Ledger-wide problems (`global_chain`, `position_gap`, `head_anchor`, `trigger_missing`,
 `trigger_altered`) are reported with or without RUN; `run_id` is null for the last three.
 `anchors` counts the `--expect-head` digests checked; `skipped` lists, in words, what a
 `verify RUN` did not look at (empty for the whole ledger). `db_roles`: how many events
 each database role inserted, as the PostgreSQL server recorded it (`{}` on SQLite, where
 the actor is self-declared).
+`erased`: per `values_erased` event (a LangGraph thread deleted, docs/langgraph.md)
+`{"run_id", "seq", "position", "reason", "erased", "listed"}`: values deleted on purpose,
+which are not damage; a value missing without such an event is (`value_missing`,
+`value_altered`).
 **head**: `{"digest", "position", "global_hash", "path", "previous"}`: `digest` is
 `POSITION:HASH`; with `--write`, `path` is the file written and `previous` the digest it
 held before (null when new).

@@ -21,7 +21,7 @@ TABLE = "run_values"
 #: Made with the ledger (``_create_schema``) and added to an older file by its first
 #: writable open: an additive table, so the file schema version stays.
 CREATE = (f"CREATE TABLE IF NOT EXISTS {TABLE} (run_id TEXT NOT NULL, sha256 TEXT NOT NULL, "
-          "value BLOB NOT NULL, PRIMARY KEY (run_id, sha256)) WITHOUT ROWID")
+          "value BLOB NOT NULL, PRIMARY KEY (run_id, sha256))")
 _EXISTS = f"SELECT 1 FROM sqlite_master WHERE type='table' AND name='{TABLE}'"
 #: Digests per statement: well under SQLite's limit of bound parameters.
 _CHUNK = 500
