@@ -2247,6 +2247,7 @@ def verify(run: str | None, expect_head: tuple[str, ...], quiet: bool, as_json: 
                        + (f"; the ledger still holds {len(expect_head)} head digest(s)" if expect_head else ""))
             if skipped:
                 click.echo("not checked: " + "; ".join(skipped))
+            _echo_erased(doc["erased"])
             if doc["db_roles"]:  # the server's word on who inserted the events (PostgreSQL)
                 click.echo("written by database roles: "
                            + ", ".join(f"{R.visible(role)} ({n} events)" for role, n in doc["db_roles"].items()))
@@ -2263,11 +2264,19 @@ def verify(run: str | None, expect_head: tuple[str, ...], quiet: bool, as_json: 
                                        for d in diffs]))
             for text in tables:
                 click.echo(text + "\n")
+            _echo_erased(doc["erased"], err=True)
             click.echo(f"{len(probs)} problem(s) in the log, {len(diffs)} projection difference(s)", err=True)
             if skipped:
                 click.echo("not checked: " + "; ".join(skipped), err=True)
     if not ok:
         _exit_damage_found()
+
+
+def _echo_erased(erased: list[dict], *, err: bool = False) -> None:
+    """Values deleted on purpose: each deletion event, which is not damage."""
+    for e in erased:
+        click.echo(f"erased: {e['erased']} value(s) of run {e['run_id']} deleted as recorded by values_erased at "
+                   f"seq {e['seq']} ({e['reason']}); not damage", err=err)
 
 
 @main.command()
@@ -2962,14 +2971,18 @@ action), `duplicate` (already recorded), `failed` (it would be refused, a key ta
 another request included; `reason` says why) or `skipped` (the run moved on).
 
 **verify**: `{"ok", "run_id", "events", "streams", "problems": [{"kind", "run_id",
-"seq", "position", "message"}], "projections": [difference, ...], "anchors", "skipped",
-"db_roles"}`.
+"seq", "position", "message"}], "projections": [difference, ...], "anchors", "erased",
+"skipped", "db_roles"}`.
 Ledger-wide problems (`global_chain`, `position_gap`, `head_anchor`, `trigger_missing`,
 `trigger_altered`) are reported with or without RUN; `run_id` is null for the last three.
 `anchors` counts the `--expect-head` digests checked; `skipped` lists, in words, what a
 `verify RUN` did not look at (empty for the whole ledger). `db_roles`: how many events
 each database role inserted, as the PostgreSQL server recorded it (`{}` on SQLite, where
 the actor is self-declared).
+`erased`: per `values_erased` event (a LangGraph thread deleted, docs/langgraph.md)
+`{"run_id", "seq", "position", "reason", "erased", "listed"}`: values deleted on purpose,
+which are not damage; a value missing without such an event is (`value_missing`,
+`value_altered`).
 **head**: `{"digest", "position", "global_hash", "path", "previous"}`: `digest` is
 `POSITION:HASH`; with `--write`, `path` is the file written and `previous` the digest it
 held before (null when new).

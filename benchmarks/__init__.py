@@ -11,7 +11,8 @@ SQLite copy of a 100,500-event ledger beside its JSON Lines export), ``projectio
 ``concurrency`` (8 writer processes) and ``postgres`` (the PostgreSQL backend beside raw
 psycopg and eventsourcing.postgres, in a database of the run's own; ``no server`` when
 there is none) and ``delivery`` (the sanitization scan; a send to
-file:// against recording a delivery by hand). ``--only AREA`` selects one. To
+file:// against recording a delivery by hand) and ``langgraph`` (a graph whose state grows
+1 KiB a step under LedgerSaver and LangGraph's own savers). ``--only AREA`` selects one. To
 add an area, write ``benchmarks/<area>.py`` calling ``harness.register(Scenario(...))``
 and add its module name to ``AREAS``. A peer side names the modules it needs in
 ``Side(requires=...)``; when they are not importable the report says "peer not
@@ -38,6 +39,7 @@ AREAS: tuple[str, ...] = (
     "benchmarks.concurrency",
     "benchmarks.postgres",
     "benchmarks.delivery",
+    "benchmarks.langgraph",
 )
 
 

@@ -39,6 +39,7 @@ from handoff.ledger.store import (
     check_seq,
     check_utf8,
     new_lease_secret,
+    value_digest,
 )
 from handoff.reducers import admit as admission
 from handoff.reducers import commands as C
@@ -1008,6 +1009,116 @@ class Ledger:
                         reason=reason, lease=lease)
         return self.execute(run_id, cmd, actor=Actor("watchdog", watcher), key=key)
 
+    # --- a graph framework's state, with its values beside the log ----------------------
+    #
+    # handoff.integrations.langgraph writes through these. A value is stored once per run
+    # under its sha256 (EventStore.put_values) and the event names the digest, so the log
+    # stays small while the state grows, and verify proves each value (handoff/values.py).
+
+    def save_graph_checkpoint(
+        self, run_id: str, *, thread_id: str, checkpoint_id: str, checkpoint: Mapping[str, Any],
+        metadata: Mapping[str, Any], values: Mapping[str, str], new_values: Iterable[bytes] = (),
+        namespace: str = "", parent_id: str = "", lease: str | None = None, actor: Actor | None = None,
+    ) -> Outcome:
+        """Record a graph checkpoint (``graph_checkpoint_saved``): ``values`` maps each channel
+        to the sha256 of its value; ``new_values`` are the values not stored yet (a channel
+        whose version did not change names the value an earlier checkpoint stored). With
+        ``lease`` (a token) it is that lease's worker's write, fenced; else ``actor`` (the
+        run's owner when not given). Where the contract declares ``graph_step`` as progress,
+        a checkpoint whose metadata says ``source: loop`` also records that progress."""
+        t = None if lease is None else lease_token(lease)
+        blobs = self._new_values(new_values, set(values.values()) if isinstance(values, Mapping) else set())
+        cmd = C.SaveGraphCheckpoint(thread_id=thread_id, checkpoint_id=checkpoint_id, checkpoint=dict(checkpoint),
+                                    metadata=dict(metadata), values=dict(values), namespace=namespace,
+                                    parent_id=parent_id, lease=t and t.lease)
+        return self._with_values(run_id, cmd, blobs, t, actor)
+
+    def save_graph_writes(
+        self, run_id: str, *, thread_id: str, checkpoint_id: str, task_id: str,
+        writes: Iterable[tuple[int, str, bytes]], namespace: str = "", task_path: str = "",
+        lease: str | None = None, actor: Actor | None = None,
+    ) -> Outcome:
+        """Record a graph task's writes against a saved checkpoint (``graph_writes_saved``):
+        ``writes`` are (index, channel, value bytes); each value is stored under its sha256."""
+        t = None if lease is None else lease_token(lease)
+        blobs: dict[str, bytes] = {}
+        items = []
+        for i, w in enumerate(writes):
+            if not (isinstance(w, tuple) and len(w) == 3 and isinstance(w[2], bytes)):
+                raise InvalidInput(f"writes[{i}] must be (idx, channel, value bytes)", field="writes")
+            digest = value_digest(w[2])
+            blobs[digest] = w[2]
+            items.append(ev.GraphWrite(idx=w[0], channel=w[1], sha256=digest))
+        cmd = C.SaveGraphWrites(thread_id=thread_id, checkpoint_id=checkpoint_id, task_id=task_id,
+                                writes=tuple(items), namespace=namespace, task_path=task_path, lease=t and t.lease)
+        return self._with_values(run_id, cmd, blobs, t, actor)
+
+    def erase_values(
+        self, run_id: str, *, reason: str, values: Iterable[str] = (), checkpoints: Iterable[tuple[str, str]] = (),
+        everything: bool = False, lease: str | None = None, actor: Actor | None = None,
+    ) -> Outcome:
+        """Delete values kept beside the run's log, recording it first (``values_erased``):
+        the digests, and the saved graph checkpoints (namespace, id) that go with them, or
+        ``everything`` saved so far. The events that named the values stay; ``verify`` then
+        reports the values as erased, naming this event. Accepted on an ended run too."""
+        t = None if lease is None else lease_token(lease)
+        digests = tuple(dict.fromkeys(values))
+        refs = tuple(ev.GraphRef(namespace=ns, checkpoint_id=cid) for ns, cid in checkpoints)
+        cmd = C.EraseValues(reason=reason, values=digests, checkpoints=refs, everything=everything, lease=t and t.lease)
+        out = self.execute(run_id, cmd, actor=self._saver_actor(run_id, t, actor), token=t)
+        if out.result.outcome == "committed" and digests:
+            self.store.delete_values(run_id, digests)
+        return out
+
+    def values(self, run_id: str, digests: Iterable[str]) -> dict[str, bytes]:
+        """The stored bytes of each digest the run keeps beside its log (missing ones left out)."""
+        check_run_id(run_id)
+        return self.store.get_values(run_id, digests)
+
+    def _new_values(self, new_values: Iterable[bytes], named: set[str]) -> dict[str, bytes]:
+        blobs: dict[str, bytes] = {}
+        for i, v in enumerate(new_values):
+            if not isinstance(v, bytes):
+                raise InvalidInput(f"new_values[{i}] must be bytes, got {type(v).__name__}", field="new_values")
+            digest = value_digest(v)
+            if digest not in named:
+                raise InvalidInput(f"new_values[{i}] (sha256 {digest[:16]}...) is named by no channel in values; "
+                                   "store only the values the checkpoint names", field="new_values")
+            blobs[digest] = v
+        return blobs
+
+    def _saver_actor(self, run_id: str, t: LeaseToken | None, actor: Actor | None) -> Actor:
+        if t is not None:
+            return self.worker_actor(run_id, t)
+        if actor is not None:
+            return actor
+        return Actor("owner", self.checkpoint(run_id).owner or "?")
+
+    def _with_values(self, run_id: str, cmd: C.Command, blobs: dict[str, bytes], t: LeaseToken | None,
+                     actor: Actor | None) -> Outcome:
+        """The command's event and its values, written together where the store lets a put
+        join the write (SQLite: one transaction, a refusal writes neither), else values first:
+        a value nothing names yet is harmless (docs/langgraph.md, "Storage")."""
+        who = self._saver_actor(run_id, t, actor)
+        if not blobs:
+            return self.execute(run_id, cmd, actor=who, token=t)
+        if not self.store.values_join_writes:
+            self._token_for(run_id, cmd, who, t)  # a malformed call stores nothing
+            self.store.put_values(run_id, blobs)
+            return self.execute(run_id, cmd, actor=who, token=t)
+        token = self._token_for(run_id, cmd, who, t)
+        decider = self._decider(run_id, cmd, who, None)
+        store = self.store
+
+        def _decide(cp: Checkpoint, head: Head | None) -> Decision:
+            decision = decider(cp, head)
+            if decision.events:
+                store.put_values(run_id, blobs)  # inside this write's transaction
+            return decision
+
+        result, state = store.execute(run_id, AGGREGATE, _decide, actor=who, lease=token)
+        return Outcome(result, state)
+
     # --- reading -----------------------------------------------------------------------
 
     def checkpoint(self, run_id: str, *, at_seq: int | None = None, as_of_us: int | None = None) -> Checkpoint:
@@ -1240,7 +1351,13 @@ class Ledger:
 
         The ledger-wide checks (global chain, holes in positions, append-only triggers)
         run with ``run_id`` too. ``expect_head``: head digests kept from ``head()``; each
-        must still be contained (a ``head_anchor`` problem otherwise)."""
+        must still be contained (a ``head_anchor`` problem otherwise). The values kept
+        beside the log are checked against the events that name them: one missing or
+        changed is a problem, unless a ``values_erased`` event recorded its deletion."""
+        return self._verify(run_id, progress, expect_head)[0]
+
+    def _verify(self, run_id: str | None, progress: Any,
+                expect_head: str | list[str] | tuple[str, ...] | None) -> tuple[list[Any], list[dict[str, Any]]]:
         anchors = [] if expect_head is None else [expect_head] if isinstance(expect_head, str) else list(expect_head)
         parsed = [anchor.parse_digest(a) for a in anchors]  # malformed: refused before any work
         if run_id is not None:
@@ -1257,7 +1374,15 @@ class Ledger:
         for position, ghash in parsed:
             if (p := anchor.anchor_problem(self.store, position, ghash)) is not None:
                 problems.append(p)
-        return problems
+        value_problems, erased = self._check_values(run_id)
+        return problems + value_problems, erased
+
+    def _check_values(self, run_id: str | None) -> tuple[list[Any], list[dict[str, Any]]]:
+        """The values beside the log against the events that name them (handoff/values.py)."""
+        from handoff import values
+
+        records = self.store.read_run(run_id) if run_id is not None else self.store.read_all()
+        return values.check(self.store, records)
 
     def verify_report(self, run_id: str | None = None, *, progress: Any = None,
                       expect_head: str | list[str] | tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -1265,7 +1390,8 @@ class Ledger:
         ``handoff verify --json`` prints; docs/cli.md): ``ok`` is true only when the log has
         no problem and the projections match a fresh fold."""
         anchors = [] if expect_head is None else [expect_head] if isinstance(expect_head, str) else list(expect_head)
-        problems = [msgspec.to_builtins(p) for p in self.verify(run_id, progress=progress, expect_head=anchors)]
+        found, erased = self._verify(run_id, progress, anchors)
+        problems = [msgspec.to_builtins(p) for p in found]
         diffs = self.check() if run_id is None else []
         if run_id is None:
             events, streams = self.store.last_position(), self.store.count_runs()
@@ -1274,7 +1400,7 @@ class Ledger:
             events = head.last_seq if head is not None else sum(1 for _ in self.store.read_run(run_id))
             streams = 1
         return {"ok": not problems and not diffs, "run_id": run_id, "events": events, "streams": streams,
-                "problems": problems, "projections": diffs, "anchors": len(anchors),
+                "problems": problems, "projections": diffs, "anchors": len(anchors), "erased": erased,
                 "skipped": list(VERIFY_RUN_SKIPS) if run_id is not None else [],
                 "db_roles": self.store.db_role_counts(run_id)}
 

@@ -196,6 +196,16 @@ def _said(event: Any) -> str:
             return _sanitization(e)
         case ev.RunReopened():
             return f"sent back to verifying by {e.by} (check at seq {e.check_seq} failed): {e.reason}"
+        case ev.GraphCheckpointSaved():
+            step = e.metadata.get("step")
+            where = f"thread {e.thread_id}" + (f" ns {e.namespace}" if e.namespace else "")
+            return (f"graph checkpoint {e.checkpoint_id} of {where}"
+                    + (f", step {step}" if isinstance(step, int) else "") + f", {len(e.values)} values")
+        case ev.GraphWritesSaved():
+            return f"{len(e.writes)} writes of task {e.task_id} to checkpoint {e.checkpoint_id}"
+        case ev.ValuesErased():
+            what = "every saved checkpoint" if e.everything else f"{len(e.checkpoints)} checkpoints"
+            return f"{e.reason}: {what} and {len(e.values)} values erased"
     return ev.tag_of(e)
 
 

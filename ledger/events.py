@@ -7,7 +7,7 @@ type; that is the whole schema-evolution rule (see docs/events.md).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -334,6 +334,64 @@ class RunReopened(Event, tag="run_reopened"):
     check_seq: int
 
 
+class GraphWrite(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """One value a graph task wrote (LangGraph's ``put_writes``): its index in the task's
+    writes (negative for the framework's special channels), the channel, and the sha256
+    of the value, which is stored beside the log (``Ledger.values``)."""
+
+    idx: int
+    channel: str
+    sha256: str
+
+
+class GraphCheckpointSaved(Event, tag="graph_checkpoint_saved"):
+    """A graph framework saved its state (LangGraph's ``put``): which thread, namespace and
+    checkpoint, its parent, its metadata, the checkpoint itself without its channel values
+    (``checkpoint``: versions, versions seen, timestamp), and per channel the sha256 of the
+    value it holds (``values``). The values live beside the log, written once each; the
+    event is what proves them (``verify``)."""
+
+    thread_id: str
+    checkpoint_id: str
+    checkpoint: dict[str, Any]
+    metadata: dict[str, Any]
+    values: dict[str, str]
+    namespace: str = ""
+    parent_id: str = ""
+
+
+class GraphWritesSaved(Event, tag="graph_writes_saved"):
+    """A graph task's pending writes against one checkpoint (LangGraph's ``put_writes``);
+    each value's sha256 names it beside the log."""
+
+    thread_id: str
+    checkpoint_id: str
+    task_id: str
+    writes: tuple[GraphWrite, ...]
+    namespace: str = ""
+    task_path: str = ""
+
+
+class GraphRef(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """One saved graph checkpoint, by namespace and id."""
+
+    namespace: str
+    checkpoint_id: str
+
+
+class ValuesErased(Event, tag="values_erased"):
+    """Values stored beside the log were deleted, recorded before they are: the sha256 of
+    each (``values``), and which saved graph checkpoints (with their writes) no longer
+    exist: ``checkpoints``, or every one saved before this event when ``everything``.
+    ``reason`` names the request (``delete_thread``, ``delete_for_runs``, ``prune``). The
+    events that referenced the values stay; ``verify`` reports the values as erased."""
+
+    reason: str
+    values: tuple[str, ...] = ()
+    checkpoints: tuple[GraphRef, ...] = ()
+    everything: bool = False
+
+
 AnyEvent = (
     HandoffOpened
     | LeaseGranted
@@ -363,6 +421,9 @@ AnyEvent = (
     | RunForked
     | ArtifactWithdrawn
     | RunReopened
+    | GraphCheckpointSaved
+    | GraphWritesSaved
+    | ValuesErased
 )
 
 EVENT_TYPES: dict[str, type[Event]] = {

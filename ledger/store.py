@@ -459,6 +459,11 @@ def global_link(prev_global: bytes, position: int, event_hash: bytes) -> bytes:
     return hashlib.sha256(b"".join((prev_global, position.to_bytes(8, "big"), event_hash))).digest()
 
 
+def value_digest(data: bytes) -> str:
+    """The name a value is stored under beside the log: its sha256, in hex."""
+    return hashlib.sha256(data).hexdigest()
+
+
 def request_digest(actor: str, lease: int | None, payloads: Sequence[bytes]) -> bytes:
     """What an idempotency key stands for: the same actor sending the same bytes."""
     parts = [actor.encode(), b"\x00", str(lease).encode(), b"\x00"]
@@ -708,6 +713,44 @@ class EventStore(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None: ...
+
+    # --- values beside the log (ledger/sqlite/blobs.py, ledger/postgres/blobs.py) ------
+    #
+    # Large state (a graph's channel values) is kept out of the events: each value is
+    # stored once per run under its sha256, and the event that uses it records that
+    # digest, which is how ``Ledger.verify`` proves the value is the one written. Values
+    # are not part of the chain; deleting one is recorded as an event first
+    # (``values_erased``), then done here. A backend without such a table refuses.
+
+    #: True when ``put_values`` called inside a write of this store (an ``execute``'s
+    #: decide) joins that write's transaction; False when it always commits on its own, so
+    #: values are written before the event that names them.
+    values_join_writes: ClassVar[bool] = False
+
+    def put_values(self, run_id: str, values: dict[str, bytes]) -> int:
+        """Store ``{sha256 hex: bytes}`` for the run, each written once (a digest already
+        stored is left as it is); return how many were new. Never call it inside a
+        ``read_transaction``."""
+        raise self._no_values()
+
+    def get_values(self, run_id: str, digests: Iterable[str]) -> dict[str, bytes]:
+        """The stored bytes of each digest the run has (a missing one is left out)."""
+        raise self._no_values()
+
+    def delete_values(self, run_id: str, digests: Iterable[str]) -> int:
+        """Delete the run's values with these digests that a recorded ``values_erased``
+        event of the run names (record first, then delete: a value is never deleted
+        without a record); how many were deleted."""
+        raise self._no_values()
+
+    def value_digests(self, run_id: str) -> dict[str, str]:
+        """Every value the run has: its digest as stored, and the sha256 of the bytes as
+        they are now (the two differ for a value changed behind the store)."""
+        raise self._no_values()
+
+    def _no_values(self) -> InvalidInput:
+        return InvalidInput(f"this ledger's store ({type(self).__name__}) keeps no values beside the log; "
+                            "open a SQLite or PostgreSQL ledger", field="store")
 
     # --- what lets a copy or an outside anchor be checked (docs/reliability.md) -------
 

@@ -113,6 +113,16 @@ def command_of(event: ev.Event, lease: int | None) -> C.Command | None:
             return C.Fork(parent=e.parent, at_seq=e.parent_seq)
         case ev.ArtifactWithdrawn():
             return C.WithdrawArtifact(path=e.path, reason=e.reason, lease=lease)
+        case ev.GraphCheckpointSaved():
+            return C.SaveGraphCheckpoint(thread_id=e.thread_id, checkpoint_id=e.checkpoint_id, checkpoint=e.checkpoint,
+                                         metadata=e.metadata, values=e.values, namespace=e.namespace,
+                                         parent_id=e.parent_id, lease=lease)
+        case ev.GraphWritesSaved():
+            return C.SaveGraphWrites(thread_id=e.thread_id, checkpoint_id=e.checkpoint_id, task_id=e.task_id,
+                                     writes=e.writes, namespace=e.namespace, task_path=e.task_path, lease=lease)
+        case ev.ValuesErased():
+            return C.EraseValues(reason=e.reason, values=e.values, checkpoints=e.checkpoints,
+                                 everything=e.everything, lease=lease)
     return None
 
 

@@ -6,12 +6,12 @@ same key and the same fields is a no-op; the same key with other fields is refus
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from handoff.ledger.events import Attrs, DeclaredKinds, Finding, Policy, ScannedItem, SendPolicy
+from handoff.ledger.events import Attrs, DeclaredKinds, Finding, GraphRef, GraphWrite, Policy, ScannedItem, SendPolicy
 
 
 class Command(msgspec.Struct, frozen=True, tag_field="command"):
@@ -208,11 +208,48 @@ class Reopen(Command, tag="reopen"):
     reason: str
 
 
+class SaveGraphCheckpoint(Command, tag="save_graph_checkpoint"):
+    """A graph framework's checkpoint (LangGraph's ``put``); its values were stored beside
+    the log under the sha256s in ``values`` (``Ledger.save_graph_checkpoint``)."""
+
+    thread_id: str
+    checkpoint_id: str
+    checkpoint: dict[str, Any]
+    metadata: dict[str, Any]
+    values: dict[str, str]
+    namespace: str = ""
+    parent_id: str = ""
+    lease: int | None = None
+
+
+class SaveGraphWrites(Command, tag="save_graph_writes"):
+    """A graph task's pending writes against a saved checkpoint (LangGraph's ``put_writes``)."""
+
+    thread_id: str
+    checkpoint_id: str
+    task_id: str
+    writes: tuple[GraphWrite, ...]
+    namespace: str = ""
+    task_path: str = ""
+    lease: int | None = None
+
+
+class EraseValues(Command, tag="erase_values"):
+    """Record which values beside the log are about to be deleted, and which saved graph
+    checkpoints go with them (``Ledger.erase_values`` deletes them once this is written)."""
+
+    reason: str
+    values: tuple[str, ...] = ()
+    checkpoints: tuple[GraphRef, ...] = ()
+    everything: bool = False
+    lease: int | None = None
+
+
 AnyCommand = (
     Open | Claim | Heartbeat | Transition | Progress | RecordArtifact | RecordEvidence | Block
     | Unblock | StartEffect | ConfirmEffect | Submit | ReviewResult | TransferAuthority | Deliver
     | ConfirmDelivery | FailDelivery | RecordUnanswered | Sanitize | Release | Revoke | Close | Fork | Observe | Recover
-    | WithdrawArtifact | Reopen
+    | WithdrawArtifact | Reopen | SaveGraphCheckpoint | SaveGraphWrites | EraseValues
 )
 
 _enc = msgspec.json.Encoder()

@@ -753,6 +753,91 @@ def _reopen(cp: Checkpoint, c: C.Reopen, ctx: Context) -> list[ev.Event]:
     return [ev.RunReopened(by=ctx.actor.name, reason=reason, check_seq=check.seq), move]
 
 
+# --- a graph framework's checkpoints (handoff.integrations.langgraph) -------------------
+
+MAX_GRAPH_TEXT = 1_000
+
+
+def _digest(field: str, value: object) -> str:
+    if not isinstance(value, str) or not _HEX_DIGEST.fullmatch(value):
+        raise InvalidInput(f"{field} must be a sha256 as 64 lowercase hex digits, got {str(value)[:80]!r}", field=field)
+    return value
+
+
+def _map(field: str, value: object) -> dict:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise InvalidInput(f"{field} must be a map with text keys", field=field)
+    return dict(value)
+
+
+def _graph_writer(cp: Checkpoint, ctx: Context, what: str) -> None:
+    """A saver without the run's lease may not write while a worker holds it: the lease
+    holder's graph is the one whose state the run keeps."""
+    if cp.lease is not None and ctx.actor.kind != T.WORKER:
+        raise LeaseHeld(
+            f"run {cp.run_id} is held by {cp.worker} under lease {cp.lease}; {what} by {ctx.actor} is "
+            "refused, so two writers cannot both extend the graph's history. Write under that lease "
+            "(LedgerSaver(lg, lease=...)), or wait for it to be released or revoked",
+            lease=cp.lease, same_worker=False,
+        )
+
+
+def _graph_ids(c: C.SaveGraphCheckpoint | C.SaveGraphWrites) -> tuple[str, str, str]:
+    return (_text("thread_id", c.thread_id, max_len=MAX_GRAPH_TEXT, empty=False),
+            _text("namespace", c.namespace, max_len=MAX_GRAPH_TEXT),
+            _name("checkpoint_id", c.checkpoint_id))
+
+
+def _save_graph_checkpoint(cp: Checkpoint, c: C.SaveGraphCheckpoint, ctx: Context) -> list[ev.Event]:
+    _graph_writer(cp, ctx, "saving a graph checkpoint")
+    thread, ns, cid = _graph_ids(c)
+    parent = _text("parent_id", c.parent_id, max_len=MAX_NAME)
+    values = {_name("values channel", k): _digest(f"values[{k[:60]}]", v) for k, v in _map("values", c.values).items()}
+    metadata = _map("metadata", c.metadata)
+    out: list[ev.Event] = [ev.GraphCheckpointSaved(
+        thread_id=thread, checkpoint_id=cid, checkpoint=_map("checkpoint", c.checkpoint), metadata=metadata,
+        values=values, namespace=ns, parent_id=parent,
+    )]
+    # A checkpoint that ends a step of the graph is progress, where the contract declares it.
+    if metadata.get("source") == "loop" and T.GRAPH_STEP in T.progress_kinds_in(cp.state, cp.progress_kinds):
+        step = metadata.get("step")
+        detail = f"step {step}" if isinstance(step, int) and not isinstance(step, bool) else "a step"
+        out.append(ev.ProgressRecorded(kind=T.GRAPH_STEP, detail=f"{detail} of thread {thread[:80]}"
+                                       + (f" ({ns[:80]})" if ns else ""), advances=True))
+    return out
+
+
+def _save_graph_writes(cp: Checkpoint, c: C.SaveGraphWrites, ctx: Context) -> list[ev.Event]:
+    _graph_writer(cp, ctx, "saving a graph task's writes")
+    thread, ns, cid = _graph_ids(c)
+    task = _text("task_id", c.task_id, max_len=MAX_GRAPH_TEXT, empty=False)
+    if not isinstance(c.writes, (tuple, list)) or not c.writes:
+        raise InvalidInput("writes must be a non-empty list of (idx, channel, sha256)", field="writes")
+    writes = []
+    for i, w in enumerate(c.writes):
+        if not isinstance(w, ev.GraphWrite):
+            raise InvalidInput(f"writes[{i}] must be a GraphWrite", field="writes")
+        writes.append(ev.GraphWrite(idx=_count(f"writes[{i}].idx", w.idx, low=-(2**31), high=2**31),
+                                    channel=_text(f"writes[{i}].channel", w.channel, max_len=MAX_NAME, empty=False),
+                                    sha256=_digest(f"writes[{i}].sha256", w.sha256)))
+    return [ev.GraphWritesSaved(thread_id=thread, checkpoint_id=cid, task_id=task, writes=tuple(writes),
+                                namespace=ns, task_path=_text("task_path", c.task_path, max_len=MAX_GRAPH_TEXT))]
+
+
+def _erase_values(cp: Checkpoint, c: C.EraseValues, ctx: Context) -> list[ev.Event]:
+    reason = _name("reason", c.reason)
+    values = tuple(_digest(f"values[{i}]", v) for i, v in enumerate(c.values))
+    refs = []
+    for i, r in enumerate(c.checkpoints):
+        if not isinstance(r, ev.GraphRef):
+            raise InvalidInput(f"checkpoints[{i}] must be a GraphRef", field="checkpoints")
+        refs.append(ev.GraphRef(namespace=_text(f"checkpoints[{i}].namespace", r.namespace, max_len=MAX_GRAPH_TEXT),
+                                checkpoint_id=_name(f"checkpoints[{i}].checkpoint_id", r.checkpoint_id)))
+    if not (values or refs or c.everything):
+        return []  # nothing to erase: nothing recorded
+    return [ev.ValuesErased(reason=reason, values=values, checkpoints=tuple(refs), everything=bool(c.everything))]
+
+
 HANDLERS = {
     C.Open: _open, C.Claim: _claim, C.Heartbeat: _heartbeat, C.Transition: _transition,
     C.Progress: _progress, C.RecordArtifact: _artifact, C.RecordEvidence: _evidence,
@@ -763,10 +848,12 @@ HANDLERS = {
     C.Release: _release, C.Revoke: _revoke, C.Close: _close,
     C.Fork: _fork, C.Observe: _observe, C.Recover: _recover,
     C.WithdrawArtifact: _withdraw_artifact, C.Reopen: _reopen,
+    C.SaveGraphCheckpoint: _save_graph_checkpoint, C.SaveGraphWrites: _save_graph_writes,
+    C.EraseValues: _erase_values,
 }
 #: Commands that may answer on a terminal run: observation, and the idempotent
 #: retries of the delivery that ended it (which either do nothing or refuse clearly).
-_ON_TERMINAL = T.READ_ONLY | {"deliver", "delivered"}
+_ON_TERMINAL = T.READ_ONLY | T.AFTER_END | {"deliver", "delivered"}
 
 
 def decide(cp: Checkpoint, cmd: C.Command, ctx: Context) -> list[ev.Event]:

@@ -169,6 +169,11 @@ PERMISSIONS: dict[str, frozenset[str]] = {
     "recover": frozenset({WATCHDOG, OPERATOR}),
     "withdraw_artifact": frozenset({"lease", OWNER, OPERATOR}),
     "reopen": frozenset({OWNER, OPERATOR}),
+    # A graph framework's saver: the lease holder, or without a lease the owner (one writer
+    # by convention) or an operator. Erasing values is also accepted after the end.
+    "save_graph_checkpoint": frozenset({"lease", OWNER, OPERATOR}),
+    "save_graph_writes": frozenset({"lease", OWNER, OPERATOR}),
+    "erase_values": frozenset({"lease", OWNER, OPERATOR}),
 }
 #: Owner actions that a transfer of authority can hand to another named actor.
 TRANSFERABLE = frozenset({"review", "deliver", "delivered", "delivery_failed", "close"})
@@ -177,6 +182,12 @@ TRANSFERABLE = frozenset({"review", "deliver", "delivered", "delivery_failed", "
 COMES_WITH = {"sanitize": "deliver", "delivery_unanswered": "deliver"}
 #: Commands accepted on a terminal run (read-only observation only).
 READ_ONLY = frozenset({"observe"})
+#: Commands accepted on a terminal run besides observation: erasing stored values (a
+#: retention rule or a user's deletion request outlives the run; the log keeps the record).
+AFTER_END = frozenset({"erase_values"})
+#: The progress kind a graph's step counts as, when the contract declares it (a saved
+#: checkpoint whose metadata says ``source: loop`` finished a step of the graph).
+GRAPH_STEP = "graph_step"
 
 #: States in which a recorded artifact may be withdrawn. Not once a result is submitted
 #: (ready_for_review, succeeded): the result names its artifacts, and what it points at

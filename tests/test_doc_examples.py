@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "docs" / "examples"
 PAGES = [ROOT / "docs" / "testing.md", ROOT / "docs" / "python-api.md", ROOT / "docs" / "incident-report.md",
-         ROOT / "docs" / "integrations.md"]
+         ROOT / "docs" / "integrations.md", ROOT / "docs" / "langgraph.md"]
 BLOCK = re.compile(r"(?:<!-- example: (?P<path>[^ ]+) -->\n)?```python\n(?P<code>.*?)```", re.S)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from ..errors import InvalidInput
+from .blobs import SIGNATURES as VALUES_SIGNATURES
 from .schema import APPEND_SIGNATURE, ident
 
 _ROLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
@@ -72,6 +73,9 @@ def roles_sql(schema: str, prefix: str = "handoff") -> str:
         f"REVOKE ALL ON FUNCTION {s}.{APPEND_SIGNATURE}, {s}.handoff_seal(boolean, bigint[]), "
         f"{s}.handoff_queue(), {s}.handoff_views(text, jsonb) FROM PUBLIC, {everyone};",
         f"GRANT EXECUTE ON FUNCTION {s}.{APPEND_SIGNATURE}, {s}.handoff_seal(boolean, bigint[]) TO {appenders};",
+        # Values beside the log: put under their sha256, deleted only as a recorded erasure says.
+        f"REVOKE ALL ON FUNCTION {', '.join(f'{s}.{sig}' for sig in VALUES_SIGNATURES)} FROM PUBLIC, {everyone};",
+        f"GRANT EXECUTE ON FUNCTION {', '.join(f'{s}.{sig}' for sig in VALUES_SIGNATURES)} TO {appenders};",
         f"REVOKE CREATE ON SCHEMA {s} FROM {everyone};",
         f"-- check: SELECT has_table_privilege('{writer}', {lit}, 'INSERT');  -- false",
         "COMMIT;",

@@ -13,6 +13,11 @@ from typing import Any
 
 from ..store import GENESIS_HASH, LEASE_TOKEN_DOMAIN, Problem
 
+from .blobs import CREATE as VALUES_TABLE
+from .blobs import DELETE_FUNCTION as DELETE_VALUES
+from .blobs import PUT_FUNCTION as PUT_VALUES
+from .blobs import SIGNATURES as VALUES_SIGNATURES
+
 try:  # the driver is an optional extra: pip install 'handoff-ledger[postgres]'
     from psycopg import sql as _sql
 except ImportError:  # pragma: no cover - exercised only without the extra
@@ -320,6 +325,7 @@ REVOKED = [
     f"REVOKE ALL ON FUNCTION {APPEND_SIGNATURE} FROM PUBLIC",
     "REVOKE ALL ON FUNCTION handoff_seal(boolean, bigint[]), handoff_queue() FROM PUBLIC",
     "REVOKE ALL ON FUNCTION handoff_views(text, jsonb) FROM PUBLIC",
+    *(f"REVOKE ALL ON FUNCTION {sig} FROM PUBLIC" for sig in VALUES_SIGNATURES),
 ]
 #: The view writes of an append (handoff_views), made anew from the view tables there are
 #: (ledger/postgres/views.py makes each table's handoff_sync_<table>) whenever one is made.
@@ -348,6 +354,8 @@ def functions(schema: str) -> dict[str, tuple[str, bool]]:
         "handoff_seal": (_format(SEAL_FUNCTION, schema), True),
         "handoff_queue": (_format(QUEUE_FUNCTION, schema), True),
         "handoff_append": (_format(APPEND_FUNCTION, schema), True),
+        "handoff_put_values": (_format(PUT_VALUES, schema), True),
+        "handoff_delete_values": (_format(DELETE_VALUES, schema), True),
     }
 
 
@@ -399,6 +407,7 @@ SCHEMA = [
     *ORDER_TRIGGERS.values(),
     STAMP_FUNCTION,
     *ROLE_TRIGGERS.values(),
+    VALUES_TABLE,
 ]
 
 #: Migrations from an older schema version: {from_version: [statements]}, run in one
@@ -453,7 +462,8 @@ MIGRATIONS: dict[int, list[str]] = {
         "DROP FUNCTION IF EXISTS handoff_expect_head(text, bigint, bytea)",
         f"CREATE TABLE IF NOT EXISTS {MAINTENANCE_LOCK} ()",
         f"CREATE TABLE IF NOT EXISTS {VIEWS_LOCK} ()",
-        "{requeue}", "{reseal}", "{append}", VIEWS_FUNCTION_EMPTY,
+        VALUES_TABLE,
+        "{requeue}", "{reseal}", "{append}", "{put_values}", "{delete_values}", VIEWS_FUNCTION_EMPTY,
         "DO $$ DECLARE r record; BEGIN FOR r IN SELECT DISTINCT grantee FROM "
         "information_schema.role_table_grants WHERE table_schema = current_schema() AND "
         "privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE') AND grantee <> current_user LOOP "
@@ -469,7 +479,8 @@ def migration_step(sql: str, schema: str) -> str:
     "{append}" stand for those functions as this version makes them in the ledger's schema
     (made, or replacing an older body)."""
     name = {"{seal}": "handoff_seal", "{queue}": "handoff_queue", "{append}": "handoff_append",
-            "{reseal}": "handoff_seal", "{requeue}": "handoff_queue"}.get(sql)
+            "{reseal}": "handoff_seal", "{requeue}": "handoff_queue", "{put_values}": "handoff_put_values",
+            "{delete_values}": "handoff_delete_values"}.get(sql)
     return sql if name is None else or_replace(functions(schema)[name][0])
 
 

@@ -78,6 +78,7 @@ from .rows import (
     head_of,
     recorded_row,
 )
+from .blobs import PostgresValues
 from .writing import Writes
 from .schema import (
     CREATE_LOCK,
@@ -100,7 +101,7 @@ S = TypeVar("S")
 
 PAGE = 1000
 
-class PostgresStore(Writes, FoldingStore):
+class PostgresStore(Writes, PostgresValues, FoldingStore):
     """An EventStore in a PostgreSQL database (``postgresql://user@host:port/dbname``).
 
     One store object owns one connection and may be shared by threads; open one per
@@ -157,6 +158,7 @@ class PostgresStore(Writes, FoldingStore):
         #: counts its decision read (view_read), which go to the server with the batch.
         self._view_rows: dict[str, Any] | None = None
         self._guards: list[Any] | None = None
+        self._values: dict[str, dict[str, bytes]] | None = None  # values put while deciding
         #: The write whose hooks are running: (run, head it leaves, head it was decided
         #: from, its rows). A hook reading that run sees the write (PostgresTransaction).
         self._pending: tuple[str, Head, Head | None, list[Recorded]] | None = None

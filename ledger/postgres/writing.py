@@ -194,7 +194,7 @@ class Writes:
             return AppendResult(run_id, "duplicate", dup[0], dup[1], positions), state
         if token is not None:
             plan.check_token(run_id, head, max_lease, token, lease_digest)
-        self._guards = []
+        self._guards, self._values = [], {}
         try:
             planned = planner(head, max_lease, state)
             if isinstance(planned, AppendResult):
@@ -211,10 +211,10 @@ class Writes:
                          if aggregate is not None and not forking else _MISSING)
             folded = self._run_hooks(run_id, new_head, self._after_write(
                 run_id, head, written, [(aggregate, new_state)] if new_state is not _MISSING else []))
-            views, guards = self._view_rows, self._guards
+            views, guards, values = self._view_rows, self._guards, self._values
         finally:
-            self._view_rows = self._guards = self._pending = None
-        sealed = self._send_write(run_id, head, ids, token, lease_n, done, views, guards, doing)
+            self._view_rows = self._guards = self._pending = self._values = None
+        sealed = self._send_write(run_id, head, ids, token, lease_n, done, views, guards, values, doing)
         if new_state is _MISSING and aggregate is not None:
             new_state = next((st for agg, st in folded[1] if agg is aggregate), _MISSING)
             if new_state is _MISSING:
@@ -265,6 +265,15 @@ class Writes:
         if self._guards is not None:
             self._guards.append({"t": table, "w": where, "n": where_not, "c": count})
 
+    def join_values(self, run_id: str, values: dict[str, bytes]) -> bool:
+        """Values put while a write is decided go with its message, before its events, in
+        its transaction (handoff_put_values): a refused write stores neither. False
+        outside a write (the caller stores them on their own)."""
+        if self._values is None:
+            return False
+        self._values.setdefault(run_id, {}).update(values)
+        return True
+
     @property
     def deciding(self) -> bool:
         """Whether a write is being decided (a view read now is one it depends on)."""
@@ -272,7 +281,8 @@ class Writes:
 
     def _send_write(self, run_id: str, head: Head | None, ids: list[int], token: LeaseToken | None,
                 lease: int | None, done: plan.Stamped, views: dict[str, Any] | None,
-                guards: list[Any] | None, doing: str) -> tuple[str, dict[int, int]]:
+                guards: list[Any] | None, values: dict[str, dict[str, bytes]] | None,
+                doing: str) -> tuple[str, dict[int, int]]:
         """The second round trip: handoff_append, COMMIT, and the seal of what could not be
         sealed at the insert. Returns "first id:position" when the insert sealed the batch."""
         fence = done.fence
@@ -283,9 +293,14 @@ class Writes:
                 [r[3] for r in rows], [r[4] for r in rows], [r[5] for r in rows], [r[6] for r in rows],
                 fence.lease, fence.holder, fence.max_lease, fence.digest, fence.digest_moved,
                 as_json(views) if views else None, as_json(guards) if guards else None, ids, ids]
+        sql = APPEND
+        if values:  # BEGIN; the values; handoff_append; ...
+            puts = [(run, list(v), list(v.values())) for run, v in values.items()]
+            sql = APPEND.replace("BEGIN;\n", "BEGIN;\n" + "SELECT handoff_put_values(%s, %s, %s);\n" * len(puts), 1)
+            args = [a for put in puts for a in put] + args
         conn = self.ready()
         try:
-            results = self._message(APPEND, args)
+            results = self._message(sql, args)
         except psycopg.Error as exc:
             status = conn.info.transaction_status
             if conn.closed or conn.broken or status == psycopg.pq.TransactionStatus.UNKNOWN:
@@ -304,8 +319,8 @@ class Writes:
                     "nothing was written. Claim the run again for a new lease",
                     run_id=run_id, lease=lease, why="refused_by_server") from None
             raise
-        # BEGIN; SELECT handoff_append(...); COMMIT; SELECT the seal after it
-        return results[1][0][0], dict(results[3])
+        # BEGIN; [the values;] SELECT handoff_append(...); COMMIT; SELECT the seal after it
+        return results[-3][0][0], dict(results[-1])
 
     def _positions_after(self, sealed: tuple[str, dict[int, int]], ids: Sequence[int]) -> tuple[int, ...] | None:
         """The committed write's positions: where its insert sealed it, else where the seal

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import NotALedger, SchemaTooNew
 from ..store import FORMAT_NAME, Problem, meta_schema_version
+from .blobs import CREATE as VALUES_TABLE
 from .driver import explain
 from .opening import unreadable_schema
 
@@ -78,6 +79,7 @@ CREATE_TABLES = (
     "last_position INTEGER NOT NULL, lease_digest TEXT)",
     HEADS_FIRST,
     CREATE_UNKEPT,
+    VALUES_TABLE,
 )
 
 
@@ -125,6 +127,9 @@ def prepare(store: SqliteStore, may_create: bool, clock: Callable[[], int]) -> N
         store.file_schema = STORE_SCHEMA_VERSION
     _add_heads_index(store)
     _add_lease_digest_column(store)
+    if "run_values" not in tables:  # an additive table: the file schema version stays
+        with _immediate(store, "adding the values table") as conn:
+            conn.execute(VALUES_TABLE)
 
 
 def _create(store: SqliteStore, clock: Callable[[], int]) -> None:

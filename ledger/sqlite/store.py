@@ -25,7 +25,7 @@ from ..importing import ImportHead, ImportRow, run_import
 from ..plan import LeaseState, Request
 from ..store import (DEFAULT_MAX_PAYLOAD, GENESIS_HASH, Aggregate, AppendResult, Capabilities, Decision,
                      Head, Problem, Recorded, check_run_id, check_seq, encode_events, global_link, now_us)
-from . import schema
+from . import blobs, schema
 from .driver import explain as _explain
 from .schema import MARK_UNKEPT
 from .group import GroupCommit
@@ -70,7 +70,7 @@ _INSERT_FIRST = _INSERT + "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 _INSERT_REST = _INSERT + "(?,?,?,?,?,?,NULL,NULL,?,?,?,?,?,?,?)"
 
 
-class SqliteStore(FoldingStore):
+class SqliteStore(blobs.SqliteValues, FoldingStore):
     """An EventStore in one SQLite file (or ``:memory:`` for tests and scratch work).
 
     One store object owns one connection and may be shared by threads; open one per

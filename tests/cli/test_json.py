@@ -70,8 +70,8 @@ def test_watch_and_verify_documents(h):
                       "seq"}
     assert a["key"] == "watch:r1:revoke_lease:3:1" and a["outcome"] == "committed"
     v = h.json("verify")
-    assert set(v) == {"ok", "run_id", "events", "streams", "problems", "projections", "anchors",
-                      "skipped", "db_roles"} and v["ok"]
+    assert set(v) == {"ok", "run_id", "events", "streams", "problems", "projections", "anchors", "erased",
+                      "skipped", "db_roles"} and v["ok"] and v["erased"] == []
 
 
 def test_errors_are_one_json_document_on_stderr(h):

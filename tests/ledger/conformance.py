@@ -54,6 +54,7 @@ from handoff.ledger.store import (
     Transaction,
     chain_hash,
     lease_digest,
+    value_digest,
 )
 from handoff.ledger.views import TableSpec, columns
 
@@ -1245,3 +1246,29 @@ class StoreConformance:
         with store.write_transaction("writing a test view") as txn:
             txn.views.sync_one(handle, {"run_id": "a", "n": 2})
         assert store.views.get("conformance_view", ("a",), ("n",)) == (2,)
+
+    # --- values beside the log -------------------------------------------------------
+
+    def test_values_are_kept_per_run_once_each_and_deleted_only_when_asked(self, store):
+        a, b = b"msgpack\x00one", b"json\x00[2]"
+        da, db_ = value_digest(a), value_digest(b)
+        before = snapshot(store)
+        assert store.put_values("r1", {da: a, db_: b}) == 2
+        assert store.put_values("r1", {da: a}) == 0  # written once
+        assert store.put_values("r2", {da: a}) == 1  # another run keeps its own copy
+        assert_unchanged(store, before)  # values are not events: the log is as it was
+        assert store.get_values("r1", [da, db_, "f" * 64]) == {da: a, db_: b}
+        assert store.value_digests("r1") == {da: da, db_: db_}
+        assert store.delete_values("r1", [da]) == 0  # no recorded erasure names it: kept
+        store.append("r1", [ev.ValuesErased(reason="test", values=(da,))], actor=W1)
+        assert store.delete_values("r1", [da, db_, "f" * 64]) == 1  # only what the record names
+        assert store.get_values("r1", [da, db_]) == {db_: b}
+        assert store.get_values("r2", [da]) == {da: a}  # untouched
+        assert store.value_digests("nobody") == {} and store.get_values("nobody", [da]) == {}
+        assert isinstance(store.values_join_writes, bool)
+        if store.values_join_writes:  # a put inside a write commits or rolls back with it
+            with pytest.raises(RuntimeError, match="on purpose"):
+                with store.write_transaction("a write that fails"):
+                    store.put_values("r3", {da: a})
+                    raise RuntimeError("on purpose")
+            assert store.value_digests("r3") == {}

@@ -142,6 +142,29 @@ def test_a_writer_cannot_update_delete_or_truncate_the_log(roles):
         assert lg.verify() == []
 
 
+def test_a_writer_keeps_values_beside_the_log_but_cannot_change_one(roles):
+    """A LangGraph saver running as a writer stores, reads and (after a recorded erasure)
+    deletes values; a value, named by its digest, is never updated."""
+    import psycopg
+
+    from handoff.integrations.langgraph import LedgerSaver
+
+    url = roles.url("writer")
+    with Ledger(url) as lg:
+        saver = LedgerSaver(lg)
+        cp = {"v": 1, "id": "c1", "ts": "2025-01-01T00:00:00+00:00", "channel_values": {"m": ["hi"]},
+              "channel_versions": {"m": 1}, "versions_seen": {}, "updated_channels": None}
+        saver.put({"configurable": {"thread_id": "lg-1", "checkpoint_ns": ""}}, cp,
+                  {"source": "loop", "step": 0, "parents": {}}, {"m": 1})
+        assert saver.get_tuple({"configurable": {"thread_id": "lg-1"}}).checkpoint["channel_values"] == {"m": ["hi"]}
+        with psycopg.connect(url, autocommit=True) as conn:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("UPDATE run_values SET value = 'x'")
+        saver.delete_thread("lg-1")
+        assert lg.store.value_digests("lg-1") == {}
+        assert lg.verify() == []
+
+
 def test_an_auditor_reads_but_writes_nothing(roles):
     url = roles.url("auditor")
     before = _events(roles.owner)

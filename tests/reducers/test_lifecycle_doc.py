@@ -69,6 +69,7 @@ def permissions_table() -> str:
         transferable = ("yes" if name in T.TRANSFERABLE
                         else f"comes with `{T.COMES_WITH[name]}`" if name in T.COMES_WITH else "")
         after = ("yes" if name in T.READ_ONLY
+                 else "yes (a retention rule outlives the run)" if name in T.AFTER_END
                  else "only as a retry of the delivery that ended the run" if name in ("deliver", "delivered") else "")
         rows.append(f"| `{name}` | {people} | {transferable} | {after} |")
     return "\n".join(rows) + "\n"

@@ -1,0 +1,96 @@
+"""Values beside the log in PostgreSQL: one table, a row per run and sha256.
+
+The interface is ``EventStore.put_values`` and its siblings (ledger/store.py); this is
+only its dialect, mixed into ``PostgresStore``. The roles have no right to the table
+(docs/postgres.md, roles): a value goes in through ``handoff_put_values``, which checks
+that its name is its sha256 and writes it once, and goes out only through
+``handoff_delete_values``, which deletes only what a recorded ``values_erased`` event of
+the run names. A put made while a write is decided (an ``execute``'s decide) joins that
+write's one message, so a checkpoint's values and its event commit or roll back together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+TABLE = "run_values"
+CREATE = (f"CREATE TABLE IF NOT EXISTS {TABLE} (run_id text COLLATE \"C\" NOT NULL, sha256 text NOT NULL, "
+          "value bytea NOT NULL, PRIMARY KEY (run_id, sha256))")
+PUT_FUNCTION = f"""CREATE FUNCTION handoff_put_values(p_run text, p_digests text[], p_values bytea[])
+RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = {{schema}}, pg_temp AS $$
+DECLARE n integer;
+BEGIN
+  IF cardinality(p_digests) <> cardinality(p_values) OR EXISTS (
+       SELECT 1 FROM unnest(p_digests, p_values) AS t(d, v) WHERE encode(sha256(t.v), 'hex') <> t.d) THEN
+    RAISE EXCEPTION 'handoff: a value of run % is not named by its sha256', p_run
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  INSERT INTO {TABLE} (run_id, sha256, value) SELECT p_run, t.d, t.v FROM unnest(p_digests, p_values) AS t(d, v)
+  ON CONFLICT DO NOTHING;
+  GET DIAGNOSTICS n = ROW_COUNT;
+  RETURN n;
+END $$"""
+DELETE_FUNCTION = f"""CREATE FUNCTION handoff_delete_values(p_run text, p_digests text[])
+RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = {{schema}}, pg_temp AS $$
+DECLARE n integer;
+BEGIN
+  DELETE FROM {TABLE} v WHERE v.run_id = p_run AND v.sha256 = ANY(p_digests)
+    AND EXISTS (SELECT 1 FROM events e WHERE e.run_id = p_run AND e.type = 'values_erased'
+                AND position(convert_to(v.sha256, 'UTF8') IN e.payload) > 0);
+  GET DIAGNOSTICS n = ROW_COUNT;
+  RETURN n;
+END $$"""
+SIGNATURES = ("handoff_put_values(text, text[], bytea[])", "handoff_delete_values(text, text[])")
+
+
+class PostgresValues:
+    """``put_values``, ``get_values``, ``delete_values`` and ``value_digests`` for
+    ``PostgresStore`` (which provides ``lock``, ``mapped``, ``x``, ``readonly`` and the
+    write being decided: ``deciding``, ``join_values``)."""
+
+    values_join_writes = True
+    lock: Any
+    readonly: bool
+    path: str
+
+    def put_values(self, run_id: str, values: dict[str, bytes]) -> int:
+        if not values:
+            return 0
+        self._writable("storing values")
+        if self.join_values(run_id, values):  # type: ignore[attr-defined]
+            return len(values)
+        with self.lock, self.mapped("storing values"):  # type: ignore[attr-defined]
+            return int(self.x("SELECT handoff_put_values(%s, %s, %s)",  # type: ignore[attr-defined]
+                              (run_id, list(values), list(values.values()))).fetchone()[0])
+
+    def get_values(self, run_id: str, digests: Iterable[str]) -> dict[str, bytes]:
+        wanted = list(dict.fromkeys(digests))
+        if not wanted:
+            return {}
+        with self.lock, self.mapped("reading values"):  # type: ignore[attr-defined]
+            rows = self.x(f"SELECT sha256, value FROM {TABLE} WHERE run_id = %s AND sha256 = ANY(%s)",  # type: ignore[attr-defined]
+                          (run_id, wanted)).fetchall()
+        return {d: bytes(v) for d, v in rows}
+
+    def delete_values(self, run_id: str, digests: Iterable[str]) -> int:
+        """Delete values a recorded ``values_erased`` event of the run names (no other)."""
+        wanted = list(dict.fromkeys(digests))
+        if not wanted:
+            return 0
+        self._writable("deleting values")
+        with self.lock, self.mapped("deleting values"):  # type: ignore[attr-defined]
+            return int(self.x("SELECT handoff_delete_values(%s, %s)", (run_id, wanted)).fetchone()[0])  # type: ignore[attr-defined]
+
+    def value_digests(self, run_id: str) -> dict[str, str]:
+        # The server hashes the bytes: verify reads 64 characters per value, not the value.
+        with self.lock, self.mapped("reading values"):  # type: ignore[attr-defined]
+            rows = self.x(f"SELECT sha256, encode(sha256(value), 'hex') FROM {TABLE} WHERE run_id = %s",  # type: ignore[attr-defined]
+                          (run_id,)).fetchall()
+        return dict(rows)
+
+    def _writable(self, doing: str) -> None:
+        if self.readonly:
+            from ..errors import StoreUnavailable
+
+            raise StoreUnavailable(f"the ledger {self.path} was opened read-only; {doing} refused")

@@ -1,0 +1,132 @@
+"""Values beside the log in the SQLite file: one table, a row per run and sha256.
+
+The interface is ``EventStore.put_values`` and its siblings (ledger/store.py); this is
+only its dialect, mixed into ``SqliteStore``. A value is written once (``INSERT OR
+IGNORE``): its name is its digest, so a second write of it can only be the same bytes.
+Inside an ``execute`` (the store's one connection already in its write transaction) a
+put joins that transaction, so a graph checkpoint's values and its event commit or roll
+back together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+from collections.abc import Iterable
+from typing import Any
+
+from .driver import explain
+
+TABLE = "run_values"
+#: Made with the ledger and added to an older file by its first writable open
+#: (ledger/sqlite/schema.py): an additive table, so the file schema version stays.
+CREATE = (f"CREATE TABLE IF NOT EXISTS {TABLE} (run_id TEXT NOT NULL, sha256 TEXT NOT NULL, "
+          "value BLOB NOT NULL, PRIMARY KEY (run_id, sha256))")
+_EXISTS = f"SELECT 1 FROM sqlite_master WHERE type='table' AND name='{TABLE}'"
+#: Digests per statement: well under SQLite's limit of bound parameters.
+_CHUNK = 500
+
+
+def _chunks(digests: Iterable[str]) -> Iterable[list[str]]:
+    batch: list[str] = []
+    for d in digests:
+        batch.append(d)
+        if len(batch) == _CHUNK:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _as_bytes(v: Any) -> bytes:
+    # A row edited behind the store may hold text or a number: its bytes then hash to
+    # another digest, which verify reports as a changed value.
+    return v if isinstance(v, bytes) else str(v).encode()
+
+
+class SqliteValues:
+    """``put_values``, ``get_values``, ``delete_values`` and ``value_digests`` for
+    ``SqliteStore`` (which provides ``conn``, ``lock``, ``begin``, ``finish``, ``path``)."""
+
+    values_join_writes = True
+    conn: sqlite3.Connection
+    path: str
+    lock: Any
+
+    def _has_values_table(self) -> bool:
+        # A file opened read-only before its first writable open since the table came.
+        return self.conn.execute(_EXISTS).fetchone() is not None
+
+    def put_values(self, run_id: str, values: dict[str, bytes]) -> int:
+        if not values:
+            return 0
+        rows = [(run_id, d, v) for d, v in values.items()]
+        with self.lock:
+            if self.conn.in_transaction:  # the write this put is part of (an execute's decide)
+                return self._insert_values(rows)
+            self.begin("storing values")  # type: ignore[attr-defined]
+            ok = False
+            try:
+                n = self._insert_values(rows)
+                ok = True
+            finally:
+                self.finish(ok, "storing values")  # type: ignore[attr-defined]
+            return n
+
+    def _insert_values(self, rows: list[tuple[str, str, bytes]]) -> int:
+        try:
+            before = self.conn.total_changes
+            self.conn.executemany(f"INSERT OR IGNORE INTO {TABLE} (run_id, sha256, value) VALUES (?, ?, ?)", rows)
+            return self.conn.total_changes - before
+        except sqlite3.Error as exc:
+            raise explain(exc, "storing values", self.path) from exc
+
+    def get_values(self, run_id: str, digests: Iterable[str]) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        with self.lock:
+            try:
+                if not self._has_values_table():
+                    return out
+                for batch in _chunks(dict.fromkeys(digests)):
+                    marks = ",".join("?" * len(batch))
+                    for d, v in self.conn.execute(
+                            f"SELECT sha256, value FROM {TABLE} WHERE run_id = ? AND sha256 IN ({marks})",
+                            (run_id, *batch)):
+                        out[d] = _as_bytes(v)
+            except sqlite3.Error as exc:
+                raise explain(exc, "reading values", self.path) from exc
+        return out
+
+    def delete_values(self, run_id: str, digests: Iterable[str]) -> int:
+        batches = list(_chunks(dict.fromkeys(digests)))
+        if not batches:
+            return 0
+        with self.lock:
+            self.begin("deleting values")  # type: ignore[attr-defined]
+            ok = False
+            try:
+                before = self.conn.total_changes
+                for batch in batches:
+                    marks = ",".join("?" * len(batch))
+                    # Only what a recorded erasure of the run names (its digests are in its payload).
+                    self.conn.execute(
+                        f"DELETE FROM {TABLE} WHERE run_id = ? AND sha256 IN ({marks}) AND EXISTS (SELECT 1 FROM "
+                        "events e WHERE e.run_id = ? AND e.type = 'values_erased' "
+                        f"AND instr(e.payload, CAST({TABLE}.sha256 AS BLOB)) > 0)", (run_id, *batch, run_id))
+                n = self.conn.total_changes - before
+                ok = True
+            except sqlite3.Error as exc:
+                raise explain(exc, "deleting values", self.path) from exc
+            finally:
+                self.finish(ok, "deleting values")  # type: ignore[attr-defined]
+        return n
+
+    def value_digests(self, run_id: str) -> dict[str, str]:
+        with self.lock:
+            try:
+                if not self._has_values_table():
+                    return {}
+                rows = self.conn.execute(f"SELECT sha256, value FROM {TABLE} WHERE run_id = ?", (run_id,)).fetchall()
+            except sqlite3.Error as exc:
+                raise explain(exc, "reading values", self.path) from exc
+        return {d: hashlib.sha256(_as_bytes(v)).hexdigest() for d, v in rows}
