@@ -82,6 +82,8 @@ def append_call(conn, run_id: str, event, *, actor: str = "worker:w", lease: int
     computed as the library does. ``move``: (new lease, holder, digest) to move the lease
     to. Lets a test hold a write inside its transaction, or send one the library would
     never send."""
+    import json
+
     from handoff.ledger import events as ev
     from handoff.ledger.postgres.schema import APPEND_SIGNATURE
     from handoff.ledger.store import GENESIS_HASH, chain_hash, encode_events
@@ -94,7 +96,7 @@ def append_call(conn, run_id: str, event, *, actor: str = "worker:w", lease: int
     h = chain_hash(prev, run_id, seq, tag, actor, lease, None, at, ev.SCHEMA_VERSION, payload)
     (first_id,) = conn.execute("SELECT nextval('events_id_seq')").fetchone()
     new_lease, holder, digest = move if move is not None else (head[2], head[3], None)
-    args = (run_id, head[0], prev, [first_id], secret, lease, actor, at, ev.SCHEMA_VERSION, False,
-            [seq], [tag], [None], [None], [payload], [prev], [h],
+    rows = json.dumps([[first_id, seq, tag, None, None, payload.hex(), prev.hex(), h.hex()]])
+    args = (run_id, head[0], prev, secret, lease, actor, at, ev.SCHEMA_VERSION, False, rows,
             new_lease, holder, max(head[4], new_lease or 0), digest, move is not None, None, None)
-    return f"SELECT {APPEND_SIGNATURE.split('(')[0]}({', '.join(['%s'] * 24)})", args
+    return f"SELECT {APPEND_SIGNATURE.split('(')[0]}({', '.join(['%s'] * 17)})", args

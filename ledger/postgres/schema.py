@@ -225,16 +225,24 @@ QUEUE_TRIGGERS = {
 #: else "" (another session was sealing). Fencing and idempotency are decided inside the
 #: transaction that writes: the head they were decided from is the head written onto.
 APPEND_FUNCTION = """CREATE FUNCTION handoff_append(
-  p_run text, p_seq bigint, p_hash bytea, p_ids bigint[], p_secret text, p_lease bigint,
-  p_actor text, p_at bigint, p_schema integer, p_viewed boolean,
-  p_seqs bigint[], p_types text[], p_keys text[], p_digests bytea[], p_payloads bytea[],
-  p_prevs bytea[], p_hashes bytea[],
+  p_run text, p_seq bigint, p_hash bytea, p_secret text, p_lease bigint,
+  p_actor text, p_at bigint, p_schema integer, p_viewed boolean, p_rows jsonb,
   p_head_lease bigint, p_holder text, p_max_lease bigint, p_digest text, p_digest_moved boolean,
   p_views jsonb, p_guards jsonb)
 RETURNS text LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
 DECLARE
-  h record; n integer := cardinality(p_ids); g jsonb; c record; q text; got bigint;
+  h record; g jsonb; c record; q text; got bigint; n integer; p_ids bigint[]; p_seqs bigint[];
+  p_types text[]; p_keys text[]; p_digests bytea[]; p_payloads bytea[]; p_prevs bytea[]; p_hashes bytea[];
 BEGIN
+  -- The batch: one row per event, [write id, seq, type, key, digest, payload, prev, hash],
+  -- the byte strings in hex (one JSON text: what a client binds cheapest).
+  SELECT array_agg((r->>0)::bigint ORDER BY o), array_agg((r->>1)::bigint ORDER BY o),
+         array_agg(r->>2 ORDER BY o), array_agg(r->>3 ORDER BY o), array_agg(decode(r->>4, 'hex') ORDER BY o),
+         array_agg(decode(r->>5, 'hex') ORDER BY o), array_agg(decode(r->>6, 'hex') ORDER BY o),
+         array_agg(decode(r->>7, 'hex') ORDER BY o)
+    INTO p_ids, p_seqs, p_types, p_keys, p_digests, p_payloads, p_prevs, p_hashes
+    FROM jsonb_array_elements(p_rows) WITH ORDINALITY AS t(r, o);
+  n := coalesce(cardinality(p_ids), 0);
   LOCK TABLE handoff_lock_maintenance IN ROW SHARE MODE;
   IF p_guards IS NOT NULL THEN
     LOCK TABLE handoff_lock_views IN EXCLUSIVE MODE;
@@ -311,13 +319,36 @@ BEGIN
     AS u(id, seq, type, k, d, payload, prev, hash) ORDER BY u.id;
   RETURN coalesce(current_setting('handoff.sealed', true), '');
 END $$"""
+#: A write's first round trip, one statement (its plans cached for the session): a block of
+#: write ids, the run's head, the key's earlier batch (its first seq and write id, the
+#: request's digest, size and actor, every event's write id and position, null while it
+#: waits to be sealed), and, when asked, the run's events from ``p_after`` (the cached
+#: fold's last seq) as (seq, type, recorded_us, payload, hash, actor). Byte strings in
+#: hex. Run as the caller: it reads what every role may read, and takes no lock.
+READ_FUNCTION = """CREATE FUNCTION handoff_read(p_run text, p_key text, p_after bigint, p_steps boolean)
+RETURNS jsonb LANGUAGE plpgsql SET search_path = {schema}, pg_temp AS $$
+BEGIN
+  RETURN jsonb_build_array(
+    nextval('events_id_seq'),
+    (SELECT jsonb_build_array(h.last_seq, encode(h.last_hash, 'hex'), h.lease, h.lease_holder, h.first_position,
+                              h.last_position, h.max_lease, h.lease_digest) FROM heads h WHERE h.run_id = p_run),
+    CASE WHEN p_key IS NOT NULL THEN (
+      SELECT jsonb_build_array(d.seq, d.id, encode(d.idem_digest, 'hex'), d.batch_size, d.actor,
+        (SELECT jsonb_agg(jsonb_build_array(e.id, o.position) ORDER BY e.seq) FROM events e
+         LEFT JOIN ledger_order o ON o.event_id = e.id
+         WHERE e.run_id = d.run_id AND e.seq BETWEEN d.seq AND d.seq + d.batch_size - 1))
+      FROM events d WHERE d.run_id = p_run AND d.idem_key = p_key) END,
+    CASE WHEN p_steps THEN (
+      SELECT jsonb_agg(jsonb_build_array(e.seq, e.type, e.recorded_us, encode(e.payload, 'hex'),
+                                         encode(e.hash, 'hex'), e.actor) ORDER BY e.seq)
+      FROM events e WHERE e.run_id = p_run AND e.seq >= p_after) END);
+END $$"""
 #: SQLSTATEs of handoff_append's refusals: the head moved (decide again), and a lease's
 #: token not shown.
 HEAD_MOVED, NOT_THE_HOLDER = "HL409", "HL401"
 #: handoff_append's arguments, as GRANT and REVOKE name the function.
-APPEND_SIGNATURE = ("handoff_append(text, bigint, bytea, bigint[], text, bigint, text, bigint, integer, boolean, "
-                    "bigint[], text[], text[], bytea[], bytea[], bytea[], bytea[], bigint, text, bigint, text, "
-                    "boolean, jsonb, jsonb)")
+APPEND_SIGNATURE = ("handoff_append(text, bigint, bytea, text, bigint, text, bigint, integer, boolean, jsonb, "
+                    "bigint, text, bigint, text, boolean, jsonb, jsonb)")
 #: Functions run as the owner are executable by nobody else until the roles SQL grants
 #: them (a function is executable by PUBLIC when created): made so at creation and by
 #: the migration to schema 6.
@@ -354,6 +385,7 @@ def functions(schema: str) -> dict[str, tuple[str, bool]]:
         "handoff_seal": (_format(SEAL_FUNCTION, schema), True),
         "handoff_queue": (_format(QUEUE_FUNCTION, schema), True),
         "handoff_append": (_format(APPEND_FUNCTION, schema), True),
+        "handoff_read": (_format(READ_FUNCTION, schema), False),
         "handoff_put_values": (_format(PUT_VALUES, schema), True),
         "handoff_delete_values": (_format(DELETE_VALUES, schema), True),
     }
@@ -463,7 +495,7 @@ MIGRATIONS: dict[int, list[str]] = {
         f"CREATE TABLE IF NOT EXISTS {MAINTENANCE_LOCK} ()",
         f"CREATE TABLE IF NOT EXISTS {VIEWS_LOCK} ()",
         VALUES_TABLE,
-        "{requeue}", "{reseal}", "{append}", "{put_values}", "{delete_values}", VIEWS_FUNCTION_EMPTY,
+        "{requeue}", "{reseal}", "{append}", "{read}", "{put_values}", "{delete_values}", VIEWS_FUNCTION_EMPTY,
         "DO $$ DECLARE r record; BEGIN FOR r IN SELECT DISTINCT grantee FROM "
         "information_schema.role_table_grants WHERE table_schema = current_schema() AND "
         "privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE') AND grantee <> current_user LOOP "
@@ -478,7 +510,7 @@ def migration_step(sql: str, schema: str) -> str:
     """A MIGRATIONS statement as run: "{seal}" / "{reseal}", "{queue}" / "{requeue}" and
     "{append}" stand for those functions as this version makes them in the ledger's schema
     (made, or replacing an older body)."""
-    name = {"{seal}": "handoff_seal", "{queue}": "handoff_queue", "{append}": "handoff_append",
+    name = {"{seal}": "handoff_seal", "{queue}": "handoff_queue", "{append}": "handoff_append", "{read}": "handoff_read",
             "{reseal}": "handoff_seal", "{requeue}": "handoff_queue", "{put_values}": "handoff_put_values",
             "{delete_values}": "handoff_delete_values"}.get(sql)
     return sql if name is None else or_replace(functions(schema)[name][0])

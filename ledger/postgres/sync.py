@@ -74,16 +74,15 @@ END $$"""
 
 
 def as_json(value: Any) -> str:
-    """View rows or a decision's view counts as the JSON the functions read (bytes as
-    bytea's hex text, which is what jsonb_populate_recordset gives a bytea column)."""
-    return msgspec.json.encode(_hexed(value)).decode()
+    """A write's batch, view rows or a decision's view counts as the JSON the functions
+    read. Byte strings must already be bytea's hex text (``hexed``): the functions read
+    them so, and msgspec would write base64."""
+    return msgspec.json.encode(value).decode()
 
 
-def _hexed(value: Any) -> Any:
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return "\\x" + bytes(value).hex()
-    if isinstance(value, dict):
-        return {k: _hexed(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_hexed(v) for v in value]
-    return value
+def hexed(row: dict[str, Any]) -> dict[str, Any]:
+    """A view row with its byte strings as bytea's hex text (what jsonb_populate_recordset
+    reads into a bytea column); the row itself when it has none."""
+    if not any(type(v) in (bytes, bytearray, memoryview) for v in row.values()):
+        return row
+    return {k: "\\x" + bytes(v).hex() if type(v) in (bytes, bytearray, memoryview) else v for k, v in row.items()}

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .. import viewsql
 from ..errors import InvalidInput
 from ..views import TRACKING, VERSIONS, TableSpec, Views
-from .sync import EXISTING, PREFIX, as_json, sync_function, views_function
+from .sync import EXISTING, PREFIX, as_json, hexed, sync_function, views_function
 
 if TYPE_CHECKING:
     from .store import PostgresStore
@@ -146,10 +146,10 @@ class PostgresViewStore(viewsql.SqlViewStore):
     # own (a catch-up), by calling that function directly.
 
     def sync_one(self, table: Table, row: Mapping[str, Any]) -> None:
-        self._keep(table, row.get("run_id") or "", [dict(row)], False)
+        self._keep(table, row.get("run_id") or "", [hexed(dict(row))], False)
 
     def sync_many(self, table: Table, run_id: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        self._keep(table, run_id, [dict(r) for r in rows], True)
+        self._keep(table, run_id, [hexed(dict(r)) for r in rows], True)
 
     def _keep(self, table: Table, run_id: str, rows: list[dict[str, Any]], many: bool) -> None:
         if not self._store.view_rows(table.name, run_id, rows, many):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+
+import msgspec
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -25,7 +27,7 @@ from ..store import (
     Recorded,
     encode_events,
 )
-from .rows import HEAD_SELECT, as_bytes, head_of
+from .rows import as_bytes
 from .schema import HEAD_MOVED, ID_BLOCK, NOT_THE_HOLDER
 from .sync import as_json
 
@@ -38,28 +40,15 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 S = TypeVar("S")
 
-#: A repeated key's earlier batch: its first seq and write id, the request's digest, size
-#: and actor, and every event's write id and position (null while waiting to be sealed).
-DUPLICATE = (
-    "SELECT d.seq, d.id, d.idem_digest, d.batch_size, d.actor, b.ids, b.positions FROM events d, "
-    "LATERAL (SELECT array_agg(e.id ORDER BY e.seq) AS ids, array_agg(o.position ORDER BY e.seq) AS positions "
-    "FROM events e LEFT JOIN ledger_order o ON o.event_id = e.id "
-    "WHERE e.run_id = d.run_id AND e.seq BETWEEN d.seq AND d.seq + d.batch_size - 1) b "
-    "WHERE d.run_id=%s AND d.idem_key=%s"
-)
-#: A write's first round trip (one message, no lock taken): a block of write ids, the
-#: run's head, the key's earlier batch, and the run's events since the cached fold.
-NEXT_ID = "SELECT nextval('events_id_seq')"
-STEPS_FROM = ("SELECT seq, type, recorded_us, payload, hash, actor FROM events WHERE run_id=%s "
-               "AND seq>=%s ORDER BY seq")
+#: A write's first round trip: one call (schema.READ_FUNCTION), one JSON value back.
+READ = "SELECT handoff_read(%s, %s, %s, %s)::text"
 #: A write's second: the batch, the head it was decided from and the views' rows, to
 #: handoff_append (schema.APPEND_FUNCTION), then, after the COMMIT in the same message,
 #: the seal of its events when its insert could not seal them (another session was
-#: sealing): the condition is one probe of the queue, so the common case calls nothing.
-APPEND = ("BEGIN;\nSELECT handoff_append(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
-           "%s, %s, %s, %s, %s, %s::jsonb, %s::jsonb);\nCOMMIT;\n"
-           "SELECT s.event_id, s.event_position FROM handoff_seal(true, %s::bigint[]) s "
-           "WHERE EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = ANY(%s::bigint[]))")
+#: sealing); when it could, handoff_seal finds nothing queued and only reads the
+#: positions back.
+APPEND = ("BEGIN;\nSELECT handoff_append(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, "
+          "%s::jsonb, %s::jsonb);\nCOMMIT;\nSELECT * FROM handoff_seal(true, %s::bigint[])")
 
 
 class HeadMoved(Exception):
@@ -169,20 +158,19 @@ class Writes:
         lean = aggregate is not None and aggregate.lean
         cached = self._cached(aggregate, run_id) if aggregate is not None else None
         after = cached[1] if cached is not None else 0
-        sql = [NEXT_ID, HEAD_SELECT]
-        args: list[Any] = [run_id]
-        if key:
-            sql.append(DUPLICATE)
-            args += [run_id, key]
-        if lean:
-            sql.append(STEPS_FROM)
-            args += [run_id, after]
-        got = iter(self._message(";\n".join(sql), args))
-        base = next(got)[0][0]
-        head_rows = next(got)
-        head, max_lease, lease_digest = head_of(head_rows[0] if head_rows else None, digest=True)
-        dup_rows = next(got) if key else None
-        steps = next(got) if lean else None
+        got = msgspec.json.decode(self._message(READ, [run_id, key, after, lean])[0][0][0])
+        base, h, dup_row, steps = got
+        head, max_lease, lease_digest = (None, 0, None) if h is None else (
+            Head(run_id, h[0], bytes.fromhex(h[1]), h[2], h[3], h[4], h[5]), h[6], h[7])
+        if steps is None and lean:
+            steps = []
+        if steps is not None:
+            steps = [(r[0], r[1], r[2], bytes.fromhex(r[3]), bytes.fromhex(r[4]), r[5]) for r in steps]
+        dup_rows = None
+        if dup_row is not None:
+            pairs = dup_row[5] or []
+            dup_rows = [(dup_row[0], dup_row[1], bytes.fromhex(dup_row[2]) if dup_row[2] else None, dup_row[3],
+                         dup_row[4], [p[0] for p in pairs], [p[1] for p in pairs])]
         state: Any = None
         if aggregate is not None:
             state = self._state_from(run_id, aggregate, head, cached, steps) if steps is not None else _MISSING
@@ -287,12 +275,13 @@ class Writes:
         sealed at the insert. Returns "first id:position" when the insert sealed the batch."""
         fence = done.fence
         rows = done.events
-        args = [run_id, head.last_seq if head else 0, head.last_hash if head else GENESIS_HASH, ids,
+        batch = [[ids[i], r[0], r[1], r[2], r[3].hex() if r[3] is not None else None, r[4].hex(), r[5].hex(),
+                  r[6].hex()] for i, r in enumerate(rows)]
+        args = [run_id, head.last_seq if head else 0, head.last_hash if head else GENESIS_HASH,
                 token.secret if token is not None else None, lease, done.actor, done.now, ev.SCHEMA_VERSION,
-                self._keeps_views, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
-                [r[3] for r in rows], [r[4] for r in rows], [r[5] for r in rows], [r[6] for r in rows],
-                fence.lease, fence.holder, fence.max_lease, fence.digest, fence.digest_moved,
-                as_json(views) if views else None, as_json(guards) if guards else None, ids, ids]
+                self._keeps_views, as_json(batch), fence.lease, fence.holder, fence.max_lease, fence.digest,
+                fence.digest_moved, as_json(views) if views else None, as_json(guards) if guards else None,
+                ids]
         sql = APPEND
         if values:  # BEGIN; the values; handoff_append; ...
             puts = [(run, list(v), list(v.values())) for run, v in values.items()]

@@ -84,7 +84,7 @@ def staller(url: str, run: str, stalled: str, go: str) -> None:
         sql, args = append_call(conn, run, ev.ProgressRecorded(kind="a"))
         conn.execute(sql, args)
         sealer.rollback()
-        open(stalled, "w").write(str(args[3][0]))
+        open(stalled, "w").write(run)
         while not os.path.exists(go):
             time.sleep(0.01)
         conn.execute("COMMIT")
