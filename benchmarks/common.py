@@ -59,7 +59,7 @@ def _check(conn: sqlite3.Connection, who: str) -> None:
 
 def open_store(path: str | os.PathLike[str]) -> SqliteStore:
     store = SqliteStore(path, synchronous=SYNCHRONOUS)
-    _check(store.db.conn, "handoff-ledger")
+    _check(store.conn, "handoff-ledger")
     return store
 
 
