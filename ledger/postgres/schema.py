@@ -144,66 +144,15 @@ BEGIN
 END $$"""
 
 
-#: Every inserted event is sealed by its own INSERT's trigger when nobody else is sealing,
-#: and joins the sealing queue when somebody is (SECURITY DEFINER: a writer needs no right
-#: to the order or the queue, so it can neither skip them nor fill the queue with what it
-#: likes). Sealing in the statement that inserts costs a writer no call of its own, no
-#: queue row and no read after its commit; it holds the seal lock from its insert to its
-#: commit. Events queued by others (committed: this statement's snapshot sees no
-#: uncommitted row of theirs) are sealed first when their write ids are lower, in
-#: write-id order, exactly as handoff_seal orders them. The statement's first write id
-#: and its position are left in the transaction's ``handoff.sealed`` setting
-#: ("id:position") for handoff_append to return; the writer counts on the later ones
-#: following only when its ids are one block (nothing else comes between), and otherwise
-#: reads them. An import (``handoff.importing`` on) writes the order itself: its rows are
-#: queued.
+#: Every inserted event joins the sealing queue, by its INSERT's statement trigger
+#: (SECURITY DEFINER: a writer has no right to the queue, so it can neither skip it nor
+#: fill it with what it likes). handoff_append then seals, in its own transaction, when
+#: nobody else is sealing (handoff_seal, the one place positions are given); an import
+#: (``handoff.importing`` on) writes the order itself and takes its rows off the queue.
 QUEUE_FUNCTION = """CREATE FUNCTION handoff_queue() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = {schema}, pg_temp AS $$
-DECLARE
-  tpos bigint; g bytea; r record; mine bigint; queued boolean;
-  ps bigint[] := ARRAY[]::bigint[]; es bigint[] := ARRAY[]::bigint[]; gs bytea[] := ARRAY[]::bytea[];
 BEGIN
-  IF current_setting('handoff.importing', true) = 'on' THEN
-    INSERT INTO unsealed SELECT n.id FROM new_rows n;
-    PERFORM set_config('handoff.sealed', '', true);
-    RETURN NULL;
-  END IF;
-  SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t FOR UPDATE SKIP LOCKED;
-  IF NOT FOUND THEN
-    INSERT INTO unsealed SELECT n.id FROM new_rows n;
-    PERFORM set_config('handoff.sealed', '', true);
-    RETURN NULL;
-  END IF;
-  queued := EXISTS (SELECT 1 FROM unsealed);
-  IF NOT queued THEN
-    -- the common case: nothing waits, this statement's rows take the next positions
-    mine := tpos + 1;
-    FOR r IN SELECT n.id, n.hash FROM new_rows n ORDER BY n.id LOOP
-      tpos := tpos + 1;
-      g := sha256(g || int8send(tpos) || r.hash);
-      ps := ps || tpos; es := es || r.id; gs := gs || g;
-    END LOOP;
-  ELSE
-    FOR r IN SELECT q.id, q.hash FROM (
-               SELECT u.event_id AS id, (SELECT e.hash FROM events e WHERE e.id = u.event_id) AS hash
-               FROM unsealed u
-               WHERE (SELECT o.position FROM ledger_order o WHERE o.event_id = u.event_id) IS NULL
-               UNION ALL SELECT n.id, n.hash FROM new_rows n) q
-             ORDER BY q.id LOOP
-      tpos := tpos + 1;
-      g := sha256(g || int8send(tpos) || r.hash);
-      ps := ps || tpos; es := es || r.id; gs := gs || g;
-    END LOOP;
-    mine := ps[array_position(es, (SELECT min(n.id) FROM new_rows n))];
-  END IF;
-  INSERT INTO ledger_order (position, event_id, global_hash) SELECT * FROM unnest(ps, es, gs);
-  IF queued THEN
-    -- Everything queued that now has a position (an import's rows too) leaves the queue.
-    DELETE FROM unsealed u WHERE (SELECT true FROM ledger_order o WHERE o.event_id = u.event_id);
-  END IF;
-  UPDATE ledger_tail SET position = tpos, global_hash = g;
-  PERFORM pg_notify('{channel}', '');
-  PERFORM set_config('handoff.sealed', (SELECT min(n.id) FROM new_rows n)::text || ':' || mine::text, true);
+  INSERT INTO unsealed SELECT n.id FROM new_rows n;
   RETURN NULL;
 END $$"""
 QUEUE_TRIGGERS = {
@@ -221,9 +170,10 @@ QUEUE_TRIGGERS = {
 #: when a write under a lease does not show that lease's token; checks the batch continues
 #: the run's chain and that the lease only moves by a grant above the highest or a release;
 #: then moves the head, keeps the views (``handoff_views``) and inserts the events (their
-#: trigger seals them). Returns "first write id:its position" when the insert sealed them,
-#: else "" (another session was sealing). Fencing and idempotency are decided inside the
-#: transaction that writes: the head they were decided from is the head written onto.
+#: trigger queues them) and seals them (handoff_seal) unless another session is sealing.
+#: Returns "first write id:its position" when they were sealed, else "". Fencing and
+#: idempotency are decided inside the transaction that writes: the head they were
+#: decided from is the head written onto.
 APPEND_FUNCTION = """CREATE FUNCTION handoff_append(
   p_run text, p_seq bigint, p_hash bytea, p_secret text, p_lease bigint,
   p_actor text, p_at bigint, p_schema integer, p_viewed boolean, p_rows jsonb,
@@ -317,7 +267,10 @@ BEGIN
          u.hash, p_viewed
   FROM unnest(p_ids, p_seqs, p_types, p_keys, p_digests, p_payloads, p_prevs, p_hashes)
     AS u(id, seq, type, k, d, payload, prev, hash) ORDER BY u.id;
-  RETURN coalesce(current_setting('handoff.sealed', true), '');
+  -- Seal now when nobody else is sealing: the queue up to these events, in write-id
+  -- order, committed with them (one flush). Else the seal after the COMMIT does it.
+  SELECT s.event_position INTO got FROM handoff_seal(false, p_ids[1:1]) s;
+  RETURN coalesce(p_ids[1]::text || ':' || got::text, '');
 END $$"""
 #: A write's first round trip, one statement (its plans cached for the session): a block of
 #: write ids, the run's head, the key's earlier batch (its first seq and write id, the

@@ -44,7 +44,7 @@ S = TypeVar("S")
 READ = "SELECT handoff_read(%s, %s, %s, %s)::text"
 #: A write's second: the batch, the head it was decided from and the views' rows, to
 #: handoff_append (schema.APPEND_FUNCTION), then, after the COMMIT in the same message,
-#: the seal of its events when its insert could not seal them (another session was
+#: the seal of its events when handoff_append could not seal them (another session was
 #: sealing); when it could, handoff_seal finds nothing queued and only reads the
 #: positions back.
 APPEND = ("BEGIN;\nSELECT handoff_append(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, "

@@ -227,10 +227,10 @@ def test_a_schema_3_ledger_gets_the_seal_by_key_and_keeps_its_order():
 QUEUE_V4 = Path(__file__).parent / "fixtures" / "postgres_queue4.sql"
 
 
-def test_a_schema_4_ledger_gets_the_sealing_insert_and_keeps_its_order():
-    """Schema 4's insert trigger only queued events (the writer then called the seal);
-    5's seals in the insert when nobody else is sealing, and 6's seal lock is a row lock
-    no role may take. Events queued under 4 at the
+def test_a_schema_4_ledger_is_sealed_by_handoff_append_and_keeps_its_order():
+    """Schema 4's insert trigger only queued events (the writer then called the seal); so
+    does 6's, with handoff_append sealing in the writer's transaction, under a seal lock
+    (a row lock) no role may take. Events queued under 4 at the
     upgrade are sealed first, in write-id order, by the first write after it; the chain
     is unbroken; verify accepts the new bodies and would report the old queue function."""
     import psycopg
@@ -251,7 +251,7 @@ def test_a_schema_4_ledger_gets_the_sealing_insert_and_keeps_its_order():
         assert store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 6
         body = store.x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_queue' "
                         "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
-        assert "FOR UPDATE SKIP LOCKED" in body and "advisory" not in body
+        assert "INSERT INTO unsealed" in body and "advisory" not in body  # the trigger only queues
         seal = store.x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_seal' "
                         "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
         assert "FOR UPDATE SKIP LOCKED" in seal and "advisory" not in seal
@@ -264,7 +264,7 @@ def test_a_schema_4_ledger_gets_the_sealing_insert_and_keeps_its_order():
     with psycopg.connect(url, autocommit=True) as conn:  # verify would report the old body
         conn.execute(old.split("DROP FUNCTION")[0])
     with PostgresStore(url) as store:
-        assert any(p.kind == "trigger_altered" and "handoff_queue" in p.message for p in store.verify())
+        assert any(p.kind == "trigger_altered" and "handoff_seal" in p.message for p in store.verify())
 
 
 def test_a_write_whose_hooks_kept_only_some_views_leaves_them_to_catch_up():

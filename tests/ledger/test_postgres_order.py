@@ -96,7 +96,7 @@ def test_events_committed_but_not_sealed_are_sealed_by_the_next_reader(url):
     with PostgresStore(url) as store:
         store.append("a", [ev.HeartbeatRecorded()], actor=W)
     # What a writer killed after its COMMIT leaves when another session was sealing at its
-    # insert (the insert's trigger queued it instead of sealing it).
+    # insert (handoff_append found the seal lock taken and left it queued).
     with psycopg.connect(url, autocommit=True) as sealer, psycopg.connect(url, autocommit=True) as conn:
         sealer.execute("BEGIN")
         sealer.execute(SEAL_LOCK)

@@ -144,7 +144,7 @@ def test_a_store_append_under_the_ledgers_projections_is_two_round_trips(proxied
 
 
 def test_a_write_that_finds_another_session_sealing_costs_no_extra_round_trip(proxied):
-    """Its insert could not seal (the seal lock was taken), so its events were queued: the
+    """handoff_append could not seal (the seal lock was taken), so its events were queued: the
     statement after its COMMIT, in the same message, waits for the seal and returns its
     positions. Two round trips, positions included."""
     import threading
