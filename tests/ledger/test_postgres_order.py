@@ -154,9 +154,9 @@ def test_writer_processes_and_tailing_readers_agree(url, tmp_path):
 
 
 def test_a_value_the_session_carries_is_never_taken_for_a_writes_position(url):
-    """The insert leaves "first id:position" in a transaction setting; a write whose insert
-    was queued must not take a value the session carried over (a SET by a pooler or an
-    earlier client) for its own: its positions come from the seal after its COMMIT."""
+    """A write whose events stayed queued (another session was sealing) reports the
+    positions the seal after its COMMIT gave them, never a value the session carries
+    over (a SET by a pooler or an earlier client that looks like a position)."""
     import psycopg
 
     with PostgresStore(url) as store, psycopg.connect(url, autocommit=True) as sealer:
