@@ -27,15 +27,9 @@ _EXISTS = f"SELECT 1 FROM sqlite_master WHERE type='table' AND name='{TABLE}'"
 _CHUNK = 500
 
 
-def _chunks(digests: Iterable[str]) -> Iterable[list[str]]:
-    batch: list[str] = []
-    for d in digests:
-        batch.append(d)
-        if len(batch) == _CHUNK:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+def _chunks(digests: Iterable[str]) -> list[list[str]]:
+    items = list(digests)
+    return [items[i:i + _CHUNK] for i in range(0, len(items), _CHUNK)]
 
 
 def _as_bytes(v: Any) -> bytes:
@@ -46,7 +40,7 @@ def _as_bytes(v: Any) -> bytes:
 
 class SqliteValues:
     """``put_values``, ``get_values``, ``delete_values`` and ``value_digests`` for
-    ``SqliteStore`` (which provides ``conn``, ``lock``, ``begin``, ``finish``, ``path``)."""
+    ``SqliteStore`` (which provides ``conn``, ``lock``, ``write_transaction``, ``path``)."""
 
     values_join_writes = True
     conn: sqlite3.Connection
@@ -64,14 +58,8 @@ class SqliteValues:
         with self.lock:
             if self.conn.in_transaction:  # the write this put is part of (an execute's decide)
                 return self._insert_values(rows)
-            self.begin("storing values")  # type: ignore[attr-defined]
-            ok = False
-            try:
-                n = self._insert_values(rows)
-                ok = True
-            finally:
-                self.finish(ok, "storing values")  # type: ignore[attr-defined]
-            return n
+            with self.write_transaction("storing values"):  # type: ignore[attr-defined]
+                return self._insert_values(rows)
 
     def _insert_values(self, rows: list[tuple[str, str, bytes]]) -> int:
         try:
@@ -101,25 +89,16 @@ class SqliteValues:
         batches = list(_chunks(dict.fromkeys(digests)))
         if not batches:
             return 0
-        with self.lock:
-            self.begin("deleting values")  # type: ignore[attr-defined]
-            ok = False
-            try:
-                before = self.conn.total_changes
-                for batch in batches:
-                    marks = ",".join("?" * len(batch))
-                    # Only what a recorded erasure of the run names (its digests are in its payload).
-                    self.conn.execute(
-                        f"DELETE FROM {TABLE} WHERE run_id = ? AND sha256 IN ({marks}) AND EXISTS (SELECT 1 FROM "
-                        "events e WHERE e.run_id = ? AND e.type = 'values_erased' "
-                        f"AND instr(e.payload, CAST({TABLE}.sha256 AS BLOB)) > 0)", (run_id, *batch, run_id))
-                n = self.conn.total_changes - before
-                ok = True
-            except sqlite3.Error as exc:
-                raise explain(exc, "deleting values", self.path) from exc
-            finally:
-                self.finish(ok, "deleting values")  # type: ignore[attr-defined]
-        return n
+        with self.write_transaction("deleting values"):  # type: ignore[attr-defined]
+            before = self.conn.total_changes
+            for batch in batches:
+                marks = ",".join("?" * len(batch))
+                # Only what a recorded erasure of the run names (its digests are in its payload).
+                self.conn.execute(
+                    f"DELETE FROM {TABLE} WHERE run_id = ? AND sha256 IN ({marks}) AND EXISTS (SELECT 1 FROM "
+                    "events e WHERE e.run_id = ? AND e.type = 'values_erased' "
+                    f"AND instr(e.payload, CAST({TABLE}.sha256 AS BLOB)) > 0)", (run_id, *batch, run_id))
+            return self.conn.total_changes - before
 
     def value_digests(self, run_id: str) -> dict[str, str]:
         with self.lock:
