@@ -100,44 +100,59 @@ SEAL_LOCK = "SELECT 1 FROM ledger_tail FOR UPDATE"
 #: committed; nobody can choose it), without the right to write the order itself. Every
 #: look-up in the log is by key, a subquery per queued event (joins let a plan cached
 #: while the tables were small scan all of events and ledger_order on every seal).
+POSITIONS_FUNCTION = """CREATE FUNCTION handoff_positions(fresh bigint[])
+RETURNS bigint LANGUAGE plpgsql SET search_path = {schema}, pg_temp AS $$
+DECLARE
+  tpos bigint; g bytea; start bigint; r record; queued boolean; first bigint;
+  ps bigint[] := ARRAY[]::bigint[]; es bigint[] := ARRAY[]::bigint[]; gs bytea[] := ARRAY[]::bytea[];
+BEGIN
+  -- The one place positions are given, the caller holding the seal lock: every queued
+  -- event without one, and ``fresh`` (a writer's own, not queued), in write-id order.
+  queued := EXISTS (SELECT 1 FROM unsealed);
+  SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t;
+  start := tpos;
+  FOR r IN SELECT q.id, q.hash FROM (
+             SELECT u.event_id AS id, (SELECT e.hash FROM events e WHERE e.id = u.event_id) AS hash
+             FROM unsealed u
+             WHERE queued AND (SELECT o.position FROM ledger_order o WHERE o.event_id = u.event_id) IS NULL
+             UNION ALL SELECT e.id, e.hash FROM events e WHERE e.id = ANY(fresh)) q
+           ORDER BY q.id LOOP
+    tpos := tpos + 1;
+    g := sha256(g || int8send(tpos) || r.hash);
+    ps := ps || tpos; es := es || r.id; gs := gs || g;
+    IF r.id = fresh[1] THEN
+      first := tpos;
+    END IF;
+  END LOOP;
+  INSERT INTO ledger_order (position, event_id, global_hash) SELECT * FROM unnest(ps, es, gs);
+  IF queued THEN
+    -- Everything queued that now has a position (an import's rows too) leaves the queue.
+    DELETE FROM unsealed u WHERE (SELECT true FROM ledger_order o WHERE o.event_id = u.event_id);
+  END IF;
+  IF tpos > start THEN
+    UPDATE ledger_tail SET position = tpos, global_hash = g;
+    PERFORM pg_notify('{channel}', '');
+  END IF;
+  RETURN first;
+END $$"""
 SEAL_FUNCTION = """CREATE FUNCTION handoff_seal(wait boolean, mine bigint[])
 RETURNS TABLE (event_id bigint, event_position bigint) LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = {schema}, pg_temp AS $$
 DECLARE
-  tpos bigint; g bytea; start bigint; r record;
-  ps bigint[] := ARRAY[]::bigint[]; es bigint[] := ARRAY[]::bigint[]; gs bytea[] := ARRAY[]::bytea[];
+  got boolean;
 BEGIN
-  IF NOT EXISTS (SELECT 1 FROM unsealed) OR (cardinality(mine) > 0 AND
+  IF EXISTS (SELECT 1 FROM unsealed) AND (cardinality(mine) = 0 OR
      (SELECT count((SELECT 1 FROM ledger_order o WHERE o.event_id = m.id)) FROM unnest(mine) AS m(id))
-     = cardinality(mine)) THEN
-    RETURN QUERY SELECT x.id, x.pos FROM (SELECT m.id, (SELECT o.position FROM ledger_order o
-      WHERE o.event_id = m.id) AS pos FROM unnest(mine) AS m(id)) x WHERE x.pos IS NOT NULL;
-    RETURN;
-  END IF;
-  PERFORM 1 FROM ledger_tail FOR UPDATE SKIP LOCKED;
-  IF NOT FOUND THEN
-    IF NOT wait THEN
-      RETURN;
+     < cardinality(mine)) THEN
+    PERFORM 1 FROM ledger_tail FOR UPDATE SKIP LOCKED;
+    got := FOUND;
+    IF NOT got AND wait THEN
+      PERFORM 1 FROM ledger_tail FOR UPDATE;  -- in line behind the sealer (lock_timeout applies)
+      got := true;
     END IF;
-    PERFORM 1 FROM ledger_tail FOR UPDATE;  -- in line behind the sealer (lock_timeout applies)
-  END IF;
-  SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t;
-  start := tpos;
-  FOR r IN SELECT u.event_id AS id, (SELECT e.hash FROM events e WHERE e.id = u.event_id) AS hash
-           FROM unsealed u
-           WHERE (SELECT o.position FROM ledger_order o WHERE o.event_id = u.event_id) IS NULL
-           ORDER BY u.event_id LOOP
-    tpos := tpos + 1;
-    g := sha256(g || int8send(tpos) || r.hash);
-    ps := ps || tpos; es := es || r.id; gs := gs || g;
-  END LOOP;
-  INSERT INTO ledger_order (position, event_id, global_hash) SELECT * FROM unnest(ps, es, gs);
-  -- Everything queued that now has a position (an import's rows are queued and sealed
-  -- in one go) leaves the queue.
-  DELETE FROM unsealed u WHERE (SELECT true FROM ledger_order o WHERE o.event_id = u.event_id);
-  IF tpos > start THEN
-    UPDATE ledger_tail SET position = tpos, global_hash = g;
-    PERFORM pg_notify('{channel}', '');
+    IF got THEN
+      PERFORM handoff_positions('{{}}');
+    END IF;
   END IF;
   RETURN QUERY SELECT x.id, x.pos FROM (SELECT m.id, (SELECT o.position FROM ledger_order o
     WHERE o.event_id = m.id) AS pos FROM unnest(mine) AS m(id)) x WHERE x.pos IS NOT NULL;
@@ -152,7 +167,9 @@ END $$"""
 QUEUE_FUNCTION = """CREATE FUNCTION handoff_queue() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = {schema}, pg_temp AS $$
 BEGIN
-  INSERT INTO unsealed SELECT n.id FROM new_rows n;
+  IF current_setting('handoff.appending', true) IS DISTINCT FROM 'on' THEN
+    INSERT INTO unsealed SELECT n.id FROM new_rows n;
+  END IF;
   RETURN NULL;
 END $$"""
 QUEUE_TRIGGERS = {
@@ -261,16 +278,24 @@ BEGIN
   IF p_views IS NOT NULL THEN
     PERFORM handoff_views(p_run, p_views);
   END IF;
+  PERFORM set_config('handoff.appending', 'on', true);  -- (the trigger leaves these rows to the seal below)
   INSERT INTO events (id, run_id, seq, type, actor, lease, idem_key, idem_digest, batch_size, recorded_us,
                       schema_version, payload, prev_hash, hash, viewed)
   SELECT u.id, p_run, u.seq, u.type, p_actor, p_lease, u.k, u.d, n, p_at, p_schema, u.payload, u.prev,
          u.hash, p_viewed
   FROM unnest(p_ids, p_seqs, p_types, p_keys, p_digests, p_payloads, p_prevs, p_hashes)
     AS u(id, seq, type, k, d, payload, prev, hash) ORDER BY u.id;
-  -- Seal now when nobody else is sealing: the queue up to these events, in write-id
-  -- order, committed with them (one flush). Else the seal after the COMMIT does it.
-  SELECT s.event_position INTO got FROM handoff_seal(false, p_ids[1:1]) s;
-  RETURN coalesce(p_ids[1]::text || ':' || got::text, '');
+  PERFORM set_config('handoff.appending', 'off', true);
+  -- Sealed now when nobody else is sealing (what waits in the queue, then these, in
+  -- write-id order), committed with them: one flush. Else queued, for the seal after the
+  -- COMMIT.
+  PERFORM 1 FROM ledger_tail FOR UPDATE SKIP LOCKED;
+  IF NOT FOUND THEN
+    INSERT INTO unsealed SELECT unnest(p_ids);
+    RETURN '';
+  END IF;
+  got := handoff_positions(p_ids);
+  RETURN p_ids[1]::text || ':' || got::text;
 END $$"""
 #: A write's first round trip, one statement (its plans cached for the session): a block of
 #: write ids, the run's head, the key's earlier batch (its first seq and write id, the
@@ -309,6 +334,7 @@ REVOKED = [
     f"REVOKE ALL ON FUNCTION {APPEND_SIGNATURE} FROM PUBLIC",
     "REVOKE ALL ON FUNCTION handoff_seal(boolean, bigint[]), handoff_queue() FROM PUBLIC",
     "REVOKE ALL ON FUNCTION handoff_views(text, jsonb) FROM PUBLIC",
+    "REVOKE ALL ON FUNCTION handoff_positions(bigint[]) FROM PUBLIC",
     *(f"REVOKE ALL ON FUNCTION {sig} FROM PUBLIC" for sig in VALUES_SIGNATURES),
 ]
 #: The view writes of an append (handoff_views), made anew from the view tables there are
@@ -335,6 +361,7 @@ def functions(schema: str) -> dict[str, tuple[str, bool]]:
     return {
         "handoff_refuse_change": (REFUSE_FUNCTION, False),
         "handoff_stamp_role": (STAMP_FUNCTION, False),
+        "handoff_positions": (_format(POSITIONS_FUNCTION, schema), False),
         "handoff_seal": (_format(SEAL_FUNCTION, schema), True),
         "handoff_queue": (_format(QUEUE_FUNCTION, schema), True),
         "handoff_append": (_format(APPEND_FUNCTION, schema), True),
@@ -448,7 +475,7 @@ MIGRATIONS: dict[int, list[str]] = {
         f"CREATE TABLE IF NOT EXISTS {MAINTENANCE_LOCK} ()",
         f"CREATE TABLE IF NOT EXISTS {VIEWS_LOCK} ()",
         VALUES_TABLE,
-        "{requeue}", "{reseal}", "{append}", "{read}", "{put_values}", "{delete_values}", VIEWS_FUNCTION_EMPTY,
+        "{positions}", "{requeue}", "{reseal}", "{append}", "{read}", "{put_values}", "{delete_values}", VIEWS_FUNCTION_EMPTY,
         "DO $$ DECLARE r record; BEGIN FOR r IN SELECT DISTINCT grantee FROM "
         "information_schema.role_table_grants WHERE table_schema = current_schema() AND "
         "privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE') AND grantee <> current_user LOOP "
@@ -464,6 +491,7 @@ def migration_step(sql: str, schema: str) -> str:
     "{append}" stand for those functions as this version makes them in the ledger's schema
     (made, or replacing an older body)."""
     name = {"{seal}": "handoff_seal", "{queue}": "handoff_queue", "{append}": "handoff_append", "{read}": "handoff_read",
+            "{positions}": "handoff_positions",
             "{reseal}": "handoff_seal", "{requeue}": "handoff_queue", "{put_values}": "handoff_put_values",
             "{delete_values}": "handoff_delete_values"}.get(sql)
     return sql if name is None else or_replace(functions(schema)[name][0])

@@ -209,9 +209,9 @@ def test_a_schema_3_ledger_gets_the_seal_by_key_and_keeps_its_order():
     with Ledger(url) as lg:
         store = lg.store
         assert store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION
-        body = store.x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_seal' "
+        body = store.x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_positions' "
                         "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
-        assert "unnest(ps, es, gs)" in body
+        assert "unnest(ps, es, gs)" in body  # positions are given in one place, by key
         store.seal()
         assert store.unsealed_count() == 0
         assert [(r.position, r.run_id, r.seq) for r in store.read_all()][-2:] == [(5, "r0", 3), (6, "r1", 3)]
