@@ -355,3 +355,19 @@ def test_no_role_holding_any_lock_it_may_take_stalls_a_writer(roles, group):
             lg.transition("r9", lease9, "planning", worker="w9")
             assert lg.verify() == []
             assert lg.store.unsealed_count() == 0
+
+
+def test_a_value_not_named_by_its_sha256_is_refused_and_nothing_is_stored(roles):
+    """handoff_put_values checks each value's name against its sha256 on the server: a
+    writer calling it by hand with a forged name stores nothing, and the log is as it was."""
+    import hashlib
+
+    import psycopg
+
+    before = _state(roles.owner)
+    with psycopg.connect(roles.url("writer"), autocommit=True) as conn:
+        good = hashlib.sha256(b"real").hexdigest()
+        with conn.transaction(), pytest.raises(psycopg.errors.InvalidParameterValue, match="sha256"):
+            conn.execute("SELECT handoff_put_values('r0', %s, %s)", ([good, "ab" * 32], [b"real", b"forged"]))
+        assert conn.execute("SELECT count(*) FROM run_values").fetchone()[0] == 0
+    assert _state(roles.owner) == before
