@@ -1019,10 +1019,13 @@ class Ledger:
         self, run_id: str, *, thread_id: str, checkpoint_id: str, checkpoint: Mapping[str, Any],
         metadata: Mapping[str, Any], values: Mapping[str, str], new_values: Iterable[bytes] = (),
         namespace: str = "", parent_id: str = "", lease: str | None = None, actor: Actor | None = None,
+        extends: Mapping[str, str] | None = None,
     ) -> Outcome:
         """Record a graph checkpoint (``graph_checkpoint_saved``): ``values`` maps each channel
         to the sha256 of its value; ``new_values`` are the values not stored yet (a channel
-        whose version did not change names the value an earlier checkpoint stored). With
+        whose version did not change names the value an earlier checkpoint stored).
+        ``extends`` maps a channel whose stored value holds only the items appended since
+        the parent checkpoint to the parent's version of that channel. With
         ``lease`` (a token) it is that lease's worker's write, fenced; else ``actor`` (the
         run's owner when not given). Where the contract declares ``graph_step`` as progress,
         a checkpoint whose metadata says ``source: loop`` also records that progress."""
@@ -1030,7 +1033,8 @@ class Ledger:
         blobs = self._new_values(new_values, set(values.values()) if isinstance(values, Mapping) else set())
         cmd = C.SaveGraphCheckpoint(thread_id=thread_id, checkpoint_id=checkpoint_id, checkpoint=dict(checkpoint),
                                     metadata=dict(metadata), values=dict(values), namespace=namespace,
-                                    parent_id=parent_id, lease=t and t.lease)
+                                    parent_id=parent_id, lease=t and t.lease,
+                                    extends=dict(extends) if extends else msgspec.UNSET)
         return self._with_values(run_id, cmd, blobs, t, actor)
 
     def save_graph_writes(

@@ -358,6 +358,10 @@ class GraphCheckpointSaved(Event, tag="graph_checkpoint_saved"):
     values: dict[str, str]
     namespace: str = ""
     parent_id: str = ""
+    #: Channels whose stored value holds only the items appended since the parent
+    #: checkpoint: channel -> the parent's version of that channel, whose value comes
+    #: first (a list that grows by a message a step stores a message a step).
+    extends: dict[str, str] | UnsetType = UNSET
 
 
 class GraphWritesSaved(Event, tag="graph_writes_saved"):

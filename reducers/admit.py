@@ -116,7 +116,7 @@ def command_of(event: ev.Event, lease: int | None) -> C.Command | None:
         case ev.GraphCheckpointSaved():
             return C.SaveGraphCheckpoint(thread_id=e.thread_id, checkpoint_id=e.checkpoint_id, checkpoint=e.checkpoint,
                                          metadata=e.metadata, values=e.values, namespace=e.namespace,
-                                         parent_id=e.parent_id, lease=lease)
+                                         parent_id=e.parent_id, lease=lease, extends=e.extends)
         case ev.GraphWritesSaved():
             return C.SaveGraphWrites(thread_id=e.thread_id, checkpoint_id=e.checkpoint_id, task_id=e.task_id,
                                      writes=e.writes, namespace=e.namespace, task_path=e.task_path, lease=lease)

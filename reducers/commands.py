@@ -220,6 +220,7 @@ class SaveGraphCheckpoint(Command, tag="save_graph_checkpoint"):
     namespace: str = ""
     parent_id: str = ""
     lease: int | None = None
+    extends: dict[str, str] | UnsetType = UNSET
 
 
 class SaveGraphWrites(Command, tag="save_graph_writes"):

@@ -794,9 +794,20 @@ def _save_graph_checkpoint(cp: Checkpoint, c: C.SaveGraphCheckpoint, ctx: Contex
     parent = _text("parent_id", c.parent_id, max_len=MAX_NAME)
     values = {_name("values channel", k): _digest(f"values[{k[:60]}]", v) for k, v in _map("values", c.values).items()}
     metadata = _map("metadata", c.metadata)
+    extends: dict[str, str] | UnsetType = UNSET
+    if c.extends is not UNSET and c.extends:
+        extends = {}
+        for k, v in _map("extends", c.extends).items():
+            if k not in values:
+                raise InvalidInput(f"extends names channel {k[:60]!r}, which values does not: a value can only "
+                                   "continue its parent's when the checkpoint stores it", field="extends")
+            if not parent:
+                raise InvalidInput("extends needs parent_id: a value continues its parent checkpoint's",
+                                   field="extends")
+            extends[k] = _name(f"extends[{k[:60]}]", v)
     out: list[ev.Event] = [ev.GraphCheckpointSaved(
         thread_id=thread, checkpoint_id=cid, checkpoint=_map("checkpoint", c.checkpoint), metadata=metadata,
-        values=values, namespace=ns, parent_id=parent,
+        values=values, namespace=ns, parent_id=parent, extends=extends,
     )]
     # A checkpoint that ends a step of the graph is progress, where the contract declares it.
     if metadata.get("source") == "loop" and T.GRAPH_STEP in T.progress_kinds_in(cp.state, cp.progress_kinds):

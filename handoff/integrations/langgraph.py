@@ -2,11 +2,14 @@
 
 One LangGraph thread is one run. Each ``put`` and ``put_writes`` is an event in the run's
 log (``graph_checkpoint_saved``, ``graph_writes_saved``) naming its values by sha256; the
-values themselves are stored beside the log, once per run and digest, so a state that
-grows by a message a step writes a message's worth a step. Deleting (``delete_thread``,
-``delete_for_runs``, ``prune``) is recorded first (``values_erased``), then done, so
-``verify`` tells an erasure from damage. Everything here goes through ``Ledger``'s own
-methods; the saver keeps only a cache of each run's log, refreshed from the head.
+values themselves are stored beside the log, once per run and digest; a list that grows
+is stored as the items appended since the parent checkpoint (the event's ``extends``
+names the version they continue), so a state that grows by a message a step writes a
+message's worth a step. Deleting (``delete_thread``, ``delete_for_runs``, ``prune``) is
+recorded first (``values_erased``), then done, so ``verify`` tells an erasure from
+damage. Everything here goes through ``Ledger``'s own methods; the saver keeps a cache of
+each run's log (refreshed from the head before a read; a write folds its own event in)
+and the last value of each growing list it stored, serialized.
 
 Write ownership: a saver given a lease (``LedgerSaver(lg, lease=lease)`` inside ``with
 lg.lease(run, worker=...) as lease``) writes under that lease's token, so after a revoke
@@ -18,6 +21,7 @@ saver writes as the run's owner: one writer by convention, as LangGraph's own sa
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import random
 import threading
@@ -42,7 +46,7 @@ from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 from handoff.api import Ledger
 from handoff.lease import HeldLease
 from handoff.ledger import events as ev
-from handoff.ledger.errors import InvalidInput, LeaseLost, RunExists, StaleLease, UnknownRun
+from handoff.ledger.errors import CorruptLedger, InvalidInput, LeaseLost, RunExists, StaleLease, UnknownRun
 from handoff.ledger.store import RUN_ID_RE, Actor, value_digest
 from handoff.reducers import transitions as T
 
@@ -54,6 +58,11 @@ INTERRUPT_BLOCKER = "LangGraph interrupt"
 DERIVED_PREFIX = "lg-"
 #: Values and checkpoints per ``values_erased`` event: far under the payload limit.
 ERASE_CHUNK = 2000
+#: The serialization a stored list can be continued in: msgpack, whose array is a
+#: header and then its items, each encoded on its own.
+MSGPACK = "msgpack"
+#: Channel values a saver keeps serialized in memory to store the next version as a tail.
+HELD = 1024
 
 
 def run_id_for(thread_id: str) -> str:
@@ -72,6 +81,61 @@ def _frame(typed: tuple[str, bytes]) -> bytes:
 def _unframe(blob: bytes) -> tuple[str, bytes]:
     kind, _, data = blob.partition(b"\x00")
     return kind.decode(), data
+
+
+def _array(data: bytes) -> tuple[int, int] | None:
+    """(items, header bytes) of a msgpack array, or None when ``data`` is not one."""
+    first = data[:1]
+    if first and 0x90 <= first[0] <= 0x9F:
+        return first[0] & 0x0F, 1
+    if first == b"\xdc" and len(data) >= 3:
+        return int.from_bytes(data[1:3], "big"), 3
+    if first == b"\xdd" and len(data) >= 5:
+        return int.from_bytes(data[1:5], "big"), 5
+    return None
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 2**16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def _tail(typed: tuple[str, bytes], base: tuple[str, bytes]) -> tuple[str, bytes] | None:
+    """The items ``typed`` appends to ``base``, as a list of its own; None unless both are
+    msgpack lists and ``base``'s items are, byte for byte, the first of ``typed``'s (an
+    item changed in place is a different value, stored whole)."""
+    if typed[0] != MSGPACK or base[0] != MSGPACK:
+        return None
+    new, old = _array(typed[1]), _array(base[1])
+    if new is None or old is None or new[0] < old[0]:
+        return None
+    body = base[1][old[1]:]
+    if not typed[1].startswith(body, new[1]):
+        return None
+    return MSGPACK, _array_header(new[0] - old[0]) + typed[1][new[1] + len(body):]
+
+
+def _joined(parts: Sequence[tuple[str, bytes]]) -> tuple[str, bytes]:
+    """A value stored as its first version and the tails appended since, oldest first,
+    made whole again: one msgpack list of all their items."""
+    if len(parts) == 1:
+        return parts[0]
+    count, bodies = 0, []
+    for kind, data in parts:
+        arr = _array(data) if kind == MSGPACK else None
+        if arr is None:
+            raise CorruptLedger("a graph checkpoint's value continues one that is not a msgpack list; the run's "
+                                "values were not written by this saver. Check them with 'handoff verify'")
+        count += arr[0]
+        bodies.append(memoryview(data)[arr[1]:])
+    return MSGPACK, _array_header(count) + b"".join(bodies)
+
+
+def _extends(e: ev.GraphCheckpointSaved) -> dict[str, str]:
+    return e.extends if isinstance(e.extends, dict) else {}
 
 
 def _plain(value: Any, what: str) -> Any:
@@ -100,8 +164,11 @@ class _Index:
     seq: int = 0
     owner: str = ""
     saved: dict[tuple[str, str, str], _Saved] = field(default_factory=dict)  # (thread, ns, id)
-    #: (ns, channel, version) -> sha256 of the value stored for that version
-    versions: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    #: (ns, channel, version) -> (sha256 of the value stored for that version, the version
+    #: it continues or None when it is stored whole)
+    versions: dict[tuple[str, str, str], tuple[str, str | None]] = field(default_factory=dict)
+    #: A write of this saver's may have landed that the index has not seen: refresh it.
+    stale: bool = False
 
     def apply(self, seq: int, event: ev.Event) -> None:
         self.seq = seq
@@ -111,8 +178,10 @@ class _Index:
             key = (event.thread_id, event.namespace, event.checkpoint_id)
             self.saved[key] = _Saved(seq, event.thread_id, event.namespace, event)
             versions = event.checkpoint.get("channel_versions", {})
+            extends = _extends(event)
             for channel, digest in event.values.items():
-                self.versions[(event.namespace, channel, str(versions.get(channel)))] = digest
+                self.versions[(event.namespace, channel, str(versions.get(channel)))] = (digest,
+                                                                                         extends.get(channel))
         elif isinstance(event, ev.GraphWritesSaved):
             s = self.saved.get((event.thread_id, event.namespace, event.checkpoint_id))
             if s is None:
@@ -127,13 +196,28 @@ class _Index:
             for key in [k for k in self.saved if event.everything or (k[1], k[2]) in gone]:
                 del self.saved[key]
             erased = set(event.values)
-            self.versions = {k: d for k, d in self.versions.items() if d not in erased}
+            self.versions = {k: d for k, d in self.versions.items() if d[0] not in erased}
+
+    def chain(self, s: _Saved, channel: str) -> list[str] | None:
+        """The digests a checkpoint's channel value is stored under, newest first: its own,
+        then each version it continues back to one stored whole; None when a link is gone."""
+        e = s.event
+        out, base, seen = [e.values[channel]], _extends(e).get(channel), set()
+        while base is not None:
+            link = self.versions.get((e.namespace, channel, base))
+            if link is None or base in seen:
+                return None
+            seen.add(base)
+            out.append(link[0])
+            base = link[1]
+        return out
 
     def live_digests(self, keep: Any = None) -> set[str]:
         out: set[str] = set()
         for key, s in self.saved.items():
             if keep is None or keep(key):
-                out.update(s.event.values.values())
+                for channel, digest in s.event.values.items():
+                    out.update(self.chain(s, channel) or [digest])
                 out.update(d for _, d, _ in s.writes.values())
         return out
 
@@ -160,6 +244,11 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         self._lock = threading.RLock()
         self._indexes: dict[str, _Index] = {}
         self._begun: set[str] = set()
+        self._opened: set[str] = set()
+        #: (run, thread, ns, channel) -> (version, the value serialized): what the next
+        #: version of a growing list is stored as the tail of.
+        self._held: collections.OrderedDict[tuple[str, str, str, str], tuple[str, tuple[str, bytes]]] = (
+            collections.OrderedDict())
 
     # --- which run, and who writes ---------------------------------------------------
 
@@ -179,7 +268,10 @@ class LedgerSaver(BaseCheckpointSaver[str]):
 
     def _ensure_run(self, run: str, thread: str, config: RunnableConfig) -> None:
         """Open the run for a thread that has none (a named or leased run must exist)."""
+        if run in self._opened:
+            return
         if self.lg.store.head(run) is not None:
+            self._opened.add(run)
             return
         conf = config.get("configurable", {})
         if self.lease is not None or conf.get("handoff_run"):
@@ -191,6 +283,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                          progress_kinds={T.EXECUTING: [T.GRAPH_STEP]})
         except RunExists:
             pass  # another saver opened it first
+        self._opened.add(run)
 
     def _writer(self, run: str, index: _Index) -> dict[str, Any]:
         """The write's credentials: the lease's token (checked by the lease block first), or
@@ -234,7 +327,16 @@ class LedgerSaver(BaseCheckpointSaver[str]):
 
     # --- the run's log, folded ---------------------------------------------------------
 
-    def _index(self, run: str) -> _Index | None:
+    def _index(self, run: str, *, fresh: bool = True) -> _Index | None:
+        """The run's index, brought up to its head (``fresh``), or for a write, as this
+        saver's own writes left it: a write needs no read of the log first, and one made
+        from an index another process has since moved past is still fenced by the ledger
+        (at worst it stores a value whole that it could have stored as a tail)."""
+        if not fresh:
+            with self._lock:
+                index = self._indexes.get(run)
+                if index is not None and not index.stale:
+                    return index
         head = self.lg.store.head(run)
         if head is None:
             return None
@@ -245,13 +347,32 @@ class LedgerSaver(BaseCheckpointSaver[str]):
             if index.seq < head.last_seq:
                 for rec in self.lg.log(run, after_seq=index.seq):
                     index.apply(rec.seq, rec.event)
+            index.stale = False
             return index
 
-    def _tuple(self, run: str, s: _Saved) -> CheckpointTuple:
+    def _learn(self, run: str, index: _Index, out: Any, event: ev.Event) -> None:
+        """Fold this saver's own write into the index when nothing else landed before it
+        (its first seq follows the index's); else mark the index for a refresh."""
+        r = out.result
+        with self._lock:
+            if r.outcome == "committed" and r.first_seq == index.seq + 1 and self._indexes.get(run) is index:
+                index.apply(r.first_seq, event)
+                index.seq = r.last_seq
+            else:
+                index.stale = True
+
+    def _value(self, s: _Saved, channel: str, index: _Index, blobs: dict[str, bytes]) -> tuple[str, bytes] | None:
+        chain = index.chain(s, channel)
+        if chain is None or any(d not in blobs for d in chain):
+            return None
+        return _joined([_unframe(blobs[d]) for d in reversed(chain)])
+
+    def _tuple(self, run: str, s: _Saved, index: _Index) -> CheckpointTuple:
         e = s.event
-        digests = set(e.values.values()) | {d for _, d, _ in s.writes.values()}
+        digests = {d for ch in e.values for d in (index.chain(s, ch) or ())} | {d for _, d, _ in s.writes.values()}
         blobs = self.lg.values(run, digests)
-        values = {ch: self.serde.loads_typed(_unframe(blobs[d])) for ch, d in e.values.items() if d in blobs}
+        values = {ch: self.serde.loads_typed(typed) for ch in e.values
+                  if (typed := self._value(s, ch, index, blobs)) is not None}
         checkpoint: Checkpoint = {**e.checkpoint, "channel_values": values}  # type: ignore[typeddict-item]
         order = sorted(s.writes.items(), key=lambda kv: (kv[1][2], kv[0][0], kv[0][1]))
         writes = [(task, ch, self.serde.loads_typed(_unframe(blobs[d]))) for (task, _), (ch, d, _) in order
@@ -275,7 +396,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         else:
             mine = [s for (t, n, _), s in index.saved.items() if t == thread and n == ns]
             s = max(mine, key=lambda x: x.event.checkpoint_id, default=None)
-        return None if s is None else self._tuple(run, s)
+        return None if s is None else self._tuple(run, s, index)
 
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
              before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
@@ -287,7 +408,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         ns = None if config is None else config.get("configurable", {}).get("checkpoint_ns")
         cid = None if config is None else get_checkpoint_id(config)
         before_id = None if before is None else get_checkpoint_id(before)
-        found: list[tuple[str, _Saved]] = []
+        found: list[tuple[str, _Saved, _Index]] = []
         for run in runs:
             index = self._index(run)
             if index is None:
@@ -296,10 +417,10 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                 if ((want_thread is None or t == want_thread) and (ns is None or n == ns)
                         and (cid is None or c == cid) and (before_id is None or c < before_id)
                         and all(s.event.metadata.get(k) == v for k, v in (filter or {}).items())):
-                    found.append((run, s))
+                    found.append((run, s, index))
         found.sort(key=lambda rs: rs[1].event.checkpoint_id, reverse=True)
-        for run, s in found[:limit] if limit is not None else found:
-            yield self._tuple(run, s)
+        for run, s, index in found[:limit] if limit is not None else found:
+            yield self._tuple(run, s, index)
 
     def _graph_runs(self) -> list[str]:
         """Every run holding a saved graph checkpoint (a read of the ledger's log)."""
@@ -313,37 +434,68 @@ class LedgerSaver(BaseCheckpointSaver[str]):
             new_versions: ChannelVersions) -> RunnableConfig:
         run, thread, ns = self._run_of(config)
         self._ensure_run(run, thread, config)
-        index = self._index(run)
+        index = self._index(run, fresh=False)
         assert index is not None
         self._start_work(run, index)
-        body = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        body = _plain({k: v for k, v in checkpoint.items() if k != "channel_values"}, "checkpoint")
         values = checkpoint.get("channel_values", {})
         versions = checkpoint.get("channel_versions", {})
+        parent_id = str(config.get("configurable", {}).get("checkpoint_id") or "")
+        parent = index.saved.get((thread, ns, parent_id)) if parent_id else None
+        before = parent.event.checkpoint.get("channel_versions", {}) if parent is not None else {}
         digests: dict[str, str] = {}
+        extends: dict[str, str] = {}
         new: list[bytes] = []
+        held: dict[tuple[str, str, str, str], tuple[str, tuple[str, bytes]]] = {}
         for channel, version in versions.items():
             if channel not in values:
                 continue
             known = None if channel in new_versions else index.versions.get((ns, channel, str(version)))
             if known is None:
-                blob = _frame(self.serde.dumps_typed(values[channel]))
-                known = value_digest(blob)
+                typed = self.serde.dumps_typed(values[channel])
+                base = self._base((run, thread, ns, channel), before.get(channel), index)
+                tail = _tail(typed, base[1]) if base is not None else None
+                blob = _frame(tail or typed)
+                known = (value_digest(blob), base[0] if tail is not None and base is not None else None)
                 new.append(blob)
-            digests[channel] = known
+                if typed[0] == MSGPACK:
+                    held[(run, thread, ns, channel)] = (str(version), typed)
+            digests[channel] = known[0]
+            if known[1] is not None:
+                extends[channel] = known[1]
         md = _plain(get_serializable_checkpoint_metadata(config, metadata), "metadata")
         source = md.get("source")
         self._clear_interrupt(run, index, source in ("input", "update"))
-        self._fenced(lambda: self.lg.save_graph_checkpoint(
-            run, thread_id=thread, checkpoint_id=checkpoint["id"], checkpoint=_plain(body, "checkpoint"),
-            metadata=md, values=digests, new_values=new, namespace=ns,
-            parent_id=str(config.get("configurable", {}).get("checkpoint_id") or ""), **self._writer(run, index)))
+        out = self._fenced(lambda: self.lg.save_graph_checkpoint(
+            run, thread_id=thread, checkpoint_id=checkpoint["id"], checkpoint=body, metadata=md, values=digests,
+            new_values=new, namespace=ns, parent_id=parent_id, extends=extends, **self._writer(run, index)))
+        self._learn(run, index, out, ev.GraphCheckpointSaved(
+            thread_id=thread, checkpoint_id=checkpoint["id"], checkpoint=body, metadata=md, values=digests,
+            namespace=ns, parent_id=parent_id, extends=extends or msgspec.UNSET))
+        with self._lock:
+            for key, value in held.items():
+                self._held[key] = value
+                self._held.move_to_end(key)
+            while len(self._held) > HELD:
+                self._held.popitem(last=False)
         return {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+
+    def _base(self, key: tuple[str, str, str, str], version: Any, index: _Index) -> tuple[str, tuple[str, bytes]] | None:
+        """What a channel's new value may be stored as the tail of: the parent checkpoint's
+        version of it, when this saver stored that version and still holds it serialized."""
+        if version is None:
+            return None
+        with self._lock:
+            held = self._held.get(key)
+        if held is None or held[0] != str(version) or (key[2], key[3], held[0]) not in index.versions:
+            return None
+        return held
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                    task_path: str = "") -> None:
         run, thread, ns = self._run_of(config)
         self._ensure_run(run, thread, config)
-        index = self._index(run)
+        index = self._index(run, fresh=False)
         assert index is not None
         cid = str(config["configurable"]["checkpoint_id"])
         saved = index.saved.get((thread, ns, cid))
@@ -360,9 +512,12 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         self._start_work(run, index)
         if any(ch == RESUME for _, ch, _ in items):
             self._clear_interrupt(run, index, True)
-        self._fenced(lambda: self.lg.save_graph_writes(
+        out = self._fenced(lambda: self.lg.save_graph_writes(
             run, thread_id=thread, checkpoint_id=cid, task_id=task_id, writes=items, namespace=ns,
             task_path=task_path, **self._writer(run, index)))
+        self._learn(run, index, out, ev.GraphWritesSaved(
+            thread_id=thread, checkpoint_id=cid, task_id=task_id, namespace=ns, task_path=task_path,
+            writes=tuple(ev.GraphWrite(idx=i, channel=ch, sha256=value_digest(b)) for i, ch, b in items)))
         for idx, ch, blob in items:
             if ch == INTERRUPT:
                 self._raise_interrupt(run, index, thread, task_id, blob)
@@ -455,13 +610,30 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         dindex = self._index(dst)
         assert dindex is not None
         self._start_work(dst, dindex)
+        copied: set[tuple[str, str, str]] = set()
         for s in saved:
             e = s.event
-            blobs = self.lg.values(src, set(e.values.values()) | {d for _, d, _ in s.writes.values()})
-            self._fenced(lambda e=e, blobs=blobs: self.lg.save_graph_checkpoint(
+            chains = {ch: index.chain(s, ch) or [d] for ch, d in e.values.items()}
+            blobs = self.lg.values(src, {d for c in chains.values() for d in c} | {d for _, d, _ in s.writes.values()})
+            values, extends, new = dict(e.values), dict(_extends(e)), []
+            versions = e.checkpoint.get("channel_versions", {})
+            for ch, d in e.values.items():
+                base = extends.get(ch)
+                if base is not None and (e.namespace, ch, base) not in copied and all(x in blobs for x in chains[ch]):
+                    # The versions it continues were not copied (pruned before): stored whole.
+                    whole = self._value(s, ch, index, blobs)
+                    assert whole is not None
+                    blob = _frame(whole)
+                    values[ch] = value_digest(blob)
+                    del extends[ch]
+                    new.append(blob)
+                elif d in blobs:
+                    new.append(blobs[d])
+                copied.add((e.namespace, ch, str(versions.get(ch))))
+            self._fenced(lambda e=e, values=values, extends=extends, new=new: self.lg.save_graph_checkpoint(
                 dst, thread_id=d_thread, checkpoint_id=e.checkpoint_id, checkpoint=e.checkpoint, metadata=e.metadata,
-                values=e.values, new_values=[blobs[d] for d in set(e.values.values()) if d in blobs],
-                namespace=e.namespace, parent_id=e.parent_id, **self._writer(dst, dindex)))
+                values=values, new_values=new, namespace=e.namespace, parent_id=e.parent_id, extends=extends,
+                **self._writer(dst, dindex)))
             by_task: dict[tuple[str, str], list[tuple[int, str, bytes]]] = {}
             for (task, idx), (ch, d, path) in s.writes.items():
                 if d in blobs:
