@@ -183,6 +183,9 @@ class _Story:
             self.handoff("run", "--run", run, "--worker", worker, "--heartbeat-every", str(heartbeat_timeout / 5),
                          "--grace", str(STOP_GRACE), "--", sys.executable, "-P", "-c", snippet, self.files),
             env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            # A process group of its own, the agent inside it: cleanup ends both, even where
+            # the wrapper is gone or was never asked to stop its agent.
+            start_new_session=True,
         )
         log.close()
         self.procs.append(proc)
@@ -251,6 +254,10 @@ class _Story:
                 except ProcessLookupError:
                     pass
         for proc in self.procs:
+            try:  # the wrapper and its agent: killing the wrapper alone would leave the agent running
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
             if proc.poll() is None:
                 proc.kill()
             try:

@@ -100,3 +100,29 @@ def test_a_worker_that_dies_stops_the_demo_at_once_naming_its_log(tmp_path, monk
     assert done.stderr.strip() == (f"Error: the demo stopped: worker-a's first section and worker-c's start did not "
                                    f"happen: worker-c ended first; see {log}"), done.stderr
     assert "vendor client crashed on start" in log.read_text()
+    # Nothing of the demo's is left running: the other workers' wrappers and their agents
+    # (an agent outliving its killed wrapper would poll for ever).
+    assert _left_running(str(tmp_path)) == []
+
+
+def _left_running(where: str) -> list[str]:
+    """Processes whose command line names ``where``, once the demo's SIGKILLs have had the
+    time the demo itself allows a stop (the kill is delivered asynchronously)."""
+    import time
+
+    deadline = time.monotonic() + demo.STOP_GRACE + 1.0
+    while True:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+                with open(f"/proc/{pid}/stat") as f:
+                    zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except OSError:
+                continue
+            if where in cmd and not zombie and int(pid) != os.getpid():
+                found.append(f"{pid}: {cmd[:200]}")
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
