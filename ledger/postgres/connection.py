@@ -187,12 +187,13 @@ def connect(url: str, where: str, connect_timeout_s: float, busy_timeout_s: floa
     try:
         _require_utf8(conn, where)  # before anything is read or created
         ms = max(1, int(busy_timeout_s * 1000))
-        conn.execute(f"SET lock_timeout = {ms}")
-        # A session that dies or is cut off inside a transaction (a maintenance one: a
-        # write is one message) must not hold the ledger longer than the others wait for
-        # a lock: the server ends it once it has sat idle in its transaction that long.
-        conn.execute(f"SET idle_in_transaction_session_timeout = {max(1000, ms)}")
-        conn.execute("SET default_transaction_isolation = 'read committed'")
+        conn.execute(
+            f"SET lock_timeout = {ms};"
+            # A session that dies or is cut off inside a transaction (a maintenance one: a
+            # write is one message) must not hold the ledger longer than the others wait
+            # for a lock: the server ends it once it has sat idle in its transaction that long.
+            f"SET idle_in_transaction_session_timeout = {max(1000, ms)};"
+            "SET default_transaction_isolation = 'read committed'")
         # A statement waits at most for its lock (lock_timeout) and then for an answer.
         conn.wait_limit_s = busy_timeout_s + reply_timeout_s
         t0 = time.monotonic_ns()

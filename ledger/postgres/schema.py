@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 
 #: Layout version of the database schema (tables, indexes, triggers), kept in handoff_meta.
-PG_SCHEMA_VERSION = 6
+PG_SCHEMA_VERSION = 7
 #: The advisory lock two sessions creating the schema at once meet on (nothing else
 #: waits on an advisory lock: see MAINTENANCE_LOCK).
 CREATE_LOCK = (0x48414E44, 0)  # "HAND"
@@ -92,22 +92,23 @@ SEAL_LOCK = "SELECT 1 FROM ledger_tail FOR UPDATE"
 #: Sealing (docs/postgres.md, "Order"): committed events wait in ``unsealed`` until a
 #: sealer gives them the next gap-free positions and the ledger-wide chain, in the order
 #: of their write ids, under the seal lock, which it holds to its commit. ``wait`` false:
-#: seal only if nobody else is sealing (a writer tries this inside its own transaction);
-#: true: wait for the lock, then look again (the sealer waited for has most likely sealed
-#: these events too). Returns the positions of ``mine`` that are sealed (all of them,
-#: unless ``wait`` was false and the lock was taken). SECURITY DEFINER: a reader that
+#: seal only if nobody else is sealing; true: wait for the current sealer's commit (no
+#: lock kept, nothing written), look again, and seal what is still queued (the waiters
+#: wake together, and the first seals for them all). Returns the positions of ``mine``
+#: that are sealed (all of them, unless ``wait`` was false and the lock was taken). SECURITY DEFINER: a reader that
 #: finds unsealed events may seal them (the order is a pure function of what has
 #: committed; nobody can choose it), without the right to write the order itself. Every
 #: look-up in the log is by key, a subquery per queued event (joins let a plan cached
 #: while the tables were small scan all of events and ledger_order on every seal).
-POSITIONS_FUNCTION = """CREATE FUNCTION handoff_positions(fresh bigint[])
+POSITIONS_FUNCTION = """CREATE FUNCTION handoff_positions(fresh bigint[], fresh_hashes bytea[])
 RETURNS bigint LANGUAGE plpgsql SET search_path = {schema}, pg_temp AS $$
 DECLARE
   tpos bigint; g bytea; start bigint; r record; queued boolean; first bigint;
   ps bigint[] := ARRAY[]::bigint[]; es bigint[] := ARRAY[]::bigint[]; gs bytea[] := ARRAY[]::bytea[];
 BEGIN
   -- The one place positions are given, the caller holding the seal lock: every queued
-  -- event without one, and ``fresh`` (a writer's own, not queued), in write-id order.
+  -- event without one, and ``fresh`` (a writer's own, not queued, with their hashes), in
+  -- write-id order.
   queued := EXISTS (SELECT 1 FROM unsealed);
   SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t;
   start := tpos;
@@ -115,7 +116,7 @@ BEGIN
              SELECT u.event_id AS id, (SELECT e.hash FROM events e WHERE e.id = u.event_id) AS hash
              FROM unsealed u
              WHERE queued AND (SELECT o.position FROM ledger_order o WHERE o.event_id = u.event_id) IS NULL
-             UNION ALL SELECT e.id, e.hash FROM events e WHERE e.id = ANY(fresh)) q
+             UNION ALL SELECT f.id, f.hash FROM unnest(fresh, fresh_hashes) AS f(id, hash)) q
            ORDER BY q.id LOOP
     tpos := tpos + 1;
     g := sha256(g || int8send(tpos) || r.hash);
@@ -139,21 +140,35 @@ SEAL_FUNCTION = """CREATE FUNCTION handoff_seal(wait boolean, mine bigint[])
 RETURNS TABLE (event_id bigint, event_position bigint) LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = {schema}, pg_temp AS $$
 DECLARE
-  got boolean;
+  tries integer := 0;
 BEGIN
-  IF EXISTS (SELECT 1 FROM unsealed) AND (cardinality(mine) = 0 OR
-     (SELECT count((SELECT 1 FROM ledger_order o WHERE o.event_id = m.id)) FROM unnest(mine) AS m(id))
-     < cardinality(mine)) THEN
+  LOOP
+    EXIT WHEN NOT EXISTS (SELECT 1 FROM unsealed) OR (cardinality(mine) > 0 AND
+      (SELECT count((SELECT 1 FROM ledger_order o WHERE o.event_id = m.id)) FROM unnest(mine) AS m(id))
+      = cardinality(mine));
     PERFORM 1 FROM ledger_tail FOR UPDATE SKIP LOCKED;
-    got := FOUND;
-    IF NOT got AND wait THEN
+    IF FOUND THEN
+      PERFORM handoff_positions('{{}}', '{{}}');
+      EXIT;
+    END IF;
+    EXIT WHEN NOT wait;
+    tries := tries + 1;
+    IF tries > 2 THEN
       PERFORM 1 FROM ledger_tail FOR UPDATE;  -- in line behind the sealer (lock_timeout applies)
-      got := true;
+      PERFORM handoff_positions('{{}}', '{{}}');
+      EXIT;
     END IF;
-    IF got THEN
-      PERFORM handoff_positions('{{}}');
-    END IF;
-  END IF;
+    -- Somebody is sealing: wait for its commit without taking anything that writes (a
+    -- share lock on the tail waits for the sealer's update of it, and goes with this
+    -- block), then look again. Every waiter wakes at once; the first seals for them all,
+    -- and the others find their events sealed and commit nothing.
+    BEGIN
+      LOCK TABLE ledger_tail IN SHARE MODE;
+      RAISE EXCEPTION USING ERRCODE = 'HL100';
+    EXCEPTION WHEN SQLSTATE 'HL100' THEN
+      NULL;
+    END;
+  END LOOP;
   RETURN QUERY SELECT x.id, x.pos FROM (SELECT m.id, (SELECT o.position FROM ledger_order o
     WHERE o.event_id = m.id) AS pos FROM unnest(mine) AS m(id)) x WHERE x.pos IS NOT NULL;
 END $$"""
@@ -177,20 +192,22 @@ QUEUE_TRIGGERS = {
     "FOR EACH STATEMENT EXECUTE FUNCTION handoff_queue()",
 }
 
-#: The one way a session writes events: the client reads the run's head with no lock,
-#: decides, and sends the batch here with the head it decided from. Run as the owner
-#: (SECURITY DEFINER; the roles have no right to events, heads or the view tables), it
-#: takes the ledger's shared lock, the views lock (shared, or exclusive when the decision
-#: read a view: ``guards``, each view count the decision saw, checked again here), and the
-#: run's heads row; refuses with SQLSTATE HL409 when the head is no longer the one decided
-#: from (the client reads again and decides again: nothing was written), and with HL401
-#: when a write under a lease does not show that lease's token; checks the batch continues
-#: the run's chain and that the lease only moves by a grant above the highest or a release;
-#: then moves the head, keeps the views (``handoff_views``) and inserts the events (their
-#: trigger queues them) and seals them (handoff_seal) unless another session is sealing.
-#: Returns "first write id:its position" when they were sealed, else "". Fencing and
-#: idempotency are decided inside the transaction that writes: the head they were
-#: decided from is the head written onto.
+#: The one way a session writes events: the client decides from the run's head as it
+#: knows it (its last write or read; else it reads first, with no lock) and sends the
+#: batch here with the head it decided from. Run as the owner (SECURITY DEFINER; the
+#: roles have no right to events, heads or the view tables), it takes the ledger's shared
+#: lock, the views lock (shared, or exclusive when the decision read a view: ``guards``,
+#: each view count the decision saw, checked again here), and the run's heads row. When
+#: the head is not the one decided from, a view count changed, or the batch's key is
+#: already used, it writes nothing and answers "moved:" and what handoff_read answers
+#: (the client decides again from that, in the same number of round trips as a read).
+#: It refuses with HL401 a write under a lease that does not show that lease's token;
+#: checks the batch continues the run's chain and that the lease only moves by a grant
+#: above the highest or a release; then moves the head, keeps the views
+#: (``handoff_views``) and inserts the events and seals them (handoff_positions) unless
+#: another session is sealing (then its trigger queues them). Returns "first write id:its
+#: position" when they were sealed, else "". Fencing and idempotency are decided inside
+#: the transaction that writes: the head they were decided from is the head written onto.
 APPEND_FUNCTION = """CREATE FUNCTION handoff_append(
   p_run text, p_seq bigint, p_hash bytea, p_secret text, p_lease bigint,
   p_actor text, p_at bigint, p_schema integer, p_viewed boolean, p_rows jsonb,
@@ -225,8 +242,8 @@ BEGIN
         q := q || format(' AND %I IS DISTINCT FROM %L', c.key, c.value);
       END LOOP;
       EXECUTE q INTO got;
-      IF got <> (g->>'c')::bigint THEN
-        RAISE EXCEPTION 'handoff: the view % changed since run % read it', g->>'t', p_run USING ERRCODE = 'HL409';
+      IF got <> (g->>'c')::bigint THEN  -- the view changed since the write read it
+        RETURN 'moved:' || handoff_read(p_run, p_keys[1], p_seq, true)::text;
       END IF;
     END LOOP;
   ELSIF p_views IS NOT NULL THEN
@@ -240,7 +257,7 @@ BEGIN
   SELECT * INTO h FROM heads WHERE run_id = p_run FOR UPDATE;
   IF NOT FOUND THEN
     IF p_seq <> 0 OR p_prevs[1] <> '\\x{genesis}'::bytea THEN
-      RAISE EXCEPTION 'handoff: run % has no head to be at seq %', p_run, p_seq USING ERRCODE = 'HL409';
+      RETURN 'moved:' || handoff_read(p_run, p_keys[1], p_seq, true)::text;
     END IF;
     IF p_lease IS NOT NULL THEN
       RAISE EXCEPTION 'handoff: run % has no lease %', p_run, p_lease USING ERRCODE = 'HL401';
@@ -251,12 +268,14 @@ BEGIN
             CASE WHEN p_digest_moved THEN p_digest END)
     ON CONFLICT (run_id) DO NOTHING;
     IF NOT FOUND THEN  -- another session began the run first
-      RAISE EXCEPTION 'handoff: run % was begun by another session', p_run USING ERRCODE = 'HL409';
+      RETURN 'moved:' || handoff_read(p_run, p_keys[1], p_seq, true)::text;
     END IF;
   ELSE
     IF h.last_seq <> p_seq OR h.last_hash <> p_hash OR p_prevs[1] <> h.last_hash
-       OR p_ids[1] <= h.last_position THEN
-      RAISE EXCEPTION 'handoff: run % is no longer at seq %', p_run, p_seq USING ERRCODE = 'HL409';
+       OR p_ids[1] <= h.last_position
+       OR (p_keys[1] IS NOT NULL AND EXISTS (SELECT 1 FROM events e WHERE e.run_id = p_run AND e.idem_key = p_keys[1]))
+    THEN
+      RETURN 'moved:' || handoff_read(p_run, p_keys[1], p_seq, true)::text;
     END IF;
     IF p_lease IS NOT NULL AND (h.lease IS DISTINCT FROM p_lease OR h.lease_digest IS NULL OR p_secret IS NULL
         OR h.lease_digest <> encode(sha256('\\x{domain}'::bytea || convert_to(p_secret, 'UTF8')), 'hex')) THEN
@@ -294,7 +313,7 @@ BEGIN
     INSERT INTO unsealed SELECT unnest(p_ids);
     RETURN '';
   END IF;
-  got := handoff_positions(p_ids);
+  got := handoff_positions(p_ids, p_hashes);
   RETURN p_ids[1]::text || ':' || got::text;
 END $$"""
 #: A write's first round trip, one statement (its plans cached for the session): a block of
@@ -321,9 +340,9 @@ BEGIN
                                          encode(e.hash, 'hex'), e.actor) ORDER BY e.seq)
       FROM events e WHERE e.run_id = p_run AND e.seq >= p_after) END);
 END $$"""
-#: SQLSTATEs of handoff_append's refusals: the head moved (decide again), and a lease's
-#: token not shown.
-HEAD_MOVED, NOT_THE_HOLDER = "HL409", "HL401"
+#: The SQLSTATE of handoff_append's refusal of a write under a lease that does not show
+#: the lease's token.
+NOT_THE_HOLDER = "HL401"
 #: handoff_append's arguments, as GRANT and REVOKE name the function.
 APPEND_SIGNATURE = ("handoff_append(text, bigint, bytea, text, bigint, text, bigint, integer, boolean, jsonb, "
                     "bigint, text, bigint, text, boolean, jsonb, jsonb)")
@@ -334,7 +353,7 @@ REVOKED = [
     f"REVOKE ALL ON FUNCTION {APPEND_SIGNATURE} FROM PUBLIC",
     "REVOKE ALL ON FUNCTION handoff_seal(boolean, bigint[]), handoff_queue() FROM PUBLIC",
     "REVOKE ALL ON FUNCTION handoff_views(text, jsonb) FROM PUBLIC",
-    "REVOKE ALL ON FUNCTION handoff_positions(bigint[]) FROM PUBLIC",
+    "REVOKE ALL ON FUNCTION handoff_positions(bigint[], bytea[]) FROM PUBLIC",
     *(f"REVOKE ALL ON FUNCTION {sig} FROM PUBLIC" for sig in VALUES_SIGNATURES),
 ]
 #: The view writes of an append (handoff_views), made anew from the view tables there are
@@ -483,6 +502,12 @@ MIGRATIONS: dict[int, list[str]] = {
         "current_schema(), r.grantee); END LOOP; END $$",
         *REVOKED,
     ],
+    # 7: handoff_append answers a write decided from an old head with the run as it is
+    # ("moved:" and handoff_read's answer) instead of refusing it, so a write decided from
+    # what the session knew costs one round trip, and one decided again two.
+    # handoff_positions takes the writer's hashes (no lookup of its own events).
+    6: ["DROP FUNCTION IF EXISTS handoff_positions(bigint[])", "{positions}", "{reseal}", "{append}",
+        "REVOKE ALL ON FUNCTION handoff_positions(bigint[], bytea[]) FROM PUBLIC"],
 }
 
 

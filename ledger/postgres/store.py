@@ -21,6 +21,7 @@ Append-only: triggers refuse UPDATE, DELETE and TRUNCATE on ``events`` (for owne
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import threading
@@ -163,6 +164,14 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
         #: from, its rows). A hook reading that run sees the write (PostgresTransaction).
         self._pending: tuple[str, Head, Head | None, list[Recorded]] | None = None
         self._decided_again = 0  # writes refused because their run moved, and decided again
+        #: Writes decided from this session's memory of their run that found it moved (or
+        #: ran out of write ids), decided again from a read.
+        self._known_moved = 0
+        #: Per run, the head this session last saw (its write or its read), the highest
+        #: lease and the lease's token digest there: what a write is decided from first.
+        self._seen: collections.OrderedDict[str, tuple[Head, int, str | None]] = collections.OrderedDict()
+        #: The write ids left in the block this session's last read took: [first, end).
+        self._spare: tuple[int, int] | None = None
         self._listener: Any = None  # LISTENing connection, opened by the first wait_for_events
         self._conn: Any = None
         #: True when this open created the ledger's schema (``handoff init`` reports it).
@@ -782,6 +791,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
             # Writes this process made whose run another writer moved between their read
             # and their write (each was decided again from the new head).
             "writes_decided_again": self._decided_again,
+            "writes_from_memory_moved": self._known_moved,
         }
 
     def close(self) -> None:

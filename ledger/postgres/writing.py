@@ -1,7 +1,8 @@
-"""The PostgreSQL write path: a write read with no lock, decided on the client, and sent
-as one message to ``handoff_append`` (docs/architecture.md, "PostgreSQL: what a write
-does"). ``Writes`` is the part of PostgresStore that writes; the rest of the store
-(connection, transactions, reads) is in ledger/postgres/store.py."""
+"""The PostgreSQL write path: a write decided on the client from the run as this session
+last knew it (or as a read with no lock finds it), and sent as one message to
+``handoff_append``, which writes it only onto that head (docs/architecture.md,
+"PostgreSQL: what a write does"). ``Writes`` is the part of PostgresStore that writes;
+the rest of the store (connection, transactions, reads) is in ledger/postgres/store.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any, TypeVar
 
 from .. import events as ev
 from .. import plan
-from ..errors import StaleLease, StoreUnavailable
+from ..errors import LedgerError, StaleLease, StoreUnavailable
 from ..folds import MISSING as _MISSING
 from ..folds import decode_steps
 from ..store import (
@@ -28,7 +29,7 @@ from ..store import (
     encode_events,
 )
 from .rows import as_bytes
-from .schema import HEAD_MOVED, ID_BLOCK, NOT_THE_HOLDER
+from .schema import ID_BLOCK, NOT_THE_HOLDER
 from .sync import as_json
 
 try:  # the driver is an optional extra: pip install 'handoff-ledger[postgres]'
@@ -40,20 +41,39 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 S = TypeVar("S")
 
-#: A write's first round trip: one call (schema.READ_FUNCTION), one JSON value back.
+#: A write's read, when the session does not know the run's head: one call
+#: (schema.READ_FUNCTION), one JSON value back.
 READ = "SELECT handoff_read(%s, %s, %s, %s)::text"
-#: A write's second: the batch, the head it was decided from and the views' rows, to
-#: handoff_append (schema.APPEND_FUNCTION), then, after the COMMIT in the same message,
-#: the seal of its events when handoff_append could not seal them (another session was
-#: sealing); when it could, handoff_seal finds nothing queued and only reads the
-#: positions back.
+#: The write: the batch, the head it was decided from and the views' rows, to
+#: handoff_append (schema.APPEND_FUNCTION), in one message with its COMMIT. Values put
+#: while it was decided follow it, kept only if it landed (the run's head then ends in
+#: the batch's last hash): a write refused because the run moved stores none.
 APPEND = ("BEGIN;\nSELECT handoff_append(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, "
-          "%s::jsonb, %s::jsonb);\nCOMMIT;\nSELECT * FROM handoff_seal(true, %s::bigint[])")
+          "%s::jsonb, %s::jsonb);\n")
+PUT_IF_LANDED = ("SELECT handoff_put_values(%s, %s, %s) WHERE (SELECT h.last_hash FROM heads h "
+                 "WHERE h.run_id = %s) = %s;\n")
+#: After the COMMIT, in the same message: when handoff_append could not seal the batch
+#: (another session was sealing), wait for that sealer and seal it (an index probe when
+#: it did: the common case costs nothing more).
+COMMIT_AND_SEAL = ("COMMIT;\nSELECT * FROM handoff_seal(true, %s::bigint[]) "
+                   "WHERE EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = %s)")
+#: How handoff_append answers a write it did not make because the run is not at the head
+#: the write was decided from (or its key is already used): this prefix, then what
+#: handoff_read would have answered, to decide again from.
+MOVED = "moved:"
+#: Runs whose head this session remembers (the least recently used goes first).
+KNOWN_RUNS = 4096
 
 
 class HeadMoved(Exception):
-    """handoff_append refused a write: the run's head is no longer the one it was decided
-    from (another writer came first). Nothing was written; the write is decided again."""
+    """handoff_append did not make a write: the run's head is not the one it was decided
+    from (another writer came first, or the session's memory of it was old). Nothing was
+    written; the write is decided again, from ``read`` (the run as handoff_append found
+    it) when there is one. ``known``: it was decided from memory, not from a read."""
+
+    def __init__(self, why: str, read: Any = None, known: bool = False) -> None:
+        super().__init__(why)
+        self.read, self.known = read, known
 
 
 class Writes:
@@ -122,12 +142,16 @@ class Writes:
         self, run_id: str, aggregate: Aggregate[Any] | None, actor: str, idempotency_key: str | None,
         digest: bytes | None, token: LeaseToken | None, planner: Callable[..., Any], doing: str,
     ) -> tuple[AppendResult, Any]:
-        """A write: decided from the head as it is, written only onto that head.
+        """A write: decided from the run's head, written only onto that head.
 
-        Each try is two round trips: the first reads (no lock), the second writes through
-        handoff_append, which refuses with HL409 when another writer moved the run in
-        between; the write is then decided again from the head as it now is, until it
-        lands or the lock timeout (``busy_timeout_s``) has passed.
+        When this session knows the run's head (its own last write or read of it) and the
+        fold there, the write is decided from that and sent at once: one round trip. Else,
+        or when handoff_append finds the run elsewhere, it is decided from a read: the
+        read comes back with the refusal, or is asked for first (one round trip more).
+        Each refusal is decided again from the head as it now is, until the write lands or
+        the lock timeout (``busy_timeout_s``) has passed. A check that fails on what the
+        session remembered (a lease, a transition) is made again on a read before it
+        refuses: only the server's head refuses a write.
 
         The events are stamped with the time the write was asked for, not the time its
         read came back: a heartbeat whose read a partition held up proves the worker was
@@ -137,12 +161,18 @@ class Writes:
             raise StoreUnavailable(f"the ledger {self.path} was opened read-only; {doing} refused")
         deadline = time.monotonic() + self.busy_timeout_s
         now = self._clock()
+        read: Any = None
+        from_memory = True
         while True:
             try:
                 with self.mapped(doing):
                     return self._write_once(run_id, aggregate, actor, idempotency_key, digest, token, planner,
-                                            now, doing)
+                                            now, read, from_memory, doing)
             except HeadMoved as moved:
+                read, from_memory = moved.read, False
+                if moved.known:
+                    self._known_moved += 1
+                    continue
                 self._decided_again += 1
                 now = self._clock()
                 if time.monotonic() >= deadline:
@@ -151,45 +181,68 @@ class Writes:
                         f"({moved}) while {doing} on {self.path}; nothing was written. Retry, or raise "
                         "the timeout (--busy-timeout)") from None
 
+    def _known(self, run_id: str, aggregate: Aggregate[Any] | None) -> tuple[Head, int, str | None, Any] | None:
+        """The run as this session last saw it: (head, highest lease, the lease's token
+        digest, the fold there), when it knows the head and the fold is at it."""
+        seen = self._seen.get(run_id)
+        if seen is None or self._spare is None:
+            return None
+        head, max_lease, lease_digest = seen
+        state = None
+        if aggregate is not None:
+            cached = self._cached(aggregate, run_id)
+            if cached is None or cached[1] != head.last_seq or cached[2] != head.last_hash:
+                return None
+            state = cached[3]
+        return head, max_lease, lease_digest, state
+
+    def _saw(self, run_id: str, head: Head | None, max_lease: int, lease_digest: str | None) -> None:
+        if head is None:
+            self._seen.pop(run_id, None)
+            return
+        self._seen[run_id] = (head, max_lease, lease_digest)
+        self._seen.move_to_end(run_id)
+        while len(self._seen) > KNOWN_RUNS:
+            self._seen.popitem(last=False)
+
     def _write_once(
         self, run_id: str, aggregate: Aggregate[Any] | None, actor: str, key: str | None,
-        digest: bytes | None, token: LeaseToken | None, planner: Callable[..., Any], now: int, doing: str,
+        digest: bytes | None, token: LeaseToken | None, planner: Callable[..., Any], now: int, read: Any,
+        from_memory: bool, doing: str,
     ) -> tuple[AppendResult, Any]:
         lean = aggregate is not None and aggregate.lean
-        cached = self._cached(aggregate, run_id) if aggregate is not None else None
-        after = cached[1] if cached is not None else 0
-        got = msgspec.json.decode(self._message(READ, [run_id, key, after, lean])[0][0][0])
-        base, h, dup_row, steps = got
-        head, max_lease, lease_digest = (None, 0, None) if h is None else (
-            Head(run_id, h[0], bytes.fromhex(h[1]), h[2], h[3], h[4], h[5]), h[6], h[7])
-        if steps is None and lean:
-            steps = []
-        if steps is not None:
-            steps = [(r[0], r[1], r[2], bytes.fromhex(r[3]), bytes.fromhex(r[4]), r[5]) for r in steps]
-        dup_rows = None
-        if dup_row is not None:
-            pairs = dup_row[5] or []
-            dup_rows = [(dup_row[0], dup_row[1], bytes.fromhex(dup_row[2]) if dup_row[2] else None, dup_row[3],
-                         dup_row[4], [p[0] for p in pairs], [p[1] for p in pairs])]
-        state: Any = None
-        if aggregate is not None:
-            state = self._state_from(run_id, aggregate, head, cached, steps) if steps is not None else _MISSING
-            if state is _MISSING:
-                state = self._state_locked(run_id, aggregate, head)
-        if dup_rows:
-            dup = self._duplicate(run_id, key, digest, actor, dup_rows[0])  # type: ignore[arg-type]
-            positions = tuple(dup[3]) if None not in dup[3] else self._positions_of(dup[2])
-            return AppendResult(run_id, "duplicate", dup[0], dup[1], positions), state
-        if token is not None:
-            plan.check_token(run_id, head, max_lease, token, lease_digest)
+        known = self._known(run_id, aggregate) if read is None and from_memory else None
+        if known is not None:
+            head, max_lease, lease_digest, state = known
+            base = None
+        else:
+            if read is None:
+                cached = self._cached(aggregate, run_id) if aggregate is not None else None
+                read = msgspec.json.decode(self._message(READ, [run_id, key, cached[1] if cached else 0, lean])[0][0][0])
+            base, head, max_lease, lease_digest, dup_row, state = self._read_back(run_id, aggregate, read)
+            self._saw(run_id, head, max_lease, lease_digest)
+            self._spare = (base, base + ID_BLOCK)
+            if dup_row is not None:
+                dup = self._duplicate(run_id, key, digest, actor, dup_row)
+                positions = tuple(dup[3]) if None not in dup[3] else self._positions_of(dup[2])
+                return AppendResult(run_id, "duplicate", dup[0], dup[1], positions), state
         self._guards, self._values = [], {}
         try:
-            planned = planner(head, max_lease, state)
+            try:
+                if token is not None:
+                    plan.check_token(run_id, head, max_lease, token, lease_digest)
+                planned = planner(head, max_lease, state)
+            except LedgerError:
+                if known is None:
+                    raise
+                raise HeadMoved("a check failed on the run as this session last saw it", known=True) from None
             if isinstance(planned, AppendResult):
                 return planned, state
             events, lease_n = planned
             encoded = encode_events(events, self.max_payload)
-            ids = self._ids(base, len(encoded))
+            ids = self._take_ids(len(encoded))
+            if ids is None:  # not enough write ids left in this session's block: read for more
+                raise HeadMoved("no write ids left", known=True)
             done, new_head, written = self._stamp(run_id, head, max_lease, events, encoded, actor, lease_n, key,
                                                   digest, ids, now)
             self._view_rows = {}
@@ -202,13 +255,65 @@ class Writes:
             views, guards, values = self._view_rows, self._guards, self._values
         finally:
             self._view_rows = self._guards = self._pending = self._values = None
-        sealed = self._send_write(run_id, head, ids, token, lease_n, done, views, guards, values, doing)
+        try:
+            sealed = self._send_write(run_id, head, ids, token, lease_n, done, views, guards, values, known,
+                                         doing)
+        except BaseException:
+            self._seen.pop(run_id, None)
+            raise
+        self._spare = (ids[-1] + 1, self._spare[1]) if self._spare is not None and len(ids) <= ID_BLOCK else None
+        fence = done.fence
+        self._saw(run_id, new_head, fence.max_lease, fence.digest if fence.digest_moved else lease_digest)
         if new_state is _MISSING and aggregate is not None:
             new_state = next((st for agg, st in folded[1] if agg is aggregate), _MISSING)
             if new_state is _MISSING:
                 new_state = self._after_write(run_id, head, written, [], [aggregate])[0][1]
         return self._committed(run_id, aggregate, new_head, folded, new_state, len(ids),
                                self._positions_after(sealed, ids))
+
+    def _read_back(self, run_id: str, aggregate: Aggregate[Any] | None,
+                   got: Sequence[Any]) -> tuple[int, Head | None, int, str | None, Any, Any]:
+        """What handoff_read answered (or handoff_append, refusing): (a block of write ids,
+        the head, its highest lease, the lease's token digest, the key's earlier batch,
+        the fold at the head). The fold is remembered there: a write decided again from
+        the next refusal's read folds on from it."""
+        base, h, dup_row, steps = got
+        head, max_lease, lease_digest = (None, 0, None) if h is None else (
+            Head(run_id, h[0], bytes.fromhex(h[1]), h[2], h[3], h[4], h[5]), h[6], h[7])
+        lean = aggregate is not None and aggregate.lean
+        if not lean:
+            steps = None
+        elif steps is None:
+            steps = []
+        if steps is not None:
+            steps = [(r[0], r[1], r[2], bytes.fromhex(r[3]), bytes.fromhex(r[4]), r[5]) for r in steps]
+        dup = None
+        if dup_row is not None:
+            pairs = dup_row[5] or []
+            dup = (dup_row[0], dup_row[1], bytes.fromhex(dup_row[2]) if dup_row[2] else None, dup_row[3],
+                   dup_row[4], [p[0] for p in pairs], [p[1] for p in pairs])
+        state: Any = None
+        if aggregate is not None:
+            cached = self._cached(aggregate, run_id)
+            state = self._state_from(run_id, aggregate, head, cached, steps) if steps is not None else _MISSING
+            if state is _MISSING:
+                state = self._state_locked(run_id, aggregate, head)
+            if head is not None:
+                self._remember(aggregate, run_id, head.last_seq, head.last_hash, state)
+        return base, head, max_lease, lease_digest, dup, state
+
+    def _take_ids(self, n: int) -> list[int] | None:
+        """Write ids for a batch of ``n`` events from this session's block (the one its last
+        read took), or None when too few are left. A batch larger than a block takes more
+        blocks (rare: a long stream)."""
+        if self._spare is None:
+            return None
+        first, end = self._spare
+        if n > ID_BLOCK:
+            return self._ids(first, n) if first == end - ID_BLOCK else None
+        if first + n > end:
+            return None
+        return list(range(first, first + n))
 
     def _after_write(self, run_id: str, head: Head | None, written: list[Recorded],
                      known: list[tuple[Aggregate[Any], Any]],
@@ -268,11 +373,13 @@ class Writes:
         return self._guards is not None
 
     def _send_write(self, run_id: str, head: Head | None, ids: list[int], token: LeaseToken | None,
-                lease: int | None, done: plan.Stamped, views: dict[str, Any] | None,
-                guards: list[Any] | None, values: dict[str, dict[str, bytes]] | None,
-                doing: str) -> tuple[str, dict[int, int]]:
-        """The second round trip: handoff_append, COMMIT, and the seal of what could not be
-        sealed at the insert. Returns "first id:position" when the insert sealed the batch."""
+                    lease: int | None, done: plan.Stamped, views: dict[str, Any] | None,
+                    guards: list[Any] | None, values: dict[str, dict[str, bytes]] | None, known: Any,
+                    doing: str) -> tuple[str, dict[int, int]]:
+        """The write's one message: handoff_append, the values if it landed, COMMIT, and
+        the seal when handoff_append could not seal. Returns what handoff_append answered
+        ("first id:position" when it sealed the batch) and the positions the seal gave;
+        raises HeadMoved when handoff_append found the run elsewhere."""
         fence = done.fence
         rows = done.events
         batch = [[ids[i], r[0], r[1], r[2], r[3].hex() if r[3] is not None else None, r[4].hex(), r[5].hex(),
@@ -280,16 +387,14 @@ class Writes:
         args = [run_id, head.last_seq if head else 0, head.last_hash if head else GENESIS_HASH,
                 token.secret if token is not None else None, lease, done.actor, done.now, ev.SCHEMA_VERSION,
                 self._keeps_views, as_json(batch), fence.lease, fence.holder, fence.max_lease, fence.digest,
-                fence.digest_moved, as_json(views) if views else None, as_json(guards) if guards else None,
-                ids]
+                fence.digest_moved, as_json(views) if views else None, as_json(guards) if guards else None]
         sql = APPEND
-        if values:  # BEGIN; the values; handoff_append; ...
-            puts = [(run, list(v), list(v.values())) for run, v in values.items()]
-            sql = APPEND.replace("BEGIN;\n", "BEGIN;\n" + "SELECT handoff_put_values(%s, %s, %s);\n" * len(puts), 1)
-            args = [a for put in puts for a in put] + args
+        for run, vs in (values or {}).items():
+            sql += PUT_IF_LANDED
+            args += [run, list(vs), list(vs.values()), run_id, done.last_hash]
         conn = self.ready()
         try:
-            results = self._message(sql, args)
+            results = self._message(sql + COMMIT_AND_SEAL, args + ["{" + ",".join(map(str, ids)) + "}", ids[0]])
         except psycopg.Error as exc:
             status = conn.info.transaction_status
             if conn.closed or conn.broken or status == psycopg.pq.TransactionStatus.UNKNOWN:
@@ -300,16 +405,18 @@ class Writes:
                 raise self._unknown(doing, exc) from exc
             with contextlib.suppress(psycopg.Error):
                 conn.execute("ROLLBACK")
-            if exc.sqlstate == HEAD_MOVED:
-                raise HeadMoved(str(exc).splitlines()[0]) from None
             if exc.sqlstate == NOT_THE_HOLDER:
                 raise StaleLease(
                     f"the server refused the write to run {run_id}: {str(exc).splitlines()[0]}; "
                     "nothing was written. Claim the run again for a new lease",
                     run_id=run_id, lease=lease, why="refused_by_server") from None
             raise
-        # BEGIN; [the values;] SELECT handoff_append(...); COMMIT; SELECT the seal after it
-        return results[-3][0][0], dict(results[-1])
+        # BEGIN; SELECT handoff_append(...); [the values;] COMMIT; the seal if it was needed
+        answer = results[1][0][0]
+        if answer.startswith(MOVED):
+            raise HeadMoved(f"run {run_id} is not at seq {head.last_seq if head else 0}",
+                            read=msgspec.json.decode(answer[len(MOVED):]), known=known is not None)
+        return str(answer), dict(results[-1])
 
     def _positions_after(self, sealed: tuple[str, dict[int, int]], ids: Sequence[int]) -> tuple[int, ...] | None:
         """The committed write's positions: where its insert sealed it, else where the seal

@@ -78,8 +78,8 @@ TestPostgresLedgerMachine = PostgresLedgerMachine.TestCase
 
 def test_a_write_whose_run_moved_after_its_read_is_decided_again_from_the_new_head():
     """Between a write's read and its write another store commits to the run: the server
-    refuses the first (nothing written), the command is decided again from the head as it
-    now is, and lands after the other's event. ``decide`` runs between the two round
+    writes nothing and answers with the run as it now is, the command is decided again
+    from that, and lands after the other's event. ``decide`` runs between the two round
     trips, which lets the test put the other write exactly there."""
     from handoff.ledger import events as ev
     from handoff.ledger.store import Actor, Decision
@@ -88,7 +88,7 @@ def test_a_write_whose_run_moved_after_its_read_is_decided_again_from_the_new_he
 
     w = Actor("worker", "w1")
     with Ledger(fresh_url()) as a, Ledger(a.store.url) as b:
-        run = a.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
+        run = b.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")  # a reads the run first
         seen: list[int] = []
 
         def decide(state, head):
