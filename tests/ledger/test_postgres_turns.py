@@ -178,3 +178,44 @@ def test_a_hook_that_reads_positions_gets_whole_numbers():
         lg.heartbeat(run, lease)
         lg.heartbeat(run, lease)
     assert len(seen) == 4 and all(type(p) is int for p in seen)
+
+
+def test_a_decision_reads_views_only_by_counting_equal_values():
+    """On PostgreSQL a decision that reads a view is checked again by handoff_append under
+    the views lock, which it can do only for a count by equal values. Reading rows, or
+    counting in order, after a key or by a value that is not text or a whole number, is
+    refused with InvalidInput naming the view, and nothing is written."""
+    import pytest
+
+    from handoff.ledger import events as ev
+    from handoff.ledger.errors import InvalidInput
+    from handoff.ledger.store import Actor, Decision
+
+    w = Actor("worker", "w1")
+    with Ledger(fresh_url()) as lg:
+        run = lg.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
+        views = lg.store.views
+        reads = {
+            "rows": lambda: views.select("checkpoints", ["run_id"], where={"run_id": run}),
+            "in order": lambda: views.count("checkpoints", where={"owner": "alice"}, order=["run_id"]),
+            "after a key": lambda: views.count("checkpoints", where={"owner": "alice"}, after=("r0",)),
+            "a flag": lambda: views.count("checkpoints", where={"terminal": True}),
+            "a fraction": lambda: views.count("checkpoints", where={"owner": 1.5}),
+        }
+        before = [(r.seq, r.payload) for r in lg.log(run)]
+        for what, read in reads.items():
+            def decide(state, head, read=read):
+                read()
+                return Decision([ev.HeartbeatRecorded()])
+
+            with pytest.raises(InvalidInput) as err:
+                lg.store.execute(run, engine.AGGREGATE, decide, actor=w)
+            assert err.value.field == "view", what
+            assert [(r.seq, r.payload) for r in lg.log(run)] == before, what
+        # A count by equal values is what a decision may read: it lands.
+        def counted(state, head):
+            assert views.count("checkpoints", where={"owner": "alice"}) == 1
+            return Decision([ev.HeartbeatRecorded()])
+
+        result, _ = lg.store.execute(run, engine.AGGREGATE, counted, actor=w)
+        assert result.outcome == "committed" and lg.verify() == []
