@@ -170,11 +170,11 @@ class Writes:
                                             now, read, from_memory, doing)
             except HeadMoved as moved:
                 read, from_memory = moved.read, False
+                now = self._clock()
                 if moved.known:
                     self._known_moved += 1
                     continue
                 self._decided_again += 1
-                now = self._clock()
                 if time.monotonic() >= deadline:
                     raise StoreUnavailable(
                         f"run {run_id} kept changing under this write for {self.busy_timeout_s:g}s "
