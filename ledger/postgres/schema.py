@@ -95,8 +95,8 @@ SEAL_LOCK = "SELECT 1 FROM ledger_tail FOR UPDATE"
 #: seal only if nobody else is sealing; true: wait for the current sealer's commit (no
 #: lock kept, nothing written), look again, and seal what is still queued (the waiters
 #: wake together, and the first seals for them all). Returns the positions of ``mine``
-#: that are sealed (all of them, unless ``wait`` was false and the lock was taken). SECURITY DEFINER: a reader that
-#: finds unsealed events may seal them (the order is a pure function of what has
+#: that are sealed (all of them, unless ``wait`` was false and the lock was taken).
+#: SECURITY DEFINER: a reader that finds unsealed events may seal them (the order is a pure function of what has
 #: committed; nobody can choose it), without the right to write the order itself. Every
 #: look-up in the log is by key, a subquery per queued event (joins let a plan cached
 #: while the tables were small scan all of events and ledger_order on every seal).

@@ -150,8 +150,9 @@ class Writes:
         read comes back with the refusal, or is asked for first (one round trip more).
         Each refusal is decided again from the head as it now is, until the write lands or
         the lock timeout (``busy_timeout_s``) has passed. A check that fails on what the
-        session remembered (a lease, a transition) is made again on a read before it
-        refuses: only the server's head refuses a write.
+        session remembered (a lease, a transition), and a decision that there is nothing
+        to add, are made again on a read before they are answered: only the server's head
+        refuses a write or calls it unchanged.
 
         The events are stamped with the time the write was asked for, not the time its
         read came back: a heartbeat whose read a partition held up proves the worker was
@@ -237,6 +238,8 @@ class Writes:
                     raise
                 raise HeadMoved("a check failed on the run as this session last saw it", known=True) from None
             if isinstance(planned, AppendResult):
+                if known is not None:  # "nothing to add" is said only of the run as the server has it
+                    raise HeadMoved("nothing to add to the run as this session last saw it", known=True)
                 return planned, state
             events, lease_n = planned
             encoded = encode_events(events, self.max_payload)

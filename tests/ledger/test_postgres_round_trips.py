@@ -213,3 +213,26 @@ def test_the_values_of_a_write_that_found_its_run_moved_are_not_kept(proxied):
         assert [r.seq for r in a.log(run)] == before
         assert a.store.value_digests(run) == {}
         assert a.store.diagnostics()["writes_from_memory_moved"] == 1
+
+
+def test_nothing_to_add_is_said_only_of_the_run_as_the_server_has_it(proxied):
+    """Session a remembers side effect 'send' as pending; another process settled it. From
+    memory, starting 'send' again would be 'unchanged'; on the server's run it is a
+    conflict (the key was used and settled). The store asks the server before it answers:
+    IdempotencyConflict, nothing written."""
+    from handoff.ledger.errors import IdempotencyConflict
+
+    proxy, url = proxied
+    with Ledger(url) as a, Ledger(url) as b:
+        run = a.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
+        lease = a.claim(run, "w1")
+        a.transition(run, lease, "planning")
+        a.effect_start(run, lease, "send", "email the report")
+        b.effect_confirm(run, "send", "done", lease=lease)
+        before = [(r.seq, r.payload) for r in a.log(run)]
+        with pytest.raises(IdempotencyConflict, match="already used and settled"):
+            a.effect_start(run, lease, "send", "email the report")
+        assert [(r.seq, r.payload) for r in a.log(run)] == before
+        # Unchanged on the run as the server has it: answered after a read, within two.
+        assert _cost(proxy, lambda: a.effect_confirm(run, "send", "done", lease=lease)) <= 2
+        assert [(r.seq, r.payload) for r in a.log(run)] == before
