@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 
 #: Layout version of the database schema (tables, indexes, triggers), kept in handoff_meta.
-PG_SCHEMA_VERSION = 7
+PG_SCHEMA_VERSION = 8
 #: The advisory lock two sessions creating the schema at once meet on (nothing else
 #: waits on an advisory lock: see MAINTENANCE_LOCK).
 CREATE_LOCK = (0x48414E44, 0)  # "HAND"
@@ -103,7 +103,7 @@ SEAL_LOCK = "SELECT 1 FROM ledger_tail FOR UPDATE"
 POSITIONS_FUNCTION = """CREATE FUNCTION handoff_positions(fresh bigint[], fresh_hashes bytea[])
 RETURNS bigint LANGUAGE plpgsql SET search_path = {schema}, pg_temp AS $$
 DECLARE
-  tpos bigint; g bytea; start bigint; r record; queued boolean; first bigint;
+  tpos bigint; g bytea; start bigint; r record; queued boolean; first bigint; i integer;
   ps bigint[] := ARRAY[]::bigint[]; es bigint[] := ARRAY[]::bigint[]; gs bytea[] := ARRAY[]::bytea[];
 BEGIN
   -- The one place positions are given, the caller holding the seal lock: every queued
@@ -112,6 +112,14 @@ BEGIN
   queued := EXISTS (SELECT 1 FROM unsealed);
   SELECT t.position, t.global_hash INTO tpos, g FROM ledger_tail t;
   start := tpos;
+  IF NOT queued THEN  -- (the common case: only the writer's own, already in write-id order)
+    FOR i IN 1 .. coalesce(cardinality(fresh), 0) LOOP
+      tpos := tpos + 1;
+      g := sha256(g || int8send(tpos) || fresh_hashes[i]);
+      ps[i] := tpos; gs[i] := g;
+    END LOOP;
+    es := fresh; first := CASE WHEN cardinality(fresh) > 0 THEN start + 1 END;
+  ELSE
   FOR r IN SELECT q.id, q.hash FROM (
              SELECT u.event_id AS id, (SELECT e.hash FROM events e WHERE e.id = u.event_id) AS hash
              FROM unsealed u
@@ -125,6 +133,7 @@ BEGIN
       first := tpos;
     END IF;
   END LOOP;
+  END IF;
   INSERT INTO ledger_order (position, event_id, global_hash) SELECT * FROM unnest(ps, es, gs);
   IF queued THEN
     -- Everything queued that now has a position (an import's rows too) leaves the queue.
@@ -508,6 +517,9 @@ MIGRATIONS: dict[int, list[str]] = {
     # handoff_positions takes the writer's hashes (no lookup of its own events).
     6: ["DROP FUNCTION IF EXISTS handoff_positions(bigint[])", "{positions}", "{reseal}", "{append}",
         "REVOKE ALL ON FUNCTION handoff_positions(bigint[], bytea[]) FROM PUBLIC"],
+    # 8: a seal with nothing queued chains the writer's own events without looking in the
+    # queue or the log.
+    7: ["{positions}"],
 }
 
 

@@ -2,8 +2,8 @@
 
 The writer, watchdog and auditor roles have no right to change a view table: a write's
 view rows go to the server with its batch, to ``handoff_append`` (run as the ledger's
-owner), which keeps them through ``handoff_views`` and each table's ``handoff_sync_<table>``
-in the same transaction. So a role can change a run's view rows only by appending to
+owner), which keeps them through ``handoff_views`` in the same transaction: it holds the
+body of each table's ``handoff_sync_<table>`` (which a catch-up calls on its own). So a role can change a run's view rows only by appending to
 that run, as the inline projections would, and never blind the watchdog by editing one.
 The functions are made by the owner with the tables (ledger/postgres/views.py), have
 static SQL (their plans are cached per session), and are executable by nobody else.
@@ -19,9 +19,10 @@ import msgspec
 from ..views import TableSpec
 
 PREFIX = "handoff_sync_"
-#: The tables a ledger's handoff_sync_ functions keep: those whose table still exists.
+#: The tables a ledger's handoff_sync_ functions keep (those whose table still exists),
+#: with each function's body.
 EXISTING = (
-    "SELECT substr(p.proname, length('handoff_sync_') + 1) FROM pg_proc p "
+    "SELECT substr(p.proname, length('handoff_sync_') + 1), p.prosrc FROM pg_proc p "
     "WHERE p.pronamespace = current_schema()::regnamespace AND p.proname LIKE 'handoff\\_sync\\_%' "
     "AND to_regclass(quote_ident(substr(p.proname, length('handoff_sync_') + 1))) IS NOT NULL"
 )
@@ -55,11 +56,14 @@ BEGIN
 END $$"""
 
 
-def views_function(tables: Iterable[str]) -> str:
-    """``handoff_views(run, views)``: each table's rows to its sync function; a table this
-    ledger does not have is refused (the write then fails whole: no view is left behind)."""
-    whens = "".join(f"      WHEN '{t}' THEN PERFORM {PREFIX}{t}(p_run, v->'r', (v->>'m')::boolean);\n"
-                    for t in sorted(tables))
+def views_function(bodies: Iterable[tuple[str, str]]) -> str:
+    """``handoff_views(run, views)``: each table's rows kept as its sync function keeps
+    them, that function's body written out here (a call per table per write costs more
+    than its statements); a table this ledger does not have is refused (the write then
+    fails whole: no view is left behind). ``bodies``: (table, its sync function's body)."""
+    whens = "".join(f"      WHEN '{t}' THEN\n        DECLARE p_rows jsonb := v->'r'; p_many boolean := (v->>'m')::boolean;"
+                    f"{body.rstrip()};\n"
+                    for t, body in sorted(bodies))
     return f"""CREATE OR REPLACE FUNCTION handoff_views(p_run text, p_views jsonb) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE k text; v jsonb;

@@ -117,7 +117,7 @@ class PostgresViewStore(viewsql.SqlViewStore):
             name = self._d.ident(spec.name)
             self._exec(sync_function(spec, name))
             self._exec(f"REVOKE ALL ON FUNCTION {PREFIX}{name}(text, jsonb, boolean) FROM PUBLIC")
-        self._exec(views_function(r[0] for r in self._exec(EXISTING).fetchall()))
+        self._exec(views_function(self._exec(EXISTING).fetchall()))
 
     def _bookkeeping(self) -> None:
         # id_mark: the last write id when the position was set (ledger/postgres/store.py: every

@@ -52,11 +52,10 @@ APPEND = ("BEGIN;\nSELECT handoff_append(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s:
           "%s::jsonb, %s::jsonb);\n")
 PUT_IF_LANDED = ("SELECT handoff_put_values(%s, %s, %s) WHERE (SELECT h.last_hash FROM heads h "
                  "WHERE h.run_id = %s) = %s;\n")
-#: After the COMMIT, in the same message: when handoff_append could not seal the batch
-#: (another session was sealing), wait for that sealer and seal it (an index probe when
-#: it did: the common case costs nothing more).
-COMMIT_AND_SEAL = ("COMMIT;\nSELECT * FROM handoff_seal(true, %s::bigint[]) "
-                   "WHERE EXISTS (SELECT 1 FROM unsealed u WHERE u.event_id = %s)")
+COMMIT = "COMMIT"
+#: When handoff_append could not seal the batch (another session was sealing), the next
+#: round trip waits for that sealer and seals it.
+SEAL = "SELECT event_id, event_position FROM handoff_seal(true, %s)"
 #: How handoff_append answers a write it did not make because the run is not at the head
 #: the write was decided from (or its key is already used): this prefix, then what
 #: handoff_read would have answered, to decide again from.
@@ -182,26 +181,29 @@ class Writes:
                         f"({moved}) while {doing} on {self.path}; nothing was written. Retry, or raise "
                         "the timeout (--busy-timeout)") from None
 
-    def _known(self, run_id: str, aggregate: Aggregate[Any] | None) -> tuple[Head, int, str | None, Any] | None:
+    def _known(self, run_id: str, aggregate: Aggregate[Any] | None
+               ) -> tuple[Head, int, str | None, Any, dict[str, Any] | None] | None:
         """The run as this session last saw it: (head, highest lease, the lease's token
-        digest, the fold there), when it knows the head and the fold is at it."""
+        digest, the fold there, the view rows its last write there sent), when it knows
+        the head and the fold is at it."""
         seen = self._seen.get(run_id)
         if seen is None or self._spare is None:
             return None
-        head, max_lease, lease_digest = seen
+        head, max_lease, lease_digest, views = seen
         state = None
         if aggregate is not None:
             cached = self._cached(aggregate, run_id)
             if cached is None or cached[1] != head.last_seq or cached[2] != head.last_hash:
                 return None
             state = cached[3]
-        return head, max_lease, lease_digest, state
+        return head, max_lease, lease_digest, state, views
 
-    def _saw(self, run_id: str, head: Head | None, max_lease: int, lease_digest: str | None) -> None:
+    def _saw(self, run_id: str, head: Head | None, max_lease: int, lease_digest: str | None,
+             views: dict[str, Any] | None = None) -> None:
         if head is None:
             self._seen.pop(run_id, None)
             return
-        self._seen[run_id] = (head, max_lease, lease_digest)
+        self._seen[run_id] = (head, max_lease, lease_digest, views)
         self._seen.move_to_end(run_id)
         while len(self._seen) > KNOWN_RUNS:
             self._seen.popitem(last=False)
@@ -214,7 +216,7 @@ class Writes:
         lean = aggregate is not None and aggregate.lean
         known = self._known(run_id, aggregate) if read is None and from_memory else None
         if known is not None:
-            head, max_lease, lease_digest, state = known
+            head, max_lease, lease_digest, state, _ = known
             base = None
         else:
             if read is None:
@@ -259,20 +261,33 @@ class Writes:
         finally:
             self._view_rows = self._guards = self._pending = self._values = None
         try:
-            sealed = self._send_write(run_id, head, ids, token, lease_n, done, views, guards, values, known,
-                                         doing)
+            sealed = self._send_write(run_id, head, ids, token, lease_n, done, self._changed(views, known), guards,
+                                      values, known, doing)
         except BaseException:
             self._seen.pop(run_id, None)
             raise
         self._spare = (ids[-1] + 1, self._spare[1]) if self._spare is not None and len(ids) <= ID_BLOCK else None
         fence = done.fence
-        self._saw(run_id, new_head, fence.max_lease, fence.digest if fence.digest_moved else lease_digest)
+        self._saw(run_id, new_head, fence.max_lease, fence.digest if fence.digest_moved else lease_digest, views)
         if new_state is _MISSING and aggregate is not None:
             new_state = next((st for agg, st in folded[1] if agg is aggregate), _MISSING)
             if new_state is _MISSING:
                 new_state = self._after_write(run_id, head, written, [], [aggregate])[0][1]
         return self._committed(run_id, aggregate, new_head, folded, new_state, len(ids),
                                self._positions_after(sealed, ids))
+
+    @staticmethod
+    def _changed(views: dict[str, Any] | None, known: Any) -> dict[str, Any] | None:
+        """The view rows a write sends: those that differ from what this session's last
+        write to the run sent, when the write is decided from the head that write left.
+        The rows of a run's views are a function of its log, and handoff_append writes
+        only onto that head, so the rows there are the ones sent then: sending them again
+        costs the server an upsert per table that changes nothing (a progress command
+        leaves the run's deliveries and owner's load as they were)."""
+        before = known[4] if known is not None else None
+        if not views or not before:
+            return views
+        return {t: e for t, e in views.items() if before.get(t) != e}
 
     def _read_back(self, run_id: str, aggregate: Aggregate[Any] | None,
                    got: Sequence[Any]) -> tuple[int, Head | None, int, str | None, Any, Any]:
@@ -379,10 +394,11 @@ class Writes:
                     lease: int | None, done: plan.Stamped, views: dict[str, Any] | None,
                     guards: list[Any] | None, values: dict[str, dict[str, bytes]] | None, known: Any,
                     doing: str) -> tuple[str, dict[int, int]]:
-        """The write's one message: handoff_append, the values if it landed, COMMIT, and
-        the seal when handoff_append could not seal. Returns what handoff_append answered
-        ("first id:position" when it sealed the batch) and the positions the seal gave;
-        raises HeadMoved when handoff_append found the run elsewhere."""
+        """The write's one message: handoff_append, the values if it landed, COMMIT; then,
+        only when handoff_append could not seal the batch, the seal. Returns what
+        handoff_append answered ("first id:position" when it sealed the batch) and the
+        positions the seal gave; raises HeadMoved when handoff_append found the run
+        elsewhere."""
         fence = done.fence
         rows = done.events
         batch = [[ids[i], r[0], r[1], r[2], r[3].hex() if r[3] is not None else None, r[4].hex(), r[5].hex(),
@@ -397,14 +413,12 @@ class Writes:
             args += [run, list(vs), list(vs.values()), run_id, done.last_hash]
         conn = self.ready()
         try:
-            results = self._message(sql + COMMIT_AND_SEAL, args + ["{" + ",".join(map(str, ids)) + "}", ids[0]])
+            results = self._message(sql + COMMIT, args)
         except psycopg.Error as exc:
             status = conn.info.transaction_status
             if conn.closed or conn.broken or status == psycopg.pq.TransactionStatus.UNKNOWN:
                 raise self._unknown(doing, exc) from exc
             if status == psycopg.pq.TransactionStatus.IDLE:
-                if isinstance(exc, (pgerr.LockNotAvailable, pgerr.QueryCanceled)):
-                    return "", {}  # committed; the seal after it timed out (the next one seals it)
                 raise self._unknown(doing, exc) from exc
             with contextlib.suppress(psycopg.Error):
                 conn.execute("ROLLBACK")
@@ -414,12 +428,19 @@ class Writes:
                     "nothing was written. Claim the run again for a new lease",
                     run_id=run_id, lease=lease, why="refused_by_server") from None
             raise
-        # BEGIN; SELECT handoff_append(...); [the values;] COMMIT; the seal if it was needed
+        # BEGIN; SELECT handoff_append(...); [the values;] COMMIT
         answer = results[1][0][0]
         if answer.startswith(MOVED):
             raise HeadMoved(f"run {run_id} is not at seq {head.last_seq if head else 0}",
                             read=msgspec.json.decode(answer[len(MOVED):]), known=known is not None)
-        return str(answer), dict(results[-1])
+        if answer:
+            return str(answer), {}
+        try:  # committed and queued: seal it, behind whoever is sealing
+            return "", dict(self.x(SEAL, (ids,)).fetchall())
+        except psycopg.Error:
+            # Committed; the seal timed out or the connection went (the next write or read
+            # seals it): its positions are not known here.
+            return "", {}
 
     def _positions_after(self, sealed: tuple[str, dict[int, int]], ids: Sequence[int]) -> tuple[int, ...] | None:
         """The committed write's positions: where its insert sealed it, else where the seal

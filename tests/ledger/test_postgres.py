@@ -135,7 +135,7 @@ def test_an_older_ledger_is_migrated_and_keeps_every_position_and_hash(version):
         before = conn.execute("SELECT position, run_id, seq, hash, global_hash FROM events ORDER BY position").fetchall()
         tail = conn.execute("SELECT position, global_hash FROM ledger_tail").fetchone()
     with Ledger(url) as lg:
-        assert lg.store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 7
+        assert lg.store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 8
         assert [(r.position, r.run_id, r.seq, r.hash) for r in lg.store.read_all()] == [
             (p, r, s, bytes(h)) for p, r, s, h, _ in before]
         assert lg.store.ledger_head() == (tail[0], bytes(tail[1]))
@@ -248,7 +248,7 @@ def test_a_schema_4_ledger_is_sealed_by_handoff_append_and_keeps_its_order():
         PostgresStore(url, readonly=True)
     with Ledger(url) as lg:
         store = lg.store
-        assert store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 7
+        assert store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 8
         body = store.x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_queue' "
                         "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
         assert "INSERT INTO unsealed" in body and "advisory" not in body  # the trigger only queues
@@ -286,3 +286,55 @@ def test_a_write_whose_hooks_kept_only_some_views_leaves_them_to_catch_up():
     with Ledger(url) as lg:  # its catch-up refolds the run for every projection
         assert lg.store.views.lagging(list(BY_NAME), 0) == {}
         assert lg.check() == [] and lg.checkpoint("r1").last_seq == 2
+
+
+def test_a_write_sends_only_the_view_rows_that_changed_and_the_views_stay_those_of_the_log():
+    """A session that knows a run's head from its own last write sends only the view rows
+    that differ from what that write sent (a progress command leaves deliveries and the
+    owner's load as they were): counted by an insert statement trigger on each view table (an
+    upsert fires it once). Another
+    session's write, a rebuild in between, and a release that changes the owner's load leave
+    every view equal to a fresh fold of the log (Ledger.check)."""
+    import psycopg
+
+    from handoff.api import Ledger
+
+    url = fresh_url()
+    tables = ("checkpoints", "stall_watch", "deliveries", "owner_load")
+    with Ledger(url) as lg, Ledger(url) as other:
+        run = lg.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
+        lease = lg.claim(run, "w1")
+        lg.transition(run, lease, "planning")
+        lg.transition(run, lease, "executing")
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE touched (t text)")
+            conn.execute("CREATE FUNCTION note_touch() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                         "INSERT INTO touched VALUES (TG_TABLE_NAME); RETURN NULL; END $$")
+
+            def watch() -> None:  # (a rebuild swaps new tables in: watch those)
+                for t in tables:
+                    conn.execute(f"CREATE TRIGGER touch_{t} AFTER INSERT ON {t} "
+                                 "FOR EACH STATEMENT EXECUTE FUNCTION note_touch()")
+
+            watch()
+
+            def touched() -> dict[str, int]:
+                got = dict(conn.execute("SELECT t, count(*) FROM touched GROUP BY t").fetchall())
+                conn.execute("DELETE FROM touched")
+                return got
+
+            for i in range(3):
+                lg.progress(run, lease, "tool_outcome", f"step {i}", key=f"p{i}")
+            assert touched() == {"checkpoints": 3, "stall_watch": 3}
+            other.progress(run, lease, "tool_outcome", "from another session", key="o1")
+            other.rebuild()
+            watch()
+            touched()
+            lg.progress(run, lease, "tool_outcome", "after the other session", key="p3")
+            # The run moved under lg's memory: decided again from a read, every table sent.
+            assert set(touched()) == set(tables)
+            lg.release(run, lease, "handing over")  # the owner's load changes, the deliveries not
+            assert set(touched()) == {"checkpoints", "stall_watch", "owner_load"}
+        assert lg.check() == [] and other.check() == []
+        assert lg.status(run)["progress_seq"] == other.status(run)["progress_seq"]
+        assert lg.status(run)["lease"] is None
