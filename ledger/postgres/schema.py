@@ -17,6 +17,7 @@ from .blobs import CREATE as VALUES_TABLE
 from .blobs import DELETE_FUNCTION as DELETE_VALUES
 from .blobs import PUT_FUNCTION as PUT_VALUES
 from .blobs import SIGNATURES as VALUES_SIGNATURES
+from .sync import views_function
 
 try:  # the driver is an optional extra: pip install 'handoff-ledger[postgres]'
     from psycopg import sql as _sql
@@ -367,14 +368,7 @@ REVOKED = [
 ]
 #: The view writes of an append (handoff_views), made anew from the view tables there are
 #: (ledger/postgres/views.py makes each table's handoff_sync_<table>) whenever one is made.
-VIEWS_FUNCTION_EMPTY = """CREATE OR REPLACE FUNCTION handoff_views(p_run text, p_views jsonb) RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE k text;
-BEGIN
-  FOR k IN SELECT jsonb_object_keys(p_views) LOOP
-    RAISE EXCEPTION 'handoff: % is not a view table of this ledger', k USING ERRCODE = 'invalid_parameter_value';
-  END LOOP;
-END $$"""
+VIEWS_FUNCTION_EMPTY = views_function(())
 
 
 def _format(create: str, schema: str) -> str:
@@ -518,8 +512,8 @@ MIGRATIONS: dict[int, list[str]] = {
     6: ["DROP FUNCTION IF EXISTS handoff_positions(bigint[])", "{positions}", "{reseal}", "{append}",
         "REVOKE ALL ON FUNCTION handoff_positions(bigint[], bytea[]) FROM PUBLIC"],
     # 8: a seal with nothing queued chains the writer's own events without looking in the
-    # queue or the log.
-    7: ["{positions}"],
+    # queue or the log; handoff_views holds each table's upsert instead of calling it.
+    7: ["{positions}", "{views}"],
 }
 
 

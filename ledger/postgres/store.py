@@ -80,6 +80,7 @@ from .rows import (
     recorded_row,
 )
 from .blobs import PostgresValues
+from .sync import EXISTING, views_function
 from .writing import Writes
 from .schema import (
     CREATE_LOCK,
@@ -305,6 +306,8 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
                     if steps is None:
                         raise SchemaTooNew(f"no migration from schema {version} is known")
                     for sql in steps:
+                        if sql == "{views}":  # made anew from the sync functions there are
+                            sql = views_function(self.x(EXISTING).fetchall())
                         self.x(migration_step(sql, schema))
                     version += 1
                 self.x("UPDATE handoff_meta SET value=%s WHERE key='schema_version'", (str(version),))

@@ -64,15 +64,15 @@ def views_function(bodies: Iterable[tuple[str, str]]) -> str:
     whens = "".join(f"      WHEN '{t}' THEN\n        DECLARE p_rows jsonb := v->'r'; p_many boolean := (v->>'m')::boolean;"
                     f"{body.rstrip()};\n"
                     for t, body in sorted(bodies))
+    refuse = ("RAISE EXCEPTION 'handoff: % is not a view table of this ledger', k\n"
+              "        USING ERRCODE = 'invalid_parameter_value';")
+    keep = f"    CASE k\n{whens}      ELSE {refuse}\n    END CASE;" if whens else f"    {refuse}"
     return f"""CREATE OR REPLACE FUNCTION handoff_views(p_run text, p_views jsonb) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE k text; v jsonb;
 BEGIN
   FOR k, v IN SELECT * FROM jsonb_each(p_views) LOOP
-    CASE k
-{whens}      ELSE RAISE EXCEPTION 'handoff: % is not a view table of this ledger', k
-        USING ERRCODE = 'invalid_parameter_value';
-    END CASE;
+{keep}
   END LOOP;
 END $$"""
 

@@ -338,3 +338,36 @@ def test_a_write_sends_only_the_view_rows_that_changed_and_the_views_stay_those_
         assert lg.check() == [] and other.check() == []
         assert lg.status(run)["progress_seq"] == other.status(run)["progress_seq"]
         assert lg.status(run)["lease"] is None
+
+
+def test_a_schema_7_ledger_gets_handoff_views_that_holds_each_tables_upsert():
+    """Schema 7's handoff_views called each table's sync function; the migration to 8
+    makes it anew from those functions' bodies, and writes keep every view as before."""
+    import psycopg
+
+    from handoff.api import Ledger
+
+    url = fresh_url()
+    with Ledger(url) as lg:
+        run = lg.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
+        tables = [r[0] for r in lg.store.x(
+            "SELECT substr(proname, 14) FROM pg_proc WHERE proname LIKE 'handoff\\_sync\\_%' "
+            "AND pronamespace = current_schema()::regnamespace ORDER BY 1")]
+    assert tables == ["checkpoints", "deliveries", "owner_load", "stall_watch"]
+    calls = "".join(f"      WHEN '{t}' THEN PERFORM handoff_sync_{t}(p_run, v->'r', (v->>'m')::boolean);\n"
+                    for t in tables)
+    old = ("CREATE OR REPLACE FUNCTION handoff_views(p_run text, p_views jsonb) RETURNS void LANGUAGE plpgsql AS $$ "
+           "DECLARE k text; v jsonb; BEGIN FOR k, v IN SELECT * FROM jsonb_each(p_views) LOOP CASE k\n" + calls +
+           "      ELSE RAISE EXCEPTION 'not a view table'; END CASE; END LOOP; END $$")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(old)
+        conn.execute("UPDATE handoff_meta SET value = '7' WHERE key = 'schema_version'")
+    with Ledger(url) as lg:
+        assert lg.store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 8
+        body = lg.store.x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_views' "
+                          "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
+        assert "handoff_sync_" not in body and all(f"INSERT INTO {t} AS t" in body for t in tables)
+        lease = lg.claim(run, "w1")
+        lg.transition(run, lease, "planning")
+        assert lg.check() == [] and lg.verify() == []
+        assert lg.status(run)["state"] == "planning" and lg.status(run)["lease"] is not None
