@@ -3,8 +3,9 @@
 The writer, watchdog and auditor roles have no right to change a view table: a write's
 view rows go to the server with its batch, to ``handoff_append`` (run as the ledger's
 owner), which keeps them through ``handoff_views`` in the same transaction: it holds the
-body of each table's ``handoff_sync_<table>`` (which a catch-up calls on its own). So a role can change a run's view rows only by appending to
-that run, as the inline projections would, and never blind the watchdog by editing one.
+body of each table's ``handoff_sync_<table>`` (which a catch-up calls on its own). So a
+role can change a run's view rows only by appending to that run, as the inline
+projections would, and never blind the watchdog by editing one.
 The functions are made by the owner with the tables (ledger/postgres/views.py), have
 static SQL (their plans are cached per session), and are executable by nobody else.
 """
@@ -61,7 +62,8 @@ def views_function(bodies: Iterable[tuple[str, str]]) -> str:
     them, that function's body written out here (a call per table per write costs more
     than its statements); a table this ledger does not have is refused (the write then
     fails whole: no view is left behind). ``bodies``: (table, its sync function's body)."""
-    whens = "".join(f"      WHEN '{t}' THEN\n        DECLARE p_rows jsonb := v->'r'; p_many boolean := (v->>'m')::boolean;"
+    whens = "".join(f"      WHEN '{t}' THEN\n"
+                    f"        DECLARE p_rows jsonb := v->'r'; p_many boolean := (v->>'m')::boolean;"
                     f"{body.rstrip()};\n"
                     for t, body in sorted(bodies))
     refuse = ("RAISE EXCEPTION 'handoff: % is not a view table of this ledger', k\n"
