@@ -76,12 +76,14 @@ def drop_database() -> None:
 
 
 def append_call(conn, run_id: str, event, *, actor: str = "worker:w", lease: int | None = None,
-                secret: str | None = None, move=None) -> tuple[str, tuple]:
-    """handoff_append's call and arguments for one event on ``run_id`` after its head as
+                secret: str | None = None, move=None, rows=None) -> tuple[str, tuple]:
+    """handoff_append's call and arguments for one batch on ``run_id`` after its head as
     ``conn`` reads it, built by hand as a client (or an attacker) would: the chain hash
     computed as the library does. ``move``: (new lease, holder, digest) to move the lease
     to. Lets a test hold a write inside its transaction, or send one the library would
-    never send."""
+    never send. ``event`` may be a list (one batch); ``rows``, given the batch's rows
+    ([write id, seq, type, key, digest, payload, prev, hash], hex), returns the rows to
+    send instead."""
     import json
 
     from handoff.ledger import events as ev
@@ -90,13 +92,17 @@ def append_call(conn, run_id: str, event, *, actor: str = "worker:w", lease: int
 
     head = conn.execute("SELECT last_seq, last_hash, lease, lease_holder, max_lease, last_position "
                         "FROM heads WHERE run_id = %s", (run_id,)).fetchone() or (0, GENESIS_HASH, None, None, 0, 0)
-    (tag, payload), = encode_events([event], 1 << 20)
-    seq, prev = head[0] + 1, bytes(head[1])
     at = 1_900_000_000_000_000
-    h = chain_hash(prev, run_id, seq, tag, actor, lease, None, at, ev.SCHEMA_VERSION, payload)
     (first_id,) = conn.execute("SELECT nextval('events_id_seq')").fetchone()
+    batch, prev = [], bytes(head[1])
+    for i, (tag, payload) in enumerate(encode_events(event if isinstance(event, list) else [event], 1 << 20)):
+        seq = head[0] + 1 + i
+        h = chain_hash(prev, run_id, seq, tag, actor, lease, None, at, ev.SCHEMA_VERSION, payload)
+        batch.append([first_id + i, seq, tag, None, None, payload.hex(), prev.hex(), h.hex()])
+        prev = h
     new_lease, holder, digest = move if move is not None else (head[2], head[3], None)
-    rows = json.dumps([[first_id, seq, tag, None, None, payload.hex(), prev.hex(), h.hex()]])
+    prev = bytes(head[1])
+    rows = json.dumps(rows(batch) if rows is not None else batch)
     args = (run_id, head[0], prev, secret, lease, actor, at, ev.SCHEMA_VERSION, False, rows,
             new_lease, holder, max(head[4], new_lease or 0), digest, move is not None, None, None)
     return f"SELECT {APPEND_SIGNATURE.split('(')[0]}({', '.join(['%s'] * 17)})", args

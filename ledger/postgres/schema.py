@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 
 #: Layout version of the database schema (tables, indexes, triggers), kept in handoff_meta.
-PG_SCHEMA_VERSION = 8
+PG_SCHEMA_VERSION = 9
 #: The advisory lock two sessions creating the schema at once meet on (nothing else
 #: waits on an advisory lock: see MAINTENANCE_LOCK).
 CREATE_LOCK = (0x48414E44, 0)  # "HAND"
@@ -262,6 +262,13 @@ BEGIN
   IF n < 1 OR n <> cardinality(p_seqs) OR n <> cardinality(p_payloads) OR n <> cardinality(p_hashes)
      OR p_seqs[1] <> p_seq + 1 OR p_seqs[n] <> p_seq + n THEN
     RAISE EXCEPTION 'handoff: a batch for run % does not follow seq %', p_run, p_seq
+      USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  -- Inside the batch, seqs follow one another, each event names the one before it, and the
+  -- write ids ascend (a run's events are sealed in write-id order).
+  IF n > 1 AND EXISTS (SELECT 1 FROM generate_series(2, n) AS i WHERE p_seqs[i] <> p_seqs[i - 1] + 1
+                       OR p_prevs[i] <> p_hashes[i - 1] OR p_ids[i] <= p_ids[i - 1]) THEN
+    RAISE EXCEPTION 'handoff: a batch for run % does not chain its events in order', p_run
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
   SELECT * INTO h FROM heads WHERE run_id = p_run FOR UPDATE;
@@ -514,6 +521,8 @@ MIGRATIONS: dict[int, list[str]] = {
     # 8: a seal with nothing queued chains the writer's own events without looking in the
     # queue or the log; handoff_views holds each table's upsert instead of calling it.
     7: ["{positions}", "{views}"],
+    # 9: handoff_append refuses a batch whose write ids or seqs do not ascend one by one.
+    8: ["{append}"],
 }
 
 

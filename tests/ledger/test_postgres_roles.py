@@ -329,6 +329,47 @@ def test_a_writer_cannot_write_under_another_workers_lease(roles):
         assert lg.verify() == []
 
 
+def test_a_writers_batch_out_of_order_is_refused_and_nothing_is_written(roles):
+    """handoff_append takes a batch's seqs, chain links and write ids from the client: a
+    writer sending them out of order (ids that would seal the run's events in another
+    order than their seqs, a seq skipped in the middle, an event that does not name the
+    one before it) is refused with invalid_parameter_value, and writes nothing. The same
+    batch in order is written, and verify finds the log sound."""
+    import psycopg
+
+    from handoff.ledger import events as ev
+    from tests.pg import append_call
+
+    batch = [ev.ProgressRecorded(kind=k) for k in ("a", "b", "c")]
+
+    def ids_reversed(rows):
+        ids = [r[0] for r in rows][::-1]
+        return [[i, *r[1:]] for i, r in zip(ids, rows)]
+
+    def seq_skipped(rows):
+        return [rows[0], [rows[1][0], rows[1][1] + 5, *rows[1][2:]], rows[2]]
+
+    def link_broken(rows):
+        return [rows[0], rows[1], [*rows[2][:6], "00" * 32, rows[2][7]]]
+
+    before = _state(roles.owner)
+    with psycopg.connect(roles.url("writer"), autocommit=True) as conn:
+        for tamper in (ids_reversed, seq_skipped, link_broken):
+            sql, args = append_call(conn, "r0", batch, rows=tamper)
+            with conn.transaction(), pytest.raises(psycopg.Error) as caught:
+                conn.execute(sql, args)
+            assert caught.value.sqlstate == "22023", (tamper.__name__, caught.value)
+            assert "does not chain its events in order" in str(caught.value)
+        assert _state(roles.owner) == before
+        sql, args = append_call(conn, "r0", batch)
+        conn.execute(sql, args)
+    with Ledger(roles.owner) as lg:
+        assert [r.type for r in lg.store.read_run("r0")][-3:] == ["progress_recorded"] * 3
+        positions = [r.position for r in lg.store.read_run("r0")]
+        assert positions == sorted(positions)
+        assert lg.verify() == []
+
+
 @pytest.mark.parametrize("group", GROUPS)
 def test_no_role_holding_any_lock_it_may_take_stalls_a_writer(roles, group):
     """U3: a role that holds every lock it can take (every advisory lock key the ledger
