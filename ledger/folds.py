@@ -22,6 +22,7 @@ import msgspec
 from . import events as ev
 from . import plan
 from .plan import Request
+from .errors import LedgerError
 from .store import (Actor, Aggregate, AppendResult, Decision, EventStore, Head, Recorded, Step, Transaction,
                     check_run_id, check_seq, keeps_views)
 
@@ -39,6 +40,25 @@ _TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
 #: What a write hands back to remember once it commits: the head its hooks ran at (None:
 #: no hook ran) and each aggregate's state there.
 Folded = tuple[Head | None, list[tuple[Aggregate[Any], Any]]]
+
+
+class Reading:
+    """``FoldingStore._reading``: the store's lock held, the driver's errors mapped. A
+    class rather than a generator function: a fold enters one per page it reads."""
+
+    __slots__ = ("_store", "_doing")
+
+    def __init__(self, store: FoldingStore, doing: str) -> None:
+        self._store, self._doing = store, doing
+
+    def __enter__(self) -> None:
+        self._store.lock.acquire()
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        store = self._store
+        store.lock.release()
+        if exc is not None and isinstance(exc, store._driver_error):
+            raise store._explain(exc, self._doing) from exc
 
 
 class FoldingStore(EventStore):
@@ -81,11 +101,18 @@ class FoldingStore(EventStore):
     def _iter_all(self, after_position: int, until_position: int | None, page: int) -> Iterator[Recorded]:
         """``read_all`` once its arguments are checked."""
 
+    #: The driver's errors, which ``_reading`` maps with ``_explain``.
+    _driver_error: ClassVar[type[BaseException]] = Exception
+
     @abc.abstractmethod
-    def _reading(self, doing: str = "reading") -> contextlib.AbstractContextManager[Any]:
+    def _explain(self, exc: BaseException, doing: str) -> LedgerError:
+        """The driver's error as the library's own, naming ``doing`` and the store."""
+
+    def _reading(self, doing: str = "reading") -> Reading:
         """The context one call into the database runs in (a read outside a transaction, a
         whole write transaction): the store's lock, and the driver's errors mapped to the
         library's, naming ``doing``."""
+        return Reading(self, doing)
 
     def begin(self, doing: str) -> None:
         """Open a write transaction (for ``write_transaction``, unless a dialect has its own)."""

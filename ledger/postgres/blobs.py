@@ -60,7 +60,7 @@ class PostgresValues:
         self._writable("storing values")
         if self.join_values(run_id, values):  # type: ignore[attr-defined]
             return len(values)
-        with self.lock, self.mapped("storing values"):  # type: ignore[attr-defined]
+        with self._reading("storing values"):  # type: ignore[attr-defined]
             return int(self.x("SELECT handoff_put_values(%s, %s, %s)",  # type: ignore[attr-defined]
                               (run_id, list(values), list(values.values()))).fetchone()[0])
 
@@ -68,7 +68,7 @@ class PostgresValues:
         wanted = list(dict.fromkeys(digests))
         if not wanted:
             return {}
-        with self.lock, self.mapped("reading values"):  # type: ignore[attr-defined]
+        with self._reading("reading values"):  # type: ignore[attr-defined]
             rows = self.x(f"SELECT sha256, value FROM {TABLE} WHERE run_id = %s AND sha256 = ANY(%s)",  # type: ignore[attr-defined]
                           (run_id, wanted)).fetchall()
         return {d: bytes(v) for d, v in rows}
@@ -79,12 +79,12 @@ class PostgresValues:
         if not wanted:
             return 0
         self._writable("deleting values")
-        with self.lock, self.mapped("deleting values"):  # type: ignore[attr-defined]
+        with self._reading("deleting values"):  # type: ignore[attr-defined]
             return int(self.x("SELECT handoff_delete_values(%s, %s)", (run_id, wanted)).fetchone()[0])  # type: ignore[attr-defined]
 
     def value_digests(self, run_id: str) -> dict[str, str]:
         # The server hashes the bytes: verify reads 64 characters per value, not the value.
-        with self.lock, self.mapped("reading values"):  # type: ignore[attr-defined]
+        with self._reading("reading values"):  # type: ignore[attr-defined]
             rows = self.x(f"SELECT sha256, encode(sha256(value), 'hex') FROM {TABLE} WHERE run_id = %s",  # type: ignore[attr-defined]
                           (run_id,)).fetchall()
         return dict(rows)

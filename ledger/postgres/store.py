@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 from .. import events as ev
 from ..errors import (
+    LedgerError,
     NotALedger,
     OutcomeUnknown,
     SchemaTooNew,
@@ -223,6 +224,11 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
         """Execute on the store's connection (inside whatever transaction is open)."""
         return self.ready().execute(sql, args, binary=binary)
 
+    _driver_error = psycopg.Error if psycopg is not None else Exception
+
+    def _explain(self, exc: BaseException, doing: str) -> LedgerError:
+        return explain(exc, doing, self.path)
+
     @contextlib.contextmanager
     def mapped(self, doing: str) -> Iterator[None]:
         try:
@@ -231,7 +237,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
             raise explain(exc, doing, self.path) from exc
 
     def _ensure_schema(self, may_create: bool) -> None:
-        with self.lock, self.mapped("opening"):
+        with self._reading("opening"):
             tables = {r[0] for r in self.x(
                 "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
             )}
@@ -413,7 +419,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
         """Give every committed event its ledger position now (writers do this themselves
         after each commit; a reader calls it when it finds events still waiting). Returns
         the last sealed position."""
-        with self.lock, self.mapped("sealing the ledger order"):
+        with self._reading("sealing the ledger order"):
             if self._in_txn:
                 raise StoreUnavailable("seal() cannot run inside another transaction of this store")
             self.ready().execute("SELECT count(*) FROM handoff_seal(true, '{}')")
@@ -424,7 +430,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
         a poll at least every second as the fallback: a lost notification only delays."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         while True:
-            with self.lock, self.mapped("waiting for events"):
+            with self._reading("waiting for events"):
                 if self._listener is None or self._listener.closed or self._listener.broken:
                     self._listen()
                 last = self.x("SELECT position FROM ledger_tail").fetchone()[0]
@@ -452,14 +458,14 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
         self._listener = conn
 
     def db_roles(self, first_position: int, last_position: int) -> dict[int, str]:
-        with self.lock, self.mapped("reading who wrote the events"):
+        with self._reading("reading who wrote the events"):
             return dict(self.x(
                 "SELECT o.position, e.db_role FROM ledger_order o JOIN events e ON e.id = o.event_id "
                 "WHERE o.position BETWEEN %s AND %s", (first_position, last_position),
             ).fetchall())
 
     def db_role_counts(self, run_id: str | None = None) -> dict[str, int]:
-        with self.lock, self.mapped("reading who wrote the events"):
+        with self._reading("reading who wrote the events"):
             if run_id is None:
                 rows = self.x("SELECT db_role, count(*) FROM events GROUP BY db_role ORDER BY db_role")
             else:
@@ -480,7 +486,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
             return False
 
     def unsealed_count(self) -> int:
-        with self.lock, self.mapped("counting unsealed events"):
+        with self._reading("counting unsealed events"):
             return self.x("SELECT count(*) FROM unsealed").fetchone()[0]
 
     # --- reading ---------------------------------------------------------------------
@@ -489,10 +495,6 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
         row = self.x("SELECT hash FROM events WHERE run_id=%s AND seq=%s", (run_id, seq)).fetchone()
         return None if row is None else as_bytes(row[0])
 
-    @contextlib.contextmanager
-    def _reading(self, doing: str = "reading") -> Iterator[None]:
-        with self.lock, self.mapped(doing):
-            yield
 
     def _read_run_page(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Recorded]:
         # An event committed but not sealed yet reads with position 0 (the reader seals
@@ -534,7 +536,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
         tail = after_position  # reaching it: read the tail again
         sealed = False
         while until_position is None or cursor < until_position:
-            with self.lock, self.mapped("reading"):
+            with self._reading("reading"):
                 if cursor >= tail:
                     tail, waiting = self.x(TAIL_AND_QUEUE).fetchone()
                     if cursor >= tail:
@@ -558,11 +560,11 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
     def read_for_export(self, run_ids: Sequence[str] | None = None) -> Iterator[tuple[Recorded, bytes | None, int]]:
         wanted = None if run_ids is None else set(run_ids)
         cursor = 0
-        with self.lock, self.mapped("exporting"):
+        with self._reading("exporting"):
             if not self._in_txn:
                 self._seal_quietly()
         while True:
-            with self.lock, self.mapped("exporting"):
+            with self._reading("exporting"):
                 rows = self.x(
                     f"SELECT {SEALED_COLUMNS}, e.idem_digest, e.batch_size FROM ledger_order o "
                     "JOIN events e ON e.id = o.event_id WHERE o.position>%s "
@@ -577,7 +579,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
 
     def head(self, run_id: str) -> Head | None:
         check_run_id(run_id)
-        with self.lock, self.mapped("reading a run's head"):
+        with self._reading("reading a run's head"):
             return self._public_head(run_id)
 
     def _public_head(self, run_id: str) -> Head | None:
@@ -594,7 +596,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
         """Heads in the order runs began; ``public``: spans in ledger positions (sealing
         first what still waits), else in write ids (verify compares those with the log)."""
         if public and not self._in_txn:
-            with self.lock, self.mapped("listing runs"):
+            with self._reading("listing runs"):
                 if self.x("SELECT EXISTS (SELECT 1 FROM unsealed)").fetchone()[0]:
                     self._seal_quietly()
         sql = (PUBLIC_HEAD if public else
@@ -612,7 +614,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
             q = sql.replace("SELECT ", "SELECT h.first_position, ", 1)
             q += (" WHERE " + " AND ".join(terms) if terms else "")
             q += " ORDER BY h.first_position, h.run_id LIMIT %s"
-            with self.lock, self.mapped("listing runs"):
+            with self._reading("listing runs"):
                 rows = self.x(q, [*args, PAGE]).fetchall()
             for r in rows:
                 yield Head(r[1], r[2], as_bytes(r[3]), r[4], r[5], r[6], r[7])
@@ -621,11 +623,11 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
             cursor = (rows[-1][0], rows[-1][1])
 
     def count_runs(self) -> int:
-        with self.lock, self.mapped("counting runs"):
+        with self._reading("counting runs"):
             return self.x("SELECT count(*) FROM heads").fetchone()[0]
 
     def last_position(self) -> int:
-        with self.lock, self.mapped("reading the last position"):
+        with self._reading("reading the last position"):
             return self.x("SELECT position FROM ledger_tail").fetchone()[0]
 
     # --- import ----------------------------------------------------------------------
@@ -720,11 +722,11 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
         return layout_problems(self.x)
 
     def append_only_problems(self) -> list[Problem]:
-        with self.lock, self.mapped("reading the triggers"):
+        with self._reading("reading the triggers"):
             return self.trigger_problems()
 
     def ledger_head(self) -> tuple[int, bytes]:
-        with self.lock, self.mapped("reading the ledger's head"):
+        with self._reading("reading the ledger's head"):
             row = self.x("SELECT position, global_hash FROM ledger_tail").fetchone()
         return row[0], as_bytes(row[1])
 
@@ -732,7 +734,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
         check_seq(position, "position")
         if position == 0:
             return None
-        with self.lock, self.mapped("reading the ledger-wide chain"):
+        with self._reading("reading the ledger-wide chain"):
             row = self.x("SELECT global_hash FROM ledger_order WHERE position=%s", (position,)).fetchone()
         return None if row is None else as_bytes(row[0])
 
@@ -747,7 +749,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
 
     def schema_name(self) -> str:
         """The database schema the ledger lives in (the session's current schema)."""
-        with self.lock, self.mapped("reading the schema name"):
+        with self._reading("reading the schema name"):
             return str(self.x("SELECT current_schema()").fetchone()[0])
 
     def roles_sql(self, prefix: str = "handoff") -> str:
@@ -770,7 +772,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
         return self._views
 
     def diagnostics(self) -> dict[str, Any]:
-        with self.lock, self.mapped("reading the server's settings"):
+        with self._reading("reading the server's settings"):
             facts = dict(self.x(
                 "SELECT name, setting FROM pg_settings WHERE name IN ('server_version', "
                 "'synchronous_commit', 'fsync', 'default_transaction_isolation', 'lock_timeout', "

@@ -61,7 +61,7 @@ class PostgresViewStore(viewsql.SqlViewStore):
 
     @contextmanager
     def _reading(self) -> Iterator[None]:
-        with self._store.lock, self._store.mapped("reading the views"):
+        with self._store._reading("reading the views"):
             yield
 
     def _run(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:

@@ -297,13 +297,10 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
         row = self.conn.execute("SELECT hash FROM events WHERE run_id=? AND seq=?", (run_id, seq)).fetchone()
         return None if row is None else row[0]
 
-    @contextlib.contextmanager
-    def _reading(self, doing: str = "reading") -> Iterator[None]:
-        with self.lock:
-            try:
-                yield
-            except sqlite3.Error as exc:
-                raise _explain(exc, doing, self.path) from exc
+    _driver_error = sqlite3.Error
+
+    def _explain(self, exc: BaseException, doing: str) -> LedgerError:
+        return _explain(exc, doing, self.path)  # type: ignore[arg-type]
 
     def _lease_digest_locked(self, run_id: str) -> str | None:
         try:
@@ -491,8 +488,8 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
         return [Recorded(*r) for r in self._run_range(_COLUMNS, run_id, after_seq, until_seq)]
 
     def _step_rows(self, run_id: str, after_seq: int, until_seq: int | None) -> list[Any]:
-        with self._reading():
-            return self._run_range("seq, type, recorded_us, payload, actor", run_id, after_seq, until_seq).fetchall()
+        # (Called under _reading, or inside a write or read transaction that maps errors.)
+        return self._run_range("seq, type, recorded_us, payload, actor", run_id, after_seq, until_seq).fetchall()
 
     def _iter_all(self, after_position: int, until_position: int | None, page: int) -> Iterator[Recorded]:
         upto = "" if until_position is None else " AND position<=?"
