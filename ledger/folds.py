@@ -14,7 +14,7 @@ import abc
 import collections
 import contextlib
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import msgspec
@@ -23,8 +23,9 @@ from . import events as ev
 from . import plan
 from .plan import Request
 from .errors import LedgerError
-from .store import (Actor, Aggregate, AppendResult, Decision, EventStore, Head, Recorded, Step, Transaction,
-                    check_run_id, check_seq, keeps_views)
+from .importing import run_import
+from .store import (Actor, Aggregate, AppendResult, Decision, EventStore, Folded, Head, Recorded, Step,
+                    Transaction, check_run_id, check_seq, keeps_views)
 
 S = TypeVar("S")
 #: A fold argument not given (``Transaction.state``'s ``head``), told apart from None.
@@ -37,9 +38,6 @@ PAGE = 1000
 #: The tag each event type is stored under.
 _TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
 
-#: What a write hands back to remember once it commits: the head its hooks ran at (None:
-#: no hook ran) and each aggregate's state there.
-Folded = tuple[Head | None, list[tuple[Aggregate[Any], Any]]]
 
 
 class Reading:
@@ -134,6 +132,20 @@ class FoldingStore(EventStore):
                 ok = True
             finally:
                 self.finish(ok, committing or doing)
+
+    def import_records(
+        self, items: Iterable[tuple[Recorded, bytes | None, int]], *, aggregate: Aggregate[Any] | None = None,
+        admit: Callable[[Any, Recorded, ev.Event], None] | None = None,
+        before_commit: Callable[[], None] | None = None,
+    ) -> dict[str, int]:
+        """Insert exported events verbatim, all or nothing (ledger/importing.py), in one
+        write transaction that excludes every other write; the dialect inserts the rows
+        (``_import_tail``, ``_key_used``, ``_import_rows``, ``_import_done``)."""
+        with self.write_transaction("importing", "committing an import"):
+            counts, touched = run_import(self, items, aggregate, admit, before_commit)
+        for run_id, folded in touched:
+            self._remember_all(run_id, folded)
+        return counts
 
     # --- commands, checked where they enter (ledger/plan.py), then the dialect's write ---
 

@@ -13,12 +13,12 @@ from typing import Any, Protocol
 
 from . import events as ev
 from .errors import InvalidInput, PayloadTooLarge, StaleLease
-from .folds import Folded
 from .plan import LeaseState, check_fork
 from .store import (
     GENESIS_HASH,
     Actor,
     Aggregate,
+    Folded,
     Head,
     Recorded,
     Step,

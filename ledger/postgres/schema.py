@@ -188,7 +188,7 @@ END $$"""
 #: (SECURITY DEFINER: a writer has no right to the queue, so it can neither skip it nor
 #: fill it with what it likes). handoff_append then seals, in its own transaction, when
 #: nobody else is sealing (handoff_seal, the one place positions are given); an import
-#: (``handoff.importing`` on) writes the order itself and takes its rows off the queue.
+#: writes the order itself, and its closing seal takes its rows off the queue.
 QUEUE_FUNCTION = """CREATE FUNCTION handoff_queue() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = {schema}, pg_temp AS $$
 BEGIN

@@ -26,11 +26,10 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 
-from .. import events as ev
 from ..errors import (
     LedgerError,
     NotALedger,
@@ -41,7 +40,7 @@ from ..errors import (
 from ..copy import copy_to_file
 from ..folds import MISSING as _MISSING
 from ..folds import FoldingStore, StoreTransaction
-from ..importing import ImportHead, ImportRow, run_import
+from ..importing import ImportHead, ImportRow
 from ..store import (
     DEFAULT_MAX_PAYLOAD,
     FORMAT_NAME,
@@ -632,35 +631,11 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
 
     # --- import ----------------------------------------------------------------------
 
-    def import_records(
-        self, items: Iterable[tuple[Recorded, bytes | None, int]], *,
-        aggregate: Aggregate[Any] | None = None,
-        admit: Callable[[Any, Recorded, ev.Event], None] | None = None,
-        before_commit: Callable[[], None] | None = None,
-    ) -> dict[str, int]:
-        """Insert exported events verbatim, all or nothing (ledger/importing.py), inside a
-        write transaction that excludes every other write and holds the seal lock: imported
-        events take the next positions after the sealed tail, with their write ids drawn
-        from the ledger's sequence."""
-        with self.lock:
-            self.begin("importing")
-            ok = False
-            try:
-                # The import gives its events their positions itself: the insert trigger
-                # only queues them (QUEUE_FUNCTION).
-                self.x("SELECT set_config('handoff.importing', 'on', true)")
-                self._free_ids: list[int] = []
-                counts, touched = run_import(self, items, aggregate, admit, before_commit)
-                ok = True
-            except psycopg.Error as exc:
-                raise explain(exc, "importing", self.path) from exc
-            finally:
-                self.finish(ok, "committing an import")
-        for run_id, folded in touched:
-            self._remember_all(run_id, folded)
-        return counts
-
     def _import_tail(self) -> tuple[int, bytes]:
+        """The sealed tail, in the import's transaction (which excludes every write and
+        holds the seal lock: imported events take the next positions after it, with their
+        write ids drawn from the ledger's sequence)."""
+        self._free_ids: list[int] = []
         position, ghash = self.x("SELECT position, global_hash FROM ledger_tail").fetchone()
         return position, as_bytes(ghash)
 

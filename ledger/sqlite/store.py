@@ -14,16 +14,16 @@ import itertools
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
 from .. import events as ev
 from .. import plan, verify
 from ..errors import InvalidInput, LedgerError, OutcomeUnknown, StoreUnavailable
-from ..folds import Folded, FoldingStore, StoreTransaction
-from ..importing import ImportHead, ImportRow, run_import
+from ..folds import FoldingStore, StoreTransaction
+from ..importing import ImportHead, ImportRow
 from ..plan import LeaseState, Request
-from ..store import (DEFAULT_MAX_PAYLOAD, GENESIS_HASH, Aggregate, AppendResult, Capabilities, Decision,
+from ..store import (DEFAULT_MAX_PAYLOAD, GENESIS_HASH, Aggregate, AppendResult, Capabilities, Decision, Folded,
                      Head, Problem, Recorded, check_run_id, check_seq, encode_events, global_link, now_us)
 from . import blobs, schema
 from .driver import explain as _explain
@@ -372,18 +372,7 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
         if fence.digest_moved:
             self.conn.execute("UPDATE heads SET lease_digest=? WHERE run_id=?", (fence.digest, run_id))
 
-    # --- import: the core's streamed import (ledger/importing.py) on this file ---------
-
-    def import_records(
-        self, items: Iterable[tuple[Recorded, bytes | None, int]], *, aggregate: Aggregate[Any] | None = None,
-        admit: Callable[[Any, Recorded, ev.Event], None] | None = None,
-        before_commit: Callable[[], None] | None = None,
-    ) -> dict[str, int]:
-        with self.write_transaction("importing", "committing an import"):
-            counts, touched = run_import(self, items, aggregate, admit, before_commit)
-        for run_id, folded in touched:
-            self._remember_all(run_id, folded)
-        return counts
+    # --- import: the rows of the core's streamed import (FoldingStore.import_records) ---
 
     def _import_tail(self) -> tuple[int, bytes]:
         """The ledger's last position and global hash, in the open transaction."""

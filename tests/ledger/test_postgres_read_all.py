@@ -71,8 +71,7 @@ def test_an_event_sealed_after_events_with_larger_write_ids_is_read_at_its_posit
         store.append("a", [ev.HeartbeatRecorded()], actor=W)  # position 1
         stalled = psycopg.connect(url)  # a transaction: the row is inserted, not committed
         try:
-            # queued by its insert, as when another session was sealing (QUEUE_FUNCTION)
-            stalled.execute("SET LOCAL handoff.importing = 'on'")
+            # queued by its insert's trigger, as when another session was sealing (QUEUE_FUNCTION)
             stalled.execute(
                 "INSERT INTO events (id, run_id, seq, type, actor, batch_size, recorded_us, "
                 "schema_version, payload, prev_hash, hash, viewed) SELECT nextval('events_id_seq'), "
@@ -139,10 +138,9 @@ def test_between_pages_the_store_is_free_and_a_dropped_reader_leaves_nothing_ope
 
 def _commit_unsealed(url: str) -> None:
     """What a writer killed between its COMMIT and its seal leaves: run a's seq 2,
-    committed and queued, with no position (its insert found another session sealing:
-    ``handoff.importing`` makes the insert's trigger queue it, as then)."""
+    committed and queued, with no position (its insert found another session sealing; a
+    plain insert is queued by its trigger, as then)."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("SET handoff.importing = 'on'")
         conn.execute("INSERT INTO events (id, run_id, seq, type, actor, batch_size, recorded_us, "
                      "schema_version, payload, prev_hash, hash, viewed) SELECT nextval('events_id_seq'), "
                      "run_id, 2, type, actor, 1, recorded_us, schema_version, payload, hash, hash, true "
