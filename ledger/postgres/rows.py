@@ -8,10 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 
-from .. import events as ev
 from ..store import Head, Recorded
-
-TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
 
 COLUMNS = (
     "e.run_id, e.seq, {pos}, e.type, e.actor, e.lease, e.idem_key, e.recorded_us, "

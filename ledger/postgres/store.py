@@ -1,22 +1,12 @@
 """The PostgreSQL event store: one database shared by workers on many hosts.
 
-Same semantics as the SQLite store (ledger/sqlite/store.py), over psycopg 3. Each store object
-owns one connection (autocommit, explicit BEGIN/COMMIT) and may be shared by threads.
-
-Order for readers and the ledger-wide chain (docs/postgres.md, "Order"): a write locks
-its run (an advisory lock on the run id, then its heads row FOR UPDATE), folds, checks
-the lease and the idempotency key and decides, then inserts its events under write ids
-(a sequence, taken under the run's lock). Positions are given by sealing, under the seal
-lock, in write-id order, with the ledger-wide chain, into ``ledger_order``: the insert's
-own trigger seals when nobody else is sealing, and otherwise queues the events in
-``unsealed`` for the writer to seal after its commit (or the next writer or reader). A
-position exists only once sealed, so a tailing reader never skips an event that commits
-late, and no writer waits on a ledger-wide lock through another's commit unless it must
-learn its positions. A write is at most two round trips, each ONE simple-query message;
-one when this store's last write left the run where it is (a guess, proved on the server).
-
-Append-only: triggers refuse UPDATE, DELETE and TRUNCATE on ``events`` (for owners too);
-``verify`` and ``doctor`` check that they are present, enabled and unaltered.
+Same semantics as the SQLite store, over psycopg 3. Each store object owns one
+connection (autocommit, explicit BEGIN/COMMIT) and may be shared by threads. A write is
+decided on the client and sent as one message to ``handoff_append``, which writes it only
+onto the head it was decided from (ledger/postgres/writing.py). Positions are given by
+sealing, in write-id order, behind the writers: a tailing reader never skips an event
+that commits late (docs/architecture.md). Triggers keep ``events`` and ``ledger_order``
+append-only, for their owner too; ``verify`` and ``doctor`` check them.
 """
 
 from __future__ import annotations
@@ -154,8 +144,6 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
         self._txn = PostgresTransaction(self)
         self._views: Any = None
         self._in_txn = False
-        self.writing = False  # inside a write transaction (BEGIN ... COMMIT on this connection)
-        self.exclusive = False  # inside a write_transaction (every other write excluded)
         #: While a write is decided: the view rows its hooks keep (view_rows) and the view
         #: counts its decision read (view_read), which go to the server with the batch.
         self._view_rows: dict[str, Any] | None = None
@@ -169,8 +157,10 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
         #: ran out of write ids), decided again from a read.
         self._known_moved = 0
         #: Per run, the head this session last saw (its write or its read), the highest
-        #: lease and the lease's token digest there: what a write is decided from first.
-        self._seen: collections.OrderedDict[str, tuple[Head, int, str | None]] = collections.OrderedDict()
+        #: lease and the lease's token digest there, and a digest of each view table's rows
+        #: its last write there sent: what a write is decided from first.
+        self._seen: collections.OrderedDict[str, tuple[Head, int, str | None, dict[str, bytes] | None]] = (
+            collections.OrderedDict())
         #: The write ids left in the block this session's last read took: [first, end).
         self._spare: tuple[int, int] | None = None
         self._listener: Any = None  # LISTENing connection, opened by the first wait_for_events
@@ -335,8 +325,6 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
             conn = self.ready()
             conn.execute("BEGIN")
             self._in_txn = True
-            self.writing = True
-            self.exclusive = True
             try:
                 if migrating:
                     # Every writer of every version inserts into events: none writes while
@@ -361,8 +349,6 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
     def finish(self, ok: bool, doing: str) -> None:
         conn = self._conn
         self._in_txn = False
-        self.writing = False
-        self.exclusive = False
         if ok:
             try:
                 cur = conn.execute("COMMIT")

@@ -7,6 +7,7 @@ the rest of the store (connection, transactions, reads) is in ledger/postgres/st
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import time
 
 import msgspec
@@ -184,8 +185,8 @@ class Writes:
     def _known(self, run_id: str, aggregate: Aggregate[Any] | None
                ) -> tuple[Head, int, str | None, Any, dict[str, Any] | None] | None:
         """The run as this session last saw it: (head, highest lease, the lease's token
-        digest, the fold there, the view rows its last write there sent), when it knows
-        the head and the fold is at it."""
+        digest, the fold there, a digest of each view table's rows its last write there
+        sent), when it knows the head and the fold is at it."""
         seen = self._seen.get(run_id)
         if seen is None or self._spare is None:
             return None
@@ -199,7 +200,7 @@ class Writes:
         return head, max_lease, lease_digest, state, views
 
     def _saw(self, run_id: str, head: Head | None, max_lease: int, lease_digest: str | None,
-             views: dict[str, Any] | None = None) -> None:
+             views: dict[str, bytes] | None = None) -> None:
         if head is None:
             self._seen.pop(run_id, None)
             return
@@ -260,15 +261,15 @@ class Writes:
             views, guards, values = self._view_rows, self._guards, self._values
         finally:
             self._view_rows = self._guards = self._pending = self._values = None
+        sent, digests = self._changed(views, known)
         try:
-            sealed = self._send_write(run_id, head, ids, token, lease_n, done, self._changed(views, known), guards,
-                                      values, known, doing)
+            sealed = self._send_write(run_id, head, ids, token, lease_n, done, sent, guards, values, known, doing)
         except BaseException:
             self._seen.pop(run_id, None)
             raise
         self._spare = (ids[-1] + 1, self._spare[1]) if self._spare is not None and len(ids) <= ID_BLOCK else None
         fence = done.fence
-        self._saw(run_id, new_head, fence.max_lease, fence.digest if fence.digest_moved else lease_digest, views)
+        self._saw(run_id, new_head, fence.max_lease, fence.digest if fence.digest_moved else lease_digest, digests)
         if new_state is _MISSING and aggregate is not None:
             new_state = next((st for agg, st in folded[1] if agg is aggregate), _MISSING)
             if new_state is _MISSING:
@@ -277,17 +278,26 @@ class Writes:
                                self._positions_after(sealed, ids))
 
     @staticmethod
-    def _changed(views: dict[str, Any] | None, known: Any) -> dict[str, Any] | None:
-        """The view rows a write sends: those that differ from what this session's last
-        write to the run sent, when the write is decided from the head that write left.
-        The rows of a run's views are a function of its log, and handoff_append writes
-        only onto that head, so the rows there are the ones sent then: sending them again
-        costs the server an upsert per table that changes nothing (a progress command
-        leaves the run's deliveries and owner's load as they were)."""
+    def _changed(views: dict[str, Any] | None, known: Any) -> tuple[str | None, dict[str, bytes]]:
+        """The view rows a write sends, as the JSON handoff_views reads (None: none), and a
+        digest of each table's rows, which the session remembers of the write. Sent are the
+        tables whose rows differ from what this session's last write to the run sent, when
+        the write is decided from the head that write left: the rows of a run's views are
+        a function of its log, and handoff_append writes only onto that head, so the rows
+        there are the ones sent then; sending them again costs the server an upsert per
+        table that changes nothing (a progress command leaves the run's deliveries and its
+        owner's load as they were). Digests, not the rows: a packet is kilobytes, and the
+        session remembers thousands of runs."""
+        if not views:
+            return None, {}
         before = known[4] if known is not None else None
-        if not views or not before:
-            return views
-        return {t: e for t, e in views.items() if before.get(t) != e}
+        parts, digests = [], {}
+        for table, entry in views.items():
+            body = msgspec.json.encode(entry)
+            digests[table] = digest = hashlib.blake2b(body, digest_size=16).digest()
+            if not before or before.get(table) != digest:
+                parts.append(msgspec.json.encode(table) + b":" + body)
+        return (b"{" + b",".join(parts) + b"}").decode() if parts else None, digests
 
     def _read_back(self, run_id: str, aggregate: Aggregate[Any] | None,
                    got: Sequence[Any]) -> tuple[int, Head | None, int, str | None, Any, Any]:
@@ -391,7 +401,7 @@ class Writes:
         return self._guards is not None
 
     def _send_write(self, run_id: str, head: Head | None, ids: list[int], token: LeaseToken | None,
-                    lease: int | None, done: plan.Stamped, views: dict[str, Any] | None,
+                    lease: int | None, done: plan.Stamped, views: str | None,
                     guards: list[Any] | None, values: dict[str, dict[str, bytes]] | None, known: Any,
                     doing: str) -> tuple[str, dict[int, int]]:
         """The write's one message: handoff_append, the values if it landed, COMMIT; then,
@@ -406,7 +416,7 @@ class Writes:
         args = [run_id, head.last_seq if head else 0, head.last_hash if head else GENESIS_HASH,
                 token.secret if token is not None else None, lease, done.actor, done.now, ev.SCHEMA_VERSION,
                 self._keeps_views, as_json(batch), fence.lease, fence.holder, fence.max_lease, fence.digest,
-                fence.digest_moved, as_json(views) if views else None, as_json(guards) if guards else None]
+                fence.digest_moved, views, as_json(guards) if guards else None]
         sql = APPEND
         for run, vs in (values or {}).items():
             sql += PUT_IF_LANDED

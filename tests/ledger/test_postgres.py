@@ -326,6 +326,10 @@ def test_a_write_sends_only_the_view_rows_that_changed_and_the_views_stay_those_
             for i in range(3):
                 lg.progress(run, lease, "tool_outcome", f"step {i}", key=f"p{i}")
             assert touched() == {"checkpoints": 3, "stall_watch": 3}
+            # What the session keeps of the rows it sent: a 16-byte digest a table, not the
+            # packet (thousands of runs are remembered).
+            kept = lg.store._seen[run][3]
+            assert set(kept) == set(tables) and {len(d) for d in kept.values()} == {16}
             other.progress(run, lease, "tool_outcome", "from another session", key="o1")
             other.rebuild()
             watch()
