@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import abc
 import collections
-import contextlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
@@ -57,6 +56,36 @@ class Reading:
         store.lock.release()
         if exc is not None and isinstance(exc, store._driver_error):
             raise store._explain(exc, self._doing) from exc
+
+
+class WriteTransaction:
+    """``FoldingStore.write_transaction``: ``_reading`` entered, then ``begin``; at the end
+    of the block ``finish`` (a commit, or a rollback on any exception). A class rather than
+    a generator function: every command on SQLite enters one."""
+
+    __slots__ = ("_store", "_doing", "_committing", "_outer")
+
+    def __init__(self, store: FoldingStore, doing: str, committing: str) -> None:
+        self._store, self._doing, self._committing = store, doing, committing
+
+    def __enter__(self) -> Transaction:
+        store = self._store
+        self._outer = outer = store._reading(self._doing)
+        outer.__enter__()
+        try:
+            store.begin(self._doing)
+        except BaseException as exc:
+            outer.__exit__(type(exc), exc, exc.__traceback__)  # a driver error leaves mapped
+            raise
+        return store._txn
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            self._store.finish(exc is None, self._committing)
+        except BaseException as failed:
+            self._outer.__exit__(type(failed), failed, failed.__traceback__)
+            raise
+        self._outer.__exit__(kind, exc, tb)
 
 
 class FoldingStore(EventStore):
@@ -120,18 +149,10 @@ class FoldingStore(EventStore):
         """Commit the open write transaction (``ok``), or roll it back."""
         raise NotImplementedError
 
-    @contextlib.contextmanager
-    def write_transaction(self, doing: str, committing: str | None = None) -> Iterator[Transaction]:
+    def write_transaction(self, doing: str, committing: str | None = None) -> WriteTransaction:
         """``begin`` ... ``finish``: committed when the block ends, rolled back on any
         exception; driver errors name ``doing``, or ``committing`` for the commit's own."""
-        with self._reading(doing):
-            self.begin(doing)
-            ok = False
-            try:
-                yield self._txn
-                ok = True
-            finally:
-                self.finish(ok, committing or doing)
+        return WriteTransaction(self, doing, committing or doing)
 
     def import_records(
         self, items: Iterable[tuple[Recorded, bytes | None, int]], *, aggregate: Aggregate[Any] | None = None,
@@ -189,6 +210,26 @@ class FoldingStore(EventStore):
             check_seq(until_position, "until_position")
         page = self.READ_PAGE if page is None else check_seq(page, "page", low=1, high=1_000_000)
         return self._iter_all(after_position, until_position, page)
+
+    def read_for_export(self, run_ids: Sequence[str] | None = None) -> Iterator[tuple[Recorded, bytes | None, int]]:
+        """Events in ledger order with what an export needs beyond the envelope (a batch's
+        request digest and size), a page at a time (``_export_page``), the store free
+        between pages."""
+        wanted = None if run_ids is None else set(run_ids)
+        cursor = 0
+        while True:
+            with self._reading("exporting"):
+                page = self._export_page(cursor)
+            if not page:
+                return
+            for item in page:
+                if wanted is None or item[0].run_id in wanted:
+                    yield item
+            cursor = page[-1][0].position
+
+    @abc.abstractmethod
+    def _export_page(self, after: int) -> list[tuple[Recorded, bytes | None, int]]:
+        """The page of ``read_for_export`` after ``after`` (a position), in ledger order."""
 
     def _iter_run(self, run_id: str, after_seq: int, until_seq: int | None) -> Iterator[Recorded]:
         return itertools.chain.from_iterable(self._pages(self._read_run_page, run_id, after_seq, until_seq))

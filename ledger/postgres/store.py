@@ -16,7 +16,7 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 
@@ -542,25 +542,13 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
             yield from itertools.starmap(Recorded, rows)
             cursor = stop
 
-    def read_for_export(self, run_ids: Sequence[str] | None = None) -> Iterator[tuple[Recorded, bytes | None, int]]:
-        wanted = None if run_ids is None else set(run_ids)
-        cursor = 0
-        with self._reading("exporting"):
-            if not self._in_txn:
-                self._seal_quietly()
-        while True:
-            with self._reading("exporting"):
-                rows = self.x(
-                    f"SELECT {SEALED_COLUMNS}, e.idem_digest, e.batch_size FROM ledger_order o "
-                    "JOIN events e ON e.id = o.event_id WHERE o.position>%s "
-                    "ORDER BY o.position LIMIT %s", (cursor, PAGE),
-                ).fetchall()
-            if not rows:
-                return
-            for r in rows:
-                if wanted is None or r[0] in wanted:
-                    yield recorded_row(r), as_bytes(r[12]), r[13]
-            cursor = rows[-1][2]
+    def _export_page(self, after: int) -> list[tuple[Recorded, bytes | None, int]]:
+        if after == 0 and not self._in_txn:
+            self._seal_quietly()  # the export reads what is sealed: seal what waits first
+        rows = self.x(f"SELECT {SEALED_COLUMNS}, e.idem_digest, e.batch_size FROM ledger_order o "
+                      "JOIN events e ON e.id = o.event_id WHERE o.position>%s ORDER BY o.position LIMIT %s",
+                      (after, PAGE)).fetchall()
+        return [(recorded_row(r), as_bytes(r[12]), r[13]) for r in rows]
 
     def head(self, run_id: str) -> Head | None:
         check_run_id(run_id)

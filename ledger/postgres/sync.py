@@ -89,6 +89,10 @@ def as_json(value: Any) -> str:
 def hexed(row: dict[str, Any]) -> dict[str, Any]:
     """A view row with its byte strings as bytea's hex text (what jsonb_populate_recordset
     reads into a bytea column); the row itself when it has none."""
-    if not any(type(v) in (bytes, bytearray, memoryview) for v in row.values()):
-        return row
-    return {k: "\\x" + bytes(v).hex() if type(v) in (bytes, bytearray, memoryview) else v for k, v in row.items()}
+    for v in row.values():  # (a loop, not any() over a generator: every write's rows pass here)
+        if type(v) in _BYTES:
+            return {k: "\\x" + bytes(v).hex() if type(v) in _BYTES else v for k, v in row.items()}
+    return row
+
+
+_BYTES = (bytes, bytearray, memoryview)

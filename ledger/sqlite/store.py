@@ -493,20 +493,10 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
                 return
             cursor = rows[-1][2]
 
-    def read_for_export(self, run_ids: Sequence[str] | None = None) -> Iterator[tuple[Recorded, bytes | None, int]]:
-        """Events in global order with what an export needs beyond the envelope."""
-        wanted = None if run_ids is None else set(run_ids)
-        cursor = 0
-        while True:
-            with self._reading("exporting"):
-                rows = self.conn.execute(f"SELECT {_COLUMNS}, idem_digest, batch_size FROM events "
-                                         "WHERE position>? ORDER BY position LIMIT ?", (cursor, PAGE)).fetchall()
-            if not rows:
-                return
-            for r in rows:
-                if wanted is None or r[0] in wanted:
-                    yield Recorded(*r[:12]), r[12], r[13]
-            cursor = rows[-1][2]
+    def _export_page(self, after: int) -> list[tuple[Recorded, bytes | None, int]]:
+        rows = self.conn.execute(f"SELECT {_COLUMNS}, idem_digest, batch_size FROM events "
+                                 "WHERE position>? ORDER BY position LIMIT ?", (after, PAGE)).fetchall()
+        return [(Recorded(*r[:12]), r[12], r[13]) for r in rows]
 
     def head(self, run_id: str) -> Head | None:
         check_run_id(run_id)
