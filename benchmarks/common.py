@@ -233,21 +233,21 @@ class Clock:
 REPO = Path(__file__).resolve().parent.parent
 
 
-def child_argv(task: str, args: dict) -> list[str]:
+def child_argv(task: str, args: dict, module: str = "benchmarks.child") -> list[str]:
     import json
     import sys
 
-    return [sys.executable, "-m", "benchmarks.child", task, json.dumps(args)]
+    return [sys.executable, "-m", module, task, json.dumps(args)]
 
 
-def spawn(task: str, args: dict, *, stdin: bool = False):  # -> subprocess.Popen
-    """Start ``python -m benchmarks.child TASK ARGS`` from the repository root."""
+def spawn(task: str, args: dict, *, stdin: bool = False, module: str = "benchmarks.child"):  # -> Popen
+    """Start ``python -m MODULE TASK ARGS`` from the repository root."""
     import subprocess
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return subprocess.Popen(
-        child_argv(task, args), cwd=str(REPO), env=env, stdout=subprocess.PIPE,
+        child_argv(task, args, module), cwd=str(REPO), env=env, stdout=subprocess.PIPE,
         stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
     )
 

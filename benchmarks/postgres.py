@@ -21,16 +21,15 @@ default), recorded in the report's header. Without a server every side reports
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from typing import Any
 
 from handoff.ledger import events as ev
 
 from . import peers
-from .common import REPO, WORKER, expect, raw_decoder, raw_encoder, run_events
+from .common import WORKER, expect, raw_decoder, raw_encoder, run_events
+from .common import spawn as common_spawn
 from .harness import Ctx, Goal, Measured, Scenario, Side, Trial, register
 from .postgres_proxy import CountingProxy
 from .postgres_server import CpuMeter, Schema, unavailable
@@ -320,12 +319,7 @@ register(
 
 def spawn(task: str, args: dict[str, Any]) -> subprocess.Popen:
     """``python -m benchmarks.postgres_child TASK ARGS`` from the repository root."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.postgres_child", task, json.dumps(args)],
-        cwd=str(REPO), env=env, stdout=subprocess.PIPE, stdin=subprocess.PIPE,
-    )
+    return common_spawn(task, args, stdin=True, module="benchmarks.postgres_child")
 
 
 def _started(procs: list[subprocess.Popen]) -> list[subprocess.Popen]:

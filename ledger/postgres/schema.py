@@ -265,11 +265,14 @@ BEGIN
       USING ERRCODE = 'invalid_parameter_value';
   END IF;
   -- Inside the batch, seqs follow one another, each event names the one before it, and the
-  -- write ids ascend (a run's events are sealed in write-id order).
-  IF n > 1 AND EXISTS (SELECT 1 FROM generate_series(2, n) AS i WHERE p_seqs[i] <> p_seqs[i - 1] + 1
-                       OR p_prevs[i] <> p_hashes[i - 1] OR p_ids[i] <= p_ids[i - 1]) THEN
-    RAISE EXCEPTION 'handoff: a batch for run % does not chain its events in order', p_run
-      USING ERRCODE = 'invalid_parameter_value';
+  -- write ids ascend (a run's events are sealed in write-id order). (Nested: a one-event
+  -- batch, the common write, runs no query for it.)
+  IF n > 1 THEN
+    IF EXISTS (SELECT 1 FROM generate_series(2, n) AS i WHERE p_seqs[i] <> p_seqs[i - 1] + 1
+               OR p_prevs[i] <> p_hashes[i - 1] OR p_ids[i] <= p_ids[i - 1]) THEN
+      RAISE EXCEPTION 'handoff: a batch for run % does not chain its events in order', p_run
+        USING ERRCODE = 'invalid_parameter_value';
+    END IF;
   END IF;
   SELECT * INTO h FROM heads WHERE run_id = p_run FOR UPDATE;
   IF NOT FOUND THEN
