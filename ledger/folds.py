@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import threading
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
@@ -55,7 +56,7 @@ class Reading:
         store = self._store
         store.lock.release()
         if exc is not None and isinstance(exc, store._driver_error):
-            raise store._explain(exc, self._doing) from exc
+            raise store._ledger_error(exc, self._doing) from exc
 
 
 class WriteTransaction:
@@ -98,6 +99,9 @@ class FoldingStore(EventStore):
     _keeps_views: bool = False
 
     def __init__(self) -> None:
+        #: The store's lock: one connection, shared by threads; every call into the
+        #: database holds it (``_reading``, ``write_transaction``).
+        self.lock = threading.RLock()
         self._cache: collections.OrderedDict[tuple[int, str], tuple[Any, int, bytes, Any]] = (
             collections.OrderedDict()
         )
@@ -128,11 +132,11 @@ class FoldingStore(EventStore):
     def _iter_all(self, after_position: int, until_position: int | None, page: int) -> Iterator[Recorded]:
         """``read_all`` once its arguments are checked."""
 
-    #: The driver's errors, which ``_reading`` maps with ``_explain``.
+    #: The driver's errors, which ``_reading`` maps with ``_ledger_error``.
     _driver_error: ClassVar[type[BaseException]] = Exception
 
     @abc.abstractmethod
-    def _explain(self, exc: BaseException, doing: str) -> LedgerError:
+    def _ledger_error(self, exc: BaseException, doing: str) -> LedgerError:
         """The driver's error as the library's own, naming ``doing`` and the store."""
 
     def _reading(self, doing: str = "reading") -> Reading:

@@ -179,6 +179,9 @@ SPEAKS_SQL = (r"sqlite3|PRAGMA|sqlite_master|INDEXED BY|\browid\b|IS NOT \?|INSE
               # what a dialect's own modules share with its store, public within its package only
               r"|\bstore\.(?:conn|lock|begin|finish|x|gather|fast|mapped|ready|writing|exclusive|lock_views)\b")
 FORBIDDEN = re.compile(SPEAKS_SQL + r"|_head_locked|_state_locked")
+#: The core owns the store's lock (FoldingStore makes it; ``_reading`` holds it) and
+#: declares the begin / finish a dialect fills in (``write_transaction`` calls them).
+CORE_FORBIDDEN = re.compile(SPEAKS_SQL.replace("conn|lock|begin|finish|", "conn|"))
 #: The readable copy (``export --sqlite``) writes a plain SQLite file of its own for people
 #: and SQL tools, through sqlite-utils: it may speak SQLite to that file, but never reach
 #: into the ledger's store.
@@ -200,7 +203,7 @@ def test_nothing_outside_the_sqlite_backend_speaks_sqlite():
         rel = path.relative_to(ROOT).as_posix()
         if rel in SQLITE_BACKEND or rel in POSTGRES_BACKEND:
             continue
-        forbidden = re.compile(SPEAKS_SQL) if rel in CORE else STORE_PRIVATE if rel in READABLE_COPY else FORBIDDEN
+        forbidden = CORE_FORBIDDEN if rel in CORE else STORE_PRIVATE if rel in READABLE_COPY else FORBIDDEN
         for n, line in enumerate(path.read_text().splitlines(), 1):
             if forbidden.search(line) and not _own_lock(rel, line):
                 offenders.append(f"{rel}:{n}: {line.strip()}")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -139,7 +138,6 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
         #: that writes and the watchdog that judges health read the same clock.
         self._clock = clock or self.server_clock
         self._server_at: tuple[int, int] | None = None  # (server us, local monotonic ns) at connect
-        self.lock = threading.RLock()
         FoldingStore.__init__(self)
         self._txn = PostgresTransaction(self)
         self._views: Any = None
@@ -215,7 +213,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
 
     _driver_error = psycopg.Error if psycopg is not None else Exception
 
-    def _explain(self, exc: BaseException, doing: str) -> LedgerError:
+    def _ledger_error(self, exc: BaseException, doing: str) -> LedgerError:
         return explain(exc, doing, self.path)
 
     @contextlib.contextmanager

@@ -258,6 +258,12 @@ class Writes:
                          if aggregate is not None and not forking else _MISSING)
             folded = self._run_hooks(run_id, new_head, self._after_write(
                 run_id, head, written, [(aggregate, new_state)] if new_state is not _MISSING else []))
+            if new_state is _MISSING and aggregate is not None:  # (a fork's: folded before the
+                # commit, so that nothing after it reads: a read that failed there would
+                # report a committed write as refused)
+                new_state = next((st for agg, st in folded[1] if agg is aggregate), _MISSING)
+                if new_state is _MISSING:
+                    new_state = self._after_write(run_id, head, written, [], [aggregate])[0][1]
             views, guards, values = self._view_rows, self._guards, self._values
         finally:
             self._view_rows = self._guards = self._pending = self._values = None
@@ -270,10 +276,6 @@ class Writes:
         self._spare = (ids[-1] + 1, self._spare[1]) if self._spare is not None and len(ids) <= ID_BLOCK else None
         fence = done.fence
         self._saw(run_id, new_head, fence.max_lease, fence.digest if fence.digest_moved else lease_digest, digests)
-        if new_state is _MISSING and aggregate is not None:
-            new_state = next((st for agg, st in folded[1] if agg is aggregate), _MISSING)
-            if new_state is _MISSING:
-                new_state = self._after_write(run_id, head, written, [], [aggregate])[0][1]
         return self._committed(run_id, aggregate, new_head, folded, new_state, len(ids),
                                self._positions_after(sealed, ids))
 
@@ -447,9 +449,10 @@ class Writes:
             return str(answer), {}
         try:  # committed and queued: seal it, behind whoever is sealing
             return "", dict(self.x(SEAL, (ids,)).fetchall())
-        except psycopg.Error:
-            # Committed; the seal timed out or the connection went (the next write or read
-            # seals it): its positions are not known here.
+        except (psycopg.Error, LedgerError):
+            # Committed; the seal timed out, or the connection went and a new one could not
+            # be had (the next write or read seals it): its positions are not known here,
+            # and no error may say the write was not made.
             return "", {}
 
     def _positions_after(self, sealed: tuple[str, dict[int, int]], ids: Sequence[int]) -> tuple[int, ...] | None:
@@ -466,7 +469,7 @@ class Writes:
             try:
                 got = dict(self.x("SELECT event_id, position FROM ledger_order WHERE event_id = ANY(%s)",
                                   (list(ids),)).fetchall())
-            except psycopg.Error:
+            except (psycopg.Error, LedgerError):  # (committed: see _send_write)
                 return None
         return tuple(got[i] for i in ids) if all(i in got for i in ids) else None
 

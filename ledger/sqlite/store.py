@@ -13,7 +13,6 @@ import functools
 import itertools
 import os
 import sqlite3
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -101,7 +100,6 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
         self.busy_timeout_s = busy_timeout_s
         self.max_payload = max_payload
         self._clock = clock or now_us
-        self.lock = threading.RLock()
         FoldingStore.__init__(self)
         self._memory = self.path == ":memory:"
         self._txn = SqliteTransaction(self)
@@ -299,7 +297,7 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
 
     _driver_error = sqlite3.Error
 
-    def _explain(self, exc: BaseException, doing: str) -> LedgerError:
+    def _ledger_error(self, exc: BaseException, doing: str) -> LedgerError:
         return _explain(exc, doing, self.path)  # type: ignore[arg-type]
 
     def _lease_digest_locked(self, run_id: str) -> str | None:

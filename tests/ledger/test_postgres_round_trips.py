@@ -176,6 +176,44 @@ def test_a_write_that_finds_another_session_sealing_costs_one_round_trip_more(pr
         assert store.verify() == []
 
 
+def test_a_write_whose_seal_finds_the_server_gone_after_its_commit_is_reported_committed(proxied):
+    """A write queued behind another session's seal commits in its first message; the
+    server then goes away (the proxy closes: the connection drops and a new one is
+    refused) before the second message seals it. The write is stored, so the command
+    reports it committed (its positions unknown, ()), never StoreUnavailable's "nothing
+    was written": a refusal must leave the log unchanged. Once the server is back, the
+    next reader seals it."""
+    import psycopg
+
+    from handoff.ledger.postgres.schema import SEAL_LOCK
+
+    proxy, url = proxied
+    direct = url.replace(f"127.0.0.1:{proxy.port}", "127.0.0.1:5432")
+    w = Actor("worker", "w")
+
+    class CutAfterCommit(PostgresStore):
+        cut = False
+
+        def _message(self, sql, args):
+            out = super()._message(sql, args)
+            if self.cut and sql.rstrip().endswith("COMMIT"):
+                sealer.execute("ROLLBACK")  # (the seal lock goes with the server)
+                proxy.close()
+            return out
+
+    with CutAfterCommit(url, connect_timeout_s=1) as store, psycopg.connect(direct, autocommit=True) as sealer:
+        store.append("a", [ev.HeartbeatRecorded()], actor=w)
+        sealer.execute("BEGIN")
+        sealer.execute(SEAL_LOCK)  # handoff_append cannot seal: it queues the event
+        store.cut = True
+        got = store.append("a", [ev.HeartbeatRecorded()], actor=w, idempotency_key="k2")
+        assert got.outcome == "committed" and got.last_seq == 2 and got.positions == ()
+    with PostgresStore(direct) as back:
+        assert [r.seq for r in back.read_run("a")] == [1, 2]
+        assert [r.position for r in back.read_all()] == [1, 2] and back.unsealed_count() == 0
+        assert back.verify() == []
+
+
 def test_a_check_that_fails_on_what_the_session_remembers_is_made_again_on_a_read(proxied):
     """The session remembers lease 1; another process released it and granted lease 2,
     whose token this session now shows. Only the server's head may refuse a write: the
