@@ -2,18 +2,20 @@
 
 ``FoldingStore`` is the part of an ``EventStore`` that is the same on every backend. A
 dialect supplies four reads inside its open transaction (``_head_locked``, ``_hash_at``,
-``_step_rows``, ``_read_run_page``), ``_iter_all`` and ``_reading``, the context a read
-outside a transaction runs in (its lock and its error mapping); the argument checks of
-the reads, their paging, the fold cache, a fork's lineage, the lean fold and the running
-of inline hooks are written once, here.
+``_step_rows``, ``_read_run_page``), ``_iter_all``, ``_export_page``, the rows of an
+import, and its driver's error mapping (``_driver_error``, ``_ledger_error``); the store's
+lock and the context a call into the database runs in (``_reading``,
+``write_transaction``), the argument checks of the reads, their paging, the import, the
+fold cache, a fork's lineage, the lean fold and the running of inline hooks are written
+once, here.
 """
 
 from __future__ import annotations
 
 import abc
 import collections
-import threading
 import itertools
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -37,7 +39,6 @@ PAGE = 1000
 
 #: The tag each event type is stored under.
 _TAGS = {cls: tag for tag, cls in ev.EVENT_TYPES.items()}
-
 
 
 class Reading:

@@ -183,7 +183,7 @@ class Writes:
                         "the timeout (--busy-timeout)") from None
 
     def _known(self, run_id: str, aggregate: Aggregate[Any] | None
-               ) -> tuple[Head, int, str | None, Any, dict[str, Any] | None] | None:
+               ) -> tuple[Head, int, str | None, Any, dict[str, bytes] | None] | None:
         """The run as this session last saw it: (head, highest lease, the lease's token
         digest, the fold there, a digest of each view table's rows its last write there
         sent), when it knows the head and the fold is at it."""
