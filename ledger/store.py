@@ -135,11 +135,6 @@ class Head(msgspec.Struct, frozen=True):
     last_position: int
 
 
-#: What a write hands back to remember once it commits: the head its hooks ran at (None:
-#: no hook ran) and each aggregate's state there.
-Folded = tuple["Head | None", list[tuple["Aggregate[Any]", Any]]]
-
-
 class AppendResult(msgspec.Struct, frozen=True):
     """What an append did, in ``outcome``:
 
@@ -199,6 +194,11 @@ class Aggregate(abc.ABC, Generic[S]):
         for rec in records:
             state = self.evolve(state, rec)
         return state
+
+
+#: What a write hands back to remember once it commits: the head its hooks ran at (None:
+#: no hook ran) and each aggregate's state there.
+Folded = tuple[Head | None, list[tuple[Aggregate[Any], Any]]]
 
 
 class Decision(msgspec.Struct, frozen=True):

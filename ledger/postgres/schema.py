@@ -524,7 +524,8 @@ MIGRATIONS: dict[int, list[str]] = {
     # 8: a seal with nothing queued chains the writer's own events without looking in the
     # queue or the log; handoff_views holds each table's upsert instead of calling it.
     7: ["{positions}", "{views}"],
-    # 9: handoff_append refuses a batch whose write ids or seqs do not ascend one by one.
+    # 9: handoff_append refuses a batch whose seqs, chain links or write ids do not follow
+    # one another inside it.
     8: ["{append}"],
 }
 
