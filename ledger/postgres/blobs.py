@@ -12,7 +12,7 @@ write's one message, so a checkpoint's values and its event commit or roll back 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 TABLE = "run_values"
 CREATE = (f"CREATE TABLE IF NOT EXISTS {TABLE} (run_id text COLLATE \"C\" NOT NULL, sha256 text NOT NULL, "
@@ -46,30 +46,34 @@ SIGNATURES = ("handoff_put_values(text, text[], bytea[])", "handoff_delete_value
 
 class PostgresValues:
     """``put_values``, ``get_values``, ``delete_values`` and ``value_digests`` for
-    ``PostgresStore`` (which provides ``lock``, ``mapped``, ``x``, ``readonly`` and the
-    write being decided: ``deciding``, ``join_values``)."""
+    ``PostgresStore``, which provides what is declared here: its connection (``x``) and
+    lock (``_reading``), and the write being decided (``join_values``)."""
 
     values_join_writes = True
-    lock: Any
     readonly: bool
     path: str
+
+    if TYPE_CHECKING:
+        def _reading(self, doing: str) -> Any: ...
+        def x(self, sql: str, args: Any = None) -> Any: ...
+        def join_values(self, run_id: str, values: dict[str, bytes]) -> bool: ...
 
     def put_values(self, run_id: str, values: dict[str, bytes]) -> int:
         if not values:
             return 0
         self._writable("storing values")
-        if self.join_values(run_id, values):  # type: ignore[attr-defined]
+        if self.join_values(run_id, values):
             return len(values)
-        with self._reading("storing values"):  # type: ignore[attr-defined]
-            return int(self.x("SELECT handoff_put_values(%s, %s, %s)",  # type: ignore[attr-defined]
+        with self._reading("storing values"):
+            return int(self.x("SELECT handoff_put_values(%s, %s, %s)",
                               (run_id, list(values), list(values.values()))).fetchone()[0])
 
     def get_values(self, run_id: str, digests: Iterable[str]) -> dict[str, bytes]:
         wanted = list(dict.fromkeys(digests))
         if not wanted:
             return {}
-        with self._reading("reading values"):  # type: ignore[attr-defined]
-            rows = self.x(f"SELECT sha256, value FROM {TABLE} WHERE run_id = %s AND sha256 = ANY(%s)",  # type: ignore[attr-defined]
+        with self._reading("reading values"):
+            rows = self.x(f"SELECT sha256, value FROM {TABLE} WHERE run_id = %s AND sha256 = ANY(%s)",
                           (run_id, wanted)).fetchall()
         return {d: bytes(v) for d, v in rows}
 
@@ -79,13 +83,13 @@ class PostgresValues:
         if not wanted:
             return 0
         self._writable("deleting values")
-        with self._reading("deleting values"):  # type: ignore[attr-defined]
-            return int(self.x("SELECT handoff_delete_values(%s, %s)", (run_id, wanted)).fetchone()[0])  # type: ignore[attr-defined]
+        with self._reading("deleting values"):
+            return int(self.x("SELECT handoff_delete_values(%s, %s)", (run_id, wanted)).fetchone()[0])
 
     def value_digests(self, run_id: str) -> dict[str, str]:
         # The server hashes the bytes: verify reads 64 characters per value, not the value.
-        with self._reading("reading values"):  # type: ignore[attr-defined]
-            rows = self.x(f"SELECT sha256, encode(sha256(value), 'hex') FROM {TABLE} WHERE run_id = %s",  # type: ignore[attr-defined]
+        with self._reading("reading values"):
+            rows = self.x(f"SELECT sha256, encode(sha256(value), 'hex') FROM {TABLE} WHERE run_id = %s",
                           (run_id,)).fetchall()
         return dict(rows)
 

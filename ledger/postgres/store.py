@@ -216,13 +216,6 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
     def _ledger_error(self, exc: BaseException, doing: str) -> LedgerError:
         return explain(exc, doing, self.path)
 
-    @contextlib.contextmanager
-    def mapped(self, doing: str) -> Iterator[None]:
-        try:
-            yield
-        except psycopg.Error as exc:
-            raise explain(exc, doing, self.path) from exc
-
     def _ensure_schema(self, may_create: bool) -> None:
         with self._reading("opening"):
             tables = {r[0] for r in self.x(
@@ -319,7 +312,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
         its own: _append.)"""
         if self.readonly:
             raise StoreUnavailable(f"the ledger {self.path} was opened read-only; {doing} refused")
-        with self.mapped(doing):
+        with self._reading(doing):
             conn = self.ready()
             conn.execute("BEGIN")
             self._in_txn = True
@@ -382,7 +375,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
             began = not self._in_txn
             try:
                 if began:
-                    with self.mapped("reading"):
+                    with self._reading("reading"):
                         self.ready().execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                     self._in_txn = True
                 yield self._txn
@@ -662,7 +655,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
         from .verify import verify_snapshot
 
         with self.read_transaction():
-            with self.mapped("verifying"):
+            with self._reading("verifying"):
                 return verify_snapshot(self, run_id, progress)
 
     def trigger_problems(self) -> list[Problem]:

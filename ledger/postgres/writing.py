@@ -166,7 +166,7 @@ class Writes:
         from_memory = True
         while True:
             try:
-                with self.mapped(doing):
+                with self._reading(doing):
                     return self._write_once(run_id, aggregate, actor, idempotency_key, digest, token, planner,
                                             now, read, from_memory, doing)
             except HeadMoved as moved:
