@@ -543,8 +543,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
 
     def head(self, run_id: str) -> Head | None:
         check_run_id(run_id)
-        with self._reading("reading a run's head"):
-            return self._public_head(run_id)
+        return self._read("reading a run's head", self._public_head, run_id)
 
     def _public_head(self, run_id: str) -> Head | None:
         row = self.x(PUBLIC_HEAD + " WHERE h.run_id=%s", (run_id,)).fetchone()

@@ -14,8 +14,7 @@ server under the views lock (PostgresStore.view_read), so a decision that reads 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import viewsql
@@ -24,6 +23,7 @@ from ..views import TRACKING, VERSIONS, TableSpec, Views
 from .sync import EXISTING, PREFIX, as_json, hexed, sync_function, views_function
 
 if TYPE_CHECKING:
+    from ..folds import Reading
     from .store import PostgresStore
 
 POSTGRES = viewsql.Dialect(
@@ -59,10 +59,8 @@ class PostgresViewStore(viewsql.SqlViewStore):
         with self._store.ready().cursor() as cur:
             cur.executemany(sql, rows)
 
-    @contextmanager
-    def _reading(self) -> Iterator[None]:
-        with self._store._reading("reading the views"):
-            yield
+    def _reading(self) -> Reading:
+        return self._store._reading("reading the views")
 
     def _run(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
         store = self._store

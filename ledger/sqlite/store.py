@@ -498,8 +498,7 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
 
     def head(self, run_id: str) -> Head | None:
         check_run_id(run_id)
-        with self._reading("reading a run's head"):
-            return self._head_locked(run_id)[0]
+        return self._read("reading a run's head", self._head_locked, run_id)[0]
 
     def list_runs(self, *, prefix: str | None = None) -> Iterator[Head]:
         sql = ("SELECT run_id, last_seq, last_hash, lease, lease_holder, first_position, "

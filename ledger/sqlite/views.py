@@ -9,16 +9,15 @@ transaction the store opened (``write_transaction``, or an append for inline upk
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import viewsql
-from .driver import explain
 from .schema import UNKEPT  # the file's table of writes that did not keep every projection
 from ..views import TRACKING, VERSIONS, Views
 
 if TYPE_CHECKING:
+    from ..folds import Reading
     from .store import SqliteStore
 
 #: A tracking position meaning "never built over the log it has": catch-up folds from 0.
@@ -41,6 +40,10 @@ class Table(viewsql.Table):
     dialect = SQLITE
 
 
+def _fetch(conn: sqlite3.Connection, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
+    return conn.execute(sql, args).fetchall()
+
+
 class SqliteViewStore(viewsql.SqlViewStore):
     """View tables, tracking rows and reads on a SqliteStore's connection."""
 
@@ -57,18 +60,14 @@ class SqliteViewStore(viewsql.SqlViewStore):
     def _executemany(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> None:
         self.conn.executemany(sql, rows)
 
-    @contextmanager
-    def _reading(self) -> Iterator[None]:
-        store = self._store
-        with store.lock:
-            try:
-                yield
-            except sqlite3.Error as exc:
-                raise explain(exc, "reading the views", store.path) from exc
+    def _reading(self) -> Reading:
+        # The store's own context (a class, not a generator: a status lookup enters it
+        # for each view it reads).
+        return self._store._reading("reading the views")
 
     def _run(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
-        with self._reading():
-            return self.conn.execute(sql, args).fetchall()
+        store = self._store
+        return store._read("reading the views", _fetch, store.conn, sql, args)
 
     # --- schema, tracking and versions ------------------------------------------------
 
