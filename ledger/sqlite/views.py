@@ -61,8 +61,7 @@ class SqliteViewStore(viewsql.SqlViewStore):
         self.conn.executemany(sql, rows)
 
     def _reading(self) -> Reading:
-        # The store's own context (a class, not a generator: a status lookup enters it
-        # for each view it reads).
+        # The store's own context, for a few reads together; a single read takes _run.
         return self._store._reading("reading the views")
 
     def _run(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
