@@ -62,7 +62,7 @@ def test_a_read_of_a_missing_table_is_a_typed_error_naming_the_read(make, tmp_pa
         rename("heads_away", "heads")
 
         rename("events", "events_away")
-        with pytest.raises(StoreUnavailable, match="reading"):
+        with pytest.raises(StoreUnavailable, match="failed while reading on"):
             list(lg.store.read_run("r1"))
         rename("events_away", "events")
 
