@@ -2773,6 +2773,58 @@ def mcp(role: str, name: str | None, root: str | None, address: str | None, toke
 
 
 @main.command()
+@click.option("--allow", "allow", multiple=True, metavar="TARGET",
+              help="Add TARGET to the list (repeatable): a target in full, or a prefix ending in '*'.")
+@click.option("--deny", "deny", multiple=True, metavar="TARGET",
+              help="Remove TARGET from the list, exactly as listed (repeatable).")
+@click.option("--unset", is_flag=True, help="Remove the list itself: every adapter target may be sent to again.")
+@json_option
+def targets(allow: tuple[str, ...], deny: tuple[str, ...], unset: bool, as_json: bool) -> None:
+    """Show or change the ledger's list of delivery targets it may send to itself.
+
+    A target with an adapter (cmd:, http://, https://, file://) makes the process that
+    runs 'deliver --send' run a command, send a web request or write a file, and whoever
+    wrote the contract chose it. Once a list is set, 'deliver --send' (and
+    Ledger.deliver(send=True)) refuses such a target unless the list names it
+    (TargetNotAllowed, exit 1; nothing sent, nothing written); targets a person delivers
+    by hand (chat:#ops) need no listing. With no list set, every adapter target is sent to.
+
+    A pattern is a target in full (matched exactly) or a prefix ending in '*':
+    'https://hooks.example.com/services/*' (that host and port, a path under it),
+    'file:///srv/outbox/*' (that directory and those below it), 'cmd:/usr/local/bin/notify *'
+    (a command starting with exactly those words), or 'cmd:*' for every command. The
+    list is kept in the ledger (every process and host using it follows it); on
+    PostgreSQL only the role that owns the ledger may change it. With no option, shows
+    it. With --json: {"restricted", "allowed"} ("allowed" is null when no list is set).
+
+    \b
+    Example:
+        handoff targets --allow 'https://hooks.example.com/services/*' --allow 'file:///srv/outbox/*'
+        handoff targets --deny 'file:///srv/outbox/*'
+        handoff targets --json
+    """
+    if unset and (allow or deny):
+        raise click.UsageError("--unset removes the whole list; give it alone")
+    with _ledger() as lg:
+        if unset:
+            now = lg.set_allowed_targets(None)
+        elif allow or deny:
+            now = lg.allow_targets(*allow) if allow else lg.allowed_targets()
+            if deny:
+                now = lg.deny_targets(*deny)
+        else:
+            now = lg.allowed_targets()
+    doc = {"restricted": now is not None, "allowed": None if now is None else list(now)}
+    if now is None:
+        text = "no list of allowed targets is set: 'deliver --send' sends to every adapter target"
+    elif not now:
+        text = "the list of allowed targets is empty: 'deliver --send' sends to no adapter target"
+    else:
+        text = "'deliver --send' sends only to adapter targets matching:\n" + "\n".join(f"  {p}" for p in now)
+    _emit(doc, as_json, text)
+
+
+@main.command()
 @click.option("--db", "db", default=None, type=click.Path(dir_okay=False),
               help="Where to build the demo ledger (default ./handoff-demo.db; HANDOFF_DB is ignored).")
 @click.option("--quiet", is_flag=True, help="Only the final packets, timeline and next commands.")

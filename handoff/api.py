@@ -877,6 +877,10 @@ class Ledger:
             retries = check_seq(retries, "retries", low=0, high=20)
         if cp.delivery.confirmed_key == key:
             return Sent("confirmed", False, cp.delivery.receipt or "", "", 0, cp)
+        from handoff.delivery import allowed as al
+
+        al.check(cp.target, self.allowed_targets(), run_id=run_id, whose="the ledger's list of allowed targets",
+                 how="Allow it with 'handoff targets --allow TARGET' (Ledger.allow_targets)")
         adapter = da.adapter_for(cp.target, policy, timeout_s=timeout_s, env=env)
         bundle = db.build(cp)
         adapter.prepare(bundle, key, run_id)  # what the send could never carry: refused before the record
@@ -1008,6 +1012,67 @@ class Ledger:
         cmd = C.Recover(action=action, classification=classification, progress_seq=progress_seq,
                         reason=reason, lease=lease)
         return self.execute(run_id, cmd, actor=Actor("watchdog", watcher), key=key)
+
+    # --- the delivery targets the ledger may send to (handoff/delivery/allowed.py) ------
+
+    def allowed_targets(self) -> tuple[str, ...] | None:
+        """The ledger's list of delivery targets a send may use (patterns: a target in full,
+        or a prefix ending in ``*``), or None when no list is set and every adapter target
+        may be sent to. Kept in the ledger itself, so every process and host that sends
+        from this ledger follows it."""
+        import json
+
+        from handoff.delivery import allowed as al
+
+        text = self.store.setting(al.SETTING)
+        if text is None:
+            return None
+        try:
+            patterns = json.loads(text)
+            return al.check_patterns(patterns)
+        except (ValueError, InvalidInput):
+            # Unreadable (edited behind the store): refuse every send until it is set again.
+            return ()
+
+    def set_allowed_targets(self, patterns: Iterable[str] | None) -> tuple[str, ...] | None:
+        """Replace the ledger's list of allowed delivery targets (``None`` lifts it: every
+        adapter target may be sent to again; ``()`` lets no send through). Every pattern is
+        checked first; a bad one changes nothing. Returns the list now in force."""
+        import json
+
+        from handoff.delivery import allowed as al
+
+        checked = None if patterns is None else al.check_patterns(patterns)
+        self.store.put_setting(al.SETTING, None if checked is None else json.dumps(list(checked)))
+        return checked
+
+    def allow_targets(self, *patterns: str) -> tuple[str, ...]:
+        """Add patterns to the ledger's list of allowed delivery targets (starting one when
+        none is set: from then on only what the list names is sent). Returns the list."""
+        from handoff.delivery import allowed as al
+
+        added = al.check_patterns(patterns)
+        if not added:
+            raise InvalidInput("name at least one target to allow", field="target")
+        now = self.set_allowed_targets((*(self.allowed_targets() or ()), *added))
+        assert now is not None
+        return now
+
+    def deny_targets(self, *patterns: str) -> tuple[str, ...]:
+        """Remove patterns from the ledger's list (exactly as listed); a list left empty lets
+        no send through. Refused (nothing changed) for a pattern the list does not hold."""
+        current = self.allowed_targets()
+        if not patterns:
+            raise InvalidInput("name at least one target to remove from the list", field="target")
+        missing = [p for p in patterns if current is None or p not in current]
+        if missing:
+            listed = "no list is set" if current is None else f"it holds {', '.join(map(repr, current)) or 'nothing'}"
+            raise InvalidInput(f"{missing[0]!r:.200} is not on the ledger's list of allowed targets ({listed}); "
+                               "remove a pattern exactly as 'handoff targets' lists it", field="target")
+        assert current is not None
+        now = self.set_allowed_targets(tuple(p for p in current if p not in patterns))
+        assert now is not None
+        return now
 
     # --- a graph framework's state, with its values beside the log ----------------------
     #

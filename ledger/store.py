@@ -757,6 +757,23 @@ class EventStore(abc.ABC):
         return InvalidInput(f"this ledger's store ({type(self).__name__}) keeps no values beside the log; "
                             "open a SQLite or PostgreSQL ledger", field="store")
 
+    # --- ledger-wide settings (the handoff_meta table, rows named 'setting.NAME') ------
+    #
+    # What the person who runs the ledger decides for every writer of it (the delivery
+    # targets the ledger may send to: handoff/delivery/allowed.py). Kept beside the log,
+    # not in it: a setting is not a fact of any run. On PostgreSQL only the role that owns
+    # the ledger may change one (the least-privilege roles read it).
+
+    def setting(self, name: str) -> str | None:
+        """The setting's value, or None when it was never set (or was unset)."""
+        raise InvalidInput(f"this ledger's store ({type(self).__name__}) keeps no settings; open a SQLite or "
+                           "PostgreSQL ledger", field="store")
+
+    def put_setting(self, name: str, value: str | None) -> None:
+        """Set the setting (None: unset it), in a write transaction of its own."""
+        raise InvalidInput(f"this ledger's store ({type(self).__name__}) keeps no settings; open a SQLite or "
+                           "PostgreSQL ledger", field="store")
+
     # --- what lets a copy or an outside anchor be checked (docs/reliability.md) -------
 
     @abc.abstractmethod

@@ -684,6 +684,22 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
         self.seal()
         return copy_to_file(self, path)
 
+    # --- ledger-wide settings (ledger/store.py) -------------------------------------
+
+    def setting(self, name: str) -> str | None:
+        with self._reading("reading a ledger setting"):
+            row = self.x("SELECT value FROM handoff_meta WHERE key = %s", (f"setting.{name}",)).fetchone()
+        return None if row is None else str(row[0])
+
+    def put_setting(self, name: str, value: str | None) -> None:
+        # The owner's transaction (begin): a least-privilege role may read settings, not change them.
+        with self.write_transaction("changing a ledger setting"):
+            if value is None:
+                self.x("DELETE FROM handoff_meta WHERE key = %s", (f"setting.{name}",))
+            else:
+                self.x("INSERT INTO handoff_meta (key, value) VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET "
+                       "value = excluded.value", (f"setting.{name}", value))
+
     # --- the rest of the interface ---------------------------------------------------
 
     def schema_name(self) -> str:

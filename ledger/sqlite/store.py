@@ -624,6 +624,21 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
             dst.close()
         return (0, GENESIS_HASH, runs) if row is None else (row[0], bytes(row[1]), runs)
 
+    # --- ledger-wide settings (ledger/store.py) -------------------------------------
+
+    def setting(self, name: str) -> str | None:
+        with self._reading("reading a ledger setting"):
+            row = self.conn.execute("SELECT value FROM handoff_meta WHERE key = ?", (f"setting.{name}",)).fetchone()
+        return None if row is None else str(row[0])
+
+    def put_setting(self, name: str, value: str | None) -> None:
+        with self.write_transaction("changing a ledger setting"):
+            if value is None:
+                self.conn.execute("DELETE FROM handoff_meta WHERE key = ?", (f"setting.{name}",))
+            else:
+                self.conn.execute("INSERT OR REPLACE INTO handoff_meta (key, value) VALUES (?, ?)",
+                                  (f"setting.{name}", value))
+
     # --- the backend-neutral interface for the layers above (ledger/store.py) ---------
 
     @contextlib.contextmanager

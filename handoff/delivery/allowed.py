@@ -1,0 +1,203 @@
+"""Which delivery targets the ledger may send to itself: the one matcher of an allow-list.
+
+A target with an adapter (``http://``, ``https://``, ``file://``, ``cmd:``) is an order to
+the process that sends: run this command, POST to this address, write into this
+directory. Whoever writes the contract (a contract file from elsewhere, a model driving
+the MCP server) chooses it. An allow-list lets the person who runs the sender say which
+of those orders it takes. Two lists use this module: the ledger's own (kept in the ledger,
+``Ledger.set_allowed_targets``, ``handoff targets``), checked by every send, and an MCP
+server's ``--allow-target``, checked by its owner tools.
+
+A pattern is a target written out in full (matched exactly), or a prefix ending in ``*``:
+
+- ``https://*``, ``http://*``, ``file://*``, ``cmd:*``: every target of that scheme;
+- ``https://hooks.example.com/services/*``: that scheme, host and port, and a path under
+  the prefix's (the prefix's path ends with ``/``, so ``example.com.evil.net`` or
+  ``/services-admin`` never match);
+- ``file:///srv/outbox/*``: that directory and every directory below it (as the path
+  names it and as it resolves on disk);
+- ``cmd:/usr/local/bin/notify --channel *``: a command whose first arguments are exactly
+  those words (compared as the arguments the command is run with, not as text).
+
+A target whose path holds a ``.`` or ``..`` segment (percent-encoded too) never matches a
+prefix: it could leave the prefix once resolved.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shlex
+import urllib.parse
+from collections.abc import Iterable
+
+from handoff.ledger.errors import DeliveryRefused, InvalidInput
+from handoff.reducers import targets as tg
+from handoff.reducers.delivery import ADAPTER_SCHEMES, has_adapter
+
+#: The handoff_meta row (``setting.`` + this) that holds the ledger's list, as JSON.
+SETTING = "delivery_targets"
+#: The longest pattern kept; a target is shorter still in practice.
+MAX_PATTERN = 2000
+#: The most patterns one list holds (a list is read by every send).
+MAX_PATTERNS = 200
+_SHOWN = 200
+
+
+class TargetNotAllowed(DeliveryRefused):
+    """The target is an adapter target (a command, a web request, a file write) that the
+    allow-list in force does not name; nothing was sent and nothing was written."""
+
+
+def _show(text: str) -> str:
+    return repr(text[:_SHOWN])
+
+
+def check_pattern(pattern: object, field: str = "target") -> str:
+    """``pattern`` as kept, or ``InvalidInput`` saying how to write it."""
+    if not isinstance(pattern, str) or not pattern or len(pattern) > MAX_PATTERN:
+        raise InvalidInput(f"an allowed target is a non-empty text of at most {MAX_PATTERN} characters, got "
+                           f"{pattern!r:.{_SHOWN}}", field=field)
+    if not pattern.startswith(ADAPTER_SCHEMES):
+        raise InvalidInput(f"allowed target {_show(pattern)} names no scheme the ledger sends to itself; write a "
+                           f"target starting with {', '.join(ADAPTER_SCHEMES)} (only those are ever refused)",
+                           field=field)
+    star = pattern.find("*")
+    if star == -1:
+        tg.parse(pattern)  # a target no send could use is refused the way open refuses it
+        return pattern
+    if star != len(pattern) - 1:
+        raise InvalidInput(f"allowed target {_show(pattern)} has a '*' before its end; '*' may only end a "
+                           "prefix (e.g. https://hooks.example.com/services/*)", field=field)
+    _prefix(pattern, field)
+    return pattern
+
+
+def check_patterns(patterns: Iterable[object], field: str = "target") -> tuple[str, ...]:
+    """Every pattern checked, duplicates dropped, in the order given."""
+    if isinstance(patterns, str):
+        raise InvalidInput("give the allowed targets as a list of patterns, not one text", field=field)
+    out = tuple(dict.fromkeys(check_pattern(p, field) for p in patterns))
+    if len(out) > MAX_PATTERNS:
+        raise InvalidInput(f"an allow-list holds at most {MAX_PATTERNS} patterns, got {len(out)}; use a prefix "
+                           "ending in '*' for a family of targets", field=field)
+    return out
+
+
+def _scheme(prefix: str) -> str | None:
+    for scheme in ADAPTER_SCHEMES:
+        if prefix == scheme:
+            return scheme
+    return None
+
+
+def _prefix(pattern: str, field: str) -> tuple[str, object]:
+    """A prefix pattern's kind and parts: ("scheme", s), ("http", HttpTarget), ("file",
+    dir) or ("cmd", argv); InvalidInput for a prefix that could match more than it says."""
+    prefix = pattern[:-1]
+    scheme = _scheme(prefix)
+    if scheme is not None:
+        return "scheme", scheme
+    if prefix.startswith(("http://", "https://")):
+        parsed = tg.parse(prefix)
+        assert isinstance(parsed, tg.HttpTarget)
+        path = urllib.parse.urlsplit(prefix).path
+        if not path.endswith("/") or "?" in prefix or "#" in prefix:
+            raise InvalidInput(f"allowed target {_show(pattern)} must end its prefix with '/' after the host "
+                               "and path (e.g. https://hooks.example.com/services/*), so it cannot match "
+                               "another host or a longer path name", field=field)
+        if _dotted(path):
+            raise InvalidInput(f"allowed target {_show(pattern)} holds a '.' or '..' path segment; write the "
+                               "path as it is", field=field)
+        return "http", parsed
+    if prefix.startswith("file://"):
+        parsed = tg.parse(prefix)
+        assert isinstance(parsed, tg.FileTarget)
+        if not parsed.dir.endswith("/") or _dotted(parsed.dir):
+            raise InvalidInput(f"allowed target {_show(pattern)} must be file:///ABSOLUTE/DIR/* (the directory "
+                               "ends with '/', no '.' or '..' segment), so it cannot match a sibling directory",
+                               field=field)
+        return "file", parsed.dir
+    body = prefix[len("cmd:"):]
+    if not body[-1:].isspace():
+        raise InvalidInput(f"allowed target {_show(pattern)} must end its command prefix with a space before "
+                           "the '*' (e.g. 'cmd:/usr/local/bin/notify *'), so it cannot match a longer program "
+                           "name", field=field)
+    try:
+        argv = tuple(shlex.split(body))
+    except ValueError as exc:
+        raise InvalidInput(f"allowed target {_show(pattern)} cannot be split into words ({exc})",
+                           field=field) from None
+    if not argv:
+        raise InvalidInput(f"allowed target {_show(pattern)} names no command; write cmd:* for every command",
+                           field=field)
+    return "cmd", argv
+
+
+def _dotted(path: str) -> bool:
+    segments = urllib.parse.unquote(path).split("/")
+    return any(s in (".", "..") for s in segments)
+
+
+def _under(path: str, top: str) -> bool:
+    """``path`` is the directory ``top`` (which ends with '/') or below it."""
+    return path == top.rstrip("/") or path.startswith(top)
+
+
+def matches(target: str, pattern: str) -> bool:
+    """Whether ``pattern`` (as ``check_pattern`` keeps it) allows ``target``."""
+    if not pattern.endswith("*"):
+        return target == pattern
+    kind, parts = _prefix(pattern, "target")
+    if kind == "scheme":
+        return target.startswith(str(parts))
+    try:
+        parsed = tg.parse(target)
+    except InvalidInput:
+        return False
+    if kind == "http":
+        assert isinstance(parts, tg.HttpTarget)
+        if not isinstance(parsed, tg.HttpTarget) or _dotted(urllib.parse.urlsplit(target).path):
+            return False
+        return (parsed.scheme == parts.scheme and parsed.host.lower() == parts.host.lower()
+                and parsed.port == parts.port and parsed.path.startswith(parts.path))
+    if kind == "file":
+        top = str(parts)
+        if not isinstance(parsed, tg.FileTarget) or _dotted(parsed.dir):
+            return False
+        path = posixpath.normpath(parsed.dir)
+        if not _under(path, top):
+            return False
+        # As it resolves on disk too: a link below the prefix must not lead out of it.
+        real_top = os.path.realpath(top.rstrip("/") or "/")
+        real = os.path.realpath(path)
+        return _under(real, real_top.rstrip("/") + "/")
+    assert isinstance(parts, tuple)
+    if not isinstance(parsed, tg.CmdTarget):
+        return False
+    return parsed.argv[:len(parts)] == parts
+
+
+def allowed(target: str, patterns: Iterable[str]) -> bool:
+    """``target`` needs no allowance (no adapter: a person sends it), or a pattern allows it."""
+    return not has_adapter(target) or any(matches(target, p) for p in patterns)
+
+
+def check(target: str, patterns: Iterable[str] | None, *, run_id: str, whose: str, how: str) -> None:
+    """Refuse ``target`` unless ``patterns`` allow it (None: no list, anything goes).
+    ``whose`` names the list in the message, ``how`` says how to extend it."""
+    if patterns is None:
+        return
+    patterns = tuple(patterns)
+    if allowed(target, patterns):
+        return
+    kind = "command" if target.startswith("cmd:") else "file write" if target.startswith("file://") else \
+        "web request"
+    listed = ", ".join(_show(p) for p in patterns[:10]) or "none"
+    raise TargetNotAllowed(
+        f"run {run_id}'s target {_show(target)} is a {kind} the ledger would carry out itself, and {whose} does "
+        f"not allow it (allowed: {listed}); nothing was sent or written. {how}, or deliver by hand (deliver "
+        "without sending, then record delivered)", run_id=run_id, target=target[:_SHOWN])
+
+
+__all__ = ["TargetNotAllowed", "SETTING", "check", "check_pattern", "check_patterns", "matches", "allowed"]
