@@ -1928,7 +1928,7 @@ def otel(runs: tuple[str, ...], output: str | None, endpoint: str | None, follow
     The ids are derived from the run, so exporting a run twice sends the same trace (a
     collector keeps one copy). A worker that recorded its own trace_id (and span_id) in
     attrs finds the run's spans in its trace. Needs the otel extra: pip install
-    'handoff-ledger[otel]'.
+    '.[otel]' from the checkout.
 
     With --follow, runs are exported as they change, read from the ledger-wide log; the
     position is kept in the --state file, never in the ledger, and a follower restarted
@@ -1948,8 +1948,10 @@ def otel(runs: tuple[str, ...], output: str | None, endpoint: str | None, follow
     try:
         from handoff.integrations import otel as ot
     except ImportError as exc:
+        from handoff.ledger.extras import install_hint
+
         raise click.UsageError(f"handoff otel needs the OpenTelemetry packages ({exc.name} is missing): "
-                               "pip install 'handoff-ledger[otel]'") from exc
+                               f"{install_hint('otel')}") from exc
     if output is not None and endpoint is not None:
         raise click.UsageError("give -o FILE or --endpoint URL, not both")
     if follow and runs:
@@ -2744,7 +2746,7 @@ def mcp(role: str, name: str | None, root: str | None, address: str | None, toke
     session ends the server releases what it still holds. docs/mcp.md shows how to
     register it with a host.
 
-    Needs the mcp extra: pip install 'handoff-ledger[mcp]'. HTTP binds where --http says;
+    Needs the mcp extra: pip install '.[mcp]' from the checkout. HTTP binds where --http says;
     beyond 127.0.0.1 it refuses to start without --token-file, and refuses requests from
     a web page (an Origin header).
 
@@ -2758,7 +2760,9 @@ def mcp(role: str, name: str | None, root: str | None, address: str | None, toke
     except ImportError as exc:
         if exc.name is None or exc.name.split(".")[0] not in ("mcp", "mcp_types", "uvicorn", "starlette", "anyio"):
             raise
-        raise click.UsageError("the MCP server needs the mcp extra: pip install 'handoff-ledger[mcp]'") from None
+        from handoff.ledger.extras import install_hint
+
+        raise click.UsageError(f"the MCP server needs the mcp extra: {install_hint('mcp')}") from None
     import anyio
 
     from handoff.api import login_name

@@ -7,7 +7,8 @@ One place for the forms a user may give (``Ledger(...)``, the CLI's ``--db`` and
 - ``sqlite:///abs/path``, ``sqlite:rel/path`` or ``sqlite::memory:``, optionally with
   backend settings as a query (``sqlite:///abs/path?synchronous=NORMAL``);
 - ``postgresql://...`` (or ``postgres://``): the PostgreSQL backend (ledger/postgres/;
-  needs the extra: ``pip install 'handoff-ledger[postgres]'``, else ``BackendUnavailable``).
+  needs the postgres extra: ``pip install '.[postgres]'`` from the checkout, else
+  ``BackendUnavailable``, whose message says what to install).
 
 A new backend adds its scheme to ``open_store`` and a package of its own beside
 ledger/sqlite/; nothing above ledger/ changes.
@@ -184,9 +185,11 @@ def _open_postgres(address: Address, *, readonly: bool, create: bool, busy_timeo
     try:
         import psycopg  # noqa: F401 - the optional driver
     except ImportError:
+        from .extras import install_hint
+
         raise BackendUnavailable(
             f"{field} names a PostgreSQL ledger, but the PostgreSQL driver is not installed; "
-            "install it with: pip install 'handoff-ledger[postgres]'",
+            f"install it with: {install_hint('postgres')}",
             field=field,
         ) from None
     from .postgres import PostgresStore  # loaded only when a PostgreSQL ledger is opened

@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import LedgerError, StoreUnavailable
 from .schema import ident
 
-try:  # the driver is an optional extra: pip install 'handoff-ledger[postgres]'
+try:  # the driver is an optional extra: pip install '.[postgres]' from the checkout
     import psycopg
     from psycopg import errors as pgerr
 except ImportError:  # pragma: no cover - exercised only without the extra

@@ -19,7 +19,7 @@ from .blobs import PUT_FUNCTION as PUT_VALUES
 from .blobs import SIGNATURES as VALUES_SIGNATURES
 from .sync import views_function
 
-try:  # the driver is an optional extra: pip install 'handoff-ledger[postgres]'
+try:  # the driver is an optional extra: pip install '.[postgres]' from the checkout
     from psycopg import sql as _sql
 except ImportError:  # pragma: no cover - exercised only without the extra
     _sql = None  # type: ignore[assignment]

@@ -45,7 +45,7 @@ from ..store import (
     now_us,
 )
 
-try:  # the driver is an optional extra: pip install 'handoff-ledger[postgres]'
+try:  # the driver is an optional extra: pip install '.[postgres]' from the checkout
     import psycopg
     from psycopg import errors as pgerr
 except ImportError:  # pragma: no cover - exercised only without the extra
@@ -122,10 +122,11 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
     ) -> None:
         if psycopg is None:
             from ..errors import BackendUnavailable
+            from ..extras import install_hint
 
             raise BackendUnavailable(
                 "this address names a PostgreSQL ledger, but the PostgreSQL driver is not "
-                "installed; install it with: pip install 'handoff-ledger[postgres]'"
+                f"installed; install it with: {install_hint('postgres')}"
             )
         self.url = url
         self.path = redact(url)

@@ -33,7 +33,7 @@ from .rows import as_bytes
 from .schema import ID_BLOCK, NOT_THE_HOLDER
 from .sync import as_json
 
-try:  # the driver is an optional extra: pip install 'handoff-ledger[postgres]'
+try:  # the driver is an optional extra: pip install '.[postgres]' from the checkout
     import psycopg
     from psycopg import errors as pgerr
 except ImportError:  # pragma: no cover - exercised only without the extra
