@@ -8,6 +8,7 @@ detector matches is exactly what must not be copied anywhere, the log included.
 
 from __future__ import annotations
 
+import base64
 import bisect
 import codecs
 import functools
@@ -16,7 +17,7 @@ import hmac
 import re
 import sys
 import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from handoff.ledger import events as ev
 from handoff.ledger.errors import InvalidInput, SanitizationRequired
@@ -25,7 +26,7 @@ from .delivery import Delivery
 
 #: Bumped whenever a built-in detector changes, so a check's ``rules_sha256`` says which
 #: detectors it ran.
-DETECTORS_VERSION = "2"
+DETECTORS_VERSION = "3"
 
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 
@@ -81,28 +82,82 @@ class _Anchored:
             yield start, end
 
 
+class _Checked:
+    """A regular expression whose matches also pass ``check`` (a test the pattern alone
+    cannot make: what a base64 value decodes to)."""
+
+    def __init__(self, pattern: str, check: Callable[[re.Match[str]], bool]) -> None:
+        self.rx = re.compile(pattern)
+        self.check = check
+
+    def spans(self, text: str) -> Iterator[tuple[int, int]]:
+        return (m.span() for m in self.rx.finditer(text) if self.check(m))
+
+
+def _basic_credentials(m: re.Match[str]) -> bool:
+    """Does group 1 decode (padding forgiven) to printable ``user:password``?"""
+    value = m.group(1).rstrip("=")
+    if len(value) % 4 == 1:
+        return False
+    try:
+        plain = base64.b64decode(value + "=" * (-len(value) % 4), validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return ":" in plain and plain.isprintable()
+
+
 _ALNUM = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 #: Words that name a secret when a value is assigned to them: matched at the end of the
 #: key, in any case, so ``client_secret``, ``AWS_SECRET_ACCESS_KEY`` and ``apiKey`` count.
 SECRET_KEYWORDS = ("password", "passwd", "passphrase", "secret", "apikey", "api_key", "api-key", "token",
-                   "access_key", "accesskey", "secret_key", "secretkey", "private_key", "privatekey",
-                   "credential", "credentials")
+                   "access_key", "accesskey", "access-key", "secret_key", "secretkey", "secret-key",
+                   "private_key", "privatekey", "private-key", "secret access key", "credential", "credentials")
 #: What may stand between a key and its ``:`` or ``=``: spaces and the key's closing quote,
 #: escaped or not (``"password": ``, ``\\"token\\": ``, ``'api_key' => ``).
 _BETWEEN = frozenset(" \t\"'`\\")
-DETECTORS: dict[str, tuple[re.Pattern[str] | _Anchored, ...]] = {
-    # A key or token in a known format.
+DETECTORS: dict[str, tuple[re.Pattern[str] | _Anchored | _Checked, ...]] = {
+    # A key or token in a known format: the fixed-prefix formats of gitleaks' default rules,
+    # in the project's own expressions. A prefix that begins a token must not follow a
+    # letter or digit (``task_test_...`` is a word, ``idem_sk_live_...`` a key).
     "secret": tuple(re.compile(p) for p in (
-        r"AKIA[0-9A-Z]{16}",                                      # AWS access key id
+        # AWS access key ids (long-term, temporary, STS, context), and the secret access key
+        # that follows one on its line (a credentials CSV, ``aws configure`` output).
+        r"A(?:KIA|SIA|BIA|CCA|3T[A-Z0-9])[A-Z0-9]{16}"
+        r"(?:[^\n]{0,60}?(?<![A-Za-z0-9/+])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=]))?",
+        # An AWS secret access key after a name that starts with aws (aws_secret, AWS-KEY ...):
+        # 40 base64 characters or more, not the rest of a URL (``aws s3 cp s3://...``).
+        r"(?i:a)(?<![A-Za-z0-9][aA])(?i:ws)[\w.-]{0,30}[\s\"'`:=>,|]{1,6}(?!//)[A-Za-z0-9/+=]{40,}",
+        r"s(?<![A-Za-z0-9]s)k_(?:live|test)_[0-9A-Za-z]{10,}",   # Stripe secret keys
+        r"r(?<![A-Za-z0-9]r)k_(?:live|test)_[0-9A-Za-z]{10,}",   # Stripe restricted keys
         r"gh[pousr]_[A-Za-z0-9]{30,}", r"github_pat_[A-Za-z0-9_]{30,}",  # GitHub
-        r"xox[abposr]-[A-Za-z0-9-]{10,}",                         # Slack
-        r"sk-(?:ant-|proj-)?[A-Za-z0-9_-]{20,}",                  # OpenAI, Anthropic
+        # GitLab: personal, deploy, feed, runner, CI job, mail, agent, OAuth, trigger, SCIM
+        # and feature-flag tokens, runner registration tokens, session cookies.
+        r"gl(?:pat|dt|ft|rt|cbt|imt|agent|oas|ptt|soat|ffct)-[0-9A-Za-z_-]{20,}(?:\.[0-9a-z]{9})?",
+        r"GR1348941[0-9A-Za-z_-]{20,}", r"_gitlab_session=[0-9a-z]{32}",
+        # Slack: bot, user, legacy, configuration and app tokens, and webhook addresses.
+        r"xox[abposre]-[A-Za-z0-9-]{10,}", r"xoxe\.xox[bp]-\d-[A-Za-z0-9]{20,}", r"xapp-\d-[A-Za-z0-9-]{10,}",
+        r"hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9+/_-]{20,}",
+        # OpenAI (sk-, sk-proj-, sk-svcacct-, sk-admin-) and Anthropic (sk-ant-...) keys.
+        r"s(?<![A-Za-z0-9]s)k-[A-Za-z0-9_-]{20,}",
         r"AIza[0-9A-Za-z_-]{35}",                                 # Google API key
-        r"glpat-[A-Za-z0-9_-]{20,}",                              # GitLab
-        r"-----BEGIN [A-Z ]*PRIVATE KEY-----",                    # PEM private keys
+        r"npm_[A-Za-z0-9]{36}",                                   # npm access token
+        r"pypi-AgE[A-Za-z0-9_-]{50,}",                            # PyPI upload token (pypi.org, test.pypi.org)
+        # A private key: its header, and the key itself up to its END line, so that
+        # redacting it removes the key, not only the line that announces it.
+        r"-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----(?:[A-Za-z-]{1,40}: [^\n]{0,200}\n)*"
+        r"[A-Za-z0-9+/=\s]*(?:-----END[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----)?",
         r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWT
         r"[Bb][Ee][Aa][Rr][Ee][Rr]\s+[A-Za-z0-9._~+/=-]{16,}",     # an Authorization value
+        # Any other Authorization header's value: a scheme (Token, ApiKey ...) or none, then
+        # a credential of 16 characters or more.
+        r"(?i:a)(?<!\w[aA])(?i:uthorization)[\"'`]?\s*[:=]\s*[\"'`]?(?:[A-Za-z][A-Za-z0-9-]*\s+)?"
+        r"[A-Za-z0-9._~+/=:-]{16,}",
     )) + (
+        # Basic credentials: base64 that decodes to printable text holding the ``:`` between
+        # the user and the password, so ``Basic information`` is a phrase, not a credential.
+        _Checked(r"(?i:b)(?<![A-Za-z][bB])(?i:asic)\s+([A-Za-z0-9+/]{2,}={0,2})(?![A-Za-z0-9+/=])", _basic_credentials),
+        # A URL that carries a password: scheme://user:password@host.
+        _Anchored(r"://[^\s/:@\"'<>`]{0,256}:[^\s/@\"'<>`]{1,256}@", _ALNUM + "+.-"),
         # password = "...", {"api_key": "..."}, {'token': '...'}, <secret>...</secret>: a value
         # after a secret's keyword, quoted (any length from 4, spaces and all) or bare (8 on).
         _Anchored(r"[:=>][=>]?\s*(?:\\?[\"'`][^\"'`\\\n]{4}|[^\s\"'`\\<]{8})", keywords=SECRET_KEYWORDS,
@@ -172,12 +227,12 @@ def rules_digest(patterns: Iterable[str]) -> str:
     return h.hexdigest()
 
 
-def _detectors(patterns: Iterable[str]) -> list[tuple[str, tuple[re.Pattern[str] | _Anchored, ...]]]:
+def _detectors(patterns: Iterable[str]) -> list[tuple[str, tuple[re.Pattern[str] | _Anchored | _Checked, ...]]]:
     return [*DETECTORS.items(), *((f"pattern[{i}]", (re.compile(p),)) for i, p in enumerate(patterns))]
 
 
-def _spans(rx: re.Pattern[str] | _Anchored, text: str) -> Iterator[tuple[int, int]]:
-    if isinstance(rx, _Anchored):
+def _spans(rx: re.Pattern[str] | _Anchored | _Checked, text: str) -> Iterator[tuple[int, int]]:
+    if isinstance(rx, (_Anchored, _Checked)):
         return rx.spans(text)
     return (m.span() for m in rx.finditer(text))
 
