@@ -234,11 +234,14 @@ class BeatThreads:
 # --- how a worker's stop is recorded --------------------------------------------------
 
 
-def bounded_text(text: str, lg: Ledger, run_id: str) -> str:
+def bounded_text(text: str, lg: Ledger, run_id: str, limit: int = MAX_STOP_TEXT) -> str:
     """``text`` fit to be recorded: what the sanitizer's detectors (and the run's own
-    patterns) find replaced by a stand-in that cannot be reversed, then cut to
-    ``MAX_STOP_TEXT`` characters. An exception message or a stderr line can hold a
-    token; the log must never."""
+    patterns) find replaced by a stand-in that cannot be reversed, then cut to ``limit``
+    characters (scrubbed whole first, so a cut never leaves half a key no detector knows).
+    An exception message, a stderr line or a tool's arguments can hold a token; the log
+    must never. The one scrub of free text a worker's side hands the ledger: the lease
+    block, ``handoff run`` and the agent integrations (handoff/integrations/_agent_run.py)
+    all call it."""
     from handoff.reducers import sanitize as sz
 
     patterns: tuple[str, ...] = ()
@@ -247,7 +250,7 @@ def bounded_text(text: str, lg: Ledger, run_id: str) -> str:
     except LedgerError:
         pass
     text = sz.redact(text, os.urandom(16), patterns)
-    return text if len(text) <= MAX_STOP_TEXT else text[:MAX_STOP_TEXT - 1] + "…"
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def record_end(lg: Ledger, run_id: str, token: LeaseToken, worker: str, text: str, *, failed: bool) -> str:

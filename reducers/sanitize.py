@@ -143,9 +143,10 @@ DETECTORS: dict[str, tuple[re.Pattern[str] | _Anchored | _Checked, ...]] = {
         r"npm_[A-Za-z0-9]{36}",                                   # npm access token
         r"pypi-AgE[A-Za-z0-9_-]{50,}",                            # PyPI upload token (pypi.org, test.pypi.org)
         # A private key: its header, and the key itself up to its END line, so that
-        # redacting it removes the key, not only the line that announces it.
+        # redacting it removes the key, not only the line that announces it (its lines
+        # may end in an escaped \n, as in JSON).
         r"-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----(?:[A-Za-z-]{1,40}: [^\n]{0,200}\n)*"
-        r"[A-Za-z0-9+/=\s]*(?:-----END[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----)?",
+        r"(?:[A-Za-z0-9+/=\s]|\\[nr])*(?:-----END[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----)?",
         r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWT
         r"[Bb][Ee][Aa][Rr][Ee][Rr]\s+[A-Za-z0-9._~+/=-]{16,}",     # an Authorization value
         # Any other Authorization header's value: a scheme (Token, ApiKey ...) or none, then

@@ -55,10 +55,10 @@ def tool_attrs(name: str, call_id: Any) -> dict[str, Any]:
 
 
 def what(tool_name: str, args: Any) -> str:
-    """A side effect's description: the tool and its arguments, bounded."""
+    """A side effect's description as the tool was called: the tool and its arguments,
+    whole. Never recorded as it is: ``AgentRun.describe`` scrubs and bounds it."""
     text_args = args if isinstance(args, str) else json.dumps(args, sort_keys=True, default=str)
-    text = f"{tool_name}({text_args})"
-    return text if len(text) <= MAX_WHAT else text[:MAX_WHAT - 1] + "…"
+    return f"{tool_name}({text_args})"
 
 
 def output_text(out: Any) -> str:
@@ -87,6 +87,15 @@ class AgentRun:
         # model may have chosen the same call id.
         assert self.lease is not None
         return f"tool:{self.lease.number}:{tool_name}:{call_id}"
+
+    async def describe(self, tool_name: str, args: Any) -> str:
+        """What a side effect's start records of the call: the tool and its arguments
+        through the one scrub of free text (``bounded_text``: the sanitizer's detectors and
+        the run's own patterns, the same as an exception's text), then cut to ``MAX_WHAT``.
+        A tool's arguments can hold a key (``deploy({"api_key": ...})``); the ledger, the
+        log and a trace's ``handoff.effect.what`` must not."""
+        text = what(tool_name, args)
+        return await self.alg.run(lambda ledger: bounded_text(text, ledger, self.run_id, MAX_WHAT))
 
     async def state(self) -> str:
         return (await self.alg.status(self.run_id))["state"]

@@ -54,7 +54,7 @@ from handoff.aio import AsyncLedger
 from handoff.api import Ledger
 from handoff.ledger.errors import LedgerError, Refused
 
-from ._agent_run import AgentRun, Reconcile, as_async, tool_attrs, usage_attrs, what
+from ._agent_run import AgentRun, Reconcile, as_async, tool_attrs, usage_attrs
 
 #: Runs kept by hooks, by the SDK's trace id: where the processor sends what it sees. A
 #: processor's methods may be called from any thread, so the map is locked.
@@ -221,7 +221,7 @@ class LedgerRunHooks(RunHooks[Any]):
         assert run.lease is not None
         attrs = tool_attrs(name, call_id)
         effect = run.lease.effect(run.effect_key(name, call_id),
-                                  what(name, getattr(context, "tool_arguments", "") or ""), attrs=attrs)
+                                  await run.describe(name, getattr(context, "tool_arguments", "") or ""), attrs=attrs)
         await effect.__aenter__()  # the start is recorded before the tool runs
         self._effects[call_id] = (effect, name)
 

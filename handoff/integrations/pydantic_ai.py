@@ -12,7 +12,8 @@ builder adds one argument instead of writing the mapping by hand:
   carrying its model and token usage (``gen_ai.*`` attrs). The first response commits
   the plan (``plan_committed``) and moves the run to ``executing``.
 - ``wrap_tool_execute``: a tool named in ``side_effects`` runs inside ``lease.effect`` (its
-  start is recorded before it runs, ``done`` after; a crash or an exception in between
+  start, the tool and its arguments scrubbed of secrets as an exception's text is, is
+  recorded before it runs, ``done`` after; a crash or an exception in between
   leaves the outcome to be reconciled, never guessed); every tool's outcome is recorded
   as ``tool_outcome`` progress, and a tool that raises as a ``note`` (no progress).
 - ``after_run``: the final output is written to ``output_path`` and recorded as an
@@ -34,7 +35,7 @@ from pydantic_ai.capabilities import AbstractCapability
 from handoff.aio import AsyncLedger
 from handoff.api import Ledger
 
-from ._agent_run import AgentRun, Reconcile, as_async, tool_attrs, usage_attrs, what
+from ._agent_run import AgentRun, Reconcile, as_async, tool_attrs, usage_attrs
 
 
 @dataclass
@@ -107,7 +108,7 @@ class HandoffCapability(AbstractCapability[Any]):
         try:
             if call.tool_name in self.side_effects:
                 async with run.lease.effect(run.effect_key(call.tool_name, call.tool_call_id),
-                                            what(call.tool_name, call.args), attrs=attrs):
+                                            await run.describe(call.tool_name, call.args), attrs=attrs):
                     result = await handler(args)
             else:
                 result = await handler(args)
