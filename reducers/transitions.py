@@ -224,5 +224,5 @@ def mermaid() -> str:
 
 
 if __name__ == "__main__":
-    # docs/lifecycle.md's diagram: python -m reducers.transitions (pasted between its markers)
+    # docs/lifecycle.md's diagram, from any directory: python -m handoff.reducers.transitions
     print(mermaid(), end="")
