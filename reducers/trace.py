@@ -19,8 +19,10 @@ Ids are derived from the run id (and the lease number or the seq that began a sp
 exporting a run twice gives the same trace and a collector deduplicates. A worker that
 recorded a W3C ``trace_id`` (and ``span_id``) in a record's ``attrs`` gets the run's spans
 in its own trace, under that span. Idempotency keys and lease tokens never appear: no key
-field is read, token digests are not, and any key of the run or anything shaped like a
-lease token found in recorded text is replaced by a placeholder. No I/O, no clock.
+field is read, token digests are not, and in recorded text any key of the run (wherever it
+stands, ``key:K``, ``idem_K``, ``X-K``), anything shaped like a lease token
+(``tok_1.<secret>``) and the secret of any of the run's lease tokens on its own
+(``token=<secret>``, found by its digest) is replaced by a placeholder. No I/O, no clock.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 import msgspec
 
 from handoff.ledger import events as ev
-from handoff.ledger.store import Recorded
+from handoff.ledger.store import Recorded, lease_digest
 
 from . import checkpoint as ckp
 from . import transitions as T
@@ -60,8 +62,16 @@ EFFECT_OUTCOMES = ("pending", "done", "absent", "unknown", "reconciled_done", "r
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _HEX16 = re.compile(r"[0-9a-f]{16}")
-#: A lease token as claim prints it: "<lease>.<43 URL-safe base64 characters>".
-_TOKEN = re.compile(r"\b\d+\.[A-Za-z0-9_-]{40,}")
+#: A lease token as claim prints it: "<lease>.<43 URL-safe base64 characters>", wherever it
+#: stands (``tok_1.<secret>``, ``HANDOFF_LEASE=1.<secret>``).
+_TOKEN = re.compile(r"(?<![\d.])\d+\.[A-Za-z0-9_-]{40,}")
+#: A run of URL-safe base64 long enough to be a token's secret (ledger.store: 22 to 128).
+_SECRETISH = re.compile(r"[A-Za-z0-9_-]{22,}")
+#: The length of the secret ``Ledger.claim`` draws (32 random bytes, URL-safe base64).
+_SECRET_LEN = 43
+#: A key shorter than this is replaced only where no letter or digit touches it: a short
+#: key (``v1``) is also a piece of ordinary words and versions.
+_SHORT_KEY = 8
 #: Attribute names a worker may have used for a secret or a key: never exported.
 _SECRET_NAME = re.compile(r"(^|[._:-])(key|token|secret|password|idempotency[._-]?key|lease[._-]?token)$",
                           re.IGNORECASE)
@@ -145,6 +155,7 @@ class _Fold:
         self.trace_id: str | None = None
         self.remote_parent: str | None = None
         self.keys: set[str] = set()
+        self.digests: set[str] = set()  # of the run's lease tokens' secrets
         self.usage: dict[str, dict[str, int | float]] = {}  # span id -> usage sums
 
     # --- where an event goes ------------------------------------------------------
@@ -204,6 +215,8 @@ class _Fold:
                     self.root.attributes["handoff.fork.parent_seq"] = e.parent_seq
                 self.event(self.root, rec, e)
             case ev.LeaseGranted():
+                if e.token_digest:
+                    self.digests.add(e.token_digest)
                 if self.open_lease is not None:
                     self.end_lease(self.open_lease, rec, "superseded")
                 s = Span(span_id_for(self.run_id, f"lease:{e.lease}"), self.root.span_id, f"invoke_agent {e.worker}",
@@ -350,28 +363,64 @@ def build(history: Iterable[Recorded], run_id: str) -> Trace:
     if f.remote_parent is not None:
         root.parent_id = f.remote_parent
     for span in f.spans:
-        scrub(span, f.keys)
+        scrub(span, f.keys, f.digests)
     return Trace(run_id, f.trace_id or trace_id_for(run_id), f.remote_parent, f.spans, first, last)
 
 
-def _clean(value: Attr, keys: re.Pattern[str] | None) -> Attr:
+def _windows(run: str) -> Iterable[tuple[int, int]]:
+    """Where a lease secret may stand inside a run of URL-safe base64 characters: the whole
+    run, and ``_SECRET_LEN`` characters from any start (a short run) or from its ends and
+    each ``_``/``-`` in it (a long run: bounded work, and ``idem_<secret>`` still found)."""
+    n = len(run)
+    if n <= 128:
+        yield 0, n
+    if n <= _SECRET_LEN:
+        return
+    if n <= 256:
+        starts: Iterable[int] = range(n - _SECRET_LEN + 1)
+    else:
+        cuts = [i for i, c in enumerate(run) if c in "_-"]
+        starts = {0, n - _SECRET_LEN, *(i + 1 for i in cuts), *(i - _SECRET_LEN for i in cuts)}
+    for a in starts:
+        if 0 <= a <= n - _SECRET_LEN:
+            yield a, a + _SECRET_LEN
+
+
+def _lease_secrets(value: str, digests: frozenset[str]) -> str:
+    """``value`` with each stretch that is the secret of one of the run's lease tokens
+    (its digest is in ``digests``) replaced by the placeholder."""
+    out, at = [], 0
+    for m in _SECRETISH.finditer(value):
+        run = m.group()
+        hit = next(((a, b) for a, b in _windows(run) if lease_digest(run[a:b]) in digests), None)
+        if hit is not None:
+            out += [value[at:m.start() + hit[0]], REDACTED_TOKEN]
+            at = m.start() + hit[1]
+    return "".join(out) + value[at:] if out else value
+
+
+def _clean(value: Attr, keys: re.Pattern[str] | None, digests: frozenset[str] = frozenset()) -> Attr:
     if not isinstance(value, str):
         return value
     if keys is not None:
         value = keys.sub(REDACTED_KEY, value)
-    return _TOKEN.sub(REDACTED_TOKEN, value)
+    value = _TOKEN.sub(REDACTED_TOKEN, value)
+    return _lease_secrets(value, digests) if digests else value
 
 
-def scrub(span: Span, keys: set[str]) -> None:
-    """Replace every idempotency or side-effect key of the run, and anything shaped like a
-    lease token, in the span's text (a worker may have written one into a detail)."""
-    # The longest first, and only where a key stands alone (not inside a longer word), so
-    # a short key does not shred the text around it.
-    ordered = sorted((k for k in keys if k), key=len, reverse=True)
-    pattern = (re.compile(r"(?<![\w.:-])(?:" + "|".join(map(re.escape, ordered)) + r")(?![\w:-])")
-               if ordered else None)
-    span.name = str(_clean(span.name, pattern))
-    span.status_message = str(_clean(span.status_message, pattern))
-    span.attributes = {k: _clean(v, pattern) for k, v in span.attributes.items()}
-    span.events = [SpanEvent(x.name, x.at_us, {k: _clean(v, pattern) for k, v in x.attributes.items()})
+def scrub(span: Span, keys: set[str], digests: Iterable[str] = ()) -> None:
+    """Replace every idempotency or side-effect key of the run, anything shaped like a
+    lease token, and the secret of any of the run's lease tokens (``digests``: their
+    ``token_digest``s) in the span's text (a worker may have written one into a detail).
+    A key is matched as a value, wherever it stands (``key:K``, ``idem_K``, ``X-K``); one
+    shorter than ``_SHORT_KEY`` only where no letter or digit touches it."""
+    ordered = sorted((k for k in keys if k), key=len, reverse=True)  # the longest first
+    pattern = (re.compile("|".join(
+        re.escape(k) if len(k) >= _SHORT_KEY else rf"(?<![A-Za-z0-9]){re.escape(k)}(?![A-Za-z0-9])"
+        for k in ordered)) if ordered else None)
+    known = frozenset(digests)
+    span.name = str(_clean(span.name, pattern, known))
+    span.status_message = str(_clean(span.status_message, pattern, known))
+    span.attributes = {k: _clean(v, pattern, known) for k, v in span.attributes.items()}
+    span.events = [SpanEvent(x.name, x.at_us, {k: _clean(v, pattern, known) for k, v in x.attributes.items()})
                    for x in span.events]

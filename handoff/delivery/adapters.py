@@ -224,19 +224,19 @@ _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def file_name(run_id: str, key: str) -> str:
-    """The bundle's name in the directory: run and key, readable, and distinct for every
-    (run, key) even where characters had to be replaced."""
-    raw = f"{run_id}.{key}"
-    safe = _SAFE.sub("_", raw).lstrip(".")[:150] or "delivery"
-    if safe != raw:
-        safe += "-" + hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-    return safe + ".json"
+    """The bundle's name in the directory: the run, readable, then a digest of the run and
+    the key (32 hex digits of sha256), never the key itself. The name is in the receipt,
+    and from there in the log and a trace, where a delivery key must not be; the digest
+    keeps it distinct for every (run, key), so a repeat under one key finds its file."""
+    run = _SAFE.sub("_", run_id).lstrip(".")[:120] or "delivery"
+    digest = hashlib.sha256(f"{run_id}\0{key}".encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{run}.{digest}.json"
 
 
 class FileAdapter(Adapter):
-    """Write the bundle into a directory, atomically, under a name made of the run and the
-    key: the file appears whole or not at all, and a repeat finds it there and writes
-    nothing new. The directory itself must be a real directory (not a symbolic link), and
+    """Write the bundle into a directory, atomically, under a name made of the run and a
+    digest of the key (``file_name``): the file appears whole or not at all, and a repeat
+    finds it there and writes nothing new. The directory itself must be a real directory (not a symbolic link), and
     every step works relative to the descriptor opened on it, so nothing is written
     through a link planted meanwhile."""
 

@@ -20,6 +20,7 @@ import base64
 import json
 import os
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -120,6 +121,15 @@ def traces_url(endpoint: str) -> str:
     if not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://")):
         raise InvalidInput(f"the collector's address must start with http:// or https://, got {str(endpoint)[:80]!r} "
                            f"(e.g. {DEFAULT_ENDPOINT})", field="endpoint")
+    try:
+        parts = urllib.parse.urlsplit(endpoint)
+        host, _ = parts.hostname, parts.port  # a bad IPv6 literal or port raises here
+    except ValueError as exc:
+        raise InvalidInput(f"the collector's address {endpoint[:80]!r} is not a valid URL ({exc}); write it as "
+                           f"{DEFAULT_ENDPOINT} or http://[::1]:4318", field="endpoint") from None
+    if not host:
+        raise InvalidInput(f"the collector's address {endpoint[:80]!r} names no host (e.g. {DEFAULT_ENDPOINT})",
+                           field="endpoint")
     base = endpoint.rstrip("/")
     return base if base.endswith(TRACES_PATH) else base + TRACES_PATH
 
