@@ -2736,7 +2736,12 @@ def run(join: str | None, worker: str, heartbeat_every: float | None, grace: flo
               help="Serve streamable HTTP here (e.g. 127.0.0.1:8765) instead of stdio.")
 @click.option("--token-file", default=None, type=click.Path(dir_okay=False),
               help="A file holding the bearer token HTTP clients must send; required to serve beyond loopback.")
-def mcp(role: str, name: str | None, root: str | None, address: str | None, token_file: str | None) -> None:
+@click.option("--allow-target", "allow_target", multiple=True, metavar="TARGET",
+              help="A delivery target with an adapter (cmd:, http(s)://, file://) the owner's open and deliver "
+                   "may use, in full or as a prefix ending in '*' (repeatable; 'handoff targets' has the "
+                   "rules). Without it every such target is refused: a model's words never run a command.")
+def mcp(role: str, name: str | None, root: str | None, address: str | None, token_file: str | None,
+        allow_target: tuple[str, ...]) -> None:
     """Serve the ledger to an MCP host (a coding agent, a desktop assistant), over stdio or HTTP.
 
     The host's model works through tools and never sees a lease token: claim returns the
@@ -2747,8 +2752,10 @@ def mcp(role: str, name: str | None, root: str | None, address: str | None, toke
     register it with a host.
 
     Needs the mcp extra: pip install '.[mcp]' from the checkout. HTTP binds where --http says;
-    beyond 127.0.0.1 it refuses to start without --token-file, and refuses requests from
-    a web page (an Origin header).
+    beyond loopback it refuses to start without --token-file, and refuses requests from a
+    web page (an Origin header); on loopback it refuses a request naming another host
+    (421) or coming from another site's page (403), which is how a web page would reach it.
+    The ledger file must exist ('handoff init' makes one).
 
     \b
     Example:
@@ -2768,7 +2775,7 @@ def mcp(role: str, name: str | None, root: str | None, address: str | None, toke
     from handoff.api import login_name
 
     st = _state()
-    config = ms.Config(role=role, name=name or login_name(), root=root)
+    config = ms.Config(role=role, name=name or login_name(), root=root, allow_targets=allow_target)
     if address is None:
         anyio.run(lambda: ms.serve_stdio(st.db, config, busy_timeout_s=st.busy_timeout))
     else:

@@ -135,10 +135,15 @@ class Fence:
                 self._warned.add(exc.message)
                 self.say(f"heartbeat not recorded ({exc.message}); retrying")
             return True
+        self.proven(sent)
+        return not self.gone
+
+    def proven(self, sent: float) -> None:
+        """A heartbeat (or another write under the lease) sent at monotonic time ``sent``
+        was recorded: the lease was this worker's then."""
         with self._lock:
             if not self.gone:  # a fence that tripped stays tripped: the work was stopped
                 self.last_ok = max(self.last_ok, sent)
-        return not self.gone
 
     def ended(self, exc: LedgerError) -> None:
         """The ledger refused this lease: say how it ended, and whether the holder did it."""

@@ -32,7 +32,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -44,8 +44,9 @@ from pydantic import Field
 
 from handoff import render as R
 from handoff.aio import AsyncLedger
-from handoff.ledger.errors import InvalidInput, LedgerError
-from handoff.lease import heartbeat_interval
+from handoff.delivery import allowed as al
+from handoff.ledger.errors import InvalidInput, LedgerError, StaleLease, TerminalRun
+from handoff.lease import Fence, heartbeat_interval
 from handoff.reducers import stall
 from handoff.reducers import transitions as T
 
@@ -65,17 +66,30 @@ SESSION_ENDED_HTTP = "the MCP session ended (the HTTP session was closed or expi
 # --- the lease a session holds ------------------------------------------------------------
 
 
-@dataclass
 class Held:
-    """One lease held by one session. ``token`` is the secret; it leaves this object only
-    as an argument to the ledger."""
+    """One lease held by one session, kept through the ``Fence`` every in-process worker
+    uses (handoff/lease.py): the token is the fence's, and leaves it only as an argument
+    to the ledger; the fence says when the lease is gone (the ledger ended it, or no
+    heartbeat could be recorded for the heartbeat timeout less the margin)."""
 
-    run_id: str
-    token: str
-    number: int
-    interval_s: float
-    last_beat: float = field(default_factory=time.monotonic)
-    lost: bool = False
+    def __init__(self, fence: Fence) -> None:
+        self.fence = fence
+        #: Monotonic time of the last heartbeat tried, recorded or not.
+        self.tried = fence.last_ok
+
+    run_id = property(lambda self: self.fence.run_id)
+    number = property(lambda self: self.fence.lease)
+
+    @property
+    def token(self) -> str:
+        return str(self.fence.token)
+
+    def due(self, now: float) -> bool:
+        """A heartbeat is due: an interval has passed since the last one recorded, and a
+        try that was not recorded (a locked or unreachable store) is retried a quarter
+        interval later, not at every request."""
+        f = self.fence
+        return not f.gone and now - f.last_ok >= f.interval_s and now - self.tried >= f.interval_s / 4
 
 
 class Session:
@@ -95,26 +109,30 @@ class Session:
         return held
 
     async def beat_due(self, alg: AsyncLedger) -> None:
-        """Heartbeat every lease whose interval has passed: the session just proved it is alive."""
-        now = time.monotonic()
+        """Heartbeat every lease whose beat is due: the session just proved it is alive.
+        ``Fence.beat`` keeps the lease through a store error (retried by a later request)
+        and ends it only when the ledger says so; once no heartbeat could be recorded for
+        the heartbeat timeout less the margin, ``Fence.expired`` trips and the lease is
+        no longer used (its writes are refused with LeaseLost, nothing written)."""
         for held in list(self.held.values()):
-            if held.lost or now - held.last_beat < held.interval_s:
+            now = time.monotonic()
+            if not held.due(now):
                 continue
-            try:
-                await alg.heartbeat(held.run_id, held.token)
-                held.last_beat = now
-            except LedgerError as exc:
-                # The lease ended under us (revoked, run closed): stop beating; the next
-                # write says why, in the ledger's own words.
-                held.lost = True
-                log.info("lease %s on run %s no longer beats: %s", held.number, held.run_id, exc.message)
+            held.tried = now
+            fence = held.fence
+            await alg.run(lambda lg: fence.beat())
+            if fence.last_ok < now:  # not recorded: has the lease outlived what can be proven?
+                fence.expired()
 
     async def end(self, alg: AsyncLedger, why: str) -> None:
         """Release every lease still held (the session ended); what cannot be released is
-        left to the watchdog, which revokes it after the heartbeat timeout."""
+        left to the watchdog, which revokes it after the heartbeat timeout. A lease the
+        ledger ended is not released again; one fenced for want of a heartbeat is, if the
+        ledger still names it (otherwise the ledger refuses, and nothing is written)."""
         self.ended = True
         for held in list(self.held.values()):
-            if held.lost:
+            fence = held.fence
+            if fence.lost or fence.released_by_holder:
                 continue
             try:
                 await alg.release(held.run_id, held.token, why)
@@ -256,12 +274,16 @@ class Config:
     name: str = ""
     #: The directory a worker's artifacts must lie under (required for the worker role).
     root: str | None = None
+    #: The delivery targets with an adapter (a command, a web request, a file write) the
+    #: owner's open and deliver may use (``--allow-target``; handoff/delivery/allowed.py).
+    allow_targets: tuple[str, ...] = ()
 
 
 def check_config(config: Config) -> None:
     """Refuse a server that could not do what its role says, before anything starts."""
     if config.role not in ROLES:
         raise InvalidInput(f"role must be one of {', '.join(ROLES)}, got {config.role!r}", field="as")
+    config.allow_targets = al.check_patterns(config.allow_targets, field="allow_target")
     if config.role in ("owner", "operator", "worker") and not config.name:
         raise InvalidInput(f"the {config.role} role acts under a name: give --name (or set HANDOFF_WORKER)",
                            field="name")
@@ -473,6 +495,14 @@ def _person_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
     me, operator = config.name, config.role == "operator"
     actor = Actor("operator" if operator else "owner", me)
 
+    def permitted(target: str, run_id: str) -> None:
+        # What a model asks for may have been written by whoever it read last (a web page,
+        # an issue, a file): an order to run a command, send a request or write a file is
+        # followed only when the person who started this server listed it.
+        al.check(target, config.allow_targets, run_id=run_id, whose="this MCP server (started without "
+                 "--allow-target naming it)", how="Whoever runs the server may restart it with --allow-target "
+                 "TARGET (or a prefix ending in '*')")
+
     @_tool
     async def open(goal: Annotated[str, Field(description="What the run must achieve, in words a person reads.",
                                               min_length=1)],
@@ -494,6 +524,7 @@ def _person_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
                    key: Annotated[str | None, Field(description="An idempotency key: a retry with the same key "
                                                                 "opens no second run.")] = None,
                    ) -> dict[str, Any]:
+        permitted(target, run_id or "(new)")
         contract: dict[str, Any] = {"goal": goal, "target": target, "owner": me, "result_path": result_path,
                                     "require_review": require_review, "stop_rules": stop_rules,
                                     "public": public, "run_id": run_id}
@@ -522,6 +553,8 @@ def _person_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
                                                               "itself; false: you send it, then record the outcome "
                                                               "with delivered or delivery_failed.")] = True,
                       ) -> dict[str, Any]:
+        if send:
+            permitted((await alg.checkpoint(run_id)).target, run_id)
         got = await alg.deliver(run_id, me, key, send=send)
         if not send:
             return _write(got)
@@ -630,6 +663,11 @@ def _person_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
         server.add_tool(fns[name], name=name, description=tools[name], annotations=WRITE)
 
 
+def _say_lost(fence: Fence) -> None:
+    why = "fenced: no heartbeat recorded in time" if fence.fenced else fence.lost_reason
+    log.info("lease %s on run %s is no longer this session's (%s)", fence.lease, fence.run_id, why)
+
+
 def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions: Sessions) -> None:
     me, root = config.name, os.path.realpath(config.root or ".")
 
@@ -641,7 +679,16 @@ def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions:
 
     async def under_lease(ctx: Context, run_id: str, call: Callable[[str], Awaitable[Any]]) -> dict[str, Any]:
         session, held = mine(ctx, run_id)
-        out = await call(held.token)
+        fence = held.fence
+        if fence.fenced:
+            raise fence.error()  # no heartbeat could be recorded in time: this lease is no longer used
+        sent = time.monotonic()
+        try:
+            out = await call(held.token)
+        except (StaleLease, TerminalRun) as exc:
+            await alg.run(lambda lg: fence.ended(exc))  # the ledger ended the lease: no more beats
+            raise
+        fence.proven(sent)  # a write under the lease was accepted: the lease was held then
         if out.checkpoint.lease != held.number:  # released or submitted: the lease is over
             session.held.pop(run_id, None)
         return _write(out)
@@ -651,7 +698,7 @@ def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions:
         session = sessions.find(ctx.request_context.session, create=True)
         assert session is not None
         held = session.held.get(run_id)
-        if held is not None and not held.lost:
+        if held is not None and not held.fence.gone:
             packet = await alg.status(run_id)
             if packet["lease"] == held.number:
                 # This session holds the run already (a retry, or a claim after submit or a
@@ -659,11 +706,20 @@ def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions:
                 # never saw, so answer with the lease it has.
                 return {"run_id": run_id, "lease": held.number, "worker": me, "packet": packet,
                         "already_held": True}
-            session.held.pop(run_id, None)  # that lease ended; claim anew
+        if held is not None and held.fence.fenced:
+            # Fenced for want of a heartbeat, perhaps still named by the ledger: give it back
+            # before claiming anew (refused, and nothing written, if it was taken meanwhile).
+            try:
+                await alg.release(run_id, held.token, f"{me} could not prove lease {held.number} in time; "
+                                                      "claiming the run anew")
+            except LedgerError as exc:
+                log.info("fenced lease %s on run %s was not released: %s", held.number, run_id, exc.message)
+        session.held.pop(run_id, None)  # that lease ended; claim anew
+        since = time.monotonic()
         got = await alg.claim_outcome(run_id, me)
-        cp = got.outcome.checkpoint
-        session.held[run_id] = Held(run_id, str(got.token), got.token.lease,
-                                    heartbeat_interval(cp.policy.heartbeat_timeout_s))
+        fence = Fence(alg.ledger, run_id, got.token, me, timeout_s=got.outcome.checkpoint.policy.heartbeat_timeout_s,
+                      since=since, on_lost=_say_lost, say=log.warning)
+        session.held[run_id] = Held(fence)
         return {"run_id": run_id, "lease": got.token.lease, "worker": me, "packet": await alg.status(run_id)}
 
     @_tool
@@ -759,6 +815,7 @@ def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions:
                       ) -> dict[str, Any]:
         session, held = mine(ctx, run_id)
         out = await alg.release(run_id, held.token, reason)
+        held.fence.released_by_holder = True
         session.held.pop(run_id, None)
         return _write(out)
 
@@ -794,7 +851,8 @@ def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions:
 
 
 def _open_ledger(db: str, busy_timeout_s: float) -> AsyncLedger:
-    return AsyncLedger(db, busy_timeout_s=busy_timeout_s)
+    # Never a new ledger: a mistyped --db is refused (exit 3), as by every command but init.
+    return AsyncLedger(db, busy_timeout_s=busy_timeout_s, create=False)
 
 
 async def serve_stdio(db: str, config: Config, *, busy_timeout_s: float = 5.0) -> None:
@@ -820,13 +878,49 @@ async def serve_stdio(db: str, config: Config, *, busy_timeout_s: float = 5.0) -
                 await session.end(alg, SESSION_ENDED_STDIO)
 
 
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address ``host`` spells (an IPv4-mapped IPv6 address as its IPv4 one), or None."""
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        ip = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
-        return False
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def is_loopback(host: str) -> bool:
+    """Every spelling of an address only this machine reaches: ``localhost``, all of
+    127/8, ``::1`` in any of its forms, and ``::ffff:127.x.y.z``."""
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    ip = _ip(host)
+    return ip is not None and ip.is_loopback
+
+
+def host_forms(host: str, port: int) -> list[str]:
+    """The ``Host`` header values a request to this server may carry when it serves
+    ``host`` on loopback: the address served, as given and in its short form (in
+    brackets for IPv6), and ``localhost``, each with the port served (and without it on
+    port 80). A page that DNS rebinding brought here carries its own name instead."""
+    names = {"localhost", host.lower()}
+    ip = ipaddress.ip_address(host) if _ip(host) is not None else None
+    if ip is not None:
+        names.add(str(ip))
+    if host.lower() == "localhost":
+        names.add("127.0.0.1")
+    out = []
+    for name in sorted(names):
+        shown = f"[{name}]" if ":" in name else name
+        out.append(f"{shown}:{port}")
+        if port == 80:
+            out.append(shown)
+    return out
+
+
+def url_host(host: str) -> str:
+    """``host`` as a URL writes it (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host else host
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -864,8 +958,9 @@ def check_http(host: str, token: str | None) -> None:
 class Guard:
     """The HTTP checks the SDK leaves to us: a bearer token (when one is set) on every
     request, and beyond loopback no browser page at all (a request carrying an ``Origin``
-    is refused: the DNS-rebinding case; an MCP host sends none). On loopback the SDK's own
-    Host and Origin checks apply as well."""
+    is refused: the DNS-rebinding case; an MCP host sends none). On loopback, where no
+    token is asked for, the SDK's Host and Origin checks (``security``) refuse a request
+    whose Host is not this server's address (421) or whose Origin is another site (403)."""
 
     def __init__(self, app: Any, token: str | None, loopback: bool) -> None:
         self.app, self.token, self.loopback = app, token, loopback
@@ -889,6 +984,32 @@ class Guard:
         await self.app(scope, receive, send)
 
 
+def security(host: str, port: int) -> Any:
+    """The SDK's DNS-rebinding checks for a loopback server on ``host``:``port``: the Host
+    header must be one of ``host_forms`` and an Origin, when sent, one of those pages."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    hosts = host_forms(host, port)
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+                                     allowed_origins=[f"http://{h}" for h in hosts])
+
+
+def listen(host: str, port: int) -> Any:
+    """A socket bound to ``host``:``port`` (port 0: any free one), before the app is made,
+    so the Host check can name the port actually served."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise InvalidInput(f"cannot listen on {url_host(host)}:{port}: {exc.strerror or exc}; choose another "
+                           "address or port (port 0: any free one)", field="http") from None
+    return sock
+
+
 async def serve_http(db: str, config: Config, address: str, *, token_file: str | None = None,
                      busy_timeout_s: float = 5.0, ready: Callable[[int], None] | None = None) -> None:
     """Serve streamable HTTP on ``address`` until interrupted. Every check is made before
@@ -904,20 +1025,27 @@ async def serve_http(db: str, config: Config, address: str, *, token_file: str |
     loopback = is_loopback(host)
     async with _open_ledger(db, busy_timeout_s) as alg:
         server = build(alg, config, Sessions(alg))
-        # On loopback the SDK checks Host and Origin itself; beyond it Guard refuses any Origin.
-        security = None if loopback else TransportSecuritySettings(enable_dns_rebinding_protection=False)
-        app = server.streamable_http_app(host=host, transport_security=security)
-        uv = uvicorn.Server(uvicorn.Config(Guard(app, token, loopback), host=host, port=port, log_level="warning",
+        sock = listen(host, port)
+        bound = sock.getsockname()[1]
+        # On loopback (no token) the SDK checks Host and Origin; beyond it Guard refuses any Origin.
+        checks = security(host, bound) if loopback else TransportSecuritySettings(
+            enable_dns_rebinding_protection=False)
+        app = server.streamable_http_app(host=host, transport_security=checks)
+        uv = uvicorn.Server(uvicorn.Config(Guard(app, token, loopback), host=host, port=bound, log_level="warning",
                                            lifespan="on"))
         if ready is None:
             def ready(bound: int) -> None:
-                print(f"handoff mcp: serving http://{host}:{bound}/mcp as {config.role}", file=sys.stderr, flush=True)
+                print(f"handoff mcp: serving http://{url_host(host)}:{bound}/mcp as {config.role}", file=sys.stderr,
+                      flush=True)
 
         async def tell() -> None:
             while not uv.started:
                 await anyio.sleep(0.02)
-            ready(uv.servers[0].sockets[0].getsockname()[1])
+            ready(bound)
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(tell)
-            await uv.serve()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(tell)
+                await uv.serve(sockets=[sock])
+        finally:
+            sock.close()
