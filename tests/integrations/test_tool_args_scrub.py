@@ -43,10 +43,9 @@ def _check_nothing_kept(db: str, run: str) -> list[str]:
 
 # --- pydantic-ai ------------------------------------------------------------------------------
 
-pai = pytest.importorskip("pydantic_ai")
-
 
 def test_pydantic_ai_records_tool_arguments_scrubbed(tmp_path):
+    pytest.importorskip("pydantic_ai")
     from pydantic_ai import Agent
     from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
     from pydantic_ai.models.function import FunctionModel
