@@ -93,7 +93,8 @@ SHAPES: dict[str, st.SearchStrategy[tuple[str, str]]] = {
     "url-with-password": st.tuples(st.sampled_from(["https", "http", "postgresql", "redis", "amqp", "ftp"]),
                                    chars("abcdefghijklmnopqrstuvwxyz0123456789._-", 1, 16),
                                    chars("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!$&*+,;=%~", 8, 30),
-                                   st.sampled_from(["db.example.com", "203.0.113.7", "host", "[2001:db8::1]:5432"])).map(
+                                   st.sampled_from(["db.example.com", "203.0.113.7", "host",
+                                                    "[2001:db8::1]:5432"])).map(
         lambda t: (f"{t[0]}://{t[1]}:{t[2]}@{t[3]}/x", t[2])),
 }
 
@@ -150,6 +151,7 @@ def test_the_clean_control_passes():
 
 # --- end to end: a public file:// run holding each shape never leaves ------------------------------
 
+_KEY_BODY = "MIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf9Cnzj4p4WGeKLs1Pt8Qu"
 #: One fixed example of each shape: (the text, what must not be sent or recorded).
 _EXAMPLES: dict[str, tuple[str, str]] = {
     "stripe": ("sk_live_4eC39HqLyjWDarjtT1zdp7dc", "sk_live_4eC39HqLyjWDarjtT1zdp7dc"),
@@ -170,8 +172,7 @@ _EXAMPLES: dict[str, tuple[str, str]] = {
                "sk-proj-" + "Q2mK9pL4nR6tV8wZ1c" * 3 + "T3BlbkFJ" + "Q2mK9pL4nR6tV8wZ1c" * 3),
     "anthropic": ("sk-ant-api03-" + "Q2mK9pL4nR6t-V8wZ1_" * 4 + "cE3gH5jN0sD2fA7xy" + "AA",
                   "sk-ant-api03-" + "Q2mK9pL4nR6t-V8wZ1_" * 4 + "cE3gH5jN0sD2fA7xy" + "AA"),
-    "private-key": ("-----BEGIN RSA PRIVATE KEY-----\nMIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf9Cnzj4p4WGeKLs1Pt8Qu\n"
-                    "-----END RSA PRIVATE KEY-----", "MIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf9Cnzj4p4WGeKLs1Pt8Qu"),
+    "private-key": ("-----BEGIN RSA PRIVATE KEY-----\n" + _KEY_BODY + "\n-----END RSA PRIVATE KEY-----", _KEY_BODY),
     "jwt": ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ3b3JrZXIifQ.c2lnbmF0dXJlLXZhbHVl",
             "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ3b3JrZXIifQ.c2lnbmF0dXJlLXZhbHVl"),
     "basic-header": ("Authorization: Basic ZGVwbG95OmIzc3QtcGFzc3dvcmQ=", "ZGVwbG95OmIzc3QtcGFzc3dvcmQ="),
