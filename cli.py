@@ -105,6 +105,10 @@ class HandoffGroup(click.Group):
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
+        if os.environ.get(complete_var or COMPLETE_VAR, "").startswith("bash"):
+            from click.shell_completion import add_completion_class
+
+            add_completion_class(_completion_class("bash"), "bash")  # the line as bash has it
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         args = list(sys.argv[1:] if args is None else args)
@@ -264,17 +268,97 @@ def _complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) 
     only (a Tab never creates or changes a ledger); nothing when it cannot be read."""
     from click.shell_completion import CompletionItem
 
-    db = ctx.find_root().params.get("db") or os.environ.get("HANDOFF_DB") or "handoff.db"
     try:
-        from handoff.ledger.backends import open_store
         from handoff.projections import queries
 
-        if "://" not in db and not os.path.isfile(db):
-            return []
-        with open_store(db, readonly=True, create=False, busy_timeout_s=0.2) as store:
-            return [CompletionItem(r) for r in queries.run_ids_starting(store, incomplete, COMPLETE_RUNS)]
+        with _completion_store(ctx) as store:
+            return [] if store is None else [
+                CompletionItem(r) for r in queries.run_ids_starting(store, incomplete, COMPLETE_RUNS)]
     except Exception:  # a Tab must never print a traceback into the command line being typed
         return []
+
+
+def _completion_store(ctx: click.Context) -> Any:
+    """The ledger --db (or HANDOFF_DB, else ./handoff.db) names, opened read-only for a Tab
+    (a context manager), or a null context giving None when there is no such file."""
+    import contextlib
+
+    from handoff.ledger.backends import open_store
+
+    db = ctx.find_root().params.get("db") or os.environ.get("HANDOFF_DB") or "handoff.db"
+    if "://" not in db and not os.path.isfile(db):
+        return contextlib.nullcontext(None)
+    return open_store(db, readonly=True, create=False, busy_timeout_s=0.2)
+
+
+#: click's bash script, also handing over the line as bash has it (COMP_LINE, COMP_POINT)
+#: and where bash breaks words (COMP_WORDBREAKS): COMP_WORDS alone has a run id such as
+#: 'job:7' split in three at its ':'.
+BASH_SOURCE = """\
+%(complete_func)s() {
+    local IFS=$'\\n'
+    local response
+
+    response=$(env COMP_WORDS="${COMP_WORDS[*]}" COMP_CWORD=$COMP_CWORD COMP_LINE="$COMP_LINE" \\
+COMP_POINT=$COMP_POINT COMP_WORDBREAKS="$COMP_WORDBREAKS" %(complete_var)s=bash_complete $1)
+
+    for completion in $response; do
+        IFS=',' read type value <<< "$completion"
+
+        if [[ $type == 'dir' ]]; then
+            COMPREPLY=()
+            compopt -o dirnames
+        elif [[ $type == 'file' ]]; then
+            COMPREPLY=()
+            compopt -o default
+        elif [[ $type == 'plain' ]]; then
+            COMPREPLY+=($value)
+        fi
+    done
+
+    return 0
+}
+
+%(complete_func)s_setup() {
+    complete -o nosort -F %(complete_func)s %(prog_name)s
+}
+
+%(complete_func)s_setup;
+"""
+
+
+def _completion_class(shell: str) -> Any:
+    """click's completion for ``shell``; for bash, one that reads the words from the line
+    itself, so a word holding ':' (a run id may) is one word. bash replaces only the part
+    of the word after its last ':' (COMP_WORDBREAKS), so an offer drops what comes before,
+    as bash-completion's __ltrim_colon_completions does."""
+    from click.shell_completion import BashComplete, get_completion_class, split_arg_string
+
+    if shell != "bash":
+        return get_completion_class(shell)
+
+    class LineBashComplete(BashComplete):
+        source_template = BASH_SOURCE
+        kept = ""
+
+        def get_completion_args(self) -> tuple[list[str], str]:
+            line, point = os.environ.get("COMP_LINE"), os.environ.get("COMP_POINT", "")
+            if not line or not point.isdigit():
+                return super().get_completion_args()
+            before = line[: int(point)]
+            words = split_arg_string(before)
+            incomplete = words.pop() if words and not before[-1:].isspace() else ""
+            if ":" in os.environ.get("COMP_WORDBREAKS", ""):
+                self.kept = incomplete[: incomplete.rfind(":") + 1]
+            return words[1:], incomplete
+
+        def format_completion(self, item: Any) -> str:
+            value = item.value
+            if item.type == "plain" and self.kept and value.startswith(self.kept):
+                value = value[len(self.kept):]
+            return f"{item.type},{value}"
+
+    return LineBashComplete
 
 
 def _complete_from(names: Any) -> Any:
@@ -292,10 +376,32 @@ def _states() -> Any:
     return STATES
 
 
-def _progress_kind_names() -> Any:
-    from handoff.reducers.transitions import ALL_PROGRESS_KINDS
+def _progress_kind_names(declared: Any = None) -> Any:
+    """What 'progress' takes (reducers.decide): the activity that never counts, and the
+    progress kinds of the working states, with the contract's own (``declared``).
+    Blocked's and unknown's progress are commands of their own (block, effect-confirm),
+    which 'progress' refuses."""
+    from handoff.reducers import transitions as T
 
-    return ALL_PROGRESS_KINDS
+    return T.NOT_PROGRESS.union(*(T.progress_kinds_in(s, declared or {}) for s in T.WORKING))
+
+
+def _complete_kinds(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    """``_progress_kind_names`` with the kinds the run's contract declared, when the run
+    (RUN, already typed) can be read from the ledger."""
+    declared = None
+    # While an option's value is typed, click's lenient parse leaves RUN among ctx.args.
+    run = ctx.params.get("run") or next(iter(ctx.args), None)
+    try:
+        if run:
+            from handoff.projections import queries
+
+            with _completion_store(ctx) as store:
+                cp = None if store is None else queries.checkpoint(store, run)
+            declared = None if cp is None else cp.progress_kinds
+    except Exception:  # a Tab must never print a traceback into the command line being typed
+        declared = None
+    return _complete_from(lambda: _progress_kind_names(declared))(ctx, param, incomplete)
 
 
 def _health_names() -> Any:
@@ -305,7 +411,7 @@ def _health_names() -> Any:
 
 
 COMPLETE_STATE = _complete_from(_states)
-COMPLETE_KIND = _complete_from(_progress_kind_names)
+COMPLETE_KIND = _complete_kinds
 COMPLETE_HEALTH = _complete_from(_health_names)
 
 
@@ -1420,7 +1526,9 @@ def release(run: str, lease: str, reason: str, key: str | None, as_json: bool) -
 @click.option("--reason", required=True, help="Why the holder must stop.")
 @click.option("--lease", type=click.IntRange(min=1), default=None,
               help="Revoke only if this is still the current lease.")
-@click.option("--by", default=None, help="Operator name (default: $HANDOFF_ACTOR, else your login name).")
+@click.option("--by", default=None,
+              help="Who is acting (default: $HANDOFF_ACTOR, else your login name): logged as the run's owner "
+                   "when it is the owner's name, else as an operator.")
 @key_option
 @json_option
 def revoke(run: str, reason: str, lease: int | None, by: str | None, key: str | None, as_json: bool) -> None:
@@ -1439,7 +1547,7 @@ def revoke(run: str, reason: str, lease: int | None, by: str | None, key: str | 
 @main.command()
 @run_argument
 @click.option("--by", required=True, help="The owner (or, with --operator, an operator).")
-@click.option("--as", "disposition", required=True,
+@click.option("--disposition", "disposition", required=True,
               type=click.Choice([*(d.replace("_", "-") for d in CLOSE_DISPOSITIONS),
                                  *(d for d in CLOSE_DISPOSITIONS if "_" in d)]), help="How the run ends.")
 @click.option("--reason", default="", help="Why.")
@@ -1455,7 +1563,7 @@ def close(run: str, by: str, disposition: str, reason: str, operator: bool, key:
 
     \b
     Example:
-        handoff close $RUN --by alice --as no-op --reason "already fixed upstream"
+        handoff close $RUN --by alice --disposition no-op --reason "already fixed upstream"
     """
     disposition = disposition.replace("-", "_")
     with _ledger() as lg:
@@ -1791,7 +1899,7 @@ def log(run: str | None, after_seq: int | None, since: Any, until: Any, types: t
             source = (r for r in lg.events(**bounds, types=types, actors=actors, runs=runs, follow=follow,
                                            should_stop=lambda: stop["flag"])
                       if not (no_heartbeats and r.type == "heartbeat_recorded"))
-            items = rows(source, "position", add_role(R.ledger_row))
+            items = rows(source, "position", add_role(R.log_row))
             head, headers, cells = {}, R.LEDGER_LOG_HEADERS, R.ledger_log_cells
         if with_role:  # the server's word on who inserted each event (PostgreSQL)
             headers = [*headers, "DB ROLE"]
@@ -2578,9 +2686,7 @@ def completion(shell: str, as_json: bool) -> None:
         handoff completion zsh > "${fpath[1]}/_handoff"              # then restart zsh
         handoff completion fish > ~/.config/fish/completions/handoff.fish
     """
-    from click.shell_completion import get_completion_class
-
-    cls = get_completion_class(shell)
+    cls = _completion_class(shell)
     assert cls is not None  # the Choice above names only shells click knows
     script = cls(main, {}, "handoff", COMPLETE_VAR).source()
     if as_json:
@@ -2994,16 +3100,17 @@ intervals.
 "hidden_terminal"}`; `hidden_terminal` counts the runs that ended and were left out (0
 with `--all` or `--state`).
 
-**log**: `{"run_id", "events": [{"seq", "position", "at", "actor", "lease", "type",
-"key", "summary", "data", "db_role"}]}`; `data` is the event's own fields (with its `type`);
+**log**: `{"run_id", "events": [{"run_id", "seq", "position", "at", "actor", "lease",
+"type", "key", "summary", "data", "db_role"}]}`; `data` is the event's own fields (with its `type`);
 `actor` is `kind:name` (`worker:w1`, `owner:alice`, `watchdog:ops`, `operator:bob`), as
 the writer declared it; `db_role` is the database role the PostgreSQL server recorded
 inserting the event (null on SQLite, which has no server to say it; the table then has
 no DB ROLE column).
 **log** without RUN: `{"events": [{"run_id", "seq", "position", ...}], "next"}`, the same
-rows with their run, in position order; `next` is the `--since POSITION` of the next page
-(null when none). `--jsonl` prints the rows one per line; `--csv` prints a header line
-`position,at,run_id,seq,actor,lease,type,key,summary,data,db_role` (`data` as compact JSON).
+rows, in position order; `next` is the `--since POSITION` of the next page (null when
+none). With or without RUN, `--jsonl` prints the rows one per line; `--csv` prints a header
+line `position,at,run_id,seq,actor,lease,type,key,summary,data,db_role` (`data` as compact
+JSON).
 
 **report**: `{"run_id", "path", "format", "bytes", "last_seq", "end", "as_of"}`: the file
 written, its size, the last seq drawn, the time the story ends at, and `--at`/`--as-of`

@@ -965,9 +965,12 @@ class Ledger:
 
     def revoke(self, run_id: str, reason: str, *, lease: int | None = None, actor: Actor | None = None,
                key: str | None = None, by: str | None = None) -> Outcome:
-        """Take the lease away; logged as ``actor``, else the operator ``by`` names."""
-        return self.execute(run_id, C.Revoke(reason=reason, lease=lease), actor=self._actor(run_id, None, actor, by),
-                            key=key)
+        """Take the lease away; logged as ``actor``, else as whom ``by`` names (``operator_name``):
+        the run's owner when that is its name, else an operator."""
+        if actor is None:
+            name = operator_name(by)
+            actor = Actor("owner" if name == self.checkpoint(run_id).owner else "operator", name)
+        return self.execute(run_id, C.Revoke(reason=reason, lease=lease), actor=actor, key=key)
 
     def close_run(self, run_id: str, by: str, disposition: str, reason: str = "", *, as_operator: bool = False,
                   key: str | None = None) -> Outcome:

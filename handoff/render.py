@@ -279,28 +279,29 @@ LOG_HEADERS = ["SEQ", "TIME", "ACTOR", "LEASE", "TYPE", "SUMMARY"]
 
 
 def log_row(rec: Any) -> dict[str, Any]:
-    """One stored event (a ``Recorded``) as a row of 'handoff log' (its --json shape)."""
+    """One stored event (a ``Recorded``) as a row of 'handoff log' (its --json shape): a
+    row names its run, so rows of one run read the same as rows across runs."""
     import msgspec
 
     event = rec.event
     return {
-        "seq": rec.seq, "position": rec.position, "at": iso(rec.recorded_us), "actor": rec.actor,
+        "run_id": rec.run_id, "seq": rec.seq, "position": rec.position, "at": iso(rec.recorded_us), "actor": rec.actor,
         "lease": rec.lease, "type": rec.type, "key": rec.idempotency_key, "summary": summarize(event),
         "data": msgspec.to_builtins(event),
     }
+
+
+def ledger_row(rec: Any) -> dict[str, Any]:
+    """A row of 'handoff log' without RUN: ``log_row``, which names its run."""
+    return log_row(rec)
 
 
 #: The columns of 'handoff log' without RUN: every stream, in position order.
 LEDGER_LOG_HEADERS = ["POSITION", "TIME", "RUN", "SEQ", "ACTOR", "LEASE", "TYPE", "SUMMARY"]
 
 
-def ledger_row(rec: Any) -> dict[str, Any]:
-    """One stored event as a row of 'handoff log' without RUN: ``log_row`` with its run."""
-    return {"run_id": rec.run_id, **log_row(rec)}
-
-
 def ledger_log_cells(row: dict[str, Any], width: int = 60) -> list[Any]:
-    """A ``ledger_row`` as the cells of ``LEDGER_LOG_HEADERS``."""
+    """A ``log_row`` as the cells of ``LEDGER_LOG_HEADERS``."""
     return [row["position"], iso_ms(row["at"]), row["run_id"], row["seq"], row["actor"], row["lease"], row["type"],
             one_line(row["summary"], width)]
 
@@ -374,6 +375,11 @@ def action_doc(a: Any) -> dict[str, Any]:
             "key": a.key, "progress_seq": a.progress_seq, "lease": a.lease, "reason": a.reason, "seq": a.seq}
 
 
+def _shown(value: Any, limit: int = 60) -> str:
+    """A value of a diff on one line; a missing one (None) as '-', as tables print it."""
+    return "-" if value is None else one_line(value, limit)
+
+
 def format_diff(doc: dict[str, Any]) -> str:
     """``Ledger.diff``'s document as short lines: the first divergence, then what differs."""
     a, b = doc["run_a"], doc["run_b"]
@@ -388,17 +394,18 @@ def format_diff(doc: dict[str, Any]) -> str:
         out.append(f"  {side}: " + ("(no more events)" if w is None else
                                    f"{w['run_id']} seq {w['seq']} {w['type']} at {iso_ms(w['at'])}"))
     for d in first["differs"]:
-        out.append(f"  {d['field']}: a {one_line(d['a'], 60)!s} | b {one_line(d['b'], 60)!s}")
+        out.append(f"  {d['field']}: a {_shown(d['a'])} | b {_shown(d['b'])}")
     af = doc["after"]
     out.append("after it:")
     for key in ("state", "progress_seq"):
         v = af[key]
-        out.append(f"  {key}: a {v['a']}, b {v['b']}" + ("" if v["a"] != v["b"] else " (same)"))
+        out.append(f"  {key}: a {_shown(v['a'])}, b {_shown(v['b'])}" + ("" if v["a"] != v["b"] else " (same)"))
     arts = af["artifacts"]
     out.append(f"  artifacts: {len(arts['same'])} the same by sha256; changed: {', '.join(arts['changed']) or 'none'}; "
               f"only in a: {', '.join(arts['only_a']) or 'none'}; only in b: {', '.join(arts['only_b']) or 'none'}")
     ev_diff = af["evidence"]
-    out.append("  evidence: " + (", ".join(f"{k} a {v['a']} b {v['b']}" for k, v in ev_diff.items()) or "the same"))
+    out.append("  evidence: " + (", ".join(f"{k} a {_shown(v['a'])} b {_shown(v['b'])}" for k, v in ev_diff.items())
+                                 or "the same"))
     da, db = af["delivery"]["a"], af["delivery"]["b"]
     out.append(f"  delivery: a {da['status']}" + (f" ({da['receipt']})" if da["receipt"] else "")
               + f", b {db['status']}" + (f" ({db['receipt']})" if db["receipt"] else ""))

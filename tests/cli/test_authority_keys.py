@@ -84,7 +84,7 @@ def test_authority_verbs_retried_with_a_key_write_once(h, verb):
         token = working_run(lg, "r1")
     args = {
         "transfer": ["transfer", "r1", "--by", "alice", "--action", "deliver", "--to", "bot"],
-        "close": ["close", "r1", "--by", "alice", "--as", "no-op"],
+        "close": ["close", "r1", "--by", "alice", "--disposition", "no-op"],
         "release": ["release", "r1", "--lease", str(token)],
         "fork": ["fork", "r1", "--at", "3"],
     }[verb]

@@ -58,7 +58,7 @@ def test_jsonl_and_csv_hold_the_same_rows(h, args):
             assert {r["what"] for r in rows} >= {"after.state", "first_divergence"}
         return
     assert lines == doc[key] and len(rows) == len(doc[key]) > 0
-    ident = "run_id" if "run_id" in doc[key][0] else "seq"  # a run's log: its events by seq
+    ident = "seq" if args[:1] == ["log"] and args[1:] else "run_id"  # a run's log: its events by seq
     for row, want in zip(rows, doc[key]):
         assert row[ident].lstrip("'") == str(want[ident])
 
@@ -94,3 +94,18 @@ def test_errors_under_format_json_are_json(h):
     _ledger(h)
     r = h("status", "nope", "--format", "json", code=1)
     assert json.loads(r.stderr)["error"]["type"] == "UnknownRun"
+
+
+@pytest.mark.parametrize("args", [["log", "r1"], ["log", "r1.f"], ["log"], ["log", "--run", "r1", "--run", "r1.f"]],
+                         ids=["one-run", "a-fork", "across-runs", "some-runs"])
+def test_every_log_row_names_its_run_in_every_format(h, args):
+    """A row of 'handoff log' carries run_id in --json, --jsonl and --csv alike, whether the
+    listing is one run's or spans runs: a spreadsheet of a run's log says whose it is."""
+    _ledger(h)
+    want = [e["run_id"] for e in json.loads(h(*args, "--json").stdout)["events"]]
+    assert want and all(want)
+    if args[1:] and not args[1].startswith("--"):
+        assert set(want) == {args[1]}
+    lines = [json.loads(x)["run_id"] for x in h(*args, "--jsonl").stdout.splitlines()]
+    rows = [r["run_id"] for r in csv.DictReader(io.StringIO(h(*args, "--csv").stdout))]
+    assert lines == rows == want

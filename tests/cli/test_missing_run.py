@@ -40,7 +40,7 @@ ARGS = {
     "delivery-failed": ["--key", "k", "--error", "e"],
     "release": ["--lease", TOKEN],
     "revoke": ["--reason", "r"],
-    "close": ["--by", "alice", "--as", "cancelled"],
+    "close": ["--by", "alice", "--disposition", "cancelled"],
     "reopen": ["--by", "alice", "--reason", "r"],
     "fork": ["--at", "1"],
     "status": [],

@@ -70,7 +70,7 @@ def test_release_revoke_close_fork_transfer(h):
     fork = h.json("status", "r1-fork")
     assert fork["fork_parent"] == "r1" and fork["fork_seq"] == 3 and fork["lease"] is None
     assert "bob may now close" in h("transfer", "r1", "--by", "alice", "--action", "close", "--to", "bob").stdout
-    assert "closed as no_op" in h("close", "r1", "--by", "bob", "--as", "no-op", "--reason", "done upstream").stdout
+    assert "closed as no_op" in h("close", "r1", "--by", "bob", "--disposition", "no-op", "--reason", "done upstream").stdout
     assert h.json("status", "r1")["state"] == "no_op"
 
 

@@ -285,7 +285,8 @@ CASES = [
     # 12 unknown states
     Case("unknown states", "transition to 'flying'", ["transition", "r1", "--lease", TOKEN, "--to", "flying"], 2,
          "to must be one of", lambda lg, w: lg.transition("r1", TOKEN, "flying"), "to"),
-    Case("unknown states", "close as 'exploded'", ["close", "r1", "--by", "alice", "--as", "exploded"], 2, "--as",
+    Case("unknown states", "close as 'exploded'", ["close", "r1", "--by", "alice", "--disposition", "exploded"], 2,
+         "--disposition",
          lambda lg, w: lg.close_run("r1", "alice", "exploded"), "disposition"),
     # 13 unknown kinds
     Case("unknown kinds", "progress kind 'flying'", [*P[:4], "--kind", "flying"], 2, "kind",
@@ -657,6 +658,7 @@ GOOD = ["r1", "1", "w1", "alice", "executing", "verifying", "tool_outcome", "not
         "2026-05-01T12:00:00Z"]
 #: A sensible value per option, so that most invocations get past click to the ledger.
 SENSIBLE = {"--lease": TOKEN, "--to": "verifying", "--kind": "tool_outcome", "--outcome": "pass", "--as": "no-op",
+            "--disposition": "no-op",
             "--action": "deliver", "--at": "2", "--after": "1", "--now": "2026-05-01T12:00:00Z",
             "--as-of": "2999-01-01T00:00:00Z", "--worker": "w1", "--by": "alice", "--key": "k1", "--owner": "alice",
             "--goal": "g", "--target": "chat:#ops", "--run-id": "r2", "--heartbeat-timeout": "30",
