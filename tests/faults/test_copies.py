@@ -215,15 +215,36 @@ while True:
 """
 
 
+#: How long the writer process may take to show each append the test waits for (a busy
+#: machine starts a Python process slowly); polls of the ledger's head are a small share of it.
+WRITER_TIMEOUT_S = 120.0
+POLL_S = WRITER_TIMEOUT_S / 2000
+
+
+def _last_position(db: str) -> int:
+    with Ledger(db, readonly=True) as lg:
+        return lg.store.last_position()
+
+
+def _wait_for_appends_past(db: str, position: int, writer: subprocess.Popen, deadline: float) -> None:
+    """Until the writer has appended past ``position``: a backup then has something new to
+    see, however slowly the writer started (never a guess at how long that takes)."""
+    while _last_position(db) <= position:
+        assert writer.poll() is None, f"the writer exited ({writer.returncode}) before appending"
+        assert time.monotonic() < deadline, f"the writer appended nothing past position {position}"
+        time.sleep(POLL_S)
+
+
 def test_a_backup_taken_while_a_writer_process_appends_is_consistent(tmp_path, evidence):
     db = str(tmp_path / "l.db")
     _ledger_with_runs(db, 1)
+    start = _last_position(db)
     writer = subprocess.Popen([sys.executable, "-c", WRITER, db], cwd=ROOT)
     try:
-        seen = []
-        deadline = time.monotonic() + 30
-        while len(seen) < 4 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        seen: list[int] = []
+        deadline = time.monotonic() + WRITER_TIMEOUT_S
+        while len(seen) < 4:
+            _wait_for_appends_past(db, seen[-1] if seen else start, writer, deadline)
             dest = str(tmp_path / f"b{len(seen)}.db")
             with Ledger(db) as lg:
                 doc = lg.backup(dest)
@@ -231,11 +252,13 @@ def test_a_backup_taken_while_a_writer_process_appends_is_consistent(tmp_path, e
                 assert b.verify() == [] and b.check() == []
                 assert b.verify(expect_head=doc["head"]) == []
             seen.append(doc["positions"])
+        _wait_for_appends_past(db, seen[-1], writer, deadline)
         assert writer.poll() is None, "the writer kept running throughout"
     finally:
         writer.kill()
         writer.wait()
-    assert len(seen) == 4 and seen == sorted(seen) and seen[-1] > seen[0], seen
+    assert start < seen[0], (start, seen)
+    assert len(seen) == 4 and seen == sorted(set(seen)), seen  # each backup saw the writer append more
     with Ledger(db) as lg:  # each backup is a prefix of the ledger as it grew
         for i in range(4):
             with Ledger(str(tmp_path / f"b{i}.db"), readonly=True) as b:
