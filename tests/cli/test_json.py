@@ -40,7 +40,8 @@ def test_status_list_log_stalls(h):
                                    "health", "action", "updated_at", "goal"}
     log = h.json("log", "r1")
     assert set(log) == {"run_id", "events", "next"} and log["next"] is None
-    assert set(log["events"][0]) == {"seq", "position", "at", "actor", "lease", "type", "key", "summary", "data", "db_role"}
+    assert set(log["events"][0]) == {"run_id", "seq", "position", "at", "actor", "lease", "type", "key", "summary",
+                                     "data", "db_role"}
     stalls = h.json("stalls", "--now", "2100-01-01T00:00:00")  # a naive time is UTC
     assert stalls["now"] == "2100-01-01T00:00:00.000000Z"
     assert set(stalls) == {"now", "stalls", "next", "more"} and stalls["next"] is None
