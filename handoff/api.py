@@ -1087,23 +1087,39 @@ class Ledger:
         self, run_id: str, *, thread_id: str, checkpoint_id: str, checkpoint: Mapping[str, Any],
         metadata: Mapping[str, Any], values: Mapping[str, str], new_values: Iterable[bytes] = (),
         namespace: str = "", parent_id: str = "", lease: str | None = None, actor: Actor | None = None,
-        extends: Mapping[str, str] | None = None,
+        extends: Mapping[str, str] | None = None, bases: Mapping[str, str] | None = None,
     ) -> Outcome:
         """Record a graph checkpoint (``graph_checkpoint_saved``): ``values`` maps each channel
         to the sha256 of its value; ``new_values`` are the values not stored yet (a channel
         whose version did not change names the value an earlier checkpoint stored).
         ``extends`` maps a channel whose stored value holds only the items appended since
-        the parent checkpoint to the parent's version of that channel. With
+        the parent checkpoint to the parent's version of that channel, and ``bases`` that
+        channel to the sha256 of the stored value it continues. In the write's own
+        transaction every value the checkpoint names without storing it, and every base,
+        must be stored and not erased, or the write is refused (SeqConflict: re-read the
+        run and store the value whole) and nothing is written. With
         ``lease`` (a token) it is that lease's worker's write, fenced; else ``actor`` (the
         run's owner when not given). Where the contract declares ``graph_step`` as progress,
         a checkpoint whose metadata says ``source: loop`` also records that progress."""
         t = None if lease is None else lease_token(lease)
-        blobs = self._new_values(new_values, set(values.values()) if isinstance(values, Mapping) else set())
+        named = set(values.values()) if isinstance(values, Mapping) else set()
+        blobs = self._new_values(new_values, named)
         cmd = C.SaveGraphCheckpoint(thread_id=thread_id, checkpoint_id=checkpoint_id, checkpoint=dict(checkpoint),
                                     metadata=dict(metadata), values=dict(values), namespace=namespace,
                                     parent_id=parent_id, lease=t and t.lease,
                                     extends=dict(extends) if extends else msgspec.UNSET)
-        return self._with_values(run_id, cmd, blobs, t, actor)
+        given = dict(bases) if isinstance(bases, Mapping) else {}
+
+        def needed() -> set[str]:  # after decide has checked values and extends
+            for channel in extends or {}:
+                base = given.get(channel)
+                if not isinstance(base, str) or len(base) != 64 or base.strip("0123456789abcdef"):
+                    raise InvalidInput(f"extends names channel {str(channel)[:60]!r} but bases gives no sha256 of "
+                                       "the stored value it continues; pass bases={channel: sha256}",
+                                       field="bases")
+            return {d for d in named if d not in blobs} | {given[ch] for ch in extends or {}}
+
+        return self._with_values(run_id, cmd, blobs, t, actor, needed)
 
     def save_graph_writes(
         self, run_id: str, *, thread_id: str, checkpoint_id: str, task_id: str,
@@ -1128,15 +1144,25 @@ class Ledger:
     def erase_values(
         self, run_id: str, *, reason: str, values: Iterable[str] = (), checkpoints: Iterable[tuple[str, str]] = (),
         everything: bool = False, lease: str | None = None, actor: Actor | None = None,
+        end_lease: int | None = None,
     ) -> Outcome:
         """Delete values kept beside the run's log, recording it first (``values_erased``):
         the digests, and the saved graph checkpoints (namespace, id) that go with them, or
         ``everything`` saved so far. The events that named the values stay; ``verify`` then
-        reports the values as erased, naming this event. Accepted on an ended run too."""
+        reports the values as erased, naming this event. Accepted on an ended run too.
+
+        While a worker holds the run's lease only a write under it (``lease``, its token)
+        erases; the owner or an operator names the lease instead (``end_lease``, its
+        number) to end it in the same write (``lease_revoked``), so the holder's next
+        write is refused as stale. Anyone else gets LeaseHeld and nothing is erased."""
         t = None if lease is None else lease_token(lease)
+        if end_lease is not None and t is not None:
+            raise InvalidInput("pass lease (the holder's token, erasing under it) or end_lease (the owner ending "
+                               "that lease), not both", field="end_lease")
+        number = t.lease if t is not None else end_lease
         digests = tuple(dict.fromkeys(values))
         refs = tuple(ev.GraphRef(namespace=ns, checkpoint_id=cid) for ns, cid in checkpoints)
-        cmd = C.EraseValues(reason=reason, values=digests, checkpoints=refs, everything=everything, lease=t and t.lease)
+        cmd = C.EraseValues(reason=reason, values=digests, checkpoints=refs, everything=everything, lease=number)
         out = self.execute(run_id, cmd, actor=self._saver_actor(run_id, t, actor), token=t)
         if out.result.outcome == "committed" and digests:
             self.store.delete_values(run_id, digests)
@@ -1167,12 +1193,13 @@ class Ledger:
         return Actor("owner", self.checkpoint(run_id).owner or "?")
 
     def _with_values(self, run_id: str, cmd: C.Command, blobs: dict[str, bytes], t: LeaseToken | None,
-                     actor: Actor | None) -> Outcome:
+                     actor: Actor | None, needed: Callable[[], set[str]] | None = None) -> Outcome:
         """The command's event and its values, written together where the store lets a put
         join the write (SQLite: one transaction, a refusal writes neither), else values first:
-        a value nothing names yet is harmless (docs/langgraph.md, "Storage")."""
+        a value nothing names yet is harmless (docs/langgraph.md, "Storage"). ``needed``
+        gives the values the write needs stored already, checked in its transaction."""
         who = self._saver_actor(run_id, t, actor)
-        if not blobs:
+        if not blobs and needed is None:
             return self.execute(run_id, cmd, actor=who, token=t)
         if not self.store.values_join_writes:
             self._token_for(run_id, cmd, who, t)  # a malformed call stores nothing
@@ -1184,8 +1211,10 @@ class Ledger:
 
         def _decide(cp: Checkpoint, head: Head | None) -> Decision:
             decision = decider(cp, head)
-            if decision.events:
-                store.put_values(run_id, blobs)  # inside this write's transaction
+            if decision.events:  # inside this write's transaction
+                if needed is not None:
+                    store.require_values(run_id, needed())  # type: ignore[attr-defined]
+                store.put_values(run_id, blobs)
             return decision
 
         result, state = store.execute(run_id, AGGREGATE, _decide, actor=who, lease=token)

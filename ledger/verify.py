@@ -3,7 +3,9 @@
 A dialect feeds ``walk`` its events (with the unit its heads table keeps a run's span
 in: a position, or PostgreSQL's write id) inside one read snapshot, feeds ``chain`` its
 ledger-wide chain a page at a time, and hands ``check_heads`` its heads; the rules of
-what is damaged are written here once.
+what is damaged are written here once. The walk also follows each run's saved graph
+checkpoints: one that is not erased but continues a value that no longer is (erased, or
+never saved) cannot be read back whole, and is damage (``checkpoint_values_missing``).
 """
 
 from __future__ import annotations
@@ -11,15 +13,29 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from . import events as ev
+from .errors import SeqConflict
 from .plan import LeaseState
 from .store import GENESIS_HASH, Head, Problem, Recorded, chain_hash, global_link
 
 _LEASE_TYPES = frozenset(("lease_granted", "lease_released", "lease_revoked"))
+_GRAPH_TYPES = frozenset(("graph_checkpoint_saved", "values_erased"))
+
+
+def not_stored(run_id: str, digest: str | None = None) -> SeqConflict:
+    """The write-side half of ``checkpoint_values_missing``: each dialect's refusal, in the
+    write's own transaction, of a write that continues or names again a value the run does
+    not store (erased, or never written). The writer's picture of the run is old."""
+    which = f"value {digest[:16]}..." if digest else "a value"
+    return SeqConflict(
+        f"the write to run {run_id} needs {which}, which the run does not store (it was erased, or never "
+        "written); nothing was written. Re-read the run and store the value whole",
+        run_id=run_id, why="value_not_stored", sha256=digest)
 
 
 class Walk:
     """What the walk found: problems, the runs broken (later events of theirs unread),
-    and per sound run its last (seq, hash), its span, and the fence its lease events set."""
+    and per sound run its last (seq, hash), its span, the fence its lease events set, and
+    its saved graph checkpoints."""
 
     def __init__(self) -> None:
         self.problems: list[Problem] = []
@@ -27,6 +43,70 @@ class Walk:
         self.seen: dict[str, tuple[int, bytes]] = {}
         self.spans: dict[str, tuple[int, int]] = {}
         self.fences: dict[str, LeaseState] = {}
+        self.graphs: dict[str, _Graph] = {}
+
+
+class _Graph:
+    """One run's saved graph checkpoints as a reader folds them: each channel version's
+    stored value (its digest, and the version it continues), and the checkpoints not
+    erased that continue a version."""
+
+    def __init__(self) -> None:
+        #: (namespace, channel, version) -> (digest, the version it continues or None)
+        self.versions: dict[tuple[str, str, str], tuple[str, str | None]] = {}
+        #: (thread, namespace, checkpoint id) -> (the record, {channel: version it continues})
+        self.continuing: dict[tuple[str, str, str], tuple[Recorded, dict[str, str]]] = {}
+        #: (namespace, channel, version) -> the seq of the values_erased event that erased its value
+        self.erased: dict[tuple[str, str, str], int] = {}
+
+    def see(self, rec: Recorded, event: ev.Event) -> None:
+        if isinstance(event, ev.GraphCheckpointSaved):
+            versions = event.checkpoint.get("channel_versions", {}) if isinstance(event.checkpoint, dict) else {}
+            extends = event.extends if isinstance(event.extends, dict) else {}
+            for channel, digest in event.values.items():
+                self.versions[(event.namespace, channel, str(versions.get(channel)))] = (digest, extends.get(channel))
+            key = (event.thread_id, event.namespace, event.checkpoint_id)
+            if extends:
+                self.continuing[key] = (rec, dict(extends))
+            else:
+                self.continuing.pop(key, None)
+        elif isinstance(event, ev.ValuesErased):
+            gone = {(r.namespace, r.checkpoint_id) for r in event.checkpoints}
+            for key in [k for k in self.continuing if event.everything or (k[1], k[2]) in gone]:
+                del self.continuing[key]
+            erased = set(event.values)
+            for k in [k for k, d in self.versions.items() if d[0] in erased]:
+                del self.versions[k]
+                self.erased[k] = rec.seq
+
+    def problems(self, run_id: str) -> list[Problem]:
+        out = []
+        for (thread, ns, cid), (rec, extends) in self.continuing.items():
+            for channel, base in sorted(extends.items()):
+                why = self._broken(ns, channel, base)
+                if why is not None:
+                    out.append(Problem(
+                        "checkpoint_values_missing", run_id, rec.seq, rec.position,
+                        f"graph checkpoint {cid[:80]} of thread {thread[:80]!r} stores channel {channel[:60]!r} as "
+                        f"the items appended to an earlier version, {why}, and no values_erased event erased the "
+                        "checkpoint itself: it cannot be read back whole. Restore the run's values from a backup, "
+                        "or delete the thread"))
+                    break
+        return out
+
+    def _broken(self, ns: str, channel: str, base: str | None) -> str | None:
+        seen: set[str] = set()
+        while base is not None:
+            link = self.versions.get((ns, channel, base))
+            if link is None:
+                by = self.erased.get((ns, channel, base))
+                return (f"whose value (version {base[:40]}) was erased at seq {by}" if by is not None
+                        else f"whose value (version {base[:40]}) no checkpoint saved")
+            if base in seen:
+                return f"whose versions continue one another in a loop (at version {base[:40]})"
+            seen.add(base)
+            base = link[1]
+        return None
 
 
 def _problem_of(rec: Recorded, last_seq: int, prev: bytes) -> tuple[str, str] | None:
@@ -83,6 +163,14 @@ def walk(records: Iterable[tuple[Recorded, int]], *, whole: bool, total: int,
             if fence is None:
                 fence = out.fences[rec.run_id] = LeaseState(None, None, 0)
             fence.move(ev.decode(rec.payload))
+        elif rec.type in _GRAPH_TYPES:
+            graph = out.graphs.get(rec.run_id)
+            if graph is None:
+                graph = out.graphs[rec.run_id] = _Graph()
+            graph.see(rec, ev.decode(rec.payload))
+    for rid, graph in out.graphs.items():
+        if rid not in out.broken:
+            out.problems.extend(graph.problems(rid))
     return out
 
 

@@ -844,9 +844,44 @@ def _erase_values(cp: Checkpoint, c: C.EraseValues, ctx: Context) -> list[ev.Eve
             raise InvalidInput(f"checkpoints[{i}] must be a GraphRef", field="checkpoints")
         refs.append(ev.GraphRef(namespace=_text(f"checkpoints[{i}].namespace", r.namespace, max_len=MAX_GRAPH_TEXT),
                                 checkpoint_id=_name(f"checkpoints[{i}].checkpoint_id", r.checkpoint_id)))
+    ending = _erase_ends_lease(cp, c, ctx)
     if not (values or refs or c.everything):
-        return []  # nothing to erase: nothing recorded
-    return [ev.ValuesErased(reason=reason, values=values, checkpoints=tuple(refs), everything=bool(c.everything))]
+        return []  # nothing to erase: nothing recorded (and no lease ended)
+    erased = ev.ValuesErased(reason=reason, values=values, checkpoints=tuple(refs), everything=bool(c.everything))
+    if not ending:
+        return [erased]
+    return [*_lost_lease_events(cp, f"{ctx.actor} erased the run's graph values ({reason})", "revoke"), erased]
+
+
+def _erase_ends_lease(cp: Checkpoint, c: C.EraseValues, ctx: Context) -> bool:
+    """Whether an erasure also ends the run's lease; refuses one that may not erase now.
+
+    While a worker holds the lease its graph is the one whose values the run keeps: only
+    that worker (its write under the lease) erases them, or the owner or an operator who
+    names the lease (``c.lease``) and so ends it in the same write. The holder's next
+    write is then refused as stale instead of continuing values that are gone."""
+    if ctx.actor.kind == T.WORKER:
+        return False  # _authorize checked that the worker's lease is the current one
+    if cp.lease is None:
+        if c.lease is not None:
+            raise StaleLease(f"lease {c.lease} is not run {cp.run_id}'s current lease (it has none); nothing "
+                             "was erased. Erase again without naming a lease", run_id=cp.run_id, lease=c.lease,
+                             why="ended")
+        return False
+    if c.lease is None:
+        raise LeaseHeld(
+            f"run {cp.run_id} is held by {cp.worker} under lease {cp.lease}; erasing its graph values by "
+            f"{ctx.actor} is refused, so the holder's graph does not go on from values that are gone. Erase "
+            "under that lease (LedgerSaver(lg, lease=...)), or, as the run's owner, end the lease in the "
+            f"same write by naming it (LedgerSaver.delete_thread(thread_id, end_lease={cp.lease}), "
+            f"Ledger.erase_values(..., end_lease={cp.lease})), or wait for it to be released or revoked",
+            lease=cp.lease, same_worker=False,
+        )
+    if c.lease != cp.lease:
+        raise StaleLease(f"lease {c.lease} is not run {cp.run_id}'s current lease; nothing was erased and no "
+                         "lease ended. Read the run's lease again ('handoff status') and name that one",
+                         run_id=cp.run_id, lease=c.lease, why="ended")
+    return True
 
 
 HANDLERS = {

@@ -14,8 +14,12 @@ and the last value of each growing list it stored, serialized.
 Write ownership: a saver given a lease (``LedgerSaver(lg, lease=lease)`` inside ``with
 lg.lease(run, worker=...) as lease``) writes under that lease's token, so after a revoke
 or a later claim its ``put`` and ``put_writes`` raise ``StaleLease`` and write nothing;
-while a lease is held, a saver without it is refused (``LeaseHeld``). Without a lease the
-saver writes as the run's owner: one writer by convention, as LangGraph's own savers.
+while a lease is held, a saver without it is refused (``LeaseHeld``), deleting too, unless
+the owner names the lease to end in the same write (``delete_thread(thread, end_lease=N)``).
+Without a lease the saver writes as the run's owner: one writer by convention, as
+LangGraph's own savers. Either way a checkpoint is never stored as the tail of a value the
+run no longer stores: the ledger refuses it in the write's transaction (``SeqConflict``)
+and the saver reads the run again and stores the value whole.
 """
 
 from __future__ import annotations
@@ -46,8 +50,16 @@ from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 from handoff.api import Ledger
 from handoff.lease import HeldLease
 from handoff.ledger import events as ev
-from handoff.ledger.errors import CorruptLedger, InvalidInput, LeaseLost, RunExists, StaleLease, UnknownRun
-from handoff.ledger.store import RUN_ID_RE, Actor, value_digest
+from handoff.ledger.errors import (
+    CorruptLedger,
+    InvalidInput,
+    LeaseLost,
+    RunExists,
+    SeqConflict,
+    StaleLease,
+    UnknownRun,
+)
+from handoff.ledger.store import RUN_ID_RE, Actor, check_chars, value_digest
 from handoff.reducers import transitions as T
 
 #: What a run opened by the saver is for, unless the saver or the config says otherwise.
@@ -71,6 +83,16 @@ def run_id_for(thread_id: str) -> str:
     if RUN_ID_RE.fullmatch(thread_id) and not thread_id.startswith("watcher:"):
         return thread_id
     return DERIVED_PREFIX + hashlib.sha256(thread_id.encode()).hexdigest()[:40]
+
+
+def _thread_id(thread: str) -> str:
+    """A thread id as the ledger keeps it: one line of printable text (it also names the
+    run's target, and shows in status, logs and reports), or InvalidInput naming it."""
+    check_chars(thread, "thread_id")
+    if "\n" in thread or "\t" in thread:
+        raise InvalidInput(f"thread_id {thread[:80]!r} must be a single line without tabs; give LangGraph a "
+                           "thread id of printable text", field="thread_id")
+    return thread
 
 
 def _frame(typed: tuple[str, bytes]) -> bytes:
@@ -155,6 +177,18 @@ class _Saved:
     event: ev.GraphCheckpointSaved
     #: (task_id, idx) -> (channel, sha256, task_path)
     writes: dict[tuple[str, int], tuple[str, str, str]] = field(default_factory=dict)
+
+
+@dataclass
+class _Stored:
+    """How one checkpoint's values are stored."""
+
+    digests: dict[str, str]  # channel -> sha256 of the value stored for it
+    extends: dict[str, str]  # channel -> the version its stored value continues
+    bases: dict[str, str]  # channel -> sha256 of that version's stored value
+    new: list[bytes]  # the values not stored yet
+    #: what the next version of each growing list may be stored as the tail of
+    held: dict[tuple[str, str, str, str], tuple[str, tuple[str, bytes]]]
 
 
 @dataclass
@@ -259,7 +293,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         if thread is None:
             raise InvalidInput("the config has no configurable.thread_id; LangGraph needs one to save a "
                                "thread's state", field="thread_id")
-        thread = str(thread)
+        thread = _thread_id(str(thread))
         if self.lease is not None:
             run = self.lease.run_id
         else:
@@ -438,47 +472,81 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         assert index is not None
         self._start_work(run, index)
         body = _plain({k: v for k, v in checkpoint.items() if k != "channel_values"}, "checkpoint")
+        parent_id = str(config.get("configurable", {}).get("checkpoint_id") or "")
+        md = _plain(get_serializable_checkpoint_metadata(config, metadata), "metadata")
+        source = md.get("source")
+        self._clear_interrupt(run, index, source in ("input", "update"))
+        stored = self._stored(run, thread, ns, index, checkpoint, new_versions, parent_id, whole=False)
+        try:
+            out = self._save(run, thread, ns, index, checkpoint, body, md, parent_id, stored)
+        except SeqConflict as exc:
+            if exc.details.get("why") != "value_not_stored":
+                raise
+            # A value this write continues or names again is gone (erased since this saver
+            # read the run): read the run again and store every value whole.
+            index = self._index(run)
+            assert index is not None
+            with self._lock:
+                for key in [k for k in self._held if k[0] == run]:
+                    del self._held[key]
+            stored = self._stored(run, thread, ns, index, checkpoint, new_versions, parent_id, whole=True)
+            out = self._save(run, thread, ns, index, checkpoint, body, md, parent_id, stored)
+        self._learn(run, index, out, ev.GraphCheckpointSaved(
+            thread_id=thread, checkpoint_id=checkpoint["id"], checkpoint=body, metadata=md, values=stored.digests,
+            namespace=ns, parent_id=parent_id, extends=stored.extends or msgspec.UNSET))
+        with self._lock:
+            for key, value in stored.held.items():
+                self._held[key] = value
+                self._held.move_to_end(key)
+            while len(self._held) > HELD:
+                self._held.popitem(last=False)
+        return {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+
+    def _stored(self, run: str, thread: str, ns: str, index: _Index, checkpoint: Checkpoint,
+                new_versions: ChannelVersions, parent_id: str, *, whole: bool) -> _Stored:
+        """How a checkpoint's values are stored. ``whole``: every value stored whole, none
+        named again (after the ledger said one this saver named is gone)."""
         values = checkpoint.get("channel_values", {})
         versions = checkpoint.get("channel_versions", {})
-        parent_id = str(config.get("configurable", {}).get("checkpoint_id") or "")
         parent = index.saved.get((thread, ns, parent_id)) if parent_id else None
         before = parent.event.checkpoint.get("channel_versions", {}) if parent is not None else {}
         digests: dict[str, str] = {}
         extends: dict[str, str] = {}
+        bases: dict[str, str] = {}
         new: list[bytes] = []
         held: dict[tuple[str, str, str, str], tuple[str, tuple[str, bytes]]] = {}
         for channel, version in versions.items():
             if channel not in values:
                 continue
-            known = None if channel in new_versions else index.versions.get((ns, channel, str(version)))
+            known = None if whole or channel in new_versions else index.versions.get((ns, channel, str(version)))
+            if known is not None and known[1] is not None:  # named again, and stored as a tail
+                link = index.versions.get((ns, channel, known[1]))
+                if link is None:
+                    known = None  # what it continues is gone: stored whole
+                else:
+                    bases[channel] = link[0]
             if known is None:
                 typed = self.serde.dumps_typed(values[channel])
-                base = self._base((run, thread, ns, channel), before.get(channel), index)
+                base = None if whole else self._base((run, thread, ns, channel), before.get(channel), index)
                 tail = _tail(typed, base[1]) if base is not None else None
                 blob = _frame(tail or typed)
                 known = (value_digest(blob), base[0] if tail is not None and base is not None else None)
+                if tail is not None and base is not None:
+                    bases[channel] = index.versions[(ns, channel, base[0])][0]
                 new.append(blob)
                 if typed[0] == MSGPACK:
                     held[(run, thread, ns, channel)] = (str(version), typed)
             digests[channel] = known[0]
             if known[1] is not None:
                 extends[channel] = known[1]
-        md = _plain(get_serializable_checkpoint_metadata(config, metadata), "metadata")
-        source = md.get("source")
-        self._clear_interrupt(run, index, source in ("input", "update"))
-        out = self._fenced(lambda: self.lg.save_graph_checkpoint(
-            run, thread_id=thread, checkpoint_id=checkpoint["id"], checkpoint=body, metadata=md, values=digests,
-            new_values=new, namespace=ns, parent_id=parent_id, extends=extends, **self._writer(run, index)))
-        self._learn(run, index, out, ev.GraphCheckpointSaved(
-            thread_id=thread, checkpoint_id=checkpoint["id"], checkpoint=body, metadata=md, values=digests,
-            namespace=ns, parent_id=parent_id, extends=extends or msgspec.UNSET))
-        with self._lock:
-            for key, value in held.items():
-                self._held[key] = value
-                self._held.move_to_end(key)
-            while len(self._held) > HELD:
-                self._held.popitem(last=False)
-        return {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+        return _Stored(digests, extends, bases, new, held)
+
+    def _save(self, run: str, thread: str, ns: str, index: _Index, checkpoint: Checkpoint, body: Any, md: Any,
+              parent_id: str, stored: _Stored) -> Any:
+        return self._fenced(lambda: self.lg.save_graph_checkpoint(
+            run, thread_id=thread, checkpoint_id=checkpoint["id"], checkpoint=body, metadata=md,
+            values=stored.digests, new_values=stored.new, namespace=ns, parent_id=parent_id,
+            extends=stored.extends, bases=stored.bases, **self._writer(run, index)))
 
     def _base(self, key: tuple[str, str, str, str], version: Any, index: _Index) -> tuple[str, tuple[str, bytes]] | None:
         """What a channel's new value may be stored as the tail of: the parent checkpoint's
@@ -545,7 +613,11 @@ class LedgerSaver(BaseCheckpointSaver[str]):
 
     # --- deleting: recorded first, then done ---------------------------------------------
 
-    def _erase(self, run: str, index: _Index, doomed: set[tuple[str, str, str]], reason: str) -> None:
+    def _erase(self, run: str, index: _Index, doomed: set[tuple[str, str, str]], reason: str,
+               end_lease: int | None = None) -> None:
+        """Record, then delete, the values only ``doomed`` checkpoints use. While a worker
+        holds the run's lease only a saver under it may (else LeaseHeld, nothing erased),
+        or the owner naming the lease (``end_lease``), which ends it in the first write."""
         if not doomed:
             return
         kept = index.live_digests(lambda k: k not in doomed)
@@ -556,16 +628,24 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         chunks = max(1, -(-max(len(refs), len(digests)) // ERASE_CHUNK))
         for i in range(chunks):
             part = slice(i * ERASE_CHUNK, (i + 1) * ERASE_CHUNK)
-            self._fenced(lambda part=part: self.lg.erase_values(
+            ending = {"end_lease": end_lease} if end_lease is not None and i == 0 else {}
+            self._fenced(lambda part=part, ending=ending: self.lg.erase_values(
                 run, reason=reason, values=digests[part], checkpoints=() if everything else refs[part],
-                everything=everything and i == chunks - 1, **self._writer(run, index)))
+                everything=everything and i == chunks - 1, **ending, **self._writer(run, index)))
         self._index(run)
+        with self._lock:  # nothing erased is continued from memory
+            for key in [k for k in self._held if k[0] == run]:
+                del self._held[key]
 
-    def delete_thread(self, thread_id: str) -> None:
+    def delete_thread(self, thread_id: str, *, end_lease: int | None = None) -> None:
+        """Erase the thread's checkpoints, writes and values (recorded first). While a
+        worker holds the run's lease: a saver under that lease, or the run's owner naming
+        the lease (``end_lease``, its number in ``handoff status``), which ends it in the
+        same write so the holder's next write is refused as stale; else LeaseHeld."""
         run, thread, _ = self._run_of({"configurable": {"thread_id": thread_id}})
         index = self._index(run)
         if index is not None:
-            self._erase(run, index, {k for k in index.saved if k[0] == thread}, "delete_thread")
+            self._erase(run, index, {k for k in index.saved if k[0] == thread}, "delete_thread", end_lease)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         wanted = set(run_ids)
@@ -630,10 +710,11 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                 elif d in blobs:
                     new.append(blobs[d])
                 copied.add((e.namespace, ch, str(versions.get(ch))))
-            self._fenced(lambda e=e, values=values, extends=extends, new=new: self.lg.save_graph_checkpoint(
+            bases = {ch: chains[ch][1] if len(chains[ch]) > 1 else "" for ch in extends}
+            self._fenced(lambda e=e, values=values, extends=extends, new=new, bases=bases: self.lg.save_graph_checkpoint(
                 dst, thread_id=d_thread, checkpoint_id=e.checkpoint_id, checkpoint=e.checkpoint, metadata=e.metadata,
                 values=values, new_values=new, namespace=e.namespace, parent_id=e.parent_id, extends=extends,
-                **self._writer(dst, dindex)))
+                bases=bases, **self._writer(dst, dindex)))
             by_task: dict[tuple[str, str], list[tuple[int, str, bytes]]] = {}
             for (task, idx), (ch, d, path) in s.writes.items():
                 if d in blobs:
@@ -673,8 +754,8 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                           task_path: str = "") -> None:
         await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
 
-    async def adelete_thread(self, thread_id: str) -> None:
-        await asyncio.to_thread(self.delete_thread, thread_id)
+    async def adelete_thread(self, thread_id: str, *, end_lease: int | None = None) -> None:
+        await asyncio.to_thread(lambda: self.delete_thread(thread_id, end_lease=end_lease))
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         await asyncio.to_thread(self.delete_for_runs, run_ids)

@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 
 #: Layout version of the database schema (tables, indexes, triggers), kept in handoff_meta.
-PG_SCHEMA_VERSION = 10
+PG_SCHEMA_VERSION = 11
 #: The advisory lock two sessions creating the schema at once meet on (nothing else
 #: waits on an advisory lock: see MAINTENANCE_LOCK).
 CREATE_LOCK = (0x48414E44, 0)  # "HAND"
@@ -540,6 +540,10 @@ MIGRATIONS: dict[int, list[str]] = {
     # 10: handoff_append reads a one-event batch and checks a write without a key with
     # plain expressions, no query (same checks, same answers).
     9: ["{append}"],
+    # 11: handoff_put_values refuses a write that needs a value the run does not store
+    # (a digest sent without bytes: erased, or never written) with HL409, in that write's
+    # transaction; handoff_delete_values keeps a value a graph event after its erasure names.
+    10: ["{put_values}", "{delete_values}"],
 }
 
 

@@ -29,6 +29,8 @@ from ..store import (
     Recorded,
     encode_events,
 )
+from ..verify import not_stored
+from .blobs import VALUE_NOT_STORED, digest_in
 from .rows import as_bytes
 from .schema import ID_BLOCK, NOT_THE_HOLDER
 from .sync import as_json
@@ -51,7 +53,7 @@ READ = "SELECT handoff_read(%s, %s, %s, %s)::text"
 #: the batch's last hash): a write refused because the run moved stores none.
 APPEND = ("BEGIN;\nSELECT handoff_append(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, "
           "%s::jsonb, %s::jsonb);\n")
-PUT_IF_LANDED = ("SELECT handoff_put_values(%s, %s, %s) WHERE (SELECT h.last_hash FROM heads h "
+PUT_IF_LANDED = ("SELECT handoff_put_values(%s, %s, %s::bytea[]) WHERE (SELECT h.last_hash FROM heads h "
                  "WHERE h.run_id = %s) = %s;\n")
 COMMIT = "COMMIT"
 #: When handoff_append could not seal the batch (another session was sealing), the next
@@ -388,13 +390,17 @@ class Writes:
         if self._guards is not None:
             self._guards.append({"t": table, "w": where, "n": where_not, "c": count})
 
-    def join_values(self, run_id: str, values: dict[str, bytes]) -> bool:
-        """Values put while a write is decided go with its message, before its events, in
-        its transaction (handoff_put_values): a refused write stores neither. False
-        outside a write (the caller stores them on their own)."""
+    def join_values(self, run_id: str, values: dict[str, bytes | None]) -> bool:
+        """Values put while a write is decided go with its message, after its events, in
+        its transaction (handoff_put_values): a refused write stores neither. A digest
+        without bytes is one the write needs stored already (require_values), unless the
+        write stores it itself. False outside a write (the caller stores them on their own)."""
         if self._values is None:
             return False
-        self._values.setdefault(run_id, {}).update(values)
+        joined: dict[str, Any] = self._values.setdefault(run_id, {})
+        for digest, value in values.items():
+            if value is not None or digest not in joined:
+                joined[digest] = value
         return True
 
     @property
@@ -434,6 +440,8 @@ class Writes:
                 raise self._unknown(doing, exc) from exc
             with contextlib.suppress(psycopg.Error):
                 conn.execute("ROLLBACK")
+            if exc.sqlstate == VALUE_NOT_STORED:
+                raise not_stored(run_id, digest_in(str(exc))) from None
             if exc.sqlstate == NOT_THE_HOLDER:
                 raise StaleLease(
                     f"the server refused the write to run {run_id}: {str(exc).splitlines()[0]}; "

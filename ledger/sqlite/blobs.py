@@ -5,7 +5,8 @@ only its dialect, mixed into ``SqliteStore``. A value is written once (``INSERT 
 IGNORE``): its name is its digest, so a second write of it can only be the same bytes.
 Inside an ``execute`` (the store's one connection already in its write transaction) a
 put joins that transaction, so a graph checkpoint's values and its event commit or roll
-back together.
+back together, and ``require_values`` checks there, under the write lock, that the values
+the write continues or names again are stored and not erased.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sqlite3
 from collections.abc import Iterable
 from typing import Any
 
+from ..verify import not_stored
 from .driver import explain
 
 TABLE = "run_values"
@@ -69,6 +71,27 @@ class SqliteValues:
         except sqlite3.Error as exc:
             raise explain(exc, "storing values", self.path) from exc
 
+    def require_values(self, run_id: str, digests: Iterable[str]) -> None:
+        """Refuse (SeqConflict) the write being decided unless each value is stored and no
+        recorded ``values_erased`` event of the run names it: read in that write's own
+        transaction, so no erasure can come between the check and the write."""
+        wanted = list(dict.fromkeys(digests))
+        if not wanted:
+            return
+        with self.lock:
+            try:
+                if not self._has_values_table():
+                    raise not_stored(run_id, wanted[0])
+                for d in wanted:
+                    gone = self.conn.execute(
+                        f"SELECT NOT EXISTS (SELECT 1 FROM {TABLE} WHERE run_id = ? AND sha256 = ?) OR EXISTS ("
+                        "SELECT 1 FROM events WHERE run_id = ? AND type = 'values_erased' "
+                        "AND instr(payload, CAST(? AS BLOB)) > 0)", (run_id, d, run_id, d)).fetchone()[0]
+                    if gone:
+                        raise not_stored(run_id, d)
+            except sqlite3.Error as exc:
+                raise explain(exc, "checking values", self.path) from exc
+
     def get_values(self, run_id: str, digests: Iterable[str]) -> dict[str, bytes]:
         out: dict[str, bytes] = {}
         with self.lock:
@@ -93,11 +116,16 @@ class SqliteValues:
             before = self.conn.total_changes
             for batch in batches:
                 marks = ",".join("?" * len(batch))
-                # Only what a recorded erasure of the run names (its digests are in its payload).
+                # Only what a recorded erasure of the run names (its digests are in its payload),
+                # and that no graph event after it names again: a checkpoint saved between the
+                # record and the deletion keeps the value it stored.
                 self.conn.execute(
                     f"DELETE FROM {TABLE} WHERE run_id = ? AND sha256 IN ({marks}) AND EXISTS (SELECT 1 FROM "
                     "events e WHERE e.run_id = ? AND e.type = 'values_erased' "
-                    f"AND instr(e.payload, CAST({TABLE}.sha256 AS BLOB)) > 0)", (run_id, *batch, run_id))
+                    f"AND instr(e.payload, CAST({TABLE}.sha256 AS BLOB)) > 0 AND NOT EXISTS (SELECT 1 FROM events g "
+                    "WHERE g.run_id = e.run_id AND g.seq > e.seq "
+                    "AND g.type IN ('graph_checkpoint_saved', 'graph_writes_saved') "
+                    f"AND instr(g.payload, CAST({TABLE}.sha256 AS BLOB)) > 0))", (run_id, *batch, run_id))
             return self.conn.total_changes - before
 
     def value_digests(self, run_id: str) -> dict[str, str]:

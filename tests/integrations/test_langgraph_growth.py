@@ -181,9 +181,11 @@ def test_a_chain_that_continues_a_value_that_is_no_list_is_damage(shared_backend
         from handoff.ledger.store import value_digest
 
         cp = generate_checkpoint(channel_values={}, channel_versions={"messages": "2"})
+        (base,) = (r.event.values["messages"] for r in lg.log("t-forged") if r.type == "graph_checkpoint_saved")
         lg.save_graph_checkpoint("t-forged", thread_id="t-forged", checkpoint_id=cp["id"],
                                  checkpoint={k: v for k, v in cp.items() if k != "channel_values"},
                                  metadata={}, values={"messages": value_digest(tail)}, new_values=[tail],
-                                 parent_id=first["configurable"]["checkpoint_id"], extends={"messages": "1"})
+                                 parent_id=first["configurable"]["checkpoint_id"], extends={"messages": "1"},
+                                 bases={"messages": base})
         with pytest.raises(CorruptLedger, match="not a msgpack list"):
             LedgerSaver(lg).get_tuple({"configurable": {"thread_id": "t-forged", "checkpoint_id": cp["id"]}})
