@@ -330,8 +330,8 @@ COMP_POINT=$COMP_POINT COMP_WORDBREAKS="$COMP_WORDBREAKS" %(complete_var)s=bash_
 def _completion_class(shell: str) -> Any:
     """click's completion for ``shell``; for bash, one that reads the words from the line
     itself, so a word holding ':' (a run id may) is one word. bash replaces only the part
-    of the word after its last ':' (COMP_WORDBREAKS), so an offer drops what comes before,
-    as bash-completion's __ltrim_colon_completions does."""
+    of the word after its last ':' or '=' (COMP_WORDBREAKS), so an offer drops what comes
+    before, as bash-completion's __ltrim_colon_completions does."""
     from click.shell_completion import BashComplete, get_completion_class, split_arg_string
 
     if shell != "bash":
@@ -339,7 +339,7 @@ def _completion_class(shell: str) -> Any:
 
     class LineBashComplete(BashComplete):
         source_template = BASH_SOURCE
-        kept = ""
+        word = ""  # the word being completed, whole (empty: bash's own words are used)
 
         def get_completion_args(self) -> tuple[list[str], str]:
             line, point = os.environ.get("COMP_LINE"), os.environ.get("COMP_POINT", "")
@@ -347,15 +347,18 @@ def _completion_class(shell: str) -> Any:
                 return super().get_completion_args()
             before = line[: int(point)]
             words = split_arg_string(before)
-            incomplete = words.pop() if words and not before[-1:].isspace() else ""
-            if ":" in os.environ.get("COMP_WORDBREAKS", ""):
-                self.kept = incomplete[: incomplete.rfind(":") + 1]
-            return words[1:], incomplete
+            self.word = words.pop() if words and not before[-1:].isspace() else ""
+            return words[1:], self.word
 
         def format_completion(self, item: Any) -> str:
-            value = item.value
-            if item.type == "plain" and self.kept and value.startswith(self.kept):
-                value = value[len(self.kept):]
+            value, word = item.value, self.word
+            breaks = set(os.environ.get("COMP_WORDBREAKS", "")) & {":", "="}
+            cut = max((word.rfind(c) for c in breaks), default=-1) + 1
+            if item.type == "plain" and cut:
+                # An offer for --opt=VALUE is VALUE (click splits the word at '=').
+                whole = word.partition("=")[0] + "=" + value if word.startswith("-") and "=" in word else value
+                if whole.startswith(word[:cut]):
+                    value = whole[cut:]  # what replaces the part bash replaces
             return f"{item.type},{value}"
 
     return LineBashComplete

@@ -185,6 +185,10 @@ def test_a_run_id_with_colons_completes_in_an_interactive_bash(tmp_path):
         assert term.completed("handoff log --run job:7:b") == "handoff log --run job:7:beta"
         assert term.completed("handoff diff job:7:alpha job:7:b") == "handoff diff job:7:alpha job:7:beta"
         assert term.completed("handoff status oth") == "handoff status other"
+        # --opt=VALUE: bash breaks the word at '=' as well.
+        assert term.completed("handoff log --run=job:7:b") == "handoff log --run=job:7:beta"
+        assert term.completed("handoff log --run=oth") == "handoff log --run=other"
+        assert term.completed("handoff progress other --kind=plan_c") == "handoff progress other --kind=plan_committed"
     finally:
         term.close()
 
