@@ -35,6 +35,12 @@ class SeqConflict(Refused):
     """The caller expected another head seq; someone else wrote first."""
 
 
+class ValueNotStored(SeqConflict):
+    """A write continues or names a value kept beside the run's log that the run does not
+    store (erased, or never written): the writer's picture of the run is old. Re-read the
+    run and store the value whole. A SeqConflict, since the cure is the same: read again."""
+
+
 class StaleLease(Refused):
     """The write's lease token does not prove it holds the run's current lease.
 

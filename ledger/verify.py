@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from . import events as ev
-from .errors import SeqConflict
+from .errors import ValueNotStored
 from .plan import LeaseState
 from .store import GENESIS_HASH, Head, Problem, Recorded, chain_hash, global_link
 
@@ -21,12 +21,12 @@ _LEASE_TYPES = frozenset(("lease_granted", "lease_released", "lease_revoked"))
 _GRAPH_TYPES = frozenset(("graph_checkpoint_saved", "values_erased"))
 
 
-def not_stored(run_id: str, digest: str | None = None) -> SeqConflict:
+def not_stored(run_id: str, digest: str | None = None) -> ValueNotStored:
     """The write-side half of ``checkpoint_values_missing``: each dialect's refusal, in the
     write's own transaction, of a write that continues or names again a value the run does
     not store (erased, or never written). The writer's picture of the run is old."""
     which = f"value {digest[:16]}..." if digest else "a value"
-    return SeqConflict(
+    return ValueNotStored(
         f"the write to run {run_id} needs {which}, which the run does not store (it was erased, or never "
         "written); nothing was written. Re-read the run and store the value whole",
         run_id=run_id, why="value_not_stored", sha256=digest)

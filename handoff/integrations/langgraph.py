@@ -18,7 +18,7 @@ while a lease is held, a saver without it is refused (``LeaseHeld``), deleting t
 the owner names the lease to end in the same write (``delete_thread(thread, end_lease=N)``).
 Without a lease the saver writes as the run's owner: one writer by convention, as
 LangGraph's own savers. Either way a checkpoint is never stored as the tail of a value the
-run no longer stores: the ledger refuses it in the write's transaction (``SeqConflict``)
+run no longer stores: the ledger refuses it in the write's transaction (``ValueNotStored``)
 and the saver reads the run again and stores the value whole.
 """
 
@@ -55,9 +55,9 @@ from handoff.ledger.errors import (
     InvalidInput,
     LeaseLost,
     RunExists,
-    SeqConflict,
     StaleLease,
     UnknownRun,
+    ValueNotStored,
 )
 from handoff.ledger.store import RUN_ID_RE, Actor, check_chars, value_digest
 from handoff.reducers import transitions as T
@@ -479,9 +479,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         stored = self._stored(run, thread, ns, index, checkpoint, new_versions, parent_id, whole=False)
         try:
             out = self._save(run, thread, ns, index, checkpoint, body, md, parent_id, stored)
-        except SeqConflict as exc:
-            if exc.details.get("why") != "value_not_stored":
-                raise
+        except ValueNotStored:
             # A value this write continues or names again is gone (erased since this saver
             # read the run): read the run again and store every value whole.
             index = self._index(run)

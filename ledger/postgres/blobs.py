@@ -95,7 +95,7 @@ class PostgresValues:
                               (run_id, list(values), list(values.values()))).fetchone()[0])
 
     def require_values(self, run_id: str, digests: Iterable[str]) -> None:
-        """Refuse (SeqConflict) the write being decided unless each value is stored and no
+        """Refuse (ValueNotStored) the write being decided unless each value is stored and no
         recorded erasure names it: checked by handoff_put_values in that write's own
         transaction. Outside a write, the same check on its own."""
         wanted = list(dict.fromkeys(digests))

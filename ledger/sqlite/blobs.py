@@ -72,7 +72,7 @@ class SqliteValues:
             raise explain(exc, "storing values", self.path) from exc
 
     def require_values(self, run_id: str, digests: Iterable[str]) -> None:
-        """Refuse (SeqConflict) the write being decided unless each value is stored and no
+        """Refuse (ValueNotStored) the write being decided unless each value is stored and no
         recorded ``values_erased`` event of the run names it: read in that write's own
         transaction, so no erasure can come between the check and the write."""
         wanted = list(dict.fromkeys(digests))

@@ -11,7 +11,7 @@ PostgreSQL, read back in the same process and in a fresh one:
   refused as stale and writes nothing; naming another lease is refused;
 - a write is never stored as a tail of a value the run does not store: a saver whose
   picture of the run is old (another saver erased the thread) is refused in the write's
-  transaction (SeqConflict) and stores the value whole instead; an erasure recorded but
+  transaction (ValueNotStored) and stores the value whole instead; an erasure recorded but
   not yet carried out counts as done, and the deletion that follows it keeps a value a
   checkpoint saved in between stores again;
 - ``verify`` reports a checkpoint that continues a value that is gone as damage
@@ -35,7 +35,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint  # n
 
 from handoff import Ledger  # noqa: E402
 from handoff.integrations.langgraph import LedgerSaver  # noqa: E402
-from handoff.ledger.errors import InvalidInput, LeaseHeld, LeaseLost, SeqConflict, StaleLease  # noqa: E402
+from handoff.ledger.errors import InvalidInput, LeaseHeld, LeaseLost, StaleLease, ValueNotStored  # noqa: E402
 from handoff.ledger.store import Actor, value_digest  # noqa: E402
 from handoff.reducers import commands as C  # noqa: E402
 
@@ -209,18 +209,18 @@ def test_a_write_continuing_a_value_not_stored_is_refused_in_its_transaction(sha
         lg.execute(RUN, C.EraseValues(reason="cleanup", values=(base,)), actor=Actor("owner", "langgraph"))
         assert base in lg.store.value_digests(RUN)
         before = _snapshot(lg, RUN)
-        with pytest.raises(SeqConflict, match="Re-read the run and store the value whole") as refused:
+        with pytest.raises(ValueNotStored, match="Re-read the run and store the value whole") as refused:
             _continue(lg, RUN, base, parent)
         assert refused.value.details["why"] == "value_not_stored"
         assert _snapshot(lg, RUN) == before  # no event, and the tail's value not stored
-        with pytest.raises(SeqConflict, match="does not store"):  # never stored at all
+        with pytest.raises(ValueNotStored, match="does not store"):  # never stored at all
             _continue(lg, RUN, "0" * 64, parent)
         with pytest.raises(InvalidInput, match="bases gives no sha256") as no_base:
             _continue(lg, RUN, "", parent)
         assert no_base.value.details["field"] == "bases"
         assert _snapshot(lg, RUN) == before
         # The store's check asked on its own, outside a write: the same answers.
-        with pytest.raises(SeqConflict, match="does not store"):
+        with pytest.raises(ValueNotStored, match="does not store"):
             lg.store.require_values(RUN, [base])
         lg.store.require_values(RUN, [_saved(lg, RUN)[0].values["messages"]])
 
@@ -356,7 +356,7 @@ def test_a_postgresql_ledger_of_schema_10_checks_needed_values_after_its_upgrade
         base = _saved(lg, RUN)[-1].values["messages"]
         lg.erase_values(RUN, reason="cleanup", values=[base])
         before = _snapshot(lg, RUN)
-        with pytest.raises(SeqConflict, match="does not store"):
+        with pytest.raises(ValueNotStored, match="does not store"):
             _continue(lg, RUN, base, cfg["configurable"]["checkpoint_id"])
         assert _snapshot(lg, RUN) == before
         for name in ("handoff_put_values", "handoff_delete_values"):
