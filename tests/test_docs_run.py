@@ -290,7 +290,7 @@ def test_the_page_runs_as_written(page: Path, place: Place) -> None:
         if b == setup:
             problems += _readme_setup(place)
             continue
-        assert _readme_setup(place) == [], "the README's set-up block fails: see test_the_page_runs_as_written[README.md]"
+        assert _readme_setup(place) == [], "the README's set-up fails: see test_the_page_runs_as_written[README.md]"
         took = time.monotonic()
         problems += run_block(b, where, place)
         print(f"{b}{' sketch' if b.sketch else ''}: {time.monotonic() - took:.1f}s")
@@ -298,19 +298,38 @@ def test_the_page_runs_as_written(page: Path, place: Place) -> None:
     print(f"{page.name}: {time.monotonic() - started:.1f}s")
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_every_block_says_what_it_is(page: Path) -> None:
+def misdeclared(page: Path) -> list[str]:
+    """The blocks of a page whose fence does not say what they are."""
+    found = []
     for b in blocks(page):
         if b.lang == "" and page.name in GENERATED:
             continue
-        assert b.lang in (*SHELL, TRANSCRIPT, "python", *NOT_RUN), (
-            f"{b}: say what the block is with its fence: ```sh, ```bash or ```shell for commands, ```console "
-            f"for a transcript ('$ ' lines and their output), ```python, or ```text / ```json / ```sql for "
-            f"output and data")
-        if b.sketch is not None:
-            assert runnable(b), f"{b}: only a block that would run can be a sketch"
-        if b.lang == TRANSCRIPT:
-            assert transcript(b.code), f"{b}: a console block without a '$ ' line"
+        if b.lang not in (*SHELL, TRANSCRIPT, "python", *NOT_RUN):
+            found.append(f"{b}: say what the block is with its fence: ```sh, ```bash or ```shell for commands, "
+                         f"```console for a transcript ('$ ' lines and their output), ```python, or ```text / "
+                         f"```json / ```sql for output and data")
+        elif b.sketch is not None and not runnable(b):
+            found.append(f"{b}: only a block that would run can be a sketch")
+        elif b.lang == TRANSCRIPT and not b.code.startswith("$ "):
+            found.append(f"{b}: a console block starts with a '$ ' line")
+        elif b.lang in SHELL and re.search(r"^\$ ", b.code, re.M):
+            found.append(f"{b}: '$ ' lines and their output are a transcript: ```console")
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_block_says_what_it_is(page: Path) -> None:
+    assert misdeclared(page) == [], "\n".join(misdeclared(page))
+
+
+def test_a_block_that_does_not_say_what_it_is_is_noticed(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("```\nls\n```\n\n```sh\n$ ls\nx\n```\n\n*Sketch: data.*\n```json\n{}\n```\n\n"
+                    "```console\nls\n```\n\n```text\nfine\n```\n")
+    assert [p.split(":")[1] for p in misdeclared(page)] == ["1 (bare fence)", "5 (sh)", "11 (json)", "15 (console)"]
+    generated = tmp_path / "cli.md"
+    generated.write_text("```\nUsage: handoff\n```\n")
+    assert misdeclared(generated) == []
 
 
 def test_every_place_the_pages_name_is_replaced() -> None:
