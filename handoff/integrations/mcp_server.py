@@ -9,11 +9,15 @@ session that claimed (``Session``), and the worker tools take the run id only.
 A server has one role, fixed at start (``ROLES``), so a host grants exactly what it means
 to: the auditor reads; the owner and the operator add their own writes; the worker adds
 the lease holder's. A tool the role does not have is not registered at all, so it is
-neither listed nor callable.
+neither listed nor callable. A delivery target that would make the server act outside
+the ledger (run a command, send a request, write a file) is used only when the person who
+started the server listed it (``Config.allow_targets``, ``--allow-target``): a model's
+arguments may have been written by whatever it read last.
 
 Liveness is the host's: while a session holds a lease, every request it sends (a tool
-call, a resource read, a ping) heartbeats the lease when one is due
-(``handoff.lease.heartbeat_interval``, the rule every worker follows). A host that stops
+call, a resource read, a ping) heartbeats the lease when one is due, through the lease's
+``handoff.lease.Fence`` (the one rule of ``handoff run`` and ``lg.lease()``: a store
+error is retried, only the ledger's refusal or a silence past the fence's margin ends it). A host that stops
 calling for longer than the run's heartbeat timeout loses the lease to the watchdog: a
 stalled model is a stalled worker. When the session ends (stdio closes, an HTTP session
 is deleted or expires) the server releases what it still holds, saying why.
@@ -495,6 +499,8 @@ def _person_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
     me, operator = config.name, config.role == "operator"
     actor = Actor("operator" if operator else "owner", me)
 
+    allowed_here = ", ".join(config.allow_targets) or "none is allowed"
+
     def permitted(target: str, run_id: str) -> None:
         # What a model asks for may have been written by whoever it read last (a web page,
         # an issue, a file): an order to run a command, send a request or write a file is
@@ -506,8 +512,10 @@ def _person_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
     @_tool
     async def open(goal: Annotated[str, Field(description="What the run must achieve, in words a person reads.",
                                               min_length=1)],
-                   target: Annotated[str, Field(description="Where the result must be seen: chat:#ops, "
-                                                            "file:///path, https://hook...")],
+                   target: Annotated[str, Field(description="Where the result must be seen: chat:#ops, a ticket "
+                                                            "(a person delivers it). A command (cmd:), a web "
+                                                            "address or a directory (file://) only if this server "
+                                                            f"allows it: {allowed_here}.")],
                    result_path: Annotated[str | None, Field(description="The result file the run must "
                                                                         "produce.")] = None,
                    require_review: Annotated[bool, Field(description="You approve the result before "
