@@ -2,6 +2,6 @@
 
 ``mcp_server`` (an MCP server), ``otel`` (OpenTelemetry traces), ``pydantic_ai`` and
 ``openai_agents``. Each is a module of its own, imported only by code that uses it; the SDK
-it speaks to is an optional extra (``pip install 'handoff-ledger[mcp]'`` and the like), so
+it speaks to is an optional extra (``pip install '.[mcp]'`` in the checkout and the like), so
 importing this package imports none of them.
 """

@@ -27,7 +27,7 @@ SDK marks the tool's span with the error before that call; the hooks read it the
 the SDK's tracing turned off there is no span to read, so a side-effecting tool is
 refused before it runs rather than have its outcome guessed.
 
-Needs the ``openai-agents`` extra (``pip install 'handoff-ledger[openai-agents]'``).
+Needs the ``openai-agents`` extra (``pip install '.[openai-agents]'`` in the checkout).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The mapping is the pure fold ``handoff.reducers.trace`` (which spans, which events,
 which attributes, which ids); this module turns its result into the SDK's spans and hands
 them to an exporter, and keeps the follower's position. Needs the ``otel`` extra
-(``pip install 'handoff-ledger[otel]'``); nothing here is imported by the CLI until
+(``pip install '.[otel]'`` in the checkout); nothing here is imported by the CLI until
 ``handoff otel`` runs.
 
 Where the follower records how far it got: in a small state file of its own (``--state``),

@@ -20,7 +20,7 @@ builder adds one argument instead of writing the mapping by hand:
   artifact with ``agent_output`` evidence carrying the run's usage; then, with
   ``submit=True``, the result is submitted.
 
-Needs the ``pydantic-ai`` extra (``pip install 'handoff-ledger[pydantic-ai]'``).
+Needs the ``pydantic-ai`` extra (``pip install '.[pydantic-ai]'`` in the checkout).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The property-testing kit: check that your agents' use of the ledger keeps its rules.
 
 Like ``hypothesis.extra``, it lives outside the pure core and needs hypothesis, a test
-dependency (``pip install handoff-ledger[test]``); nothing in the library imports it.
+dependency (``pip install '.[test]'`` in the checkout); nothing in the library imports it.
 
 - ``handoff.testing.strategies``: actors, commands, events and store envelopes;
 - ``handoff.testing.model``: ``Model``, what each command should do, in plain Python;

@@ -6,7 +6,7 @@ table changes, regenerate the doc with
 
     HANDOFF_UPDATE_DOCS=1 python -m pytest tests/reducers/test_lifecycle_doc.py
 
-or, for the diagram alone, paste the output of ``python -m reducers.transitions``
+or, for the diagram alone, paste the output of ``python -m handoff.reducers.transitions``
 between ``<!-- diagram:start -->`` and ``<!-- diagram:end -->`` inside a mermaid fence.
 """
 
