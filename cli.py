@@ -3155,7 +3155,8 @@ the actor is self-declared).
 `erased`: per `values_erased` event (a LangGraph thread deleted, docs/langgraph.md)
 `{"run_id", "seq", "position", "reason", "erased", "listed"}`: values deleted on purpose,
 which are not damage; a value missing without such an event is (`value_missing`,
-`value_altered`).
+`value_altered`), and so is a graph checkpoint that continues a value that is gone
+(`checkpoint_values_missing`).
 **head**: `{"digest", "position", "global_hash", "path", "previous"}`: `digest` is
 `POSITION:HASH`; with `--write`, `path` is the file written and `previous` the digest it
 held before (null when new).
