@@ -307,20 +307,30 @@ def test_the_in_process_check_refuses_at_open_and_deliver_and_writes_nothing(bac
 
 # --- a lease kept through a locked store ---------------------------------------------------------
 
-#: Holds the SQLite file's write lock (BEGIN IMMEDIATE) from the moment it reads a line on
-#: stdin for the seconds given, then lets go; says "locked" and "free" on stdout.
-LOCKER = ("import sqlite3, sys, time\n"
-          "conn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-          "sys.stdin.readline()\n"
-          "conn.execute('BEGIN IMMEDIATE')\n"
+#: Holds the ledger's write lock from the moment it reads a line on stdin for the seconds
+#: given, then lets go; says "locked" and "free" on stdout. SQLite: BEGIN IMMEDIATE on the
+#: file. PostgreSQL: the heads table locked against writes (reads go on, as under SQLite's WAL).
+LOCKER = ("import sys, time\n"
+          "db, hold = sys.argv[1], float(sys.argv[2])\n"
+          "if db.startswith('postgresql://'):\n"
+          "    import psycopg\n"
+          "    conn = psycopg.connect(db)\n"
+          "    sys.stdin.readline()\n"
+          "    conn.execute('LOCK TABLE heads IN EXCLUSIVE MODE')\n"
+          "else:\n"
+          "    import sqlite3\n"
+          "    conn = sqlite3.connect(db.removeprefix('sqlite://'), isolation_level=None)\n"
+          "    sys.stdin.readline()\n"
+          "    conn.execute('BEGIN IMMEDIATE')\n"
           "print('locked', flush=True)\n"
-          "time.sleep(float(sys.argv[2]))\n"
-          "conn.execute('COMMIT')\n"
+          "time.sleep(hold)\n"
+          "conn.commit()\n"
           "print('free', flush=True)\n")
 
 
-def test_a_worker_keeps_its_lease_through_a_locked_store_and_gives_it_back_when_stdio_closes(tmp_path):
-    db = str(tmp_path / "l.db")
+def test_a_worker_keeps_its_lease_through_a_locked_store_and_gives_it_back_when_stdio_closes(shared_backend,
+                                                                                            tmp_path):
+    db = shared_backend.address()
     timeout, busy, locked_s = 6.0, 0.3, 1.5
     interval, limit = heartbeat_interval(timeout), timeout - fence_margin(timeout)
     with Ledger(db) as lg:
@@ -376,12 +386,31 @@ def test_a_worker_keeps_its_lease_through_a_locked_store_and_gives_it_back_when_
     assert released.lease == 1 and released.event.reason == ms.SESSION_ENDED_STDIO
 
 
-def test_a_store_that_stays_locked_past_the_margin_fences_the_lease_and_nothing_is_written(tmp_path):
+class WriteLock:
+    """This test's own connection holding the ledger's write lock (see LOCKER) until closed."""
+
+    def __init__(self, db: str) -> None:
+        if db.startswith("postgresql://"):
+            import psycopg
+
+            self.conn: Any = psycopg.connect(db)
+            self.conn.execute("LOCK TABLE heads IN EXCLUSIVE MODE")
+        else:
+            self.conn = sqlite3.connect(db.removeprefix("sqlite://"), isolation_level=None)
+            self.conn.execute("BEGIN IMMEDIATE")
+
+    def close(self) -> None:
+        self.conn.commit()
+        self.conn.close()
+
+
+def test_a_store_that_stays_locked_past_the_margin_fences_the_lease_and_nothing_is_written(shared_backend,
+                                                                                         tmp_path):
     """Only the margin (or the ledger's word) ends the lease: then writes are refused with
     LeaseLost and nothing lands, even once the store answers again."""
     from handoff.aio import AsyncLedger
 
-    db = str(tmp_path / "l.db")
+    db = shared_backend.address()
     timeout = 1.2
     limit = timeout - fence_margin(timeout)
     with Ledger(db) as lg:
@@ -395,8 +424,7 @@ def test_a_store_that_stays_locked_past_the_margin_fences_the_lease_and_nothing_
             async with Client(server, mode="legacy") as client:
                 ok(await client.call_tool("claim", {"run_id": run}))
                 fence = session.held[run].fence
-                holder = sqlite3.connect(db, isolation_level=None)
-                holder.execute("BEGIN IMMEDIATE")
+                holder = WriteLock(db)
                 try:
                     while not fence.fenced:
                         assert fence.time_left() > -limit, "the fence never tripped"
@@ -404,7 +432,6 @@ def test_a_store_that_stays_locked_past_the_margin_fences_the_lease_and_nothing_
                         await anyio.sleep(fence.interval_s / 4)
                     assert not fence.lost  # the ledger never said the lease ended
                 finally:
-                    holder.execute("COMMIT")
                     holder.close()
                 before = [(r.seq, r.type) async for r in alg.log(run)]
                 text = refused(await client.call_tool("progress", {"run_id": run, "kind": "note"}))
