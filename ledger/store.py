@@ -765,9 +765,9 @@ class EventStore(abc.ABC):
     # the ledger may change one (the least-privilege roles read it).
 
     def setting(self, name: str) -> str | None:
-        """The setting's value, or None when it was never set (or was unset)."""
-        raise InvalidInput(f"this ledger's store ({type(self).__name__}) keeps no settings; open a SQLite or "
-                           "PostgreSQL ledger", field="store")
+        """The setting's value, or None when it was never set (or was unset); a store that
+        keeps no settings has none set."""
+        return None
 
     def put_setting(self, name: str, value: str | None) -> None:
         """Set the setting (None: unset it), in a write transaction of its own."""

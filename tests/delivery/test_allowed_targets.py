@@ -16,6 +16,7 @@ from handoff.delivery import allowed as al
 from handoff.ledger.errors import InvalidInput
 from tests.backends import BACKENDS, OnBackend
 from tests.cli.conftest import Handoff
+from tests.ledger.test_postgres_roles import roles  # noqa: F401  (the fixture: PostgreSQL's least-privilege roles)
 
 from .conftest import ready_run
 
@@ -228,3 +229,32 @@ def test_the_list_of_a_missing_ledger_is_not_shown_from_a_new_one(tmp_path):
     h = Handoff(str(tmp_path / "typo.db"))
     h("targets", code=3)
     assert not os.path.exists(tmp_path / "typo.db")
+
+
+def test_a_list_edited_behind_the_store_into_nonsense_lets_no_send_through(backend, tmp_path):
+    target, marker = _runs_marker(tmp_path)
+    with Ledger(backend.address()) as lg:
+        run = ready_run(lg, tmp_path, target)
+        lg.store.put_setting(al.SETTING, "{not json")
+        assert lg.allowed_targets() == ()
+        before = _log(lg, run)
+        with pytest.raises(al.TargetNotAllowed):
+            lg.deliver(run, "alice", "v1", send=True)
+        assert _log(lg, run) == before and not marker.exists()
+
+
+def test_on_postgresql_only_the_role_that_owns_the_ledger_changes_the_list(roles):
+    from handoff.ledger.errors import StoreUnavailable
+
+    listed = ("https://hooks.example.com/services/*",)
+    with Ledger(roles.owner) as lg:
+        assert lg.allow_targets(*listed) == listed
+    for group in ("writer", "watchdog", "auditor"):
+        with Ledger(roles.url(group)) as lg:
+            assert lg.allowed_targets() == listed  # every role reads it (each send does)
+            with pytest.raises(StoreUnavailable, match="owns the ledger|permission"):
+                lg.allow_targets("cmd:*")
+            with pytest.raises(StoreUnavailable, match="owns the ledger|permission"):
+                lg.set_allowed_targets(None)
+    with Ledger(roles.owner) as lg:
+        assert lg.allowed_targets() == listed
