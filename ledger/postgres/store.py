@@ -26,7 +26,7 @@ from ..errors import (
     SchemaTooNew,
     StoreUnavailable,
 )
-from ..copy import copy_to_file
+from ..copies import copy_to_file
 from ..folds import MISSING as _MISSING
 from ..folds import FoldingStore, StoreTransaction
 from ..importing import ImportHead, ImportRow

@@ -2,8 +2,10 @@
 
 What a backend without a file of its own (PostgreSQL) does for ``backup_to``: one read
 snapshot of the source, imported verbatim into a new SQLite ledger (positions and both
-chains carry over, so the copy's head digest is the source's). No backend imports
-another: the file is opened through ``ledger.backends``.
+chains carry over, so the copy's head digest is the source's). The new file is an
+SQLite ledger, opened here, in the core, with the SQLite backend: no backend package
+imports another, and opening by address (``ledger.backends``, which reaches every
+backend) is not needed, so no import leads back to the PostgreSQL store.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from .store import EventStore
 def copy_to_file(source: EventStore, path: str) -> tuple[int, bytes, int]:
     """Copy ``source`` into the new ledger file ``path``; its last position, ledger-wide
     hash there, and run count."""
-    from .backends import open_store
+    from .sqlite import SqliteStore  # loaded only when a copy is made
 
-    dst = open_store(path)
+    dst = SqliteStore(path)
     try:
         with source.read_transaction():
             dst.import_records(source.read_for_export())
