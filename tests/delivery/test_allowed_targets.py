@@ -225,7 +225,7 @@ def test_a_contract_file_from_elsewhere_cannot_name_a_command_to_run(shared_back
     assert not marker.exists()
 
 
-def test_the_list_of_a_missing_ledger_is_not_shown_from_a_new_one(tmp_path):
+def test_targets_on_a_mistyped_db_makes_no_ledger(tmp_path):
     h = Handoff(str(tmp_path / "typo.db"))
     h("targets", code=3)
     assert not os.path.exists(tmp_path / "typo.db")

@@ -56,14 +56,14 @@ class Served:
         self.host, self.port = m.group(1), int(m.group(2))
         self.connect_to = self.host.strip("[]")
 
-    def request(self, body: dict[str, Any], *, host: str, origin: str | None = None,
-                session: str | None = None) -> tuple[int, dict[str, str], str]:
+    def request(self, body: dict[str, Any], *, host: str, origin: str | None = None, session: str | None = None,
+                era: str = "2025-06-18") -> tuple[int, dict[str, str], str]:
         """One POST with exactly these Host and Origin headers (as a browser would send them)."""
         conn = http.client.HTTPConnection(self.connect_to, self.port, timeout=START_S)
         try:
             conn.putrequest("POST", "/mcp", skip_host=True, skip_accept_encoding=True)
             headers = {"Host": host, "Content-Type": "application/json",
-                       "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-06-18"}
+                       "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": era}
             if origin is not None:
                 headers["Origin"] = origin
             if session is not None:
@@ -89,10 +89,11 @@ class Served:
                          session=sid)
         return status, sid
 
-    def open_run(self, *, host: str, origin: str | None = None, session: str | None = None) -> tuple[int, str]:
+    def open_run(self, *, host: str, origin: str | None = None, session: str | None = None,
+                 era: str = "2025-06-18") -> tuple[int, str]:
         status, _, text = self.request({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
             "name": "open", "arguments": {"goal": "exfiltrate", "target": "chat:#attacker"}}},
-            host=host, origin=origin, session=session)
+            host=host, origin=origin, session=session, era=era)
         return status, text
 
     def stop(self) -> None:
@@ -127,6 +128,9 @@ def test_a_page_brought_here_by_dns_rebinding_is_refused_on_every_loopback_spell
         assert server.session(host=evil_host, origin=evil_origin) == (421, None)
         assert server.open_run(host=evil_host, origin=evil_origin)[0] == 421
         assert server.open_run(host=evil_host)[0] == 421
+        # The stateless era of the protocol (no handshake, no session) is guarded the same.
+        assert server.open_run(host=evil_host, origin=evil_origin, era="2026-07-28")[0] == 421
+        assert server.open_run(host=f"{server.host}:{port}", era="2026-07-28")[0] != 421  # (the Host refused it)
         # The right Host but a foreign page: the Origin is refused.
         assert server.session(host=f"{server.host}:{port}", origin=evil_origin) == (403, None)
         # Another port of this machine is another site too.
