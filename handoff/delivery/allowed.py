@@ -183,9 +183,9 @@ def allowed(target: str, patterns: Iterable[str]) -> bool:
     return not has_adapter(target) or any(matches(target, p) for p in patterns)
 
 
-def check(target: str, patterns: Iterable[str] | None, *, run_id: str, whose: str, how: str) -> None:
+def check(target: str, patterns: Iterable[str] | None, *, run_id: str | None, whose: str, how: str) -> None:
     """Refuse ``target`` unless ``patterns`` allow it (None: no list, anything goes).
-    ``whose`` names the list in the message, ``how`` says how to extend it."""
+    ``whose`` names the list in the message, ``how`` says what to do instead."""
     if patterns is None:
         return
     patterns = tuple(patterns)
@@ -194,10 +194,10 @@ def check(target: str, patterns: Iterable[str] | None, *, run_id: str, whose: st
     kind = "command" if target.startswith("cmd:") else "file write" if target.startswith("file://") else \
         "web request"
     listed = ", ".join(_show(p) for p in patterns[:10]) or "none"
+    subject = f"run {run_id}'s target" if run_id else "the target"
     raise TargetNotAllowed(
-        f"run {run_id}'s target {_show(target)} is a {kind} the ledger would carry out itself, and {whose} does "
-        f"not allow it (allowed: {listed}); nothing was sent or written. {how}, or deliver by hand (deliver "
-        "without sending, then record delivered)", run_id=run_id, target=target[:_SHOWN])
+        f"{subject} {_show(target)} is a {kind} the ledger would carry out itself, and {whose} does not allow "
+        f"it (allowed: {listed}); nothing was written, sent or run. {how}", run_id=run_id, target=target[:_SHOWN])
 
 
 __all__ = ["TargetNotAllowed", "SETTING", "check", "check_pattern", "check_patterns", "matches", "allowed"]

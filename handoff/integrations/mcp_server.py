@@ -501,13 +501,13 @@ def _person_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
 
     allowed_here = ", ".join(config.allow_targets) or "none is allowed"
 
-    def permitted(target: str, run_id: str) -> None:
+    def permitted(target: str, run_id: str | None, instead: str) -> None:
         # What a model asks for may have been written by whoever it read last (a web page,
         # an issue, a file): an order to run a command, send a request or write a file is
         # followed only when the person who started this server listed it.
-        al.check(target, config.allow_targets, run_id=run_id, whose="this MCP server (started without "
-                 "--allow-target naming it)", how="Whoever runs the server may restart it with --allow-target "
-                 "TARGET (or a prefix ending in '*')")
+        al.check(target, config.allow_targets, run_id=run_id, whose="this MCP server's --allow-target list",
+                 how=f"{instead}, or ask whoever runs this server to start it with --allow-target naming the "
+                     "target (a prefix ending in '*' allows a family of them)")
 
     @_tool
     async def open(goal: Annotated[str, Field(description="What the run must achieve, in words a person reads.",
@@ -532,7 +532,7 @@ def _person_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
                    key: Annotated[str | None, Field(description="An idempotency key: a retry with the same key "
                                                                 "opens no second run.")] = None,
                    ) -> dict[str, Any]:
-        permitted(target, run_id or "(new)")
+        permitted(target, run_id, "Open it with a target a person delivers (chat:#ops, a ticket)")
         contract: dict[str, Any] = {"goal": goal, "target": target, "owner": me, "result_path": result_path,
                                     "require_review": require_review, "stop_rules": stop_rules,
                                     "public": public, "run_id": run_id}
@@ -562,7 +562,8 @@ def _person_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
                                                               "with delivered or delivery_failed.")] = True,
                       ) -> dict[str, Any]:
         if send:
-            permitted((await alg.checkpoint(run_id)).target, run_id)
+            permitted((await alg.checkpoint(run_id)).target, run_id,
+                      "Deliver it by hand: call deliver with send false, send it, then record delivered")
         got = await alg.deliver(run_id, me, key, send=send)
         if not send:
             return _write(got)
