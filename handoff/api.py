@@ -34,6 +34,7 @@ from handoff.ledger.store import (
     Head,
     LeaseToken,
     Recorded,
+    WATCHER_PREFIX,
     check_run_id,
     check_idempotency_key,
     check_seq,
@@ -53,7 +54,6 @@ from handoff.projections.engine import Progress
 #: field is stored, and decoded, with these).
 POLICY = ev.Policy()
 
-WATCHER_PREFIX = "watcher:"
 #: A sanitization check records at most this many findings (then one that counts the rest);
 #: ``Ledger.sanitize`` returns them all.
 MAX_RECORDED_FINDINGS = 200

@@ -35,6 +35,7 @@ import msgspec
 
 from handoff.ledger import portable
 from handoff.ledger.errors import InvalidInput, TargetAppeared
+from handoff.ledger.store import WATCHER_PREFIX
 from handoff.reducers import stall
 from handoff.reducers.checkpoint import iso, packet
 
@@ -168,8 +169,6 @@ class _Copy:
         ``BATCH`` at a time: the events with one ``executemany``, the lease, artifact and
         delivery statements in the log's order (consecutive ones of a kind together).
         Returns the events added and the runs they touch."""
-        from handoff.api import WATCHER_PREFIX
-
         conn = self.db.conn
         touched: set[str] = set()
         added = 0

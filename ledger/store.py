@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from .views import ViewStore, ViewWriter
 
 RUN_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+#: Run ids starting with this are the watchdogs' own streams (a watcher's beats), not runs.
+WATCHER_PREFIX = "watcher:"
 ACTOR_KINDS = ("worker", "owner", "watchdog", "operator")
 #: The characters no text in the ledger may hold (tab and newline aside, which free text
 #: may): C0 controls and DEL, the C1 controls (U+0080-U+009F, which some terminals obey

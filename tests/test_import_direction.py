@@ -170,6 +170,137 @@ def test_nothing_imports_the_layers_by_their_bare_names():
     assert found == []
 
 
+def test_no_import_anywhere_names_a_layer_outside_handoff():
+    """The same as parsed code sees it: ``import os, ledger``, an import inside a function
+    or an ``importlib.import_module("reducers.x")`` would load a second copy of a module
+    under its bare name when the repository root is on sys.path."""
+    found = []
+    library = set(library_modules())
+    for path in [*library, *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "benchmarks").rglob("*.py")),
+                 *sorted((ROOT / "docs").rglob("*.py"))]:
+        if path.is_symlink():
+            continue
+        rel = path.relative_to(ROOT)
+        module = module_name(path) if path in library else ".".join(rel.with_suffix("").parts)
+        found += [f"{rel}:{line}: {target}" for line, target in imports_of(path.read_text(), module, path.name == "__init__.py")
+                  if target.split(".")[0] in ("ledger", "reducers", "projections", "cli")]
+    assert found == []
+
+
+# --- no import cycle, lazy imports included (issue 40) -------------------------------------
+
+
+def _type_checking_only(tree: ast.AST) -> set[ast.AST]:
+    """The nodes under ``if TYPE_CHECKING:``: read by a type checker, never run."""
+    out: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            out |= {n for stmt in node.body for n in ast.walk(stmt)}
+    return out
+
+
+def module_imports(source: str, module: str, is_package: bool, known: set[str]) -> dict[str, int]:
+    """The modules of ``known`` that ``source`` imports when it runs, each with its first
+    line: module level and inside functions alike, ``import_module`` / ``__import__`` of a
+    literal name, relative imports resolved. ``from pkg import name`` is an import of
+    ``pkg.name`` when that is a module, else of ``pkg``; a parent package loaded on the way
+    is not counted (Python loads it before the module, whatever the module imports)."""
+    tree = ast.parse(source)
+    skip = _type_checking_only(tree)
+    package = module if is_package else module.rpartition(".")[0]
+    named: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if node in skip:
+            continue
+        if isinstance(node, ast.Import):
+            named += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            named += [(node.lineno, f"{target}.{alias.name}" if f"{target}.{alias.name}" in known else target)
+                      for alias in node.names]
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str) and _is_dynamic_import(node.func)):
+            named.append((node.lineno, node.args[0].value))
+    out: dict[str, int] = {}
+    for line, name in sorted(named):
+        while name and name not in known:  # handoff.ledger.store.Actor: the module handoff.ledger.store
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            out.setdefault(name, line)
+    return out
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, dict[str, int]]:
+    """module -> {module it imports: line}, for ``sources`` (module -> (text, is_package))."""
+    known = set(sources)
+    return {m: module_imports(text, m, pkg, known) for m, (text, pkg) in sources.items()}
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One cycle (``[a, b, ..., a]``) for each import that closes one, in a depth-first walk."""
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph.get(m, {})):
+            if state.get(n) == 1:
+                cycles.append([*path[path.index(n):], n])
+            elif n not in state:
+                visit(n)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    return cycles
+
+
+def _library_sources() -> dict[str, tuple[str, bool]]:
+    return {module_name(p): (p.read_text(), p.name == "__init__.py") for p in library_modules()}
+
+
+def test_no_import_cycle_lazy_imports_included():
+    """Every import that runs (at module level or inside a function: a lazy import is
+    still an edge) is read from the source of every module under handoff/, ledger/,
+    reducers/, projections/ and cli.py; the graph they make has no cycle. A failure prints
+    each cycle with the file and line of every import in it."""
+    graph = import_graph(_library_sources())
+    paths = {module_name(p): p.relative_to(ROOT).as_posix() for p in library_modules()}
+    shown = [" -> ".join(f"{a} ({paths[a]}:{graph[a][b]})" for a, b in zip(cycle, cycle[1:])) + f" -> {cycle[-1]}"
+             for cycle in import_cycles(graph)]
+    assert shown == [], "\n".join(shown)
+
+
+def test_the_cycle_check_would_catch_what_it_looks_for():
+    sources = {
+        "handoff.ledger": ("from . import store\n", True),
+        "handoff.ledger.store": ("from .errors import X\nfrom . import copies\n", False),
+        "handoff.ledger.errors": ("X = 1\n", False),
+        "handoff.ledger.copies": ("def f():\n    from .backends import open_store\n", False),
+        "handoff.ledger.backends": ("def g():\n    import importlib\n"
+                                    "    importlib.import_module('handoff.ledger.store')\n", False),
+        "handoff.ledger.typed": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                 "    from .store import S\n", False),
+    }
+    graph = import_graph(sources)
+    assert graph["handoff.ledger.store"] == {"handoff.ledger.errors": 1, "handoff.ledger.copies": 2}
+    assert graph["handoff.ledger.typed"] == {}  # never run
+    assert graph["handoff.ledger"] == {"handoff.ledger.store": 1}  # a package's own name is no edge
+    assert import_cycles(graph) == [["handoff.ledger.store", "handoff.ledger.copies", "handoff.ledger.backends",
+                                     "handoff.ledger.store"]]
+    sources["handoff.ledger.backends"] = ("def g():\n    import importlib\n", False)
+    assert import_cycles(import_graph(sources)) == []
+
+
 # --- the backends are reached through the interface only (issue 26) ------------------------
 
 #: The backend packages: what they hold is theirs; above ledger/ and in the core, a
