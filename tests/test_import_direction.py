@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,13 +53,17 @@ def library_modules() -> list[Path]:
     return out
 
 
-def imports_of(source: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
-    """(line, imported module) for every import in ``source``, relative ones resolved."""
-    package = module if is_package else module.rpartition(".")[0]
-    out: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(source)):
+def _import_statements(tree: ast.AST, package: str, skip: set[ast.AST] | None = None
+                       ) -> Iterator[tuple[int, str, list[str] | None]]:
+    """(line, module named, the names taken from it or None) for every import in ``tree``
+    outside ``skip``: ``import``, ``from ... import`` (relative ones resolved against
+    ``package``) and ``import_module`` / ``__import__`` of a literal name."""
+    for node in ast.walk(tree):
+        if skip and node in skip:
+            continue
         if isinstance(node, ast.Import):
-            out += [(node.lineno, alias.name) for alias in node.names]
+            for alias in node.names:
+                yield node.lineno, alias.name, None
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
@@ -66,13 +71,20 @@ def imports_of(source: str, module: str, is_package: bool = False) -> list[tuple
                 target = ".".join([*base, node.module] if node.module else base)
             else:
                 target = node.module or ""
-            out.append((node.lineno, target))
-            # ``from . import x`` / ``from pkg import sub`` may name submodules: count them too.
-            out += [(node.lineno, f"{target}.{alias.name}" if target else alias.name)
-                    for alias in node.names if alias.name != "*"]
+            yield node.lineno, target, [alias.name for alias in node.names]
         elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
               and isinstance(node.args[0].value, str) and _is_dynamic_import(node.func)):
-            out.append((node.lineno, node.args[0].value))
+            yield node.lineno, node.args[0].value, None
+
+
+def imports_of(source: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, imported module) for every import in ``source``, relative ones resolved."""
+    package = module if is_package else module.rpartition(".")[0]
+    out: list[tuple[int, str]] = []
+    for line, target, names in _import_statements(ast.parse(source), package):
+        out.append((line, target))
+        # ``from . import x`` / ``from pkg import sub`` may name submodules: count them too.
+        out += [(line, f"{target}.{name}" if target else name) for name in names or () if name != "*"]
     return out
 
 
@@ -206,26 +218,13 @@ def module_imports(source: str, module: str, is_package: bool, known: set[str]) 
     ``pkg.name`` when that is a module, else of ``pkg``; a parent package loaded on the way
     is not counted (Python loads it before the module, whatever the module imports)."""
     tree = ast.parse(source)
-    skip = _type_checking_only(tree)
     package = module if is_package else module.rpartition(".")[0]
     named: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
-        if node in skip:
-            continue
-        if isinstance(node, ast.Import):
-            named += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
-                target = ".".join([*base, node.module] if node.module else base)
-            else:
-                target = node.module or ""
-            named += [(node.lineno, f"{target}.{alias.name}" if f"{target}.{alias.name}" in known else target)
-                      for alias in node.names]
-        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-              and isinstance(node.args[0].value, str) and _is_dynamic_import(node.func)):
-            named.append((node.lineno, node.args[0].value))
+    for line, target, names in _import_statements(tree, package, _type_checking_only(tree)):
+        if names is None:
+            named.append((line, target))
+        else:
+            named += [(line, f"{target}.{name}" if f"{target}.{name}" in known else target) for name in names]
     out: dict[str, int] = {}
     for line, name in sorted(named):
         while name and name not in known:  # handoff.ledger.store.Actor: the module handoff.ledger.store
@@ -272,7 +271,9 @@ def test_no_import_cycle_lazy_imports_included():
     """Every import that runs (at module level or inside a function: a lazy import is
     still an edge) is read from the source of every module under handoff/, ledger/,
     reducers/, projections/ and cli.py; the graph they make has no cycle. A failure prints
-    each cycle with the file and line of every import in it."""
+    each cycle with the file and line of every import in it. Imports under
+    ``if TYPE_CHECKING:`` never run and are not edges here (the layer test above reads
+    them)."""
     graph = import_graph(_library_sources())
     paths = {module_name(p): p.relative_to(ROOT).as_posix() for p in library_modules()}
     shown = [" -> ".join(f"{a} ({paths[a]}:{graph[a][b]})" for a, b in zip(cycle, cycle[1:])) + f" -> {cycle[-1]}"
