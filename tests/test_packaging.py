@@ -160,12 +160,8 @@ def test_the_checkout_imports_with_nothing_installed(tmp_path):
 def test_an_editable_install_imports_the_checkout_beside_a_package_named_ledger(tmp_path):
     src, work = tmp_path / "src", tmp_path / "project"
     _copy_tracked(src)
-    env_dir = tmp_path / "env"
-    run(sys.executable, "-m", "venv", str(env_dir))
-    py = env_dir / "bin" / "python"
-    run(str(py), "-m", "pip", "install", "--no-deps", "-q", "-e", str(src), env=clean_env())
-    site = run(str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
-    Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    py, _ = bare_env(tmp_path / "env")
+    run(sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "-q", "-e", str(src), env=clean_env())
     (work / "ledger").mkdir(parents=True)
     (work / "ledger" / "__init__.py").write_text("WHO = 'the user project'\n")
     probe = run(str(py), "-c", "import ledger, handoff.ledger.store, handoff.reducers.decide, handoff.cli; "
