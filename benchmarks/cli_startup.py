@@ -41,7 +41,7 @@ def handoff_argv() -> list[str]:
     found = shutil.which("handoff")
     if found and Path(found).resolve().parent == Path(sys.executable).resolve().parent:
         return [found]
-    return [sys.executable, "-c", "import sys; from cli import main; sys.exit(main())"]
+    return [sys.executable, "-c", "import sys; from handoff.cli import main; sys.exit(main())"]
 
 
 def _env(ctx: Ctx, db: str | None = None, *, bytecode: bool = True) -> dict[str, str]:

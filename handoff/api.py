@@ -1214,7 +1214,7 @@ class Ledger:
             decision = decider(cp, head)
             if decision.events:  # inside this write's transaction
                 if needed is not None:
-                    store.require_values(run_id, needed())  # type: ignore[attr-defined]
+                    store.require_values(run_id, needed())
                 store.put_values(run_id, blobs)
             return decision
 

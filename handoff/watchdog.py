@@ -16,12 +16,13 @@ from typing import Any
 import msgspec
 
 from handoff.ledger.errors import IdempotencyConflict, InvalidInput, LedgerError, Refused
+from handoff.ledger.store import WATCHER_PREFIX
 from handoff.reducers import commands as C
 from handoff.reducers.checkpoint import Checkpoint, iso
 from handoff.reducers.stall import Health
 from handoff.render import visible
 
-from .api import WATCHER_PREFIX, Ledger, check_seconds
+from .api import Ledger, check_seconds
 
 #: classification -> what the watchdog does about it. Anything else: nothing.
 ACTS_ON = ("unavailable", "stalled", "needs_reconciliation", "delivery_ambiguous")

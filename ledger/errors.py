@@ -138,6 +138,11 @@ class ResendRefused(DeliveryRefused):
     sending again could deliver twice; a person must settle it first."""
 
 
+class TargetNotAllowed(DeliveryRefused):
+    """The target is an adapter target (a command, a web request, a file write) that the
+    allow-list in force does not name; nothing was sent and nothing was written."""
+
+
 class EvidenceMissing(Refused):
     """A result was submitted without a substantive, existing artifact."""
 

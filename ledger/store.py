@@ -744,10 +744,17 @@ class EventStore(abc.ABC):
         """The stored bytes of each digest the run has (a missing one is left out)."""
         raise self._no_values()
 
+    def require_values(self, run_id: str, digests: Iterable[str]) -> None:
+        """Refuse (``ValueNotStored``) unless each value is stored and no recorded
+        ``values_erased`` event of the run names it. Called inside an ``execute``'s decide
+        (as ``Ledger`` does for a graph checkpoint that continues a value), it is checked in
+        that write's own transaction, so no erasure can come between the check and the write."""
+        raise self._no_values()
+
     def delete_values(self, run_id: str, digests: Iterable[str]) -> int:
         """Delete the run's values with these digests that a recorded ``values_erased``
-        event of the run names (record first, then delete: a value is never deleted
-        without a record); how many were deleted."""
+        event of the run names and no graph event after it names again (record first, then
+        delete: a value is never deleted without a record); how many were deleted."""
         raise self._no_values()
 
     def value_digests(self, run_id: str) -> dict[str, str]:

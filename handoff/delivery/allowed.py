@@ -31,7 +31,7 @@ import shlex
 import urllib.parse
 from collections.abc import Iterable
 
-from handoff.ledger.errors import DeliveryRefused, InvalidInput
+from handoff.ledger.errors import InvalidInput, TargetNotAllowed
 from handoff.reducers import targets as tg
 from handoff.reducers.delivery import ADAPTER_SCHEMES, has_adapter
 
@@ -42,11 +42,6 @@ MAX_PATTERN = 2000
 #: The most patterns one list holds (a list is read by every send).
 MAX_PATTERNS = 200
 _SHOWN = 200
-
-
-class TargetNotAllowed(DeliveryRefused):
-    """The target is an adapter target (a command, a web request, a file write) that the
-    allow-list in force does not name; nothing was sent and nothing was written."""
 
 
 def _show(text: str) -> str:

@@ -244,7 +244,7 @@ def write_state(lg: Ledger, path: str, position: int) -> None:
 def _changed_runs(lg: Ledger, after: int) -> tuple[list[str], int]:
     """The runs with events after position ``after`` (at most FOLLOW_BATCH of them) and the
     position read up to, in log order."""
-    from handoff.api import WATCHER_PREFIX
+    from handoff.ledger.store import WATCHER_PREFIX
 
     runs: dict[str, None] = {}
     last = after

@@ -24,6 +24,9 @@ TABLE = "run_values"
 #: (ledger/sqlite/schema.py): an additive table, so the file schema version stays.
 CREATE = (f"CREATE TABLE IF NOT EXISTS {TABLE} (run_id TEXT NOT NULL, sha256 TEXT NOT NULL, "
           "value BLOB NOT NULL, PRIMARY KEY (run_id, sha256))")
+#: The run's erasures found without reading its other events: every write that continues
+#: a value checks them (require_values), so the check costs the erasures, not the run's length.
+ERASURES_INDEX = "CREATE INDEX IF NOT EXISTS events_erasures ON events(run_id) WHERE type = 'values_erased'"
 _EXISTS = f"SELECT 1 FROM sqlite_master WHERE type='table' AND name='{TABLE}'"
 #: Digests per statement: well under SQLite's limit of bound parameters.
 _CHUNK = 500
@@ -82,15 +85,18 @@ class SqliteValues:
             try:
                 if not self._has_values_table():
                     raise not_stored(run_id, wanted[0])
-                for d in wanted:
-                    gone = self.conn.execute(
-                        f"SELECT NOT EXISTS (SELECT 1 FROM {TABLE} WHERE run_id = ? AND sha256 = ?) OR EXISTS ("
-                        "SELECT 1 FROM events WHERE run_id = ? AND type = 'values_erased' "
-                        "AND instr(payload, CAST(? AS BLOB)) > 0)", (run_id, d, run_id, d)).fetchone()[0]
-                    if gone:
-                        raise not_stored(run_id, d)
+                stored: set[str] = set()
+                for part in _chunks(wanted):
+                    stored.update(d for (d,) in self.conn.execute(
+                        f"SELECT sha256 FROM {TABLE} WHERE run_id = ? AND sha256 IN ({','.join('?' * len(part))})",
+                        (run_id, *part)))
+                erasures = [_as_bytes(p) for (p,) in self.conn.execute(
+                    "SELECT payload FROM events WHERE run_id = ? AND type = 'values_erased'", (run_id,))]
             except sqlite3.Error as exc:
                 raise explain(exc, "checking values", self.path) from exc
+        for d in wanted:
+            if d not in stored or any(d.encode() in p for p in erasures):
+                raise not_stored(run_id, d)
 
     def get_values(self, run_id: str, digests: Iterable[str]) -> dict[str, bytes]:
         out: dict[str, bytes] = {}

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..errors import NotALedger, SchemaTooNew
 from ..store import FORMAT_NAME, Problem, meta_schema_version
 from .blobs import CREATE as VALUES_TABLE
+from .blobs import ERASURES_INDEX
 from .driver import explain
 from .opening import unreadable_schema
 
@@ -80,6 +81,7 @@ CREATE_TABLES = (
     HEADS_FIRST,
     CREATE_UNKEPT,
     VALUES_TABLE,
+    ERASURES_INDEX,
 )
 
 
@@ -130,6 +132,9 @@ def prepare(store: SqliteStore, may_create: bool, clock: Callable[[], int]) -> N
     if "run_values" not in tables:  # an additive table: the file schema version stays
         with _immediate(store, "adding the values table") as conn:
             conn.execute(VALUES_TABLE)
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE name='events_erasures'").fetchone():
+        with _immediate(store, "adding an index of the runs' erasures") as conn:  # additive, as above
+            conn.execute(ERASURES_INDEX)
 
 
 def _create(store: SqliteStore, clock: Callable[[], int]) -> None:

@@ -349,10 +349,13 @@ def test_a_postgresql_ledger_of_schema_10_checks_needed_values_after_its_upgrade
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(PUT_VALUES_V10.format(schema=P.ident(schema)))
         conn.execute(DELETE_VALUES_V10.format(schema=P.ident(schema)))
+        conn.execute(f"DROP INDEX {P.ident(schema)}.events_erasures")  # schema 10 had none
         conn.execute("UPDATE handoff_meta SET value = '10' WHERE key = 'schema_version'")
     with Ledger(url) as lg:
         assert lg.store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 11
         assert lg.verify() == []  # the function is the one this version makes
+        assert lg.store.x("SELECT 1 FROM pg_indexes WHERE indexname = 'events_erasures' "
+                          "AND schemaname = current_schema()").fetchone() is not None
         base = _saved(lg, RUN)[-1].values["messages"]
         lg.erase_values(RUN, reason="cleanup", values=[base])
         before = _snapshot(lg, RUN)

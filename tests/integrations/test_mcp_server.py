@@ -109,9 +109,10 @@ def test_a_handoff_walked_end_to_end_by_a_worker_and_an_owner_server(shared_back
     out = tmp_path / "out"
     out.mkdir()
     seen = Seen()
+    Ledger(db).close()  # 'handoff mcp' never makes a ledger: a mistyped --db is refused
 
     async def walk() -> str:
-        async with stdio(db, "--as", "owner", "--name", "alice") as owner, \
+        async with stdio(db, "--as", "owner", "--name", "alice", "--allow-target", f"file://{out}") as owner, \
                 stdio(db, "--as", "worker", "--name", "agent-1", "--root", str(root)) as worker:
             owner_tools = {t.name for t in (await owner.list_tools()).tools}
             worker_tools = {t.name for t in (await worker.list_tools()).tools}
@@ -330,7 +331,9 @@ def test_without_the_extra_the_command_says_how_to_install_it(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)
     assert proc.returncode == 2, proc.stderr
-    assert "pip install 'handoff-ledger[mcp]'" in proc.stderr and "Traceback" not in proc.stderr
+    from handoff.ledger.extras import install_hint
+    assert install_hint("mcp") in " ".join(proc.stderr.split())
+    assert "handoff-ledger[" not in proc.stderr and "Traceback" not in proc.stderr
 
 
 # --- HTTP ------------------------------------------------------------------------------------
@@ -408,6 +411,7 @@ def test_http_on_loopback_serves_the_sdk_client_and_refuses_a_foreign_origin(sha
 
 def test_http_beyond_loopback_needs_the_token_and_refuses_any_origin(shared_backend, tmp_path):
     db = shared_backend.address()
+    Ledger(db).close()  # 'handoff mcp' never makes a ledger
     token = "t0k3n-" + os.urandom(16).hex()
     token_file = tmp_path / "token"
     token_file.write_text(token + "\n")
@@ -519,7 +523,8 @@ def test_an_owner_finishes_a_public_delivery_through_the_gate_a_reopen_and_a_sen
             "sanitization_checked", "run_reopened", "delivery_failed", "delivery_confirmed")]
         assert people and set(people) == {"owner:alice"}
 
-    anyio.run(_people, backend.address(), root, body, owner_cfg(), worker_cfg(root))
+    anyio.run(_people, backend.address(), root, body,
+              ms.Config(role="owner", name="alice", allow_targets=(f"file://{tmp_path / 'out'}",)), worker_cfg(root))
 
 
 def test_an_owner_clears_a_blocker_reconciles_a_side_effect_and_forks_its_own_run_only(backend, tmp_path):

@@ -39,6 +39,7 @@ from handoff.ledger.errors import (
     SeqConflict,
     StaleLease,
     UnknownEventType,
+    ValueNotStored,
 )
 from handoff.ledger.store import (
     DEFAULT_MAX_PAYLOAD,
@@ -1247,6 +1248,21 @@ class StoreConformance:
             txn.views.sync_one(handle, {"run_id": "a", "n": 2})
         assert store.views.get("conformance_view", ("a",), ("n",)) == (2,)
 
+    # --- ledger-wide settings ------------------------------------------------------------
+
+    def test_a_setting_is_kept_beside_the_log_until_it_is_unset(self, store):
+        before = snapshot(store)
+        assert store.setting("conformance") is None
+        store.put_setting("conformance", '["cmd:*"]')
+        store.put_setting("conformance", '["https://*"]')  # replaced, not added
+        assert store.setting("conformance") == '["https://*"]'
+        assert store.setting("other") is None
+        assert_unchanged(store, before)  # a setting is not an event: the log is as it was
+        store.put_setting("conformance", None)
+        assert store.setting("conformance") is None
+        store.put_setting("conformance", None)  # unsetting what is not set changes nothing
+        assert store.setting("conformance") is None
+
     # --- values beside the log -------------------------------------------------------
 
     def test_values_are_kept_per_run_once_each_and_deleted_only_when_asked(self, store):
@@ -1265,6 +1281,20 @@ class StoreConformance:
         assert store.get_values("r1", [da, db_]) == {db_: b}
         assert store.get_values("r2", [da]) == {da: a}  # untouched
         assert store.value_digests("nobody") == {} and store.get_values("nobody", [da]) == {}
+        # What a write that continues a value needs: stored, and named by no recorded erasure.
+        store.require_values("r1", [db_])
+        store.require_values("r1", [])
+        before = snapshot(store)
+        for gone in (da, "f" * 64):  # erased (recorded and deleted), never stored
+            with pytest.raises(ValueNotStored, match="does not store") as refused:
+                store.require_values("r1", [db_, gone])
+            assert refused.value.details["sha256"] == gone
+        assert_unchanged(store, before)
+        store.append("r2", [ev.ValuesErased(reason="test", values=(da,))], actor=W1)
+        before = snapshot(store)
+        with pytest.raises(ValueNotStored):  # recorded, not yet deleted: gone all the same
+            store.require_values("r2", [da])
+        assert_unchanged(store, before)
         assert isinstance(store.values_join_writes, bool)
         if store.values_join_writes:  # a put inside a write commits or rolls back with it
             with pytest.raises(RuntimeError, match="on purpose"):
