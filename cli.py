@@ -380,13 +380,10 @@ def _states() -> Any:
 
 
 def _progress_kind_names(declared: Any = None) -> Any:
-    """What 'progress' takes (reducers.decide): the activity that never counts, and the
-    progress kinds of the working states, with the contract's own (``declared``).
-    Blocked's and unknown's progress are commands of their own (block, effect-confirm),
-    which 'progress' refuses."""
+    """What 'progress' takes, with the contract's own kinds (``declared``)."""
     from handoff.reducers import transitions as T
 
-    return T.NOT_PROGRESS.union(*(T.progress_kinds_in(s, declared or {}) for s in T.WORKING))
+    return T.progress_command_kinds(declared or {})
 
 
 def _complete_kinds(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:

@@ -99,6 +99,13 @@ def progress_kinds_in(state: str, declared: dict[str, tuple[str, ...]]) -> froze
     return PROGRESS_KINDS.get(state, frozenset()) | frozenset(own)
 
 
+def progress_command_kinds(declared: dict[str, tuple[str, ...]]) -> frozenset[str]:
+    """Every kind the progress command takes in some state: the activity that never
+    counts, and the working states' progress (the contract's own included). Blocked's and
+    unknown's progress are commands of their own (block, effect-confirm)."""
+    return NOT_PROGRESS.union(*(progress_kinds_in(s, declared) for s in WORKING))
+
+
 def states_of_kind(kind: str, declared: dict[str, tuple[str, ...]]) -> list[str]:
     """The states in which ``kind`` counts as progress for such a run, in lifecycle order."""
     return [s for s in STATES if kind in progress_kinds_in(s, declared)]
