@@ -3246,13 +3246,13 @@ def render_docs() -> str:
     parts = [DOCS_INTRO.replace("@EXIT_CODES@", exit_code_table())]
     root = click.Context(main, info_name="handoff", terminal_width=WIDTH, max_content_width=WIDTH,
                          help_option_names=["-h", "--help"])
-    parts.append("\n### handoff\n\n```\n" + main.get_help(root).rstrip() + "\n```\n")
+    parts.append("\n### handoff\n\n```text\n" + main.get_help(root).rstrip() + "\n```\n")
     for name in main.list_commands(root):
         cmd = main.commands[name]
         if cmd.hidden:
             continue
         sub = click.Context(cmd, info_name=name, parent=root, terminal_width=WIDTH, max_content_width=WIDTH)
-        parts.append(f"\n### handoff {name}\n\n```\n" + cmd.get_help(sub).rstrip() + "\n```\n")
+        parts.append(f"\n### handoff {name}\n\n```text\n" + cmd.get_help(sub).rstrip() + "\n```\n")
     return "".join(parts)
 
 
