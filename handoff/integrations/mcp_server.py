@@ -50,9 +50,11 @@ from handoff import render as R
 from handoff.aio import AsyncLedger
 from handoff.delivery import allowed as al
 from handoff.ledger.errors import InvalidInput, LedgerError, StaleLease, TerminalRun
-from handoff.lease import Fence, heartbeat_interval
+from handoff.lease import Fence, bounded_text, heartbeat_interval
+from handoff.ledger.store import CONTROL_RE, check_run_id
 from handoff.reducers import stall
 from handoff.reducers import transitions as T
+from handoff.reducers.decide import MAX_TEXT
 
 log = logging.getLogger("handoff.mcp")
 
@@ -260,6 +262,18 @@ def _tool(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
             return refusal(exc)
 
     return call
+
+
+async def scrubbed(alg: AsyncLedger, run_id: str, text: str) -> str:
+    """A model's text as the agent integrations record a tool's arguments and a failure's
+    text (handoff/integrations/_agent_run.py): through the one scrub of free text
+    (``bounded_text``), on the ledger's thread. A model may paste a key it read into a side
+    effect's description or a note; the ledger, the log and a trace must not keep it. Text
+    the ledger refuses (a control character, past its length) is handed on as given, so
+    the refusal names the field and nothing is written."""
+    if not text or len(text) > MAX_TEXT or CONTROL_RE.search(text):
+        return text
+    return await alg.run(lambda lg: bounded_text(text, lg, run_id, MAX_TEXT))
 
 
 READ = ToolAnnotations(readOnlyHint=True, openWorldHint=False)
@@ -617,6 +631,7 @@ def _person_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
                                                                    "pending ones).", min_length=1)],
                              outcome: Literal["done", "absent"],
                              note: Annotated[str, Field(description="How you know.")] = "") -> dict[str, Any]:
+        note = await scrubbed(alg, run_id, note)
         return _write(await alg.effect_confirm(run_id, key, outcome, note=note, actor=actor))
 
     @_tool
@@ -628,6 +643,8 @@ def _person_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
                    key: Annotated[str | None, Field(description="An idempotency key: a retry with the same key "
                                                                 "forks no second child.")] = None,
                    ) -> dict[str, Any]:
+        if new_run_id is not None:
+            check_run_id(new_run_id, "new_run_id")  # named as the model wrote it
         child = await alg.fork(run_id, at_seq, new_run_id=new_run_id, key=key, actor=actor)
         return {"run_id": child, "parent": run_id, "parent_seq": at_seq, "packet": await alg.status(child)}
 
@@ -681,6 +698,7 @@ def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions:
     me, root = config.name, os.path.realpath(config.root or ".")
 
     def mine(ctx: Context, run_id: str) -> tuple[Session, Held]:
+        check_run_id(run_id)  # the ledger's refusal, before a message repeats what the model sent
         found = sessions.find(ctx.request_context.session)
         if found is None:
             raise InvalidInput(f"this MCP session holds no lease on run {run_id}: call claim first", field="run_id")
@@ -742,7 +760,12 @@ def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions:
                                                               f"progress: {', '.join(sorted(T.NOT_PROGRESS))}.")],
                        detail: Annotated[str, Field(description="What happened, in a sentence.")] = "",
                        attrs: Attrs = None) -> dict[str, Any]:
-        return await under_lease(ctx, run_id, lambda t: alg.progress(run_id, t, kind, detail, attrs=attrs))
+        async def call(t: str) -> Any:
+            # A note is what the integrations record of a failure: scrubbed as they scrub it.
+            text = await scrubbed(alg, run_id, detail) if kind == "note" else detail
+            return await alg.progress(run_id, t, kind, text, attrs=attrs)
+
+        return await under_lease(ctx, run_id, call)
 
     @_tool
     async def transition(run_id: RunId, ctx: Context,
@@ -788,14 +811,20 @@ def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions:
                            what: Annotated[str, Field(description="What is about to happen outside, e.g. "
                                                                   "'POST /deploy v42'.", min_length=1)],
                            ) -> dict[str, Any]:
-        return await under_lease(ctx, run_id, lambda t: alg.effect_start(run_id, t, key, what))
+        async def call(t: str) -> Any:
+            return await alg.effect_start(run_id, t, key, await scrubbed(alg, run_id, what))
+
+        return await under_lease(ctx, run_id, call)
 
     @_tool
     async def effect_confirm(run_id: RunId, ctx: Context,
                              key: Annotated[str, Field(description="The side effect's key.", min_length=1)],
                              outcome: Literal["done", "absent"],
                              note: Annotated[str, Field(description="How you know.")] = "") -> dict[str, Any]:
-        return await under_lease(ctx, run_id, lambda t: alg.effect_confirm(run_id, key, outcome, note=note, lease=t))
+        async def call(t: str) -> Any:
+            return await alg.effect_confirm(run_id, key, outcome, note=await scrubbed(alg, run_id, note), lease=t)
+
+        return await under_lease(ctx, run_id, call)
 
     @_tool
     async def block(run_id: RunId, ctx: Context,
