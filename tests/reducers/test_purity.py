@@ -205,20 +205,8 @@ THIRD_PARTY_ALLOWED = frozenset({"msgspec", "typing_extensions"})
 _PROBE = r"""
 import json, sys, traceback
 
-root, purelib, layout, names = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4:]
+root, purelib, names = sys.argv[1], sys.argv[2], sys.argv[3:]
 first_importer = {}
-
-
-class Layout:
-    # The installed names over the repository's directories (pyproject.toml's package-dir),
-    # as the editable install's finder maps them; without site, nothing else would.
-    def find_spec(self, name, path=None, target=None):
-        where = layout.get(name)
-        if where is None:
-            return None
-        import importlib.util
-        return importlib.util.spec_from_file_location(
-            name, where + "/__init__.py", submodule_search_locations=[where])
 
 
 class Watch:
@@ -230,7 +218,6 @@ class Watch:
         return None
 
 
-sys.meta_path.insert(0, Layout())
 sys.meta_path.insert(0, Watch())
 import importlib
 for name in names:
@@ -256,18 +243,10 @@ def loaded_by(modules: list[str], *, extra_path: Path | None = None) -> dict[str
         path.insert(0, str(extra_path))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     root = str(extra_path if extra_path is not None else ROOT)
-    proc = subprocess.run([sys.executable, "-S", "-c", _PROBE, root, purelib, json.dumps(_layout()), *modules],
+    proc = subprocess.run([sys.executable, "-S", "-c", _PROBE, root, purelib, *modules],
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return {k: tuple(v) for k, v in json.loads(proc.stdout).items()}
-
-
-def _layout() -> dict[str, str]:
-    """pyproject.toml's package-dir: installed name -> the repository directory it maps."""
-    import tomllib
-
-    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    return {name: str(ROOT / d) for name, d in dirs.items()}
 
 
 def load_violations(loaded: dict[str, tuple[str, str]], *,
