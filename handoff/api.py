@@ -881,7 +881,8 @@ class Ledger:
 
         al.check(cp.target, self.allowed_targets(), run_id=run_id, whose="the ledger's list of allowed targets",
                  how="Allow it with 'handoff targets --allow TARGET' (Ledger.allow_targets), or deliver by "
-                     "hand: 'handoff deliver' without --send, send it, then 'handoff delivered'")
+                     "hand: 'handoff deliver' without --send, send it, then 'handoff delivered'",
+                 see="'handoff targets' (Ledger.allowed_targets) lists them")
         adapter = da.adapter_for(cp.target, policy, timeout_s=timeout_s, env=env)
         bundle = db.build(cp)
         adapter.prepare(bundle, key, run_id)  # what the send could never carry: refused before the record
@@ -996,6 +997,8 @@ class Ledger:
         ``actor`` (the parent's owner may fork its own run), else the operator ``by`` names."""
         check_run_id(run_id)
         check_seq(at_seq, "at_seq", low=1)
+        if new_run_id is not None:
+            check_run_id(new_run_id, "new_run_id")
         import secrets
 
         if new_run_id is None and key is not None:

@@ -294,6 +294,8 @@ def _send_policy(p: object, target: str) -> ev.SendPolicy:
     if p.token_env and not _ENV_NAME.fullmatch(p.token_env):
         raise InvalidInput(f"send.token_env must be an environment variable's name (letters, digits, _), "
                            f"got {p.token_env[:60]!r}", field="token_env")
+    if (refusal := targets.token_env_refusal(p.token_env)) is not None:
+        raise InvalidInput(refusal, field="send.token_env")
     if not isinstance(p.inline, bool):
         raise InvalidInput("send.inline must be true or false", field="inline")
     return ev.SendPolicy(
@@ -458,9 +460,10 @@ def _effect_confirm(cp: Checkpoint, c: C.ConfirmEffect, ctx: Context) -> list[ev
         if any(k == key for k, _ in cp.settled_effects):
             raise IdempotencyConflict(f"side effect {key!r} on run {cp.run_id} was already settled with another outcome")
         raise UnknownEffect(f"no side effect with key {key!r} was started on run {cp.run_id}; check 'handoff status {cp.run_id}'")
+    note = _text("note", c.note)  # checked whoever confirms, though a worker's own confirm keeps no note
     if ctx.actor.kind == T.WORKER and pending.lease == cp.lease:
         return [ev.SideEffectConfirmed(key=key, outcome=outcome, attrs=attrs)]  # type: ignore[arg-type]
-    return [ev.ReconciliationRecorded(key=key, outcome=outcome, note=_text("note", c.note), attrs=attrs)]  # type: ignore[arg-type]
+    return [ev.ReconciliationRecorded(key=key, outcome=outcome, note=note, attrs=attrs)]  # type: ignore[arg-type]
 
 
 def _submit(cp: Checkpoint, c: C.Submit, ctx: Context) -> list[ev.Event]:
@@ -782,18 +785,44 @@ def _graph_writer(cp: Checkpoint, ctx: Context, what: str) -> None:
         )
 
 
+def _line(field: str, value: object, max_len: int) -> str:
+    """A text of one line that may be empty (a namespace, a parent id)."""
+    v = _text(field, value, max_len=max_len)
+    if "\n" in v or "\t" in v:
+        raise InvalidInput(f"{field} must be a single line", field=field)
+    return v
+
+
+def _plain(field: str, value: object) -> None:
+    """Every text inside a graph's map (keys and values, at any depth) holds to the rule of
+    every other text of the ledger: no control or bidirectional character."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            check_chars(v, field)
+        elif isinstance(v, Mapping):
+            for k, item in v.items():
+                if isinstance(k, str):
+                    check_chars(k, field)
+                stack.append(item)
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+
+
 def _graph_ids(c: C.SaveGraphCheckpoint | C.SaveGraphWrites) -> tuple[str, str, str]:
     return (_text("thread_id", c.thread_id, max_len=MAX_GRAPH_TEXT, empty=False),
-            _text("namespace", c.namespace, max_len=MAX_GRAPH_TEXT),
+            _line("namespace", c.namespace, MAX_GRAPH_TEXT),
             _name("checkpoint_id", c.checkpoint_id))
 
 
 def _save_graph_checkpoint(cp: Checkpoint, c: C.SaveGraphCheckpoint, ctx: Context) -> list[ev.Event]:
     _graph_writer(cp, ctx, "saving a graph checkpoint")
     thread, ns, cid = _graph_ids(c)
-    parent = _text("parent_id", c.parent_id, max_len=MAX_NAME)
+    parent = _line("parent_id", c.parent_id, MAX_NAME)
     values = {_name("values channel", k): _digest(f"values[{k[:60]}]", v) for k, v in _map("values", c.values).items()}
     metadata = _map("metadata", c.metadata)
+    _plain("metadata", metadata)
     extends: dict[str, str] | UnsetType = UNSET
     if c.extends is not UNSET and c.extends:
         extends = {}
