@@ -281,7 +281,7 @@ CASES = [
     Case("run ids that look like paths", "absolute path", ["status", "/etc/passwd"], 2, "run_id",
          lambda lg, w: lg.status("/etc/passwd"), "run_id"),
     Case("run ids that look like paths", "fork into a path", ["fork", "r1", "--at", "2", "--run-id", "a/b"], 2,
-         "run_id", lambda lg, w: lg.fork("r1", 2, new_run_id="a/b"), "run_id"),
+         "run id", lambda lg, w: lg.fork("r1", 2, new_run_id="a/b"), "new_run_id"),
     # 12 unknown states
     Case("unknown states", "transition to 'flying'", ["transition", "r1", "--lease", TOKEN, "--to", "flying"], 2,
          "to must be one of", lambda lg, w: lg.transition("r1", TOKEN, "flying"), "to"),
