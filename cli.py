@@ -8,7 +8,6 @@ agent pays for ``handoff progress`` on every event, so each command imports what
 from __future__ import annotations
 
 import os
-import re
 import sys
 from typing import Any
 
@@ -39,6 +38,17 @@ def _load_msgspec() -> None:
 _load_msgspec()
 
 from handoff.reducers.transitions import CLOSE_DISPOSITIONS, DELIVERED  # noqa: E402  (data only: imports nothing)
+# The CLI's own parts: click and the standard library only at module level, the library on use.
+from handoff.clioptions import (attr_option, format_option, json_option, key_option,  # noqa: E402
+                                lease_option, open_kwargs, open_options, page_options, quiet_option,
+                                run_argument, worker_run_argument)
+from handoff.clitypes import ISO_TIME, POSITION_OR_TIME, Seconds, attr_map  # noqa: E402
+from handoff.completion import (COMPLETE_HEALTH, COMPLETE_KIND, COMPLETE_STATE, COMPLETE_VAR,  # noqa: E402
+                                complete_runs, completion_class)
+from handoff.output import (TABLE_WINDOW, chosen_format, echo_write, emit, field_rows, listing,  # noqa: E402
+                            more_line, one_document, printable, side_rows, stream_csv, stream_json,
+                            stream_jsonl, stream_table)
+from handoff.progressbar import Progress  # noqa: E402
 
 EXIT_OK = 0  # every other code is an error class's exit_code (ledger.errors), never a literal here
 WIDTH = 88  # help and docs are rendered at this width so docs/cli.md is reproducible
@@ -108,7 +118,7 @@ class HandoffGroup(click.Group):
         if os.environ.get(complete_var or COMPLETE_VAR, "").startswith("bash"):
             from click.shell_completion import add_completion_class
 
-            add_completion_class(_completion_class("bash"), "bash")  # the line as bash has it
+            add_completion_class(completion_class("bash"), "bash")  # the line as bash has it
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         args = list(sys.argv[1:] if args is None else args)
@@ -164,46 +174,6 @@ class State:
         self.busy_timeout = busy_timeout
 
 
-class IsoTime(click.ParamType):
-    """An ISO 8601 time; a time without an offset is taken as UTC. Converted to UTC µs."""
-
-    name = "TIME"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int):
-            return value
-        from datetime import datetime, timezone
-
-        try:
-            dt = datetime.fromisoformat(str(value).strip())
-        except ValueError:
-            self.fail(f"{value!r} is not an ISO 8601 time; write it like 2026-05-01T12:00:00Z", param, ctx)
-        if dt.tzinfo is None:
-            dt = dt.replace(tzinfo=timezone.utc)
-        try:  # an offset can push a time at either end of the calendar out of it
-            dt = dt.astimezone(timezone.utc)
-        except (OverflowError, ValueError):
-            self.fail(f"{value!r} falls outside years 1 to 9999 in UTC", param, ctx)
-        epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
-        delta = dt - epoch
-        return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-ISO_TIME = IsoTime()
-
-
-class Seconds(click.FloatRange):
-    """A FloatRange that also refuses nan and infinities (which compare false to any bound)."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        import math
-
-        rv = super().convert(value, param, ctx)
-        if not math.isfinite(rv):
-            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
-        return rv
-
-
 @click.group(cls=HandoffGroup, name="handoff", context_settings={"help_option_names": ["-h", "--help"],
                                                                  "max_content_width": WIDTH})
 @click.option("--db", default="handoff.db", envvar="HANDOFF_DB", show_default=True, show_envvar=True,
@@ -250,600 +220,11 @@ def _ledger(*, create: bool = False) -> Any:
     return Ledger(st.db, create=create, busy_timeout_s=st.busy_timeout)
 
 
-def json_option(f: Any) -> Any:
-    return click.option("--json", "as_json", is_flag=True,
-                        help="Print one JSON document instead of text (shapes in docs/cli.md).")(f)
-
-
-# --- shell completion: names the shell offers on Tab ('handoff completion') -------------
-
-#: At most this many run ids are offered per Tab: one bounded range scan of an index.
-COMPLETE_RUNS = 50
-#: The environment variable the scripts set when they ask for completions (click's machinery).
-COMPLETE_VAR = "_HANDOFF_COMPLETE"
-
-
-def _complete_runs(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
-    """Run ids of the ledger --db (or HANDOFF_DB) names that begin with what is typed, read
-    only (a Tab never creates or changes a ledger); nothing when it cannot be read."""
-    from click.shell_completion import CompletionItem
-
-    try:
-        from handoff.projections import queries
-
-        with _completion_store(ctx) as store:
-            return [] if store is None else [
-                CompletionItem(r) for r in queries.run_ids_starting(store, incomplete, COMPLETE_RUNS)]
-    except Exception:  # a Tab must never print a traceback into the command line being typed
-        return []
-
-
-def _completion_store(ctx: click.Context) -> Any:
-    """The ledger --db (or HANDOFF_DB, else ./handoff.db) names, opened read-only for a Tab
-    (a context manager), or a null context giving None when there is no such file."""
-    import contextlib
-
-    from handoff.ledger.backends import open_store
-
-    db = ctx.find_root().params.get("db") or os.environ.get("HANDOFF_DB") or "handoff.db"
-    if "://" not in db and not os.path.isfile(db):
-        return contextlib.nullcontext(None)
-    return open_store(db, readonly=True, create=False, busy_timeout_s=0.2)
-
-
-#: click's bash script, also handing over the line as bash has it (COMP_LINE, COMP_POINT)
-#: and where bash breaks words (COMP_WORDBREAKS): COMP_WORDS alone has a run id such as
-#: 'job:7' split in three at its ':'.
-BASH_SOURCE = """\
-%(complete_func)s() {
-    local IFS=$'\\n'
-    local response
-
-    response=$(env COMP_WORDS="${COMP_WORDS[*]}" COMP_CWORD=$COMP_CWORD COMP_LINE="$COMP_LINE" \\
-COMP_POINT=$COMP_POINT COMP_WORDBREAKS="$COMP_WORDBREAKS" %(complete_var)s=bash_complete $1)
-
-    for completion in $response; do
-        IFS=',' read type value <<< "$completion"
-
-        if [[ $type == 'dir' ]]; then
-            COMPREPLY=()
-            compopt -o dirnames
-        elif [[ $type == 'file' ]]; then
-            COMPREPLY=()
-            compopt -o default
-        elif [[ $type == 'plain' ]]; then
-            COMPREPLY+=($value)
-        fi
-    done
-
-    return 0
-}
-
-%(complete_func)s_setup() {
-    complete -o nosort -F %(complete_func)s %(prog_name)s
-}
-
-%(complete_func)s_setup;
-"""
-
-
-def _completion_class(shell: str) -> Any:
-    """click's completion for ``shell``; for bash, one that reads the words from the line
-    itself, so a word holding ':' (a run id may) is one word. bash replaces only the part
-    of the word after its last ':' or '=' (COMP_WORDBREAKS), so an offer drops what comes
-    before, as bash-completion's __ltrim_colon_completions does."""
-    from click.shell_completion import BashComplete, get_completion_class, split_arg_string
-
-    if shell != "bash":
-        return get_completion_class(shell)
-
-    class LineBashComplete(BashComplete):
-        source_template = BASH_SOURCE
-        word = ""  # the word being completed, whole (empty: bash's own words are used)
-
-        def get_completion_args(self) -> tuple[list[str], str]:
-            line, point = os.environ.get("COMP_LINE"), os.environ.get("COMP_POINT", "")
-            if not line or not point.isdigit():
-                return super().get_completion_args()
-            before = line[: int(point)]
-            words = split_arg_string(before)
-            self.word = words.pop() if words and not before[-1:].isspace() else ""
-            return words[1:], self.word
-
-        def format_completion(self, item: Any) -> str:
-            value, word = item.value, self.word
-            breaks = set(os.environ.get("COMP_WORDBREAKS", "")) & {":", "="}
-            cut = max((word.rfind(c) for c in breaks), default=-1) + 1
-            if item.type == "plain" and cut:
-                # An offer for --opt=VALUE is VALUE (click splits the word at '=').
-                whole = word.partition("=")[0] + "=" + value if word.startswith("-") and "=" in word else value
-                if whole.startswith(word[:cut]):
-                    value = whole[cut:]  # what replaces the part bash replaces
-            return f"{item.type},{value}"
-
-    return LineBashComplete
-
-
-def _complete_from(names: Any) -> Any:
-    """A completion of fixed names (states, progress kinds, health), read when first asked."""
-    def complete(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
-        from click.shell_completion import CompletionItem
-
-        return [CompletionItem(n) for n in sorted(names()) if n.startswith(incomplete)]
-    return complete
-
-
-def _states() -> Any:
-    from handoff.reducers.transitions import STATES
-
-    return STATES
-
-
-def _progress_kind_names(declared: Any = None) -> Any:
-    """What 'progress' takes, with the contract's own kinds (``declared``)."""
-    from handoff.reducers import transitions as T
-
-    return T.progress_command_kinds(declared or {})
-
-
-def _complete_kinds(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
-    """``_progress_kind_names`` with the kinds the run's contract declared, when the run
-    (RUN, already typed) can be read from the ledger."""
-    declared = None
-    # While an option's value is typed, click's lenient parse leaves RUN among ctx.args.
-    run = ctx.params.get("run") or next(iter(ctx.args), None)
-    try:
-        if run:
-            from handoff.projections import queries
-
-            with _completion_store(ctx) as store:
-                cp = None if store is None else queries.checkpoint(store, run)
-            declared = None if cp is None else cp.progress_kinds
-    except Exception:  # a Tab must never print a traceback into the command line being typed
-        declared = None
-    return _complete_from(lambda: _progress_kind_names(declared))(ctx, param, incomplete)
-
-
-def _health_names() -> Any:
-    from handoff.reducers.stall import CLASSIFICATIONS
-
-    return CLASSIFICATIONS
-
-
-COMPLETE_STATE = _complete_from(_states)
-COMPLETE_KIND = _complete_kinds
-COMPLETE_HEALTH = _complete_from(_health_names)
-
-
-def run_argument(f: Any) -> Any:
-    return click.argument("run", metavar="RUN", shell_complete=_complete_runs)(f)
-
-
-def worker_run_argument(f: Any) -> Any:
-    # Inside 'handoff run' the child has HANDOFF_RUN and HANDOFF_LEASE: RUN and --lease may go.
-    return click.argument("run", metavar="RUN", envvar="HANDOFF_RUN", shell_complete=_complete_runs)(f)
-
-
-class LeaseTokenParam(click.ParamType):
-    """A lease token as claim printed it (LEASE.SECRET); a bare number is a usage error."""
-
-    name = "TOKEN"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from handoff.ledger.errors import InvalidInput
-        from handoff.ledger.store import LeaseToken
-
-        try:
-            return LeaseToken.parse(value)
-        except InvalidInput as exc:
-            # Say what was given only by its kind: an argument may be someone's real token.
-            self.fail(exc.message.replace("lease is ", "this is ", 1), param, ctx)
-
-
-LEASE_TOKEN = LeaseTokenParam()
-
-
-def lease_option(required: bool = True) -> Any:
-    help_ = ("Your lease token, exactly as claim printed it (LEASE.SECRET); the lease number alone is refused."
-             if required else
-             "Act as the worker holding this lease, given as the token claim printed; without it you act "
-             "as an operator (--by, else $HANDOFF_ACTOR, else your login name).")
-    return click.option("--lease", type=LEASE_TOKEN, required=required, envvar="HANDOFF_LEASE",
-                        show_envvar=True, help=help_)
-
-
-def key_option(f: Any) -> Any:
-    return click.option("--key", default=None,
-                        help="Idempotency key: repeating the same command with it writes nothing new.")(f)
-
-
-#: How ``--attr KEY=VALUE`` reads VALUE, in words for --help and docs/cli.md.
-ATTR_HELP = ("A fact about this step as KEY=VALUE (repeatable), e.g. model=claude-sonnet, "
-             "gen_ai.usage.input_tokens=1200, cost_usd=0.012. VALUE true or false is a boolean; a number "
-             "written as it prints (42, -7, 0.25) is a number; anything else is text, as given (007, 1e3 "
-             "and 3.10 stay text). To keep a number as text, put it in double quotes: build='\"42\"'.")
-_ATTR_INT = re.compile(r"-?(0|[1-9][0-9]*)")
-_ATTR_DECIMAL = re.compile(r"-?(0|[1-9][0-9]*)\.[0-9]+")
-
-
-def attr_value(text: str) -> Any:
-    """VALUE of ``--attr KEY=VALUE``: a number only when it reads back as the very text
-    given, so nothing typed is changed on the way in (3.10 stays "3.10", 007 stays "007")."""
-    if text in ("true", "false"):
-        return text == "true"
-    if len(text) >= 2 and text[0] == text[-1] == '"':
-        return text[1:-1]
-    if _ATTR_INT.fullmatch(text) and text != "-0":
-        from handoff.reducers.decide import ATTR_INT_RANGE
-
-        low, high = ATTR_INT_RANGE
-        if len(text) > 20 or not low <= int(text) <= high:
-            raise click.BadParameter(f"{text[:30]} is a whole number outside the 64-bit range; to record it as "
-                                     f"text, put it in double quotes ('\"{text[:30]}\"')")
-        return int(text)
-    if _ATTR_DECIMAL.fullmatch(text) and repr(float(text)) == text:
-        return float(text)
-    return text
-
-
-class AttrParam(click.ParamType):
-    """``KEY=VALUE``, read as (key, value); the bounds are the library's (check_attrs)."""
-
-    name = "KEY=VALUE"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, tuple):
-            return value
-        key, eq, text = str(value).partition("=")
-        if not eq or not key:
-            self.fail(f"{value[:60]!r} is not KEY=VALUE (for example model=claude-sonnet)", param, ctx)
-        try:
-            return key, attr_value(text)
-        except click.BadParameter as exc:
-            self.fail(f"{key[:64]}: {exc.message}", param, ctx)
-
-
-def attr_option(f: Any) -> Any:
-    return click.option("--attr", "attr_pairs", multiple=True, type=AttrParam(), help=ATTR_HELP)(f)
-
-
-def _attrs(pairs: tuple[tuple[str, Any], ...]) -> dict[str, Any] | None:
-    """The --attr pairs as one map; a key given twice is a usage error, not a silent pick."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise click.UsageError(f"--attr {key} is given twice; give each key once")
-        out[key] = value
-    return out or None
-
-
-def _printable(text: str) -> str:
-    """Output of several lines with each line made ``render.visible``: an undecodable byte of
-    a file name shows as \\xNN, a control character as an escape, and the lines stay the
-    ones the renderer meant (JSON stays JSON: its escapes are JSON's)."""
-    from handoff.render import lines
-
-    return lines(text.split("\n"))
-
-
-def _emit(doc: dict[str, Any], as_json: bool, text: str | None) -> None:
-    if as_json:
-        import json
-
-        click.echo(_printable(json.dumps(doc, indent=2, ensure_ascii=False, default=str)))
-    elif text is not None:
-        click.echo(_printable(text))
-
-
-def _report(out: Any, as_json: bool, did: str, **extra: Any) -> None:
-    """Print what a write did: one line, or the write document."""
-    from handoff import render as R
-
-    doc = {**R.write_doc(out), **extra}
-    r, cp = out.result, out.checkpoint
-    if r.outcome == "duplicate":
-        text = f"{r.run_id}: already recorded; nothing new written (state {cp.state})"
-    elif r.outcome == "unchanged":
-        text = f"{r.run_id}: nothing to add, it is already so; nothing written (at seq {r.last_seq}; state {cp.state})"
-    else:
-        seqs = f"seq {r.first_seq}" if r.first_seq == r.last_seq else f"seq {r.first_seq}-{r.last_seq}"
-        text = f"{r.run_id}: {did} ({seqs}; state {cp.state})"
-    _emit(doc, as_json, text)
-
-
 def _exit_damage_found() -> None:
     """End a check that found damage with DamageFound's exit code (verify, check, doctor)."""
     from handoff.ledger.errors import DamageFound
 
     click.get_current_context().exit(DamageFound.exit_code)
-
-
-# --- progress on long work: one bar for every long command -----------------------------
-
-#: Work of fewer items than this shows no bar: it is over before a bar would help. Set
-#: HANDOFF_PROGRESS_MIN to change it (0: a bar for any amount of work).
-PROGRESS_MIN = 20_000
-
-
-def _progress_min() -> int:
-    text = os.environ.get("HANDOFF_PROGRESS_MIN", "")
-    return int(text) if text.isdigit() else PROGRESS_MIN
-
-
-class Progress:
-    """The progress bar of every long command (copy, import, export, backup, verify,
-    rebuild, check, report): a callable ``progress(done, total)`` handed to the library.
-
-    click's own bar (a dependency already; rich would add a package for the same three
-    numbers): items done of the total, the rate, the time left. It is drawn on stderr,
-    and only when stderr is a terminal, so stdout (an export to -, a report to -) and
-    anything piped or logged stay exactly the data. Off with --quiet and with --json,
-    and for work smaller than ``PROGRESS_MIN``. A new total (the next stage of a copy:
-    import, then verify) starts a new bar.
-    """
-
-    def __init__(self, label: str, *, quiet: bool = False) -> None:
-        self.label, self.bar, self.done, self.total = label, None, 0, 0
-        self.enabled = not quiet and sys.stderr.isatty()
-        self.started = 0.0
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled or total < max(_progress_min(), 1):
-            return
-        import time
-
-        if self.bar is not None and (total != self.total or done < self.done):
-            self.close()
-        if self.bar is None:
-            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr, show_pos=True,
-                                         show_eta=True, item_show_func=lambda rate: rate)
-            self.bar.__enter__()
-            self.done, self.total, self.started = 0, total, time.monotonic()
-        elapsed = time.monotonic() - self.started
-        rate = f"{done / elapsed:,.0f}/s" if elapsed > 0 else None
-        self.bar.update(max(0, min(done, total) - self.done), rate)
-        self.done = min(done, total)
-
-    def close(self) -> None:
-        """Finish the bar (the work is done, or failed: the error prints on a fresh line)."""
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
-            self.bar = None
-
-    def __enter__(self) -> Progress:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def quiet_option(f: Any) -> Any:
-    return click.option("-q", "--quiet", is_flag=True,
-                        help="No progress bar (one is drawn on stderr, when it is a terminal, for long work).")(f)
-
-
-# --- output that streams: memory flat however long the listing ------------------------
-
-TABLE_WINDOW = 256  # a streamed table sizes its columns from this many rows at a time
-
-
-def _stream_table(headers: list[str], rows: Any, *, window: int = TABLE_WINDOW) -> int:
-    """Print an aligned table as its rows arrive; returns how many rows were printed.
-
-    Columns are sized from the header and the first ``window`` rows, and only widen for
-    later windows, so a long listing never has to be held whole to be printed.
-    """
-    import itertools
-
-    from handoff.render import cells, table_lines
-
-    widths = [len(h) for h in headers]
-    it = iter(rows)
-    printed = 0
-    while chunk := [cells(row) for row in itertools.islice(it, window)]:
-        for row in chunk:
-            for i, c in enumerate(row):
-                widths[i] = max(widths[i], len(c))
-        click.echo("\n".join(table_lines([headers, *chunk] if not printed else chunk, widths)))
-        printed += len(chunk)
-    return printed
-
-
-def _stream_json(head: dict[str, Any], key: str, items: Any, tail: Any = None) -> int:
-    """Print ``{**head, key: [*items], **tail()}`` exactly as ``json.dumps(..., indent=2)``
-    would, one item at a time; ``tail`` is called after the last item. Returns the count."""
-    import json
-
-    def dumps(value: Any, depth: int) -> str:
-        return json.dumps(value, indent=2, ensure_ascii=False, default=str).replace("\n", "\n" + "  " * depth)
-
-    out = ["{"]
-    for k, v in head.items():
-        out.append(f"\n  {dumps(k, 1)}: {dumps(v, 1)},")
-    out.append(f"\n  {dumps(key, 1)}: [")
-    n = 0
-    for item in items:
-        out.append(("," if n else "") + "\n    " + dumps(item, 2))
-        n += 1
-        if len(out) >= TABLE_WINDOW:  # written in batches: one write per item is slow
-            click.echo("".join(out), nl=False)
-            out.clear()
-    click.echo("".join(out), nl=False)
-    end = ["\n  ]" if n else "]"]
-    for k, v in (tail() if tail is not None else {}).items():
-        end.append(f",\n  {dumps(k, 1)}: {dumps(v, 1)}")
-    click.echo("".join(end) + "\n}")
-    return n
-
-
-def _stream_jsonl(items: Any, *, flush_each: bool = False) -> int:
-    """One compact JSON document per line (each written at once with ``flush_each``, for --follow)."""
-    import json
-
-    n = 0
-    out = []
-    for item in items:
-        out.append(json.dumps(item, ensure_ascii=False, default=str))
-        n += 1
-        if len(out) >= (1 if flush_each else TABLE_WINDOW):
-            click.echo("\n".join(out))
-            out.clear()
-    if out:
-        click.echo("\n".join(out))
-    return n
-
-
-#: Free-text CSV columns (what a worker or an operator wrote) and the first characters that
-#: make a spreadsheet read a cell as a formula: such a cell gets a leading ' (the data
-#: column keeps the event exactly).
-CSV_FREE_TEXT = frozenset({"key", "summary"})
-CSV_FORMULA_STARTS = frozenset("=+-@\t\r")
-
-
-#: The columns of 'handoff log --csv'.
-LOG_CSV_COLUMNS = ["position", "at", "run_id", "seq", "actor", "lease", "type", "key", "summary", "data", "db_role"]
-
-
-def _stream_csv(items: Any, *, columns: list[str] | None = None, free_text: Any = CSV_FREE_TEXT,
-                flush_each: bool = False) -> int:
-    """CSV with a header line: ``columns`` of each row (a log row's by default), a map or a
-    list in a cell (a log row's ``data``) as compact JSON, and a ``free_text`` cell that a
-    spreadsheet would run as a formula shown as text."""
-    import csv
-    import io
-    import json
-
-    columns = LOG_CSV_COLUMNS if columns is None else columns
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(columns)
-    n = 0
-
-    def cell(c: str, v: Any) -> Any:
-        if v is None:
-            return ""
-        if isinstance(v, bool):
-            return "true" if v else "false"  # as in the JSON, not Python's True
-        if c == "data" or isinstance(v, (dict, list, tuple)):
-            return json.dumps(v, ensure_ascii=False, separators=(",", ":"), default=str)
-        if c in free_text and isinstance(v, str) and v[:1] in CSV_FORMULA_STARTS:
-            return "'" + v  # a spreadsheet would run it as a formula; shown as text instead
-        return v
-
-    for item in items:
-        writer.writerow([cell(c, item.get(c)) for c in columns])
-        n += 1
-        if flush_each or n % TABLE_WINDOW == 0:
-            click.echo(buf.getvalue(), nl=False)
-            sys.stdout.flush()
-            buf.seek(0)
-            buf.truncate()
-    click.echo(buf.getvalue(), nl=False)
-    return n
-
-
-#: What --format offers; --json stays the short form of --format json.
-FORMATS = ("table", "json", "jsonl", "csv")
-FORMAT_HELP = ("table (the default), json (one document, as --json prints), jsonl (one JSON object per line) or "
-               "csv (a header line; a cell that a spreadsheet would run as a formula, beginning with = + - or @, "
-               "gets a leading ').")
-
-
-def format_option(f: Any) -> Any:
-    """--format table|json|jsonl|csv, with --json as its short form."""
-    f = json_option(f)
-    return click.option("--format", "fmt", type=click.Choice(FORMATS), default=None, help=FORMAT_HELP)(f)
-
-
-def _format(fmt: str | None, as_json: bool) -> str:
-    if as_json and fmt not in (None, "json"):
-        raise click.UsageError(f"--json is --format json; it cannot go with --format {fmt}: choose one")
-    return "json" if as_json else fmt or "table"
-
-
-class _AnyText:
-    """Every column is free text (a listing's names, goals and reasons are all typed by someone)."""
-
-    def __contains__(self, column: object) -> bool:
-        return True
-
-
-ALL_FREE_TEXT = _AnyText()
-
-
-def _listing(fmt: str, head: dict[str, Any], key: str, rows: Any, tail: Any, columns: list[str],
-             table: Any) -> int:
-    """Print a listing's rows in ``fmt``: the JSON document (``head``, the rows under ``key``,
-    then ``tail()``), one row per line, CSV, or the table ``table(rows)`` prints. For jsonl and
-    csv, where stdout holds rows only, the next-page hint goes to stderr."""
-    if fmt == "json":
-        return _stream_json(head, key, rows, tail)
-    if fmt == "table":
-        return table(rows)
-    n = _stream_jsonl(rows) if fmt == "jsonl" else _stream_csv(rows, columns=columns, free_text=ALL_FREE_TEXT)
-    paging = tail()
-    if paging.get("next"):
-        click.echo(f"{paging['more']} more not shown; for the next page, repeat the command with "
-                   f"--after {paging['next']} (or --limit 0 for all)", err=True)
-    return n
-
-
-def _one_document(doc: dict[str, Any], fmt: str, text: Any, pairs: Any) -> None:
-    """Print one document (a packet, a comparison) in ``fmt``: the text ``text()``, JSON as
-    --json prints it, one line of JSON, or CSV of the rows ``pairs(doc)`` gives."""
-    if fmt == "table":
-        click.echo(_printable(text()))
-    elif fmt == "json":
-        _emit(doc, True, None)
-    elif fmt == "jsonl":
-        _stream_jsonl([doc])
-    else:
-        header, rows = pairs(doc)
-        _stream_csv(rows, columns=header, free_text=ALL_FREE_TEXT)
-
-
-def _fields(doc: Any, prefix: str = "") -> Any:
-    """A nested document as (field, value) rows, field being its dotted path: a packet in CSV."""
-    if isinstance(doc, dict) and doc:
-        for k, v in doc.items():
-            yield from _fields(v, f"{prefix}.{k}" if prefix else str(k))
-    else:
-        yield {"field": prefix, "value": doc}
-
-
-def _sides(doc: dict[str, Any]) -> Any:
-    """A diff document as (what, a, b) rows, every {"a", "b"} pair in it under its dotted
-    path (a difference in a field under the field's name): a comparison in CSV."""
-    yield {"what": "run", "a": doc["run_a"], "b": doc["run_b"]}
-
-    def pairs(part: Any, prefix: str) -> Any:
-        if isinstance(part, dict):
-            if "a" in part and "b" in part:
-                name = f"{prefix}.{part['field']}" if "field" in part else prefix
-                yield {"what": name, "a": part["a"], "b": part["b"]}
-            for k, v in part.items():
-                if k not in ("a", "b", "field"):
-                    yield from pairs(v, f"{prefix}.{k}")
-        elif isinstance(part, list):
-            for v in part:
-                yield from pairs(v, prefix)
-
-    for key in ("compared", "heartbeats", "first_divergence", "after"):
-        yield from pairs(doc[key], key)
-
-
-def page_options(f: Any) -> Any:
-    f = click.option("--after", "after", default=None, metavar="RUN",
-                     help="Continue a listing after this run (the 'next' an earlier page printed).",
-                     shell_complete=_complete_runs)(f)
-    return click.option("--limit", type=click.IntRange(min=0), default=100, show_default=True,
-                        help="Print at most this many runs; 0 prints them all.")(f)
-
-
-def _more_line(more: int, nxt: str | None, extra: str = "") -> None:
-    if nxt:
-        click.echo(f"... {more} more not shown; for the next page, repeat the command with "
-                   f"--after {nxt}{extra} (or --limit 0 for all)")
 
 
 # --- contract and lease --------------------------------------------------------------
@@ -864,93 +245,7 @@ def init(as_json: bool) -> None:
     doc = init_ledger(st.db, busy_timeout_s=st.busy_timeout)
     text = (f"created ledger {st.db}" if doc["created"] else
             f"ledger {st.db} already exists ({doc['runs']} streams); nothing changed")
-    _emit(doc, as_json, text)
-
-
-def open_options(required: bool) -> Any:
-    """The contract's options, shared by 'open' and 'run'."""
-
-    from handoff.ledger.events import Policy, SendPolicy  # the defaults' one home
-
-    default = Policy()
-    send = SendPolicy()
-
-    def deco(f: Any) -> Any:
-        opts = [
-            click.option("--goal", required=required, help="What the run must achieve."),
-            click.option("--target", required=required, help="Where the result is delivered (e.g. chat:#ops)."),
-            click.option("--owner", required=required, help="Who owns the run: reviews, delivers, closes."),
-            click.option("--origin", default="", help="Where the request came from."),
-            click.option("--run-id", default=None,
-                         help="Choose the run id (default: run-<time>-<random>; for 'open --key', one "
-                         "derived from the key and the owner, so a retried open finds the run it made)."),
-            click.option("--result", "result_path", default=None, type=click.Path(dir_okay=False),
-                         help="The result file the run must produce (submit checks it was recorded)."),
-            click.option("--stop-rule", "stop_rules", multiple=True, help="A rule for when to stop (repeatable)."),
-            click.option("--heartbeat-timeout", type=float, default=default.heartbeat_timeout_s, show_default=True,
-                         help="Seconds without a heartbeat before the worker is unavailable."),
-            click.option("--progress-timeout", type=float, default=default.progress_timeout_s, show_default=True,
-                         help="Seconds without progress (heartbeats alone) before the run is stalled."),
-            click.option("--retry-budget", type=int, default=default.retry_budget, show_default=True,
-                         help="Stalled windows the watchdog tolerates before it pauses the run."),
-            click.option("--delivery-timeout", type=float, default=default.delivery_timeout_s, show_default=True,
-                         help="Seconds a delivery attempt may go without an outcome before it is ambiguous."),
-            click.option("--owner-cap", type=int, default=default.owner_cap, show_default=True,
-                         help="Most runs of this owner that may hold a lease at once."),
-            click.option("--require-review", is_flag=True, help="The owner must approve the result before delivery."),
-            click.option("--public", is_flag=True, default=None,
-                         help="The target is visible to others: delivery is refused unless a sanitization "
-                         "check ('handoff sanitize') passed over exactly what is sent."),
-            click.option("--sanitize-pattern", "sanitize_patterns", multiple=True,
-                         help="A regular expression of your own that must not reach the target, checked with "
-                         "the built-in detectors (repeatable)."),
-            click.option("--send-timeout", type=float, default=send.timeout_s, show_default=True,
-                         help="Seconds one send by 'deliver --send' may take before its outcome is unknown."),
-            click.option("--send-retries", type=int, default=send.retries, show_default=True,
-                         help="Further tries of a send of unknown outcome (only to a target that honours keys)."),
-            click.option("--send-reference", is_flag=True,
-                         help="Send artifacts' names, sizes and sha256 only, not their content."),
-            click.option("--token-env", default="", metavar="VAR",
-                         help="Environment variable holding a bearer token for a webhook target; only its "
-                         "name is stored."),
-            click.option("--progress-kind", "progress_kinds", multiple=True, metavar="STATE:KIND",
-                         help="A progress kind of this run's own, counted as progress in a working state, e.g. "
-                         "executing:llm_step (repeatable). Fixed at open: later, any other kind is refused."),
-        ]
-        for opt in reversed(opts):
-            f = opt(f)
-        return f
-
-    return deco
-
-
-def _open_kwargs(p: dict[str, Any]) -> dict[str, Any]:
-    return dict(
-        goal=p["goal"], target=p["target"], owner=p["owner"], origin=p["origin"], run_id=p["run_id"],
-        result_path=p["result_path"], stop_rules=tuple(p["stop_rules"]), require_review=p["require_review"],
-        heartbeat_timeout_s=p["heartbeat_timeout"], progress_timeout_s=p["progress_timeout"],
-        retry_budget=p["retry_budget"], delivery_timeout_s=p["delivery_timeout"], owner_cap=p["owner_cap"],
-        public=bool(p["public"]), sanitize_patterns=tuple(p["sanitize_patterns"]),
-        send=_send_policy(p), progress_kinds=_progress_kinds(p["progress_kinds"]),
-    )
-
-
-def _progress_kinds(given: tuple[str, ...]) -> dict[str, list[str]] | None:
-    """--progress-kind STATE:KIND pairs as the contract's map; the library checks names."""
-    out: dict[str, list[str]] = {}
-    for item in given:
-        state, colon, kind = item.partition(":")
-        if not colon or not state or not kind:
-            raise click.UsageError(f"--progress-kind {item[:60]!r} must be STATE:KIND, e.g. executing:llm_step")
-        out.setdefault(state, []).append(kind)
-    return out or None
-
-
-def _send_policy(p: dict[str, Any]) -> Any:
-    from handoff.ledger.events import SendPolicy
-
-    return SendPolicy(timeout_s=p["send_timeout"], retries=p["send_retries"], inline=not p["send_reference"],
-                      token_env=p["token_env"])
+    emit(doc, as_json, text)
 
 
 @main.command("open")
@@ -998,11 +293,11 @@ def open_(as_json: bool, key: str | None, contract_file: Any, **p: Any) -> None:
         if given_contract is not None:
             run_id = lg.open_contract(given_contract, key=key)
         else:
-            run_id = lg.open(**_open_kwargs(p), key=key)
+            run_id = lg.open(**open_kwargs(p), key=key)
         cp = lg.checkpoint(run_id)
     doc = {"run_id": run_id, "state": cp.state, "last_seq": cp.last_seq, "owner": cp.owner,
            "target": cp.target, "result_path": cp.result_path}
-    _emit(doc, as_json, run_id)
+    emit(doc, as_json, run_id)
 
 
 @main.command()
@@ -1028,7 +323,7 @@ def claim(run: str, worker: str, key: str | None, as_json: bool) -> None:
     with _ledger() as lg:
         got = lg.claim_outcome(run, worker, key=key)
     doc = {**R.write_doc(got.outcome), "token": str(got.token)}
-    _emit(doc, as_json, str(got.token))
+    emit(doc, as_json, str(got.token))
 
 
 @main.command()
@@ -1047,8 +342,8 @@ def heartbeat(run: str, lease: str, attr_pairs: tuple[tuple[str, Any], ...], as_
         handoff heartbeat $RUN --lease $LEASE
     """
     with _ledger() as lg:
-        out = lg.heartbeat(run, lease, attrs=_attrs(attr_pairs))
-    _report(out, as_json, "heartbeat recorded")
+        out = lg.heartbeat(run, lease, attrs=attr_map(attr_pairs))
+    echo_write(out, as_json, "heartbeat recorded")
 
 
 @main.command()
@@ -1068,7 +363,7 @@ def transition(run: str, lease: str, to: str, reason: str, key: str | None, as_j
     """
     with _ledger() as lg:
         out = lg.transition(run, lease, to, reason=reason, key=key)
-    _report(out, as_json, f"moved to {out.checkpoint.state}")
+    echo_write(out, as_json, f"moved to {out.checkpoint.state}")
 
 
 @main.command()
@@ -1093,8 +388,8 @@ def progress(run: str, lease: str, kind: str, detail: str, attr_pairs: tuple[tup
         handoff progress $RUN --lease $LEASE --kind tool_outcome --detail "tests pass" --key step-7
     """
     with _ledger() as lg:
-        out = lg.progress(run, lease, kind, detail, key=key, attrs=_attrs(attr_pairs))
-    _report(out, as_json, f"{kind} recorded, progress_seq {out.checkpoint.progress_seq}")
+        out = lg.progress(run, lease, kind, detail, key=key, attrs=attr_map(attr_pairs))
+    echo_write(out, as_json, f"{kind} recorded, progress_seq {out.checkpoint.progress_seq}")
 
 
 @main.command()
@@ -1130,7 +425,7 @@ def artifact(run: str, path: str | None, lease: str, kind: str, root: str | None
             raise click.UsageError("give RUN and PATH (RUN may be left out only when HANDOFF_RUN is set)")
     with _ledger() as lg:
         out = lg.artifact(run, lease, path, kind=kind, root=root, key=key,
-                          max_bytes=max_bytes, attrs=_attrs(attr_pairs))
+                          max_bytes=max_bytes, attrs=attr_map(attr_pairs))
     art = out.checkpoint.artifacts[-1] if out.checkpoint.artifacts else None
     extra = {} if art is None else {"artifact": {"path": art.path, "kind": art.kind, "bytes": art.bytes,
                                                  "sha256": art.sha256, "exists": art.exists}}
@@ -1138,7 +433,7 @@ def artifact(run: str, path: str | None, lease: str, kind: str, root: str | None
     if art is not None:
         did = (f"{art.kind} {art.path} recorded ({art.bytes} bytes, sha256 {art.sha256[:12]})" if art.exists
                else f"{art.kind} {art.path} recorded as MISSING (mistyped? 'handoff artifact-withdraw')")
-    _report(out, as_json, did, **extra)
+    echo_write(out, as_json, did, **extra)
 
 
 @main.command("artifact-withdraw")
@@ -1168,7 +463,7 @@ def artifact_withdraw(run: str, path: str, reason: str, lease: str | None, by: s
     # The path as recorded (resolved), read from the event itself (or the original, for a replayed key).
     if written and written[0].type == "artifact_withdrawn":
         path = written[0].event.path  # type: ignore[attr-defined]
-    _report(out, as_json, f"artifact {path} withdrawn; it no longer counts for submit", path=path)
+    echo_write(out, as_json, f"artifact {path} withdrawn; it no longer counts for submit", path=path)
 
 
 @main.command()
@@ -1190,8 +485,8 @@ def evidence(run: str, lease: str | None, kind: str, outcome: str, detail: str, 
         handoff evidence $RUN --lease $LEASE --kind tests --outcome pass --detail "42 passed"
     """
     with _ledger() as lg:
-        out = lg.evidence(run, kind, outcome, detail, lease=lease, by=by, key=key, attrs=_attrs(attr_pairs))
-    _report(out, as_json, f"evidence {kind}: {outcome}")
+        out = lg.evidence(run, kind, outcome, detail, lease=lease, by=by, key=key, attrs=attr_map(attr_pairs))
+    echo_write(out, as_json, f"evidence {kind}: {outcome}")
 
 
 @main.command()
@@ -1214,7 +509,7 @@ def block(run: str, reason: str, next_action: str, lease: str | None, by: str | 
     """
     with _ledger() as lg:
         out = lg.block(run, reason, next_action, lease=lease, by=by, key=key)
-    _report(out, as_json, f"blocker #{out.checkpoint.blockers_raised} raised")
+    echo_write(out, as_json, f"blocker #{out.checkpoint.blockers_raised} raised")
 
 
 @main.command()
@@ -1235,7 +530,7 @@ def unblock(run: str, resolution: str, blocker_id: int | None, lease: str | None
     """
     with _ledger() as lg:
         out = lg.unblock(run, resolution, blocker_id=blocker_id, lease=lease, by=by, key=key)
-    _report(out, as_json, "unblocked" if out.checkpoint.state != "blocked" else "blocker cleared")
+    echo_write(out, as_json, "unblocked" if out.checkpoint.state != "blocked" else "blocker cleared")
 
 
 @main.command("effect-start")
@@ -1257,8 +552,8 @@ def effect_start(run: str, lease: str, key: str, what: str, attr_pairs: tuple[tu
         handoff effect-start $RUN --lease $LEASE --key deploy-v42 --what "deploy v42 to staging"
     """
     with _ledger() as lg:
-        out = lg.effect_start(run, lease, key, what, attrs=_attrs(attr_pairs))
-    _report(out, as_json, f"side effect {key} started")
+        out = lg.effect_start(run, lease, key, what, attrs=attr_map(attr_pairs))
+    echo_write(out, as_json, f"side effect {key} started")
 
 
 @main.command("effect-confirm")
@@ -1280,8 +575,8 @@ def effect_confirm(run: str, key: str, outcome: str, note: str, lease: str | Non
         handoff effect-confirm $RUN --key deploy-v42 --outcome done --note "v42 is live on staging"
     """
     with _ledger() as lg:
-        out = lg.effect_confirm(run, key, outcome, note=note, lease=lease, by=by, attrs=_attrs(attr_pairs))
-    _report(out, as_json, f"side effect {key}: {outcome}")
+        out = lg.effect_confirm(run, key, outcome, note=note, lease=lease, by=by, attrs=attr_map(attr_pairs))
+    echo_write(out, as_json, f"side effect {key}: {outcome}")
 
 
 @main.command()
@@ -1300,7 +595,7 @@ def submit(run: str, lease: str, summary: str, key: str | None, as_json: bool) -
     """
     with _ledger() as lg:
         out = lg.submit(run, lease, summary, key=key)
-    _report(out, as_json, f"result submitted; now {out.checkpoint.state}")
+    echo_write(out, as_json, f"result submitted; now {out.checkpoint.state}")
 
 
 @main.command()
@@ -1321,7 +616,7 @@ def review(run: str, by: str, approve: bool | None, notes: str, key: str | None,
         raise click.UsageError("say --approve or --reject")
     with _ledger() as lg:
         out = lg.review(run, by, approve, notes, key=key)
-    _report(out, as_json, "approved" if approve else "rejected")
+    echo_write(out, as_json, "approved" if approve else "rejected")
 
 
 @main.command()
@@ -1343,7 +638,7 @@ def transfer(run: str, by: str, action: str, to: str, key: str | None, as_json: 
     """
     with _ledger() as lg:
         out = lg.transfer(run, action, to, by=by, key=key)
-    _report(out, as_json, f"{to} may now {action}")
+    echo_write(out, as_json, f"{to} may now {action}")
 
 
 # --- delivery -------------------------------------------------------------------------
@@ -1403,7 +698,7 @@ def deliver(run: str, by: str, key: str, send_now: bool, timeout: float | None, 
                 else f"{run}: delivery {key} has no known outcome: {error}. "
                 + ("Send again with the same key." if honours_keys(sent.checkpoint.target) else
                    "Check the target, then record 'handoff delivered' or 'handoff delivery-failed'."))
-        _emit(doc, as_json, text)
+        emit(doc, as_json, text)
         if sent.status != "confirmed":  # not delivered: the same code as a refusal
             from handoff.ledger.errors import Refused
 
@@ -1417,10 +712,10 @@ def deliver(run: str, by: str, key: str, send_now: bool, timeout: float | None, 
         st = extra["delivery"]["status"]
         text = (f"{run}: delivery {key} is already {st}; do not send again" if st == "confirmed" else
                 f"{run}: delivery {key} was already recorded ({st}); do not send again until it is confirmed or failed")
-        _emit({**R.write_doc(out), **extra}, as_json, text)
+        emit({**R.write_doc(out), **extra}, as_json, text)
         return
     extra["send"] = True
-    _report(out, as_json, f"delivery {key} to {cp.target} recorded: send now, then 'handoff delivered'", **extra)
+    echo_write(out, as_json, f"delivery {key} to {cp.target} recorded: send now, then 'handoff delivered'", **extra)
 
 
 @main.command()
@@ -1450,7 +745,7 @@ def sanitize(run: str, by: str, as_json: bool) -> None:
     findings = [Finding(**f) for f in doc["findings"]]
     text = (f"{run}: sanitization passed over {len(doc['items'])} parts (bundle sha256 {doc['bundle_sha256'][:16]})"
             if doc["passed"] else f"{run}: sanitization FAILED: {describe(findings, limit=20)}")
-    _emit(doc, as_json, text)
+    emit(doc, as_json, text)
     if not doc["passed"]:  # recorded, and a public target stays refused
         from handoff.ledger.errors import Refused
 
@@ -1474,7 +769,7 @@ def delivered(run: str, key: str, receipt: str, by: str | None, as_json: bool) -
 
     with _ledger() as lg:
         out = lg.delivered(run, key, receipt, by=by)
-    _report(out, as_json, f"delivery {key} confirmed", **R.delivery_doc(out.checkpoint))
+    echo_write(out, as_json, f"delivery {key} confirmed", **R.delivery_doc(out.checkpoint))
 
 
 @main.command("delivery-failed")
@@ -1494,7 +789,7 @@ def delivery_failed(run: str, key: str, error: str, by: str | None, as_json: boo
 
     with _ledger() as lg:
         out = lg.delivery_failed(run, key, error, by=by)
-    _report(out, as_json, f"delivery {key} marked failed", **R.delivery_doc(out.checkpoint))
+    echo_write(out, as_json, f"delivery {key} marked failed", **R.delivery_doc(out.checkpoint))
 
 
 # --- ending and forking ---------------------------------------------------------------
@@ -1518,7 +813,7 @@ def release(run: str, lease: str, reason: str, key: str | None, as_json: bool) -
     """
     with _ledger() as lg:
         out = lg.release(run, lease, reason, key=key)
-    _report(out, as_json, f"lease {str(lease).partition('.')[0]} released")
+    echo_write(out, as_json, f"lease {str(lease).partition('.')[0]} released")
 
 
 @main.command()
@@ -1541,7 +836,7 @@ def revoke(run: str, reason: str, lease: int | None, by: str | None, key: str | 
     with _ledger() as lg:
         before = lg.checkpoint(run).lease
         out = lg.revoke(run, reason, lease=lease, by=by, key=key)
-    _report(out, as_json, f"lease {before} revoked")
+    echo_write(out, as_json, f"lease {before} revoked")
 
 
 @main.command()
@@ -1568,7 +863,7 @@ def close(run: str, by: str, disposition: str, reason: str, operator: bool, key:
     disposition = disposition.replace("-", "_")
     with _ledger() as lg:
         out = lg.close_run(run, by, disposition, reason, as_operator=operator, key=key)
-    _report(out, as_json, f"closed as {disposition}")
+    echo_write(out, as_json, f"closed as {disposition}")
 
 
 @main.command()
@@ -1594,7 +889,7 @@ def reopen(run: str, by: str, reason: str, operator: bool, key: str | None, as_j
     """
     with _ledger() as lg:
         out = lg.reopen(run, by=by, reason=reason, as_operator=operator, key=key)
-    _report(out, as_json, "reopened; now verifying")
+    echo_write(out, as_json, "reopened; now verifying")
 
 
 @main.command()
@@ -1618,14 +913,14 @@ def fork(run: str, at_seq: int, run_id: str | None, by: str | None, key: str | N
     with _ledger() as lg:
         child = lg.fork(run, at_seq, new_run_id=run_id, by=by, key=key)
         cp = lg.checkpoint(child)
-    _emit({"run_id": child, "parent": run, "parent_seq": at_seq, "state": cp.state}, as_json, child)
+    emit({"run_id": child, "parent": run, "parent_seq": at_seq, "state": cp.state}, as_json, child)
 
 
 # --- reading ----------------------------------------------------------------------------
 
 
 @main.command()
-@click.argument("run", metavar="[RUN]", required=False, shell_complete=_complete_runs)
+@click.argument("run", metavar="[RUN]", required=False, shell_complete=complete_runs)
 @click.option("--state", "states", multiple=True, help="Only runs in this state (repeatable).",
               shell_complete=COMPLETE_STATE)
 @click.option("--owner", default=None, help="Only this owner's runs.")
@@ -1660,11 +955,11 @@ def status(run: str | None, states: tuple[str, ...], owner: str | None, include_
 
     from handoff.reducers import stall
 
-    fmt = _format(fmt, as_json)
+    fmt = chosen_format(fmt, as_json)
     with _ledger() as lg:
         if run is not None:
             p = lg.status(run, now=now)
-            _one_document(p, fmt, lambda: R.format_packet(p), lambda d: (["field", "value"], _fields(d)))
+            one_document(p, fmt, lambda: R.format_packet(p), lambda d: (["field", "value"], field_rows(d)))
             return
         when = now if now is not None else lg.clock()
         filters = {"after": after, "include_terminal": include_terminal, "states": states, "owner": owner}
@@ -1676,9 +971,9 @@ def status(run: str | None, states: tuple[str, ...], owner: str | None, include_
         rows = (R.run_row(cp, stall.classify(cp, now_us=when)) for cp in items)
         # What the listing leaves out, and how to see it: ended runs, unless asked for.
         hidden = 0 if include_terminal or states else lg.terminal_count(owner=owner)
-        n = _listing(fmt, {"now": R.iso(when)}, "runs", rows,
+        n = listing(fmt, {"now": R.iso(when)}, "runs", rows,
                      lambda: {"next": nxt, "more": more, "hidden_terminal": hidden}, list(R.RUN_ROW_KEYS),
-                     lambda rows: _stream_table(
+                     lambda rows: stream_table(
                          ["RUN", "STATE", "OWNER", "WORKER", "LEASE", "PROGRESS", "HEALTH", "UPDATED"],
                          ([r["run_id"], r["state"], r["owner"], r["worker"], r["lease"], r["progress_seq"],
                            r["health"], R.iso_ms(r["updated_at"])] for r in rows)))
@@ -1687,7 +982,7 @@ def status(run: str | None, states: tuple[str, ...], owner: str | None, include_
     if not n:
         click.echo("no runs" + ("" if include_terminal else " that are not terminal")
                    + (f" after {after}" if after else "") + " match")
-    _more_line(more, nxt)
+    more_line(more, nxt)
     if hidden:
         ended = f"{DELIVERED}, {', '.join(d.replace('_', '-') for d in CLOSE_DISPOSITIONS)}"
         click.echo(f"({hidden} run{'s' if hidden != 1 else ''} that ended ({ended}) "
@@ -1738,7 +1033,7 @@ def runs(states: tuple[str, ...], owner: str | None, worker: str | None, target:
     from handoff import render as R
     from handoff.reducers import stall
 
-    fmt = _format(fmt, as_json)
+    fmt = chosen_format(fmt, as_json)
     with _ledger() as lg:
         when = now if now is not None else lg.clock()
         filters = {"after": after, "include_terminal": not live, "states": states, "owner": owner,
@@ -1750,8 +1045,8 @@ def runs(states: tuple[str, ...], owner: str | None, worker: str | None, target:
         else:
             items, nxt, more = lg.iter_runs(**filters), None, 0
         rows = ({**R.run_row(cp, stall.classify(cp, now_us=when)), "opened_at": R.iso(cp.opened_us)} for cp in items)
-        n = _listing(fmt, {"now": R.iso(when)}, "runs", rows, lambda: {"next": nxt, "more": more},
-                     [*R.RUN_ROW_KEYS, "opened_at"], lambda rows: _stream_table(
+        n = listing(fmt, {"now": R.iso(when)}, "runs", rows, lambda: {"next": nxt, "more": more},
+                     [*R.RUN_ROW_KEYS, "opened_at"], lambda rows: stream_table(
                          ["RUN", "STATE", "OWNER", "WORKER", "TARGET", "PROGRESS", "HEALTH", "OPENED", "UPDATED"],
                          ([r["run_id"], r["state"], r["owner"], r["worker"], r["target"], r["progress_seq"],
                            r["health"], R.iso_ms(r["opened_at"]), R.iso_ms(r["updated_at"])] for r in rows)))
@@ -1759,30 +1054,15 @@ def runs(states: tuple[str, ...], owner: str | None, worker: str | None, target:
         return
     if not n:
         click.echo("no runs match" + (f" after {after}" if after else ""))
-    _more_line(more, nxt, "" if now is not None else f" --now {R.iso(when)}")
+    more_line(more, nxt, "" if now is not None else f" --now {R.iso(when)}")
 
 
-class PositionOrTime(click.ParamType):
-    """A global position (a whole number) or an ISO 8601 time: ("position", n) or ("time", µs)."""
-
-    name = "POSITION|TIME"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, tuple):
-            return value
-        text = str(value).strip()
-        if text.isdigit():
-            return ("position", int(text))
-        return ("time", ISO_TIME.convert(text, param, ctx))
-
-
-POSITION_OR_TIME = PositionOrTime()
 #: Options of 'handoff log' that read across the ledger, refused with RUN.
 _ACROSS = ("since", "until", "runs", "follow")
 
 
 @main.command()
-@click.argument("run", metavar="[RUN]", required=False, shell_complete=_complete_runs)
+@click.argument("run", metavar="[RUN]", required=False, shell_complete=complete_runs)
 @click.option("--after", "after_seq", type=click.IntRange(min=0), default=None,
               help="With RUN: only events after this seq.")
 @click.option("--since", type=POSITION_OR_TIME, default=None,
@@ -1795,7 +1075,7 @@ _ACROSS = ("since", "until", "runs", "follow")
                    "name alone.")
 @click.option("--run", "runs", multiple=True, metavar="RUN",
               help="Without RUN: only this run's events (repeatable; a watcher's stream is watcher:NAME).",
-              shell_complete=_complete_runs)
+              shell_complete=complete_runs)
 @click.option("--no-heartbeats", is_flag=True, help="Leave heartbeat_recorded events out.")
 @click.option("--limit", type=click.IntRange(min=0), default=0, show_default=True,
               help="Print at most this many events (0: all); the last line (or 'next' in --json) says where the "
@@ -1905,13 +1185,13 @@ def log(run: str | None, after_seq: int | None, since: Any, until: Any, types: t
             headers = [*headers, "DB ROLE"]
             cells = (lambda c: lambda row: [*c(row), row["db_role"]])(cells)
         if as_csv:
-            n = _stream_csv(items, flush_each=follow)
+            n = stream_csv(items, flush_each=follow)
         elif as_jsonl:
-            n = _stream_jsonl(items, flush_each=follow)
+            n = stream_jsonl(items, flush_each=follow)
         elif as_json:
-            n = _stream_json(head, "events", items, lambda: {"next": (nxt[0] + (0 if run else 1)) if nxt else None})
+            n = stream_json(head, "events", items, lambda: {"next": (nxt[0] + (0 if run else 1)) if nxt else None})
         else:
-            n = _stream_table(headers, (cells(r) for r in items), window=1 if follow else TABLE_WINDOW)
+            n = stream_table(headers, (cells(r) for r in items), window=1 if follow else TABLE_WINDOW)
             if not n and not follow:
                 click.echo(f"{run}: no events match" if run else "no events match")
             if nxt:
@@ -1942,7 +1222,7 @@ def replay(run: str, at_seq: int | None, as_of: int | None, as_json: bool) -> No
     with _ledger() as lg:
         p = lg.status(run, at_seq=at_seq, as_of_us=as_of)
     if as_json:
-        _emit(p, True, None)
+        emit(p, True, None)
     else:
         when = f"seq {at_seq}" if at_seq is not None else f"{R.iso(as_of)} (seq {p['last_seq']})"
         click.echo(f"{run} as it stood at {when}:\n" + R.format_packet(p))
@@ -2001,7 +1281,7 @@ def report(run: str, output: str | None, fmt: str, at_seq: int | None, as_of: in
     if to_stdout:
         click.echo(doc.pop("text"), nl=False)
         return
-    _emit(doc, as_json, f"{run}: report of seq 1-{doc['last_seq']} written to {doc['path']} ({doc['bytes']} bytes)")
+    emit(doc, as_json, f"{run}: report of seq 1-{doc['last_seq']} written to {doc['path']} ({doc['bytes']} bytes)")
 
 
 @main.command()
@@ -2080,7 +1360,7 @@ def otel(runs: tuple[str, ...], output: str | None, endpoint: str | None, follow
                 doc = ot.export_runs(lg, list(runs), ot.otlp_exporter(where), where=where)
             doc.setdefault("output", None)
             doc["endpoint"] = None if output is not None else where
-            _emit(doc, as_json, f"{doc['spans']} spans of {len(doc['runs'])} run(s) sent to {where}: " + ", ".join(
+            emit(doc, as_json, f"{doc['spans']} spans of {len(doc['runs'])} run(s) sent to {where}: " + ", ".join(
                 f"{r['run_id']} trace {r['trace_id']}" for r in doc["runs"]))
             return
         import signal
@@ -2099,13 +1379,13 @@ def otel(runs: tuple[str, ...], output: str | None, endpoint: str | None, follow
             if as_json:
                 import json
 
-                click.echo(_printable(json.dumps(doc, ensure_ascii=False)))
+                click.echo(printable(json.dumps(doc, ensure_ascii=False)))
             else:
-                click.echo(_printable(f"position {doc['position']}: {doc['spans']} spans of "
+                click.echo(printable(f"position {doc['position']}: {doc['spans']} spans of "
                                       f"{', '.join(r['run_id'] for r in doc['runs'])} sent to {where}"))
 
         def on_error(exc: Any) -> None:
-            click.echo(_printable(f"Error: {exc.message} (retrying in {poll:g}s)"), err=True)
+            click.echo(printable(f"Error: {exc.message} (retrying in {poll:g}s)"), err=True)
 
         ot.follow(lg, exporter, state_path or "", where=where, poll_s=poll, should_stop=lambda: stop["flag"],
                   on_export=on_export, on_error=on_error)
@@ -2118,8 +1398,8 @@ def _quote_arg(arg: str) -> str:
 
 
 @main.command()
-@click.argument("run_a", metavar="RUN_A", shell_complete=_complete_runs)
-@click.argument("run_b", metavar="RUN_B", shell_complete=_complete_runs)
+@click.argument("run_a", metavar="RUN_A", shell_complete=complete_runs)
+@click.argument("run_b", metavar="RUN_B", shell_complete=complete_runs)
 @format_option
 def diff(run_a: str, run_b: str, fmt: str | None, as_json: bool) -> None:
     """Compare two runs: where their histories part, and what differs after that.
@@ -2145,7 +1425,7 @@ def diff(run_a: str, run_b: str, fmt: str | None, as_json: bool) -> None:
 
     with _ledger() as lg:
         doc = lg.diff(run_a, run_b)  # a missing run: UnknownRun, exit 1 as on every verb (stdout stays empty)
-    _one_document(doc, _format(fmt, as_json), lambda: R.format_diff(doc), lambda d: (["what", "a", "b"], _sides(d)))
+    one_document(doc, chosen_format(fmt, as_json), lambda: R.format_diff(doc), lambda d: (["what", "a", "b"], side_rows(d)))
     click.get_current_context().exit(0 if doc["same"] else 1)
 
 
@@ -2171,7 +1451,7 @@ def stalls(now: int | None, limit: int, after: str | None, fmt: str | None, as_j
     """
     from handoff import render as R
 
-    fmt = _format(fmt, as_json)
+    fmt = chosen_format(fmt, as_json)
     with _ledger() as lg:
         when = now if now is not None else lg.clock()
         if limit:
@@ -2180,8 +1460,8 @@ def stalls(now: int | None, limit: int, after: str | None, fmt: str | None, as_j
         else:
             found, nxt, more = lg.iter_stalls(now=when, after=after), None, 0
         rows = (R.stall_row(cp, h) for cp, h in found)
-        n = _listing(fmt, {"now": R.iso(when)}, "stalls", rows, lambda: {"next": nxt, "more": more},
-                     list(R.STALL_ROW_KEYS), lambda rows: _stream_table(
+        n = listing(fmt, {"now": R.iso(when)}, "stalls", rows, lambda: {"next": nxt, "more": more},
+                     list(R.STALL_ROW_KEYS), lambda rows: stream_table(
                          ["RUN", "STATE", "HEALTH", "ACTION", "LEASE", "LAST BEAT", "PROGRESS", "RETRIES", "WHY"],
                          ([r["run_id"], r["state"], r["classification"], r["action"], r["lease"],
                            R.iso_ms(r["last_heartbeat_at"]),
@@ -2191,7 +1471,7 @@ def stalls(now: int | None, limit: int, after: str | None, fmt: str | None, as_j
             return
     if not n:
         click.echo(f"no run needs attention at {R.iso(when, ms=True)}" + (f" after {after}" if after else ""))
-    _more_line(more, nxt, "" if now is not None else f" --now {R.iso(when)}")
+    more_line(more, nxt, "" if now is not None else f" --now {R.iso(when)}")
 
 
 # --- the watchdog -------------------------------------------------------------------------
@@ -2320,7 +1600,7 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, dry_ru
 
 
 @main.command()
-@click.argument("run", metavar="[RUN]", required=False, shell_complete=_complete_runs)
+@click.argument("run", metavar="[RUN]", required=False, shell_complete=complete_runs)
 @click.option("--expect-head", "expect_head", multiple=True, metavar="DIGEST",
               help="A head digest kept from 'handoff head': the ledger must still hold that "
                    "position with that hash (a cut tail or rewritten history fails). Repeatable.")
@@ -2348,7 +1628,7 @@ def verify(run: str | None, expect_head: tuple[str, ...], quiet: bool, as_json: 
     ok, probs, diffs, skipped = doc["ok"], doc["problems"], doc["projections"], doc["skipped"]
     events, runs = doc["events"], doc["streams"]
     if as_json:
-        _emit(doc, True, None)
+        emit(doc, True, None)
     else:
         scope = f"run {run}" if run else f"{runs} streams"
         if ok:
@@ -2409,7 +1689,7 @@ def head(write: str | None, as_json: bool) -> None:
     """
     with _ledger() as lg:
         doc = lg.write_head(write) if write else {**lg.head(), "path": None, "previous": None}
-    _emit(doc, as_json, doc["digest"])
+    emit(doc, as_json, doc["digest"])
 
 
 @main.command()
@@ -2429,7 +1709,7 @@ def check(name: str | None, quiet: bool, as_json: bool) -> None:
     with _ledger() as lg, Progress("checking", quiet=quiet or as_json) as bar:
         diffs = lg.check(name, progress=bar)
     if as_json:
-        _emit({"ok": not diffs, "differences": diffs}, True, None)
+        emit({"ok": not diffs, "differences": diffs}, True, None)
     elif diffs:
         click.echo(R.table(["PROJECTION", "RUN", "COLUMN", "KEPT", "FOLDED"],
                           [[d["projection"], d["run_id"], d["column"], d["kept"], d["folded"]] for d in diffs]))
@@ -2457,7 +1737,7 @@ def rebuild(name: str | None, quiet: bool, as_json: bool) -> None:
     with _ledger() as lg, Progress("rebuilding", quiet=quiet or as_json) as bar:
         counts = lg.rebuild(name, progress=bar)
     if as_json:
-        _emit({"rebuilt": counts}, True, None)
+        emit({"rebuilt": counts}, True, None)
     else:
         click.echo(R.table(["PROJECTION", "ROWS"], [[k, v] for k, v in counts.items()]))
 
@@ -2484,12 +1764,12 @@ def backup(dest: str, replace: bool, as_json: bool) -> None:
     """
     with _ledger() as lg:
         doc = lg.backup(dest, replace=replace)
-    _emit(doc, as_json, f"backed up {doc['positions']} events of {doc['runs']} streams to {doc['path']} "
+    emit(doc, as_json, f"backed up {doc['positions']} events of {doc['runs']} streams to {doc['path']} "
                         f"({doc['bytes']} bytes); head {doc['head']}")
 
 
 @main.command()
-@click.argument("runs", nargs=-1, metavar="[RUN]...", shell_complete=_complete_runs)
+@click.argument("runs", nargs=-1, metavar="[RUN]...", shell_complete=complete_runs)
 @click.option("--all", "all_runs", is_flag=True, help="Export every run.")
 @click.option("-o", "--output", default="-", type=click.Path(dir_okay=False, allow_dash=True),
               help="Write to this file instead of stdout: written whole under a private name, with "
@@ -2551,7 +1831,7 @@ def export(runs: tuple[str, ...], all_runs: bool, output: str, redact: bool, sal
     with _ledger() as lg, Progress("exporting", quiet=quiet or as_json) as bar:
         if sqlite_out is not None:
             doc = lg.export_sqlite(sqlite_out, redact=redact, salt=salt, fields=redact_fields, progress=bar)
-            _emit(doc, as_json, f"exported {doc['events']} new events to {doc['output']} and wrote {doc['runs']} "
+            emit(doc, as_json, f"exported {doc['events']} new events to {doc['output']} and wrote {doc['runs']} "
                                 f"run rows; it now holds the ledger up to position {doc['last_position']}")
             return
         if redact:
@@ -2571,7 +1851,7 @@ def export(runs: tuple[str, ...], all_runs: bool, output: str, redact: bool, sal
             return
         else:
             doc = lg.export_to(output, None if all_runs else list(runs), progress=bar)
-    _emit(doc, as_json, f"exported {doc['events']} events of {doc['runs']} runs to {output}")
+    emit(doc, as_json, f"exported {doc['events']} events of {doc['runs']} runs to {output}")
 
 
 @main.command("import")
@@ -2594,7 +1874,7 @@ def import_(file: Any, quiet: bool, as_json: bool) -> None:
     st = _state()
     with Progress("importing", quiet=quiet or as_json) as bar:
         counts = import_into(st.db, file, busy_timeout_s=st.busy_timeout, progress=bar)
-    _emit(counts, as_json, f"imported {counts['imported']} events of {counts['runs']} runs; "
+    emit(counts, as_json, f"imported {counts['imported']} events of {counts['runs']} runs; "
                            f"{counts['skipped']} were already here")
 
 
@@ -2602,7 +1882,7 @@ def import_(file: Any, quiet: bool, as_json: bool) -> None:
 @click.argument("src", metavar="SRC")
 @click.argument("dst", metavar="DST")
 @click.option("--run", "runs", multiple=True, metavar="RUN", help="Copy only this run (repeatable; a fork brings its parents).",
-              shell_complete=_complete_runs)
+              shell_complete=complete_runs)
 @quiet_option
 @json_option
 def copy_(src: str, dst: str, runs: tuple[str, ...], quiet: bool, as_json: bool) -> None:
@@ -2624,7 +1904,7 @@ def copy_(src: str, dst: str, runs: tuple[str, ...], quiet: bool, as_json: bool)
 
     with Progress("copying", quiet=quiet or as_json) as bar:
         doc = copy_ledger(src, dst, run_ids=list(runs) or None, busy_timeout_s=_state().busy_timeout, progress=bar)
-    _emit(doc, as_json, f"copied {doc['imported']} events of {doc['runs']} runs from {doc['src']} to {doc['dst']} "
+    emit(doc, as_json, f"copied {doc['imported']} events of {doc['runs']} runs from {doc['src']} to {doc['dst']} "
                         f"({doc['skipped']} were already there); {doc['checked']} runs fold the same on both")
 
 
@@ -2663,7 +1943,7 @@ def roles(as_sql: bool, prefix: str, as_json: bool) -> None:
     with open_store(st.db, readonly=True, create=False, busy_timeout_s=st.busy_timeout) as store:
         doc = store.access_roles(prefix)
     if as_json:
-        _emit(doc, True, None)
+        emit(doc, True, None)
     else:
         click.echo(doc["sql"], nl=False)
 
@@ -2686,11 +1966,11 @@ def completion(shell: str, as_json: bool) -> None:
         handoff completion zsh > "${fpath[1]}/_handoff"              # then restart zsh
         handoff completion fish > ~/.config/fish/completions/handoff.fish
     """
-    cls = _completion_class(shell)
+    cls = completion_class(shell)
     assert cls is not None  # the Choice above names only shells click knows
     script = cls(main, {}, "handoff", COMPLETE_VAR).source()
     if as_json:
-        _emit({"shell": shell, "variable": COMPLETE_VAR, "script": script}, True, None)
+        emit({"shell": shell, "variable": COMPLETE_VAR, "script": script}, True, None)
     else:
         click.echo(script, nl=False)
 
@@ -2732,7 +2012,7 @@ def doctor(as_json: bool) -> None:
         is_file = lg.store.capabilities.is_file
     problems = facts.get("problems") or []
     if as_json:
-        _emit(facts, True, None)
+        emit(facts, True, None)
         if problems:
             _exit_damage_found()
         return
@@ -2774,7 +2054,7 @@ def _fact(value: Any) -> str:
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--run", "join", default=None, help="Join this existing run instead of opening one.",
-              shell_complete=_complete_runs)
+              shell_complete=complete_runs)
 @click.option("--worker", required=True, envvar="HANDOFF_WORKER", show_envvar=True, help="The worker's name.")
 @click.option("--heartbeat-every", type=Seconds(min=0.01, max=86_400), default=None,
               help="Seconds between heartbeats (default: a third of the heartbeat timeout).")
@@ -2818,12 +2098,12 @@ def run(join: str | None, worker: str, heartbeat_every: float | None, grace: flo
         raise click.UsageError("give --run RUN to join a run, or --goal, --target and --owner to open one")
     st = _state()
     res = run_wrapped(st.db, list(cmd), worker=worker, run_id=join,
-                      open_kwargs=None if join else _open_kwargs(p), heartbeat_s=heartbeat_every,
+                      open_kwargs=None if join else open_kwargs(p), heartbeat_s=heartbeat_every,
                       grace_s=grace, busy_timeout_s=st.busy_timeout, fence_margin_s=fence_margin)
     if as_json:
         import msgspec
 
-        _emit(msgspec.to_builtins(res), True, None)
+        emit(msgspec.to_builtins(res), True, None)
     click.get_current_context().exit(res.returncode)
 
 
@@ -2938,7 +2218,7 @@ def targets(allow: tuple[str, ...], deny: tuple[str, ...], unset: bool, as_json:
         text = "the list of allowed targets is empty: 'deliver --send' sends to no adapter target"
     else:
         text = "'deliver --send' sends only to adapter targets matching:\n" + "\n".join(f"  {p}" for p in now)
-    _emit(doc, as_json, text)
+    emit(doc, as_json, text)
 
 
 @main.command()
@@ -2971,238 +2251,6 @@ def demo(db: str | None, quiet: bool) -> None:
 
 
 # --- docs/cli.md is generated from the help above -----------------------------------------
-
-
-DOCS_INTRO = """\
-# The `handoff` command
-
-Generated from `--help` by `python -m handoff.cli --write-docs`; do not edit by hand
-(tests/cli/test_docs.py fails when this file is stale).
-
-## Global behaviour
-
-- `handoff [--db PATH] COMMAND ...`; the ledger is also taken from `HANDOFF_DB`, and
-  defaults to `./handoff.db`. Only `init`, `open`, `import` and `run` (when it opens a
-  run) create a missing ledger file; every other command refuses a missing file with
-  exit 3, so a mistyped `--db` never silently starts an empty ledger. `demo` builds its
-  own ledger (`./handoff-demo.db` unless `--db` is given on its command line; it ignores
-  `HANDOFF_DB`, and refuses to overwrite a ledger holding runs it did not write).
-- Inside `handoff run`, the child's environment holds `HANDOFF_DB`, `HANDOFF_RUN`,
-  `HANDOFF_LEASE` (the lease token) and `HANDOFF_WORKER`; the worker verbs take `RUN` and
-  `--lease` from there when they are not given.
-- `--lease` is the token `claim` printed, `LEASE.SECRET`; the ledger keeps only its
-  digest, so no other command shows it. The lease number that `status` and `log` show is
-  not a token: given as `--lease` it is a usage error (exit 2), and a made-up or old
-  token is refused (exit 1). See docs/reliability.md, "Lease tokens".
-- Who acted is logged as `kind:name`. A person acting without a lease (an operator) is
-  named by `--by`, else `$HANDOFF_ACTOR`, else the login name (`$USER`, `$LOGNAME`, or the
-  name the system gives your uid); a worker by `$HANDOFF_WORKER`, else the holder of the
-  lease it shows. An empty `--by` is refused (exit 2).
-- Human output is aligned tables and short lines on stdout. `--json` prints exactly one
-  JSON document on stdout instead (`watch --json` prints one per pass, one per line).
-  `status`, `stalls`, `log`, `runs` and `diff` also take `--format table|json|jsonl|csv`
-  (`--format json` prints exactly what `--json` prints; a CSV cell that begins with
-  `= + - @` gets a leading `'` so a spreadsheet shows it as text).
-- Long work (`copy`, `import`, `export`, `verify`, `check`, `rebuild`, `report` of a long
-  run) draws a progress bar on stderr, only when stderr is a terminal and the work has at
-  least `HANDOFF_PROGRESS_MIN` items (default 20000); never with `--json` or `--quiet`, and
-  never on stdout.
-- Times in and out are ISO 8601 UTC (`2026-05-01T12:00:00.123456Z`). A time given
-  without an offset (`--now`, `--as-of`) is taken as UTC.
-
-## Exit codes
-
-@EXIT_CODES@
-
-Errors go to stderr as one sentence that names what was wrong and what to do
-(`Error: lease 1 of run r1 has ended (revoked, released, or replaced by a later claim); ...`).
-With `--json` the error is one JSON document on stderr, stdout stays empty:
-
-```json
-{"error": {"type": "StaleLease", "message": "lease 1 of run r1 has ended (...)"}}
-```
-
-`type` is the ledger's error class (`StaleLease`, `IllegalTransition`, `DeliveryRefused`,
-`TerminalRun`, `LeaseHeld`, `InvalidInput`, `StoreUnavailable`, `NotALedger`, ...) or
-click's (`UsageError`, `BadParameter`, `MissingParameter`, `NoSuchOption`).
-
-## JSON documents
-
-**Write verbs** (`heartbeat`, `transition`, `progress`, `artifact`, `artifact-withdraw`, `evidence`, `block`,
-`unblock`, `effect-start`, `effect-confirm`, `submit`, `review`, `transfer`, `deliver`,
-`delivered`, `delivery-failed`, `release`, `revoke`, `close`, `claim`):
-
-```json
-{"run_id": "r1", "outcome": "committed", "first_seq": 7, "last_seq": 7,
- "state": "executing", "worker": "w1", "lease": 1, "progress_seq": 3}
-```
-
-`claim` adds `"token"`, the lease token (the only output that ever holds it); `lease` is
-the number, everywhere.
-
-`outcome` is one of:
-
-- `committed`: events were written, seqs `first_seq`..`last_seq`;
-- `duplicate`: the `--key` was already used for this same request; nothing written, and
-  `first_seq`..`last_seq` are the seqs of that earlier write;
-- `unchanged`: the command was accepted but had nothing to add (a retried delivery
-  attempt, a delivery or side effect already confirmed the same way); nothing written,
-  and `first_seq` = `last_seq` = the run's last seq as it stands.
-
-Only `committed` wrote anything; a caller that acts on a write (sends, deploys) acts only
-then. `artifact` adds
-`"artifact": {path, kind, bytes, sha256, exists}`; `artifact-withdraw` adds `"path"` (as
-recorded); `deliver`, `delivered` and
-`delivery-failed` add `"target"` and `"delivery": {status, key, receipt, attempts}`, and
-`deliver` adds `"send": true|false` (send the result only when true). There `status` is
-what the log alone says (`not_ready`, `ready`, `attempted`, `failed` or `confirmed`, the
-same rule as the packet's); only the packet, judged at a time, can also say `ambiguous`.
-
-**open**: `{"run_id", "state", "last_seq", "owner", "target", "result_path"}`.
-**fork**: `{"run_id", "parent", "parent_seq", "state"}`. **init**: `{"db", "created", "runs"}`.
-
-**status RUN** and **replay**: the checkpoint packet:
-
-```json
-{"run_id": "r1", "state": "executing", "terminal": false, "disposition": null,
- "goal": "...", "origin": "...", "target": "chat:#ops", "owner": "alice",
- "result_path": "/abs/report.md", "require_review": true, "worker": "w1", "lease": 1,
- "progress_seq": 3,
- "last_progress": {"seq": 3, "kind": "tool_outcome", "at": "2026-...Z", "event_seq": 9},
- "last_heartbeat_at": "2026-...Z",
- "blockers": [{"id": 1, "reason": "...", "next_action": "...", "seq": 12}],
- "artifacts": [{"path": "...", "kind": "result", "bytes": 812, "sha256": "...", "exists": true, "seq": 14}],
- "evidence": [{"kind": "tests", "outcome": "pass", "detail": "...", "seq": 15}],
- "pending_effects": [{"key": "deploy-v42", "what": "...", "lease": 1, "seq": 10}],
- "result": {"summary": "...", "artifacts": ["..."], "seq": 16},
- "review": {"by": "alice", "approved": true, "notes": "", "seq": 18},
- "delivery": {"status": "confirmed", "detail": "...", "target": "chat:#ops",
-              "key": "report-v1", "receipt": "msg 1712", "attempts": 1},
- "health": {"classification": "healthy", "reason": "...", "action": "none", "needs_attention": false},
- "monitored": {"covered": true, "watchers": ["ops-watchdog"],
-               "last_observed_at": "2026-...Z", "last_observed_by": "ops-watchdog"},
- "fork_parent": null, "fork_seq": null, "last_seq": 21,
- "opened_at": "2026-...Z", "updated_at": "2026-...Z"}
-```
-
-`artifacts` holds the latest record of each path and `evidence` the latest record of each
-kind (a later one replaces an earlier one and moves to the end); every record stays in the
-log (`handoff log`). `delivery.status` is one of `not_ready`, `ready`, `attempted`,
-`ambiguous`, `failed`, `confirmed`. `health.classification` is one of `healthy`, `unavailable`, `stalled`,
-`blocked`, `unclaimed`, `needs_reconciliation`, `needs_worker`, `delivery_ambiguous`,
-`awaiting_owner`, `delivering`, `silent`, `unopened`; `health.action` one of `none`,
-`revoke_lease`, `mark_stalled`, `pause`, `reconcile`, `reconcile_delivery`, `claim`,
-`transition`, `open`. `monitored.covered` is true only when a watcher beat within three of its
-intervals.
-
-**status** (no RUN): `{"now", "runs": [{"run_id", "state", "owner", "target", "worker",
-"lease", "progress_seq", "health", "action", "updated_at", "goal"}], "next", "more",
-"hidden_terminal"}`; `hidden_terminal` counts the runs that ended and were left out (0
-with `--all` or `--state`).
-
-**log**: `{"run_id", "events": [{"run_id", "seq", "position", "at", "actor", "lease",
-"type", "key", "summary", "data", "db_role"}]}`; `data` is the event's own fields (with its `type`);
-`actor` is `kind:name` (`worker:w1`, `owner:alice`, `watchdog:ops`, `operator:bob`), as
-the writer declared it; `db_role` is the database role the PostgreSQL server recorded
-inserting the event (null on SQLite, which has no server to say it; the table then has
-no DB ROLE column).
-**log** without RUN: `{"events": [{"run_id", "seq", "position", ...}], "next"}`, the same
-rows, in position order; `next` is the `--since POSITION` of the next page (null when
-none). With or without RUN, `--jsonl` prints the rows one per line; `--csv` prints a header
-line `position,at,run_id,seq,actor,lease,type,key,summary,data,db_role` (`data` as compact
-JSON).
-
-**report**: `{"run_id", "path", "format", "bytes", "last_seq", "end", "as_of"}`: the file
-written, its size, the last seq drawn, the time the story ends at, and `--at`/`--as-of`
-in words (null for the whole log). docs/incident-report.md shows the report itself.
-
-**diff**: `{"run_a", "run_b", "same", "compared": {"a", "b"}, "heartbeats": {"a", "b"},
-"common_steps", "first_divergence", "after"}`. `first_divergence` is null when the runs
-are the same, else `{"step", "a", "b", "what", "differs": [{"field", "a", "b"}]}`, `a`
-and `b` being `{"run_id", "seq", "type", "at"}` (null for a run that ended before that
-step); `after` is `{"state": {"a", "b"}, "progress_seq": {"a", "b"}, "artifacts":
-{"only_a", "only_b", "changed", "same"} (paths, compared by sha256), "evidence": {kind:
-{"a", "b"}} (kinds whose latest outcome differs), "delivery": {"a", "b"} ({"status",
-"key", "receipt", "attempts"}), "events_after": {"a", "b"} (counts by type)}`.
-
-**stalls**: `{"now", "stalls": [{"run_id", "state", "classification", "action",
-"reason", "worker", "lease", "last_heartbeat_at", "progress_seq", "last_progress":
-{"seq", "kind", "at"}, "retries", "retry_budget"}]}`.
-
-**watch**: per pass `{"watcher", "at", "interval_s", "actions": [{"run_id",
-"classification", "action", "outcome", "key", "progress_seq", "lease", "reason",
-"seq"}]}`; `outcome` is `committed`, `duplicate` (an earlier pass already did it),
-`skipped` (the run moved on between classification and action) or `failed` (the ledger
-refused it; nothing was written and `reason` says why; the text output prints these
-lines too, with `FAILED` before the action). With `--dry-run` the document adds
-`"dry_run": true`, nothing is recorded, `seq` is null unless already recorded, and
-`outcome` says what a real pass would do now: `would_commit` (it would record the
-action), `duplicate` (already recorded), `failed` (it would be refused, a key taken by
-another request included; `reason` says why) or `skipped` (the run moved on).
-
-**verify**: `{"ok", "run_id", "events", "streams", "problems": [{"kind", "run_id",
-"seq", "position", "message"}], "projections": [difference, ...], "anchors", "erased",
-"skipped", "db_roles"}`.
-Ledger-wide problems (`global_chain`, `position_gap`, `head_anchor`, `trigger_missing`,
-`trigger_altered`) are reported with or without RUN; `run_id` is null for the last three.
-`anchors` counts the `--expect-head` digests checked; `skipped` lists, in words, what a
-`verify RUN` did not look at (empty for the whole ledger). `db_roles`: how many events
-each database role inserted, as the PostgreSQL server recorded it (`{}` on SQLite, where
-the actor is self-declared).
-`erased`: per `values_erased` event (a LangGraph thread deleted, docs/langgraph.md)
-`{"run_id", "seq", "position", "reason", "erased", "listed"}`: values deleted on purpose,
-which are not damage; a value missing without such an event is (`value_missing`,
-`value_altered`), and so is a graph checkpoint that continues a value that is gone
-(`checkpoint_values_missing`).
-**head**: `{"digest", "position", "global_hash", "path", "previous"}`: `digest` is
-`POSITION:HASH`; with `--write`, `path` is the file written and `previous` the digest it
-held before (null when new).
-**check**: `{"ok", "differences": [{"projection", "run_id", "column", "kept",
-"folded"}]}`. **rebuild**: `{"rebuilt": {projection: rows}}`. **doctor**: `Ledger.doctor()`
-as is (`path`, `backend`, `backend_version`, then the backend's own settings (SQLite's
-`journal_mode` and `synchronous`, PostgreSQL's `database` and `role`, ...), `events`,
-`runs`, `projections`, `problems`); `problems` (same shape as verify's) names a missing or
-altered append-only trigger, and makes doctor exit 4.
-
-**export** writes JSON Lines, one event per line: `{"run_id", "seq", "type", "actor",
-"lease", "idempotency_key", "recorded_us", "schema_version", "payload", "prev_hash",
-"hash", "position", "idempotency_digest", "batch_size"}`, `payload` being the event
-itself and the hashes hex, plus `"db_role"` on PostgreSQL (the role the server recorded
-inserting the event; an import reads it and ignores it: the importing role is recorded);
-with `-o FILE --json` it prints `{"output", "events", "runs"}`.
-With `--redact`, the first line is `{"redacted": true, "format", "salt_id", "detectors",
-"runs", "note"}` and each event line `{"redacted": true, "run_id", "seq", "type", "actor",
-"lease", "idempotency_key", "recorded_us", "schema_version", "position", "payload"}`,
-every value outside the structure as a salted digest (docs/delivery.md); `-o FILE --json` adds
-`"redacted": true`. Such a file is refused by import (`RedactedExportRefused`, exit 2).
-**deliver --send**: `{"run_id", "status", "sent", "receipt", "error", "tries", "target",
-"delivery"}`: `status` is `confirmed`, `failed` or `unknown` (exit 1 unless confirmed);
-`sent` is false when the key was already confirmed and nothing went out; `tries` counts
-the sends of this call; `delivery` as for `deliver`.
-**sanitize**: `{"run_id", "passed", "bundle_sha256", "items": [{"name", "sha256",
-"bytes"}], "findings": [{"detector", "item", "line", "count"}], "seq"}`; exit 1 when
-`passed` is false (the check is recorded either way).
-**backup**: `{"path", "positions", "head", "bytes", "runs"}`: the copy's absolute path, its
-last position, its head digest, its size and its number of streams.
-**copy**: `{"imported", "skipped", "runs", "src", "dst", "checked"}`: the import's counts,
-both addresses as the stores name them (no password), and how many runs were folded on
-both sides and found identical. A copy that does not verify or fold the same exits 4.
-**import**: `{"imported", "skipped", "runs"}` (events written, events already present,
-runs in the file). A line that does not decode, breaks its run's chain, does not match
-its hash or is malformed (actor, time, size, a repeated key) refuses the whole import with
-exit 2, naming the line; an event the lifecycle rules would not have written refuses it
-with exit 1 and the rule's own error (`StaleLease`, `IllegalTransition`,
-`DeliveryRefused`, `HistoryRefused`...). Into a path with no file, the ledger is built
-under a private name and appears only when the import succeeded; if a file appeared there
-meanwhile, the import is refused (`TargetAppeared`, exit 1) and that file is left alone.
-
-**run**: `{"run_id", "worker", "lease", "exit_code", "signal", "lease_lost",
-"lost_reason", "released", "fenced", "silent_s", "recorded", "forwarded", "returncode"}`,
-after the child's own output. `fenced` is true when the wrapper stopped the child because
-no heartbeat could be recorded in time (`silent_s` says for how long); it then exits 75.
-
-## Commands
-"""
 
 
 #: What each exit code means at the shell, keyed by the error class that carries the code;
@@ -3241,9 +2289,21 @@ def exit_code_table() -> str:
     return "\n".join(lines)
 
 
+#: docs/cli.md's hand-written part, with ``@EXIT_CODES@`` where the table goes. It is a
+#: file of the checkout, not of the package: --write-docs regenerates the checkout's page.
+DOCS_TEMPLATE = os.path.join(os.path.dirname(os.path.realpath(__file__)), "docs", "cli.md.in")
+
+
 def render_docs() -> str:
-    """docs/cli.md: the intro above, then every command's --help, in definition order."""
-    parts = [DOCS_INTRO.replace("@EXIT_CODES@", exit_code_table())]
+    """docs/cli.md: docs/cli.md.in with the exit-code table, then every command's --help, in
+    definition order. Run from a checkout: an installed package has no docs/ to read."""
+    try:
+        with open(DOCS_TEMPLATE, encoding="utf-8") as f:
+            intro = f.read()
+    except FileNotFoundError:
+        raise click.ClickException(f"{DOCS_TEMPLATE} is missing: docs/cli.md is generated in a checkout "
+                                   "of handoff-ledger, not from an installed package") from None
+    parts = [intro.replace("@EXIT_CODES@", exit_code_table())]
     root = click.Context(main, info_name="handoff", terminal_width=WIDTH, max_content_width=WIDTH,
                          help_option_names=["-h", "--help"])
     parts.append("\n### handoff\n\n```text\n" + main.get_help(root).rstrip() + "\n```\n")
@@ -3265,6 +2325,10 @@ def write_docs(path: str | None = None) -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--write-docs"]:
-        print(write_docs(sys.argv[2] if len(sys.argv) > 2 else None))
+        try:
+            print(write_docs(sys.argv[2] if len(sys.argv) > 2 else None))
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
     else:
         main()

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from handoff import cli, report
+from handoff import clitypes, report
 from handoff.ledger import events as ev
 
 from .conftest import Handoff, working_run
@@ -21,7 +21,7 @@ from .conftest import Handoff, working_run
     ('"42"', "42"), ('"true"', "true"), ('"', '"'), ("claude-sonnet", "claude-sonnet"),
 ])
 def test_how_a_value_is_read(text, value):
-    got = cli.attr_value(text)
+    got = clitypes.attr_value(text)
     assert got == value and type(got) is type(value)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from handoff import cli, render
+from handoff import cli, output, render
 from handoff.ledger import errors as E
 from handoff.ledger import events as ev
 from handoff.ledger.store import Actor
@@ -128,7 +128,7 @@ def test_visible_is_idempotent_and_json_through_it_stays_the_same_json():
     once = render.visible(HOSTILE)
     assert render.visible(once) == once
     doc = {"reason": HOSTILE, "nested": [HOSTILE]}
-    printed = cli._printable(json.dumps(doc, indent=2, ensure_ascii=False))
+    printed = output.printable(json.dumps(doc, indent=2, ensure_ascii=False))
     _assert_escaped(printed, "json")
     assert json.loads(printed) == doc
 

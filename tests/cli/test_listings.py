@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from handoff import cli
+from handoff import cli, output
 from handoff.api import Ledger
 from handoff.ledger import events as ev
 from handoff.ledger.errors import InvalidInput
@@ -47,7 +47,7 @@ json_values = st.recursive(
 def test_a_streamed_document_is_byte_for_byte_what_json_dumps_prints(head, items, tail):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        n = cli._stream_json(head, "rows", iter(items), lambda: tail)
+        n = output.stream_json(head, "rows", iter(items), lambda: tail)
     assert n == len(items)
     assert buf.getvalue() == json.dumps({**head, "rows": items, **tail}, indent=2, ensure_ascii=False) + "\n"
 
@@ -56,11 +56,11 @@ def test_a_streamed_table_aligns_each_window_and_counts_rows():
     buf = io.StringIO()
     rows = [[f"r{i}", "x" * (i % 7), None] for i in range(10)]
     with contextlib.redirect_stdout(buf):
-        assert cli._stream_table(["RUN", "NOTE", "LAST"], iter(rows), window=4) == 10
+        assert output.stream_table(["RUN", "NOTE", "LAST"], iter(rows), window=4) == 10
     lines = buf.getvalue().splitlines()
     assert len(lines) == 11 and lines[0].split() == ["RUN", "NOTE", "LAST"]
     assert all(line.endswith("-") for line in lines[1:])
-    assert cli._stream_table(["A"], iter([])) == 0
+    assert output.stream_table(["A"], iter([])) == 0
 
 
 # --- paging is complete --------------------------------------------------------------------
