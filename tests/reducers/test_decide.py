@@ -2,7 +2,8 @@
 
 Each case asserts the exact error type, that the message names the problem, and that the
 log is byte-for-byte what it was before (``refused`` in helpers.py). Then idempotent
-retries, and racing terminal commands from separate processes.
+retries, and racing terminal commands from separate processes. decide alone, as a pure
+function of a folded checkpoint, is driven by a table in test_decide_table.py.
 """
 
 from __future__ import annotations
