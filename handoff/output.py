@@ -1,9 +1,9 @@
 """How the ``handoff`` command prints: lines, JSON documents, tables, JSON Lines and CSV.
 
-Every command prints through here, so a listing streams (memory stays flat however long
-it is), ``--json`` / ``--format`` mean the same on every command, and every byte a
-worker or an operator typed is made visible (``render.visible``) before it reaches a
-terminal. What a document holds is the renderers' (handoff/render.py); this module only
+The commands print their documents, write outcomes and listings through here, so a
+listing streams (memory stays flat however long it is), ``--json`` / ``--format`` mean
+the same on every command, and text a worker or an operator typed is made visible
+(``render.visible``) before it reaches a terminal. What a document holds is the renderers' (handoff/render.py); this module only
 lays it out. Apart from cli.py so the commands read as commands; the renderer and the
 standard library's json and csv are imported on use, as a shell agent pays every import.
 """
@@ -26,6 +26,7 @@ def printable(text: str) -> str:
 
 
 def emit(doc: dict[str, Any], as_json: bool, text: str | None) -> None:
+    """Print ``doc`` as --json prints it, or else ``text`` (nothing when it is None)."""
     if as_json:
         import json
 

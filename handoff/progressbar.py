@@ -1,5 +1,5 @@
-"""The progress bar every long ``handoff`` command draws (copy, import, export, backup,
-verify, rebuild, check, report): one class, so the rules of when a bar shows are one.
+"""The progress bar of the ``handoff`` command's long work: one class, so when a bar
+shows (and that it never touches stdout) is decided in one place, apart from the commands.
 """
 
 from __future__ import annotations
