@@ -12,6 +12,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from handoff.ledger.sqlite import SqliteStore  # noqa: E402
+from tests.support import Clock  # noqa: E402
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,6 +42,12 @@ def _postgres_session_database():
 @pytest.fixture
 def db_path(tmp_path):
     return str(tmp_path / "ledger.db")
+
+
+@pytest.fixture
+def clock() -> Clock:
+    """A still clock (tests/support.py): time moves only when the test advances it."""
+    return Clock(step_us=0)
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Small helpers the test packages share (real processes, ledger files of earlier versions).
+"""Small helpers the test packages share (a clock moved by hand, real processes, ledger
+files of earlier versions).
 
 One home for each: a helper that two test files need lives here, not in both.
 """
@@ -15,6 +16,32 @@ from pathlib import Path
 #: The repository root: children run from it, with it on their import path, so a
 #: ``python -c`` child imports the code under test as the tests do.
 ROOT = str(Path(__file__).resolve().parent.parent)
+
+#: A second in the ledger's unit of time, the microsecond.
+S = 1_000_000
+#: The tests' fixed epoch (µs): a history written twice from it is the same history.
+T0 = 1_800_000_000 * S
+
+
+class Clock:
+    """The ledger's clock moved by hand, in µs: ``Ledger(path, clock=clock)``.
+
+    Every reading is ``step_us`` later than the one before (a microsecond: readings are
+    distinct, as a real clock's are); ``step_us=0`` holds time still until :meth:`advance`,
+    for a test that asserts on the very timestamps it set.
+    """
+
+    def __init__(self, start: int = T0, step_us: int = 1) -> None:
+        self.now, self.step_us = start, step_us
+
+    def __call__(self) -> int:
+        self.now += self.step_us
+        return self.now
+
+    def advance(self, seconds: float = 0, *, us: int = 0) -> int:
+        """Move ``seconds`` (and ``us`` microseconds) ahead; return the new reading."""
+        self.now += int(seconds * S) + us
+        return self.now
 
 
 def executable() -> list[str]:

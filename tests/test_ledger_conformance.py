@@ -39,28 +39,11 @@ from handoff.ledger.store import Actor
 from handoff.projections.engine import AGGREGATE
 from tests.backends import BACKENDS, OnBackend
 from tests.ledger.conformance import assert_unchanged, refused, snapshot
-from tests.support import executable
+from tests.support import Clock, executable
 from tests.workers.faces import FACES, Blocking
 from handoff.aio import AsyncLedger
 
-S = 1_000_000
-T0 = 1_800_000_000 * S
 OPS = Actor("operator", "ops")
-
-
-class Clock:
-    """One clock for the Ledger and its store, moved by hand: two backends given the same
-    steps record the very same history."""
-
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> int:
-        self.now += 1  # every reading a microsecond later, as a real clock would be
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += int(seconds * S)
 
 
 def ledger_on(backend: OnBackend, clock: Clock, address: str | None = None) -> Ledger:

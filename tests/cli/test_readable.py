@@ -17,7 +17,7 @@ import pytest
 from handoff import Ledger
 from handoff.ledger.errors import InvalidInput
 from tests.ledger.conformance import refused
-from tests.report.story import Clock
+from tests.support import Clock
 
 SECRET_OWNER = "carol.secret-owner"
 

@@ -9,26 +9,9 @@ from handoff.api import WATCHER_BEAT_PERIOD_S
 from handoff.watchdog import _act, _plan, watch_once
 from handoff.reducers.stall import classify
 
+from tests.support import S
+
 from .conftest import working_run
-
-S = 1_000_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000 * S
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, seconds: float) -> int:
-        self.now += int(seconds * S)
-        return self.now
-
-
-@pytest.fixture
-def clock():
-    return Clock()
 
 
 @pytest.fixture

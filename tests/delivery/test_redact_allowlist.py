@@ -19,9 +19,9 @@ from handoff.api import Ledger
 from handoff.ledger import events as ev
 from handoff.reducers import stall
 from handoff.watchdog import watch_once
+from tests.support import S, Clock
 
 SALT = b"0123456789abcdef-salt"
-S = 1_000_000
 
 
 class Markers:
@@ -150,14 +150,6 @@ def test_classifications_lists_every_classification_the_stall_reducer_gives():
 
 # --- on a real ledger ------------------------------------------------------------------
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000 * S
-
-    def __call__(self) -> int:
-        return self.now
-
-
 def exported(lg: Ledger, runs: list[str] | None = None, **kw: Any) -> tuple[list[dict[str, Any]], str]:
     out = [json.loads(x) for x in lg.export_redacted(runs, salt=SALT, **kw)]
     return out, json.dumps(out)
@@ -166,7 +158,7 @@ def exported(lg: Ledger, runs: list[str] | None = None, **kw: Any) -> tuple[list
 def test_the_ledgers_own_sentences_carry_no_worker_or_watcher_name(tmp_path):
     """The watchdog writes "no heartbeat from WORKER (lease 1)" into recovery_decided and
     lease_revoked: names inside the ledger's own text must go with the text."""
-    clock = Clock()
+    clock = Clock(step_us=0)
     with Ledger(str(tmp_path / "w.db"), clock=clock) as lg:
         lg.open(run_id="r1", goal="g", target="chat:#ops", owner="alice", heartbeat_timeout_s=10)
         tok = lg.claim("r1", "bob.smith-laptop")

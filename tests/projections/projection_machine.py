@@ -21,7 +21,7 @@ from handoff.ledger.errors import LedgerError
 from handoff.reducers import transitions as T
 from handoff.reducers.checkpoint import AGGREGATE, Checkpoint
 
-from projection_support import T0, Clock
+from tests.support import Clock
 
 MAX_RUNS = 6
 
@@ -51,7 +51,7 @@ class LedgerCommands(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="proj-machine-")
         self.path = os.path.join(self.dir, "ledger.db")
-        self.clock = Clock(T0)
+        self.clock = Clock(step_us=0)
         self.lg = Ledger(self.path, clock=self.clock, synchronous=self.synchronous)
         self.runs: list[str] = []
         self.result = os.path.join(self.dir, "result.md")
@@ -97,7 +97,7 @@ class LedgerCommands(RuleBasedStateMachine):
 
     @rule(us=TICKS, beat=st.sampled_from([None, None, None, "wd-1", "wd-2"]))
     def tick(self, us: int, beat: str | None) -> None:
-        self.clock.advance(us)
+        self.clock.advance(us=us)
         if beat is not None:  # a watcher's own stream: never a view row
             self.lg.watcher_beat(beat, 30.0)
 

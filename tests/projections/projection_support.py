@@ -1,5 +1,5 @@
-"""Shared helpers for the projection tests: table dumps, a clock, bulk histories.
-(Subprocesses: tests/support.py.)
+"""Shared helpers for the projection tests: table dumps, bulk histories.
+(A clock and subprocesses: tests/support.py.)
 
 Named ``projection_support`` (not ``helpers``) because these test directories have no
 ``__init__.py``: pytest imports each file by its basename, and a package here named
@@ -16,27 +16,10 @@ from handoff import Actor, Ledger
 from handoff.ledger import events as ev
 from handoff.ledger.store import lease_digest
 from handoff.projections import engine
+from tests.support import Clock
 
 FULL = os.environ.get("HANDOFF_TEST_SCALE") == "full"
-T0 = 1_700_000_000_000_000  # a fixed epoch in µs, so histories are reproducible
 BUILDER = Actor("operator", "builder")
-
-
-class Clock:
-    """A controllable clock in µs: ``Ledger(path, clock=clock)``."""
-
-    def __init__(self, start: int = T0) -> None:
-        self.t = [start]
-
-    def __call__(self) -> int:
-        return self.t[0]
-
-    def advance(self, us: int) -> int:
-        self.t[0] += us
-        return self.t[0]
-
-    def seconds(self, s: float) -> int:
-        return self.advance(int(s * 1_000_000))
 
 
 def table_names() -> list[str]:
@@ -152,7 +135,7 @@ def build_log(lg: Ledger, runs: int, per_run: int, *, prefix: str = "bulk", cloc
     projections included), one append per run. Returns the last position."""
     for i in range(runs):
         if clock is not None:
-            clock.advance(1_000)
+            clock.advance(us=1_000)
         lg.store.append(f"{prefix}-{i:05d}", run_events(i, per_run), actor=BUILDER)
     return lg.store.last_position()
 

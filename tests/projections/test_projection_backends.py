@@ -19,10 +19,9 @@ from handoff.ledger.errors import InvalidInput
 from handoff.ledger.store import Actor
 from handoff.ledger.views import NOT_NULL, ORDINAL, Index, TableSpec, columns
 from handoff.projections import engine, queries
+from tests.support import S, Clock
 
-from projection_support import BUILDER, Clock, run_events
-
-S = 1_000_000
+from projection_support import BUILDER, run_events
 
 
 def views_dump(store: Any) -> dict[str, Any]:
@@ -46,19 +45,14 @@ def busy_ledger(store: Any, clock: Clock) -> Ledger:
     lease = lg.claim("w", "w1")
     lg.transition("w", lease, "planning")
     lg.transition("w", lease, "executing")
-    clock.seconds(1)
+    clock.advance(1)
     lg.heartbeat("w", lease)
     lg.progress("w", lease, "tool_outcome", "step", key="k1")
     lg.open(goal="g", target="chat:#ops", owner="alice", run_id="q")
     lg.fork("w", 3, new_run_id="w.fork")
     lg.watcher_beat("wd", 5.0)
-    clock.seconds(1)
+    clock.advance(1)
     return lg
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
 
 
 def test_rebuild_equals_incremental_upkeep(backend_store, clock):

@@ -15,8 +15,9 @@ from handoff import api
 from handoff.ledger.views import Index, TableSpec, columns
 from handoff.projections import engine
 from handoff.reducers.checkpoint import AGGREGATE, Checkpoint
+from tests.support import Clock
 
-from projection_support import BULK_TOKEN, Clock, build_log, dump, integrity, schema_objects
+from projection_support import BULK_TOKEN, build_log, dump, integrity, schema_objects
 
 RUNS, PER_RUN = 500, 20
 
@@ -25,7 +26,7 @@ RUNS, PER_RUN = 500, 20
 def big(tmp_path_factory):
     """(path, rows, indexes) of a closed 10,000-event ledger; copy it before changing it."""
     path = str(tmp_path_factory.mktemp("big") / "ledger.db")
-    clock = Clock()
+    clock = Clock(step_us=0)
     with Ledger(path, synchronous="NORMAL", clock=clock) as lg:
         assert build_log(lg, RUNS, PER_RUN, clock=clock) == RUNS * PER_RUN
         assert lg.check() == []
@@ -92,7 +93,7 @@ def test_every_projection_dropped_is_caught_up(ledger_copy, catch_ups):
 
 def test_lagging_projections_catch_up_from_their_position(ledger_copy, catch_ups, monkeypatch):
     path, rows, _ = ledger_copy
-    clock = Clock(2_000_000_000_000_000)
+    clock = Clock(2_000_000_000_000_000, step_us=0)
     # A ledger that keeps only the checkpoints view inline (as an older version might).
     with monkeypatch.context() as m:
         m.setattr(api, "Projector", lambda store: engine.Projector(store, ["checkpoints"]))

@@ -16,12 +16,12 @@ from handoff.ledger.store import Actor
 from handoff.projections.engine import BY_NAME, NEEDS_REBUILD
 from handoff.reducers.checkpoint import Evidence
 
-from projection_support import Clock
+from tests.support import Clock
 
 
 @pytest.fixture
 def lg(tmp_path):
-    ledger = Ledger(str(tmp_path / "ledger.db"), clock=Clock())
+    ledger = Ledger(str(tmp_path / "ledger.db"), clock=Clock(step_us=0))
     yield ledger
     ledger.close()
 
@@ -92,7 +92,7 @@ def test_views_kept_by_an_older_fold_are_refolded_on_the_next_writable_open(tmp_
     path = str(tmp_path / "ledger.db")
     result = tmp_path / "report.md"
     result.write_text("the report")
-    lg = Ledger(path, clock=Clock())
+    lg = Ledger(path, clock=Clock(step_us=0))
     lg.open(goal="g", target="chat:#ops", owner="alice", run_id="r1")
     lease = lg.claim("r1", "w1")
     lg.transition("r1", lease, "planning", worker="w1")

@@ -17,11 +17,9 @@ import time
 
 from handoff import Ledger
 
-from tests.support import finish, spawn
+from tests.support import Clock, finish, spawn
 
-from projection_support import (
-    FULL, Clock, build_log, dump, integrity, leftover_tables, schema_objects,
-)
+from projection_support import FULL, build_log, dump, integrity, leftover_tables, schema_objects
 
 REBUILD = """
 import sys
@@ -64,7 +62,7 @@ def has_new_tables(path: str) -> bool:
 
 def test_kill9_mid_rebuild_leaves_old_projections_intact(tmp_path):
     path = str(tmp_path / "ledger.db")
-    clock = Clock()
+    clock = Clock(step_us=0)
     runs = 800 if FULL else 400
     with Ledger(path, synchronous="NORMAL", clock=clock) as lg:
         build_log(lg, runs, 10, clock=clock)
@@ -127,7 +125,7 @@ def test_kill9_mid_rebuild_leaves_old_projections_intact(tmp_path):
 
     # The ledger keeps working beside the leftover *__new tables, inline as ever.
     with Ledger(path, clock=clock) as lg:
-        clock.seconds(1)
+        clock.advance(1)
         rid = lg.open(goal="after the kills", target="chat:#x", owner="zed", run_id="after")
         lg.claim(rid, "w")
         assert lg.check() == []

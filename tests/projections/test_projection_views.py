@@ -12,14 +12,9 @@ from handoff.projections import queries, views
 from handoff.reducers import delivery as dl
 from handoff.reducers.checkpoint import AGGREGATE
 
-from projection_support import Clock, dump
+from tests.support import S
 
-S = 1_000_000  # µs per second
-
-
-@pytest.fixture
-def clock():
-    return Clock()
+from projection_support import dump
 
 
 @pytest.fixture
@@ -104,18 +99,18 @@ def test_checkpoints_row_follows_every_command(lg, clock, result_file):
     assert (r["state"], r["owner"], r["lease"], r["worker"], r["terminal"]) == ("queued", "alice", None, None, 0)
     assert r["updated_us"] == clock()
 
-    clock.seconds(1)
+    clock.advance(1)
     lease = lg.claim(run, "w1")
     r = assert_checkpoint_row(lg, run)
     assert (r["lease"], r["worker"], r["state"]) == (lease.lease, "w1", "queued")
 
-    clock.seconds(1)
+    clock.advance(1)
     lg.transition(run, lease, "planning")
     lg.progress(run, lease, "plan_committed")
     r = assert_checkpoint_row(lg, run)
     assert r["state"] == "planning"
     assert r["progress_seq"] == 2  # the state change and the plan both advance
-    clock.seconds(1)
+    clock.advance(1)
     lg.heartbeat(run, lease)
     r2 = assert_checkpoint_row(lg, run)
     assert r2["progress_seq"] == 2 and r2["updated_us"] == clock()
@@ -186,7 +181,7 @@ def test_stall_watch_deadlines(lg, clock):
     assert (r["live"], r["state"], r["lease"], r["next_deadline_us"]) == (1, "queued", None, None)
     assert queries.due_run_ids(lg.store, clock() + 10**12) == []
 
-    t1 = clock.seconds(5)
+    t1 = clock.advance(5)
     lease = lg.claim(run, "w1")
     r = stall_row(lg, run)
     assert (r["lease"], r["lease_since_us"], r["last_heartbeat_us"]) == (lease.lease, t1, t1)
@@ -202,7 +197,7 @@ def test_stall_watch_deadlines(lg, clock):
     # Heartbeats push the liveness deadline; progress never moves, so the progress
     # deadline (lease start + 300 s) eventually comes first.
     for k in range(1, 6):
-        clock.seconds(59)
+        clock.advance(59)
         lg.heartbeat(run, lease)
     r = stall_row(lg, run)
     assert r["last_heartbeat_us"] == t1 + 5 * 59 * S
@@ -211,7 +206,7 @@ def test_stall_watch_deadlines(lg, clock):
     assert health.classification == "stalled"
 
     # Advancing progress resets the progress clock.
-    t2 = clock.seconds(1)
+    t2 = clock.advance(1)
     lg.transition(run, lease, "planning")
     r = stall_row(lg, run)
     assert (r["progress_seq"], r["last_progress_kind"], r["last_progress_us"]) == (1, "state:planning", t2)
@@ -281,7 +276,7 @@ def test_delivery_status_transitions(lg, clock, result_file):
     assert (r["status"], r["target"], r["attempts"], r["key"]) == ("ready", "chat:#ops", 0, None)
     assert [d["run_id"] for d in lg.deliveries(status="pending")] == [run]
 
-    t_attempt = clock.seconds(2)
+    t_attempt = clock.advance(2)
     lg.deliver(run, "alice", "k1")
     r = delivery_row(lg, run)
     assert (r["status"], r["key"], r["attempts"], r["attempted_us"]) == ("attempted", "k1", 1, t_attempt)
@@ -433,7 +428,7 @@ def test_watcher_streams_have_no_view_rows(lg, clock):
     run = lg.open(goal="g", target="t", owner="alice", run_id="r1")
     before = dump(lg.store.path)
     lg.watcher_beat("wd-1", 30)
-    clock.seconds(30)
+    clock.advance(30)
     lg.watcher_beat("wd-1", 30)
     lg.watcher_beat("wd-2", 10)
     after = dump(lg.store.path)

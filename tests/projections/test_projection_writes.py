@@ -18,16 +18,11 @@ from handoff.ledger.sqlite.views import Table
 from handoff.ledger.views import Index, TableSpec, columns
 from handoff.projections import engine, queries
 from handoff.reducers.checkpoint import Checkpoint
+from tests.support import S, Clock
 
-from projection_support import BUILDER, Clock, dump, integrity, run_events
+from projection_support import BUILDER, dump, integrity, run_events
 
-S = 1_000_000  # µs per second
 CK_KEYS = ("state", "terminal", "owner", "target")  # what checkpoints' secondary indexes read
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
 
 
 @pytest.fixture
@@ -123,11 +118,11 @@ def test_in_place_updates_leave_out_every_indexed_column():
 
 def test_a_progress_command_writes_two_view_rows_and_no_index(lg, clock):
     lease = working_run(lg, "r1")
-    clock.seconds(1)
+    clock.advance(1)
     lg.heartbeat("r1", lease)
     writes = watch_writes(lg)
     for i in range(3):
-        clock.seconds(1)
+        clock.advance(1)
         lg.progress("r1", lease, "tool_outcome", f"step {i}", key=f"k{i}")
         # In place: no upsert, no "keys" (checkpoints' four indexes untouched), and the
         # delivery and owner-load rows, equal to the table's, not written at all.
@@ -147,7 +142,7 @@ def test_a_progress_command_dirties_no_view_index_page(lg, clock):
         lg.progress("r1", lease, "tool_outcome", f"warm {i}", key=f"w{i}")
     with lg.store.lock:
         assert conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
-    clock.seconds(1)
+    clock.advance(1)
     lg.progress("r1", lease, "tool_outcome", "step", key="k")
     with open(lg.store.path + "-wal", "rb") as f:
         wal = f.read()
@@ -237,10 +232,10 @@ def test_a_state_change_moves_the_row_in_every_index(lg):
 
 def test_a_moved_deadline_moves_the_stall_row_in_its_partial_index(lg, clock):
     lg.open(goal="g", target="t", owner="alice", run_id="r1", heartbeat_timeout_s=60, progress_timeout_s=300)
-    t1 = clock.seconds(1)
+    t1 = clock.advance(1)
     lease = lg.claim("r1", "w1")
     assert queries.due_run_ids(lg.store, t1 + 60 * S + 1) == ["r1"]
-    t2 = clock.seconds(30)
+    t2 = clock.advance(30)
     lg.heartbeat("r1", lease)
     assert queries.due_run_ids(lg.store, t1 + 60 * S + 1) == []
     assert queries.due_run_ids(lg.store, t2 + 60 * S + 1) == ["r1"]
@@ -351,7 +346,7 @@ def test_stale_rows_are_repaired_by_the_next_command(path, clock):
         leases = _stale_history(lg)
         other_writer(path, *STALE)
         assert {d["run_id"] for d in lg.check()} == {"a", "b", "c"}
-        clock.seconds(1)
+        clock.advance(1)
         lg.heartbeat("a", leases["a"])
         lg.heartbeat("c", leases["c"])
         lg.claim("b", "w2")
@@ -395,7 +390,7 @@ def _mixed_history(lg: Ledger, clock: Clock, result_file: str) -> None:
     lg.open(goal="g", target="mail:x", owner="o0", run_id="idle")
     for step in range(3):
         for rid, lease in leases.items():
-            clock.seconds(7)
+            clock.advance(7)
             lg.progress(rid, lease, "tool_outcome", f"{rid} {step}")
             lg.heartbeat(rid, lease)
     lg.block("r1", "needs a key", "ask ops", lease=leases["r1"])
@@ -407,7 +402,7 @@ def _mixed_history(lg: Ledger, clock: Clock, result_file: str) -> None:
     lg.transition("r3", leases["r3"], "verifying")
     lg.evidence("r3", "tests", "pass", lease=leases["r3"])
     lg.submit("r3", leases["r3"], "done")
-    clock.seconds(2)
+    clock.advance(2)
     lg.deliver("r3", "o1", "k1")
     lg.delivery_failed("r3", "k1", "500")
     lg.deliver("r3", "o1", "k2")

@@ -16,15 +16,7 @@ from handoff import Ledger
 from handoff.projections import queries
 from handoff.reducers import stall
 from handoff.reducers.checkpoint import AGGREGATE, Checkpoint
-
-from projection_support import Clock
-
-S = 1_000_000
-
-
-@pytest.fixture
-def clock():
-    return Clock()
+from tests.support import S
 
 
 @pytest.fixture
@@ -48,11 +40,11 @@ def fleet(tmp_path, clock):
     lg.evidence("attempt", "spellcheck", "pass", lease=leases["attempt"])
     lg.submit("attempt", leases["attempt"], "done")
     lg.deliver("attempt", "alice", "send-1")
-    clock.seconds(100)
+    clock.advance(100)
     lg.heartbeat("stuck", leases["stuck"])
     lg.heartbeat("fine", leases["fine"])
     lg.progress("fine", leases["fine"], "plan_committed", "planned")
-    clock.seconds(25)
+    clock.advance(25)
     yield lg, leases
     lg.close()
 

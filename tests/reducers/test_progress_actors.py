@@ -21,22 +21,10 @@ from handoff.reducers import transitions as T
 from handoff.testing import strategies as S
 from handoff.watchdog import watch_once
 
+from tests.support import S as S_US
+from tests.support import Clock
+
 from .helpers import WATCHDOG, bring
-
-S_US = 1_000_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000 * S_US
-
-    def __call__(self) -> int:
-        self.now += 1
-        return self.now
-
-    def advance(self, seconds: float) -> int:
-        self.now += int(seconds * S_US)
-        return self.now
 
 
 def _ledger(tmp_path, clock: Clock) -> Ledger:

@@ -13,25 +13,10 @@ from pathlib import Path
 
 from handoff import Ledger
 from handoff.watchdog import watch_once
+from tests.support import Clock
 
-S = 1_000_000
-T0 = 1_800_000_000 * S
 #: The goal holds markup: a report must show it as text, never run it.
 GOAL = "Write the incident report for INC-4711 <script>document.title='pwned'</script>"
-
-
-class Clock:
-    """Every reading ``step_us`` later (a microsecond by default); ``advance`` jumps ahead."""
-
-    def __init__(self, start: int = T0, step_us: int = 1) -> None:
-        self.now, self.step_us = start, step_us
-
-    def __call__(self) -> int:
-        self.now += self.step_us
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += int(seconds * S)
 
 
 def incident(lg: Ledger, clock: Clock, tmp: Path, run: str = "inc-4711") -> str:

@@ -17,8 +17,9 @@ from handoff import Ledger, report
 from handoff.ledger import events as ev
 from handoff.ledger.store import Actor, LeaseToken, lease_digest
 from handoff.ledger.sqlite import SqliteStore
+from tests.support import Clock
 
-from .story import GOAL, Clock, incident
+from .story import GOAL, incident
 
 
 @pytest.fixture

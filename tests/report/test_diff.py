@@ -15,8 +15,9 @@ from handoff import Ledger
 from handoff.ledger.errors import UnknownRun
 from tests.cli.conftest import Handoff
 from tests.ledger.conformance import assert_unchanged, refused, snapshot
+from tests.support import Clock
 
-from .story import Clock, incident, ledger_on
+from .story import incident, ledger_on
 
 
 def attempt(lg: Ledger, clock: Clock, tmp, run: str, text: str, verdict: str) -> None:

@@ -25,8 +25,7 @@ from handoff import Ledger, report
 from handoff.ledger import errors as E
 from handoff.ledger import events as ev
 from handoff.ledger.store import Actor
-
-from .story import Clock
+from tests.support import Clock
 
 #: How long the control page may take to reach the server on a loaded machine.
 CONTROL_DEADLINE_S = 60.0

@@ -27,9 +27,9 @@ from handoff.watchdog import watch_once
 from tests.cli.conftest import Handoff
 from tests.cli.test_listings import _peak
 from tests.ledger.conformance import assert_unchanged, refused, snapshot
-from tests.support import executable
+from tests.support import Clock, executable
 
-from .story import Clock, ledger_on
+from .story import ledger_on
 
 
 def _two_runs(lg: Ledger, clock: Clock) -> None:

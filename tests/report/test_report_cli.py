@@ -20,8 +20,9 @@ from handoff.reducers import timeline
 from handoff.reducers.checkpoint import iso
 from tests.cli.conftest import Handoff
 from tests.ledger.conformance import assert_unchanged, refused, snapshot
+from tests.support import Clock
 
-from .story import GOAL, Clock, incident, ledger_on
+from .story import GOAL, incident, ledger_on
 
 
 def test_the_report_on_every_backend(backend, tmp_path):

@@ -16,8 +16,9 @@ from handoff.reducers import timeline
 from handoff.render import summarize
 from handoff.testing import as_records, events
 from handoff.watchdog import watch_once
+from tests.support import Clock
 
-from .story import Clock, incident
+from .story import incident
 
 
 def _ledger(tmp_path) -> tuple[Ledger, Clock, str]:
