@@ -1,5 +1,5 @@
-"""Small helpers the test packages share (a clock moved by hand, real processes, ledger
-files of earlier versions).
+"""Small helpers the test packages share (a clock moved by hand, a working run, real
+processes, ledger files of earlier versions).
 
 One home for each: a helper that two test files need lives here, not in both.
 """
@@ -12,6 +12,10 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from handoff import Ledger
 
 #: The repository root: children run from it, with it on their import path, so a
 #: ``python -c`` child imports the code under test as the tests do.
@@ -83,3 +87,16 @@ def file_from_dump(dump: str, path: str | os.PathLike[str]) -> str:
     finally:
         conn.close()
     return path
+
+
+def working_run(lg: Ledger, run_id: str = "r1", *, owner: str = "alice", state: str = "executing",
+                goal: str = "Write the report", target: str = "chat:#ops", worker: str = "w1",
+                **policy: Any) -> str:
+    """A working run: open ``run_id``, claim it as ``worker`` and move it to ``state``
+    (planning, executing or verifying); return the lease token."""
+    lg.open(run_id=run_id, goal=goal, target=target, owner=owner, **policy)
+    lease = lg.claim(run_id, worker)
+    path = ["planning", "executing", "verifying"]
+    for s in path[: path.index(state) + 1] if state in path else []:
+        lg.transition(run_id, lease, s, worker=worker)
+    return lease

@@ -64,14 +64,3 @@ def run_exe(*args: str, db: str, timeout: float = 60, **kw: Any) -> subprocess.C
     env = {k: v for k, v in os.environ.items() if not k.startswith("HANDOFF_")}
     env["HANDOFF_DB"] = db
     return subprocess.run([*executable(), *args], env=env, capture_output=True, text=True, timeout=timeout, **kw)
-
-
-def working_run(lg: Ledger, run_id: str = "r1", *, owner: str = "alice", state: str = "executing",
-                **policy: Any) -> str:
-    """Open, claim and move a run to ``state``; return the lease token."""
-    lg.open(run_id=run_id, goal="Write the report", target="chat:#ops", owner=owner, **policy)
-    lease = lg.claim(run_id, "w1")
-    path = ["planning", "executing", "verifying"]
-    for s in path[: path.index(state) + 1] if state in path else []:
-        lg.transition(run_id, lease, s, worker="w1")
-    return lease

@@ -18,9 +18,8 @@ import pytest
 from handoff import api
 from handoff.api import Ledger
 from handoff.ledger.errors import InvalidInput
-from tests.support import executable
+from tests.support import executable, working_run
 
-from .conftest import working_run
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 NAME_VARS = ("USER", "LOGNAME", "HANDOFF_ACTOR", "HANDOFF_WORKER", "HANDOFF_DB", "HANDOFF_RUN", "HANDOFF_LEASE")

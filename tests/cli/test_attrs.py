@@ -10,7 +10,9 @@ import pytest
 from handoff import clitypes, report
 from handoff.ledger import events as ev
 
-from .conftest import Handoff, working_run
+from tests.support import working_run
+
+from .conftest import Handoff
 
 
 @pytest.mark.parametrize("text, value", [

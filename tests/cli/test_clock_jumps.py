@@ -7,8 +7,8 @@ a run's heartbeat value and progress_seq stood still by its own monotonic clock.
 from handoff.watchdog import Sightings, watch_once
 from handoff.reducers.stall import classify
 
-from .conftest import working_run
-from .test_watchdog import clock, lg  # noqa: F401  (fixtures: a ledger on a settable clock)
+from tests.support import working_run
+from .test_watchdog import lg  # noqa: F401  (fixture: a ledger on the still clock of tests/conftest.py)
 
 
 def test_a_clock_jumping_back_hides_a_stall_from_timestamps_alone(lg, clock):

@@ -14,9 +14,8 @@ import subprocess
 import pytest
 
 from handoff import Ledger
-from tests.support import executable
+from tests.support import executable, working_run
 
-from .conftest import working_run
 
 BASH = shutil.which("bash")
 

@@ -22,7 +22,9 @@ from handoff.ledger import events as ev
 from handoff.ledger.store import Actor
 from handoff.watchdog import Action
 
-from .conftest import make_runner, working_run
+from tests.support import working_run
+
+from .conftest import make_runner
 
 #: What no line of text output may hold: the characters the ledger refuses (tab and
 #: newline aside), carriage return, the Unicode line separators.

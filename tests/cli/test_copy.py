@@ -12,7 +12,7 @@ from handoff.api import copy_ledger
 from handoff.ledger import errors as E
 from handoff.reducers.checkpoint import AGGREGATE
 
-from .conftest import working_run
+from tests.support import working_run
 
 
 def _cli(*args: str) -> tuple[int, str]:

@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from .conftest import working_run
+from tests.support import working_run
 
 #: Stands for the token working_run's claim got (parameters are fixed before it exists).
 TOKEN = "<token>"

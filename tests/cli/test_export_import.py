@@ -7,7 +7,9 @@ import os
 
 from handoff import Ledger
 
-from .conftest import Handoff, working_run
+from tests.support import working_run
+
+from .conftest import Handoff
 
 
 def _source(h):

@@ -18,7 +18,7 @@ from handoff.ledger import errors as E
 from handoff.ledger import store as S
 from handoff.ledger.store import Actor, LeaseToken
 
-from .conftest import working_run
+from tests.support import working_run
 
 
 def log_rows(db: str) -> list[tuple]:

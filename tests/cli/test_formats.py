@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from .conftest import working_run
+from tests.support import working_run
 
 NOW = "2100-01-01T00:00:00Z"  # every leased run is long silent by then: stalls has rows
 

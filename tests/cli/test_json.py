@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .conftest import working_run
+from tests.support import working_run
 
 PACKET_KEYS = {
     "run_id", "state", "goal", "origin", "target", "owner", "worker", "lease", "progress_seq",

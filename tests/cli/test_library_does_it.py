@@ -9,7 +9,9 @@ import os
 from handoff import Ledger
 from handoff.api import init_ledger
 
-from .conftest import Handoff, working_run
+from tests.support import working_run
+
+from .conftest import Handoff
 
 
 def test_init_through_a_sqlite_url_names_the_file_and_sees_it_exists(tmp_path):

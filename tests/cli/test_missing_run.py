@@ -15,7 +15,7 @@ import pytest
 from handoff import cli
 from handoff.ledger.errors import UnknownRun
 
-from .conftest import working_run
+from tests.support import working_run
 
 TOKEN = "<token>"
 #: Each verb that takes RUN, with the fewest options that get it past its own usage checks.

@@ -17,9 +17,7 @@ import pytest
 from handoff import Ledger
 from handoff.ledger.errors import InvalidInput, UnknownRun
 from handoff.ledger.store import Actor
-from tests.support import executable
-
-from .conftest import working_run
+from tests.support import executable, working_run
 
 
 def test_diff_prints_a_value_one_run_lacks_as_a_dash(h):

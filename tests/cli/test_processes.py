@@ -10,7 +10,9 @@ import time
 
 from handoff import Ledger
 
-from .conftest import executable, run_exe, working_run
+from tests.support import working_run
+
+from .conftest import executable, run_exe
 
 
 def _spawn(*args: str, db: str) -> subprocess.Popen[str]:

@@ -15,9 +15,8 @@ import tempfile
 import pytest
 
 from handoff import Ledger
-from tests.support import executable
+from tests.support import executable, working_run
 
-from .conftest import working_run
 
 #: What click's bar draws: the label, then "[####...]  done/total".
 BAR = "#"

@@ -18,7 +18,7 @@ from handoff.ledger.sqlite import SqliteStore
 from handoff.reducers import stall
 from tests.ledger.conformance import refused
 
-from .conftest import working_run
+from tests.support import working_run
 from .test_listings import _peak
 
 NOW_US = 4_102_444_800_000_000  # 2100-01-01: every leased run is long silent

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .conftest import working_run
+from tests.support import working_run
 
 
 def test_init_creates_then_confirms(h):

@@ -19,9 +19,8 @@ import pytest
 from handoff.render import iso as _iso
 from handoff.api import Ledger
 from handoff.watchdog import watch_once
-from tests.support import executable
+from tests.support import executable, working_run
 
-from .conftest import working_run
 
 FAR = "2100-01-01T00:00:00Z"
 

@@ -9,9 +9,7 @@ from handoff.api import WATCHER_BEAT_PERIOD_S
 from handoff.watchdog import _act, _plan, watch_once
 from handoff.reducers.stall import classify
 
-from tests.support import S
-
-from .conftest import working_run
+from tests.support import S, working_run
 
 
 @pytest.fixture

@@ -33,16 +33,17 @@ from handoff.ledger.errors import IdempotencyConflict, IllegalTransition, SeqCon
 from handoff.ledger.sqlite import SqliteStore
 from handoff.ledger.store import Actor
 
+from tests.support import working_run
+
 from .conftest import (
     IS_ROOT, agent, handoff, kill, log_digest, read_jsonl, run_evidence, scale, wait_until,
 )
 
 
-def working_run(lg: Ledger, run: str, worker: str = "w1", **policy) -> int:
-    """Open, claim and move a run to executing; return the lease."""
-    lg.open(run_id=run, goal=f"goal of {run}", target="chat:#ops", owner="alice", **{"owner_cap": 1000, **policy})
-    lease = lg.claim(run, worker)
-    lg.transition(run, lease, "planning", worker=worker)
+def planned_run(lg: Ledger, run: str, worker: str = "w1", **policy) -> str:
+    """A working run (tests/support.py) whose plan is committed before it executes."""
+    lease = working_run(lg, run, state="planning", goal=f"goal of {run}", worker=worker,
+                        **{"owner_cap": 1000, **policy})
     lg.progress(run, lease, "plan_committed", "plan v1", worker=worker)
     lg.transition(run, lease, "executing", worker=worker)
     return lease
@@ -86,7 +87,7 @@ def test_row1_heartbeats_without_progress_are_stalled_then_paused(tmp_path, proc
     run = "stuck"
     budget = 2
     with Ledger(db) as lg:
-        lease = working_run(lg, run, heartbeat_timeout_s=30.0, progress_timeout_s=0.4, retry_budget=budget)
+        lease = planned_run(lg, run, heartbeat_timeout_s=30.0, progress_timeout_s=0.4, retry_budget=budget)
         seq_before = lg.checkpoint(run).progress_seq
     stopfile, out = str(tmp_path / "stop"), str(tmp_path / "looper.json")
     p = agent("looper", db, run, lease, "w1", stopfile, out)
@@ -142,7 +143,7 @@ def test_row2_sigstop_after_effect_start_is_reconciled_never_retried(tmp_path, p
     db = str(tmp_path / "l.db")
     run = "deploy"
     with Ledger(db) as lg:
-        lease = working_run(lg, run, heartbeat_timeout_s=0.5, progress_timeout_s=600.0)
+        lease = planned_run(lg, run, heartbeat_timeout_s=0.5, progress_timeout_s=600.0)
     marker, gofile, out = (str(tmp_path / n) for n in ("started", "go", "w.json"))
     p = agent("effect_worker", db, run, lease, "w1", marker, gofile, out, 0, str(tmp_path / "none"))
     procs.append(p)
@@ -202,7 +203,7 @@ def test_row3_replaced_worker_resumed_with_sigcont_writes_nothing(tmp_path, proc
     run = "replace"
     n_late = scale(240, 2400)
     with Ledger(db) as lg:
-        lease = working_run(lg, run, heartbeat_timeout_s=30.0)
+        lease = planned_run(lg, run, heartbeat_timeout_s=30.0)
     art = tmp_path / "result.txt"
     art.write_text("late result\n")
     marker, gofile, out = (str(tmp_path / n) for n in ("started", "go", "w.json"))
@@ -266,7 +267,7 @@ def test_row4_duplicate_progress_is_stored_once(tmp_path, procs, evidence):
     db = str(tmp_path / "l.db")
     run = "dup"
     with Ledger(db) as lg:
-        lease = working_run(lg, run)
+        lease = planned_run(lg, run)
         seq0 = lg.checkpoint(run).progress_seq
     gofile = str(tmp_path / "go")
     n_proc, times = 3, scale(15, 100)
@@ -345,7 +346,7 @@ def _check_stopped_safely(db: str, run: str, ack: str, out: str, proc: subproces
 
 def _five_setup(db: str, run: str) -> int:
     with Ledger(db) as lg:
-        return working_run(lg, run)
+        return planned_run(lg, run)
 
 
 def test_row5_store_readonly_flag(tmp_path, procs, evidence):
@@ -504,25 +505,25 @@ def _recovery_world(db: str, tmp_path) -> tuple[dict[str, list[str]], int]:
     with Ledger(db) as lg:
         for i in range(n):
             run = f"dead-{i}"  # its worker vanished: revoke
-            working_run(lg, run, worker=f"wd{i}", heartbeat_timeout_s=5.0)
+            planned_run(lg, run, worker=f"wd{i}", heartbeat_timeout_s=5.0)
             kinds["dead"].append(run)
             run = f"fx-{i}"  # vanished mid side effect: revoke, then reconcile
-            lease = working_run(lg, run, worker=f"wf{i}", heartbeat_timeout_s=5.0)
+            lease = planned_run(lg, run, worker=f"wf{i}", heartbeat_timeout_s=5.0)
             lg.effect_start(run, lease, f"send-{i}", "send the invoice", worker=f"wf{i}")
             kinds["effect"].append(run)
             run = f"stuck-{i}"  # beating, never progressing: mark stalled, then pause
-            working_run(lg, run, worker=f"ws{i}", heartbeat_timeout_s=1e6, progress_timeout_s=10.0,
+            planned_run(lg, run, worker=f"ws{i}", heartbeat_timeout_s=1e6, progress_timeout_s=10.0,
                         retry_budget=2)
             kinds["stuck"].append(run)
             run = f"healthy-{i}"
-            working_run(lg, run, worker=f"wh{i}", heartbeat_timeout_s=1e7, progress_timeout_s=1e7,
+            planned_run(lg, run, worker=f"wh{i}", heartbeat_timeout_s=1e7, progress_timeout_s=1e7,
                         delivery_timeout_s=1e7)
             kinds["healthy"].append(run)
         for i in range(max(1, n // 2)):
             run = f"sent-{i}"  # a delivery with no outcome past its timeout: reconcile it
             result = tmp_path / f"result-{i}.md"
             result.write_text("the report\n")
-            lease = working_run(lg, run, worker=f"wv{i}", heartbeat_timeout_s=1e6, progress_timeout_s=1e6,
+            lease = planned_run(lg, run, worker=f"wv{i}", heartbeat_timeout_s=1e6, progress_timeout_s=1e6,
                                 delivery_timeout_s=5.0)
             lg.artifact(run, lease, str(result), worker=f"wv{i}")
             lg.transition(run, lease, "verifying", worker=f"wv{i}")

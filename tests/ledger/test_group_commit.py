@@ -18,14 +18,7 @@ from handoff.api import Ledger, lease_token
 from handoff.ledger.errors import IdempotencyConflict, InvalidInput, StaleLease, StoreUnavailable
 from handoff.ledger.store import Actor
 from handoff.reducers import commands as C
-
-
-def _working(lg: Ledger, run_id: str) -> str:
-    lg.open(goal="group commit", target="file:out.json", owner="alice", run_id=run_id)
-    token = lg.claim(run_id, "w1")
-    lg.transition(run_id, token, "planning", worker="w1")
-    lg.transition(run_id, token, "executing", worker="w1")
-    return str(token)
+from tests.support import working_run
 
 
 def _commits(lg: Ledger) -> list[str]:
@@ -96,7 +89,7 @@ def lg(db_path):
 
 
 def test_eight_threads_share_commits_and_lose_nothing(lg):
-    runs = {f"run-{i}": _working(lg, f"run-{i}") for i in range(8)}
+    runs = {f"run-{i}": working_run(lg, f"run-{i}") for i in range(8)}
     before = {r: lg.checkpoint(r).last_seq for r in runs}
     commits = _commits(lg)
     n = 40
@@ -119,7 +112,7 @@ def test_eight_threads_share_commits_and_lose_nothing(lg):
 
 
 def test_a_group_shares_one_commit(lg):
-    tokens = {f"run-{i}": _working(lg, f"run-{i}") for i in range(4)}
+    tokens = {f"run-{i}": working_run(lg, f"run-{i}") for i in range(4)}
     first = _holding_progress(lg, "run-0", tokens["run-0"], "a0")
     rest = [_progress(lg, r, t, "queued", "q") for r, t in tokens.items() if r != "run-0"]
     results, commits = _in_groups(lg, first, rest)
@@ -133,7 +126,7 @@ def test_a_group_shares_one_commit(lg):
 def test_a_group_is_bounded_and_every_command_still_answered(lg):
     """Past LIMIT commands the rest wait for the next group; a thread whose command was
     left out of the group it led leads the next one, and is answered by that commit."""
-    tokens = {f"run-{i}": _working(lg, f"run-{i}") for i in range(6)}
+    tokens = {f"run-{i}": working_run(lg, f"run-{i}") for i in range(6)}
     lg.store._group.LIMIT = 2
     first = _holding_progress(lg, "run-0", tokens["run-0"], "a0")
     rest = [_progress(lg, r, t, "queued", "q") for r, t in tokens.items() if r != "run-0"]
@@ -144,7 +137,7 @@ def test_a_group_is_bounded_and_every_command_still_answered(lg):
 
 
 def test_a_refused_command_rolls_back_alone(lg):
-    tokens = {f"run-{i}": _working(lg, f"run-{i}") for i in range(3)}
+    tokens = {f"run-{i}": working_run(lg, f"run-{i}") for i in range(3)}
     stale = tokens["run-1"]
     lg.revoke("run-1", "handed over", by="alice")
     fresh = str(lg.claim("run-1", "w2"))
@@ -172,7 +165,7 @@ def test_a_refused_command_rolls_back_alone(lg):
 
 
 def test_an_exception_in_one_command_leaves_the_others(lg):
-    tokens = {f"run-{i}": _working(lg, f"run-{i}") for i in range(3)}
+    tokens = {f"run-{i}": working_run(lg, f"run-{i}") for i in range(3)}
     before = list(lg.store.read_run("run-1"))
 
     def broken(holding, release):
@@ -193,7 +186,7 @@ def test_an_exception_in_one_command_leaves_the_others(lg):
 def test_a_command_from_inside_a_command_is_refused_not_deadlocked(lg):
     """A guard runs inside the group's transaction on the leading thread; a command it
     issues would wait for that very group. It is refused, typed, and writes nothing."""
-    tokens = {f"run-{i}": _working(lg, f"run-{i}") for i in range(2)}
+    tokens = {f"run-{i}": working_run(lg, f"run-{i}") for i in range(2)}
     before = list(lg.store.read_run("run-1"))
     inner: list[Exception] = []
 

@@ -18,7 +18,7 @@ from handoff.ledger.sqlite.views import Table
 from handoff.ledger.views import Index, TableSpec, columns
 from handoff.projections import engine, queries
 from handoff.reducers.checkpoint import Checkpoint
-from tests.support import S, Clock
+from tests.support import S, Clock, working_run
 
 from projection_support import BUILDER, dump, integrity, run_events
 
@@ -77,14 +77,6 @@ def other_writer(path: str, *sql: str | tuple[str, tuple[Any, ...]]) -> None:
             conn.execute(*(s if isinstance(s, tuple) else (s,)))
     finally:
         conn.close()
-
-
-def working_run(lg: Ledger, run_id: str, owner: str = "alice", target: str = "chat:#ops") -> int:
-    lg.open(goal="g", target=target, owner=owner, run_id=run_id)
-    lease = lg.claim(run_id, "w1")
-    lg.transition(run_id, lease, "planning")
-    lg.transition(run_id, lease, "executing")
-    return lease
 
 
 def by_index(lg: Ledger, sql: str, *args: Any) -> list[Any]:
