@@ -11,6 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from handoff import Ledger  # noqa: E402
 from handoff.ledger.sqlite import SqliteStore  # noqa: E402
 from tests.support import Clock  # noqa: E402
 
@@ -48,6 +49,20 @@ def db_path(tmp_path):
 def clock() -> Clock:
     """A still clock (tests/support.py): time moves only when the test advances it."""
     return Clock(step_us=0)
+
+
+@pytest.fixture
+def lg(db_path):
+    """A Ledger on a fresh SQLite file (``db_path``) and the real clock, closed afterwards."""
+    with Ledger(db_path) as ledger:
+        yield ledger
+
+
+@pytest.fixture
+def clocked_lg(db_path, clock):
+    """``lg`` on the still ``clock``: time passes only when the test advances it."""
+    with Ledger(db_path, clock=clock) as ledger:
+        yield ledger
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ from tests.ledger.conformance import assert_unchanged, snapshot
 
 
 @pytest.fixture
-def lg(tmp_path):
-    with Ledger(str(tmp_path / "p.db")) as ledger:
-        ledger.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
-        yield ledger
+def lg(lg):
+    """tests/conftest.py's ledger, with run r1 open."""
+    lg.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
+    return lg
 
 
 def test_a_preview_decides_as_execute_would_and_writes_nothing(lg):

@@ -35,13 +35,6 @@ def ready_run(lg: Ledger, tmp_path, target: str, *, content: str = "# Report\n\n
     return run
 
 
-@pytest.fixture
-def lg(tmp_path):
-    ledger = Ledger(str(tmp_path / "ledger.db"))
-    yield ledger
-    ledger.close()
-
-
 def log_types(lg: Ledger, run: str) -> list[str]:
     return [r.type for r in lg.log(run)]
 

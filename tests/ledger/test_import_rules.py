@@ -61,10 +61,10 @@ def snapshot(lg: Ledger) -> tuple[Any, ...]:
 
 
 @pytest.fixture
-def lg(tmp_path):
-    with Ledger(str(tmp_path / "l.db")) as ledger:
-        ledger.open(run_id="keep", goal="already here", target="t", owner="bob")
-        yield ledger
+def lg(lg):
+    """tests/conftest.py's ledger, with run "keep" already in it."""
+    lg.open(run_id="keep", goal="already here", target="t", owner="bob")
+    return lg
 
 
 FORGED = {

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import sqlite3
 
-import pytest
-
 from handoff import Ledger
 from handoff.ledger import events as ev
 from handoff.ledger.sqlite import store as sqlite_store
@@ -19,13 +17,6 @@ from handoff.reducers.checkpoint import Evidence
 from tests.support import Clock
 
 
-@pytest.fixture
-def lg(tmp_path):
-    ledger = Ledger(str(tmp_path / "ledger.db"), clock=Clock(step_us=0))
-    yield ledger
-    ledger.close()
-
-
 def _tamper(path: str, *sql: str) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     for stmt in sql:
@@ -33,15 +24,15 @@ def _tamper(path: str, *sql: str) -> None:
     conn.close()
 
 
-def test_check_names_each_kind_of_difference_in_order(lg, monkeypatch):
+def test_check_names_each_kind_of_difference_in_order(clocked_lg, monkeypatch):
     monkeypatch.setattr(sqlite_store, "PAGE", 2)
     for run in ("a", "b", "c", "d", "e"):
-        lg.open(goal="g", target="chat:#ops", owner="alice", run_id=run)
-    lg.claim("b", "w1")
-    lg.watcher_beat("wd-1", 30)
-    assert lg.check() == []
+        clocked_lg.open(goal="g", target="chat:#ops", owner="alice", run_id=run)
+    clocked_lg.claim("b", "w1")
+    clocked_lg.watcher_beat("wd-1", 30)
+    assert clocked_lg.check() == []
     _tamper(
-        lg.store.path,
+        clocked_lg.store.path,
         "UPDATE checkpoints SET state = 'executing' WHERE run_id = 'c'",   # a changed column
         "DELETE FROM stall_watch WHERE run_id = 'a'",                      # a missing row
         "INSERT INTO owner_load VALUES ('mallory', 'b', 9)",               # an extra row of a run
@@ -49,29 +40,29 @@ def test_check_names_each_kind_of_difference_in_order(lg, monkeypatch):
         "INSERT INTO deliveries (run_id, target, status, attempts) "
         "VALUES ('watcher:wd-1', 'x', 'ready', 0)",                        # a watcher's stream
     )
-    assert lg.check() == [
+    assert clocked_lg.check() == [
         {"projection": "checkpoints", "run_id": "c", "column": "state", "kept": "executing", "folded": "queued"},
         {"projection": "stall_watch", "run_id": "a", "column": None, "kept": None, "folded": "row"},
         {"projection": "deliveries", "run_id": "watcher:wd-1", "column": None, "kept": "row", "folded": None},
         {"projection": "owner_load", "run_id": "b", "column": None, "kept": "row", "folded": None},
         {"projection": "owner_load", "run_id": "ghost", "column": None, "kept": "row", "folded": None},
     ]
-    lg.rebuild()
-    assert lg.check() == []
+    clocked_lg.rebuild()
+    assert clocked_lg.check() == []
 
 
-def test_a_run_that_cannot_be_folded_is_reported_once_per_view_and_the_walk_goes_on(lg, monkeypatch):
+def test_a_run_that_cannot_be_folded_is_reported_once_per_view_and_the_walk_goes_on(clocked_lg, monkeypatch):
     monkeypatch.setattr(sqlite_store, "PAGE", 2)
     for run in ("a", "b", "c"):
-        lg.open(goal="g", target="chat:#ops", owner="alice", run_id=run)
-    lg.store.append("b", [ev.ProgressRecorded(kind="note", detail="x")], actor=Actor("operator", "op"))
+        clocked_lg.open(goal="g", target="chat:#ops", owner="alice", run_id=run)
+    clocked_lg.store.append("b", [ev.ProgressRecorded(kind="note", detail="x")], actor=Actor("operator", "op"))
     _tamper(
-        lg.store.path,
+        clocked_lg.store.path,
         "DROP TRIGGER events_no_update",
         "UPDATE events SET payload = x'7b' WHERE run_id = 'b' AND seq = 2",
         "UPDATE checkpoints SET owner = 'bob' WHERE run_id = 'c'",
     )
-    diffs = lg.check()
+    diffs = clocked_lg.check()
     assert [(d["projection"], d["run_id"]) for d in diffs if d["run_id"] == "b"] == [
         ("checkpoints", "b"), ("stall_watch", "b"), ("deliveries", "b"), ("owner_load", "b"),
     ]
@@ -92,19 +83,19 @@ def test_views_kept_by_an_older_fold_are_refolded_on_the_next_writable_open(tmp_
     path = str(tmp_path / "ledger.db")
     result = tmp_path / "report.md"
     result.write_text("the report")
-    lg = Ledger(path, clock=Clock(step_us=0))
-    lg.open(goal="g", target="chat:#ops", owner="alice", run_id="r1")
-    lease = lg.claim("r1", "w1")
-    lg.transition("r1", lease, "planning", worker="w1")
-    lg.progress("r1", lease, "plan_committed", "p", worker="w1")
-    lg.transition("r1", lease, "executing", worker="w1")
-    lg.transition("r1", lease, "verifying", worker="w1")
-    lg.artifact("r1", lease, str(result), worker="w1")
-    lg.evidence("r1", "tests", "fail", "1 failed", lease=lease)
-    lg.evidence("r1", "tests", "pass", "all passed", lease=lease)
-    lg.submit("r1", lease, "done", worker="w1")
-    current = queries.checkpoint(lg.store, "r1")
-    lg.close()
+    clocked_lg = Ledger(path, clock=Clock(step_us=0))
+    clocked_lg.open(goal="g", target="chat:#ops", owner="alice", run_id="r1")
+    lease = clocked_lg.claim("r1", "w1")
+    clocked_lg.transition("r1", lease, "planning", worker="w1")
+    clocked_lg.progress("r1", lease, "plan_committed", "p", worker="w1")
+    clocked_lg.transition("r1", lease, "executing", worker="w1")
+    clocked_lg.transition("r1", lease, "verifying", worker="w1")
+    clocked_lg.artifact("r1", lease, str(result), worker="w1")
+    clocked_lg.evidence("r1", "tests", "fail", "1 failed", lease=lease)
+    clocked_lg.evidence("r1", "tests", "pass", "all passed", lease=lease)
+    clocked_lg.submit("r1", lease, "done", worker="w1")
+    current = queries.checkpoint(clocked_lg.store, "r1")
+    clocked_lg.close()
     # What version 1 kept: both records, in order, and no version table.
     with Ledger(path, readonly=True) as ro:
         every = tuple(
