@@ -89,6 +89,18 @@ def file_from_dump(dump: str, path: str | os.PathLike[str]) -> str:
     return path
 
 
+def invoke(*args: str, **kw: Any) -> Any:
+    """``handoff ARGS`` in this process with click's defaults: stdout and stderr together in
+    ``.output``, an exception turned into an exit code, the environment as it is; ``kw`` are
+    ``CliRunner.invoke``'s (``input=``, ``env=``). (tests/cli/conftest.py's ``Handoff`` is
+    the strict runner bound to one ledger.)"""
+    from click.testing import CliRunner
+
+    from handoff import cli
+
+    return CliRunner().invoke(cli.main, list(args), **kw)
+
+
 def working_run(lg: Ledger, run_id: str = "r1", *, owner: str = "alice", state: str = "executing",
                 goal: str = "Write the report", target: str = "chat:#ops", worker: str = "w1",
                 **policy: Any) -> str:

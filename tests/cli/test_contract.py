@@ -3,12 +3,11 @@
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from handoff.cli import main
 from handoff import Ledger
 from handoff.contract import schema
 from handoff.ledger.errors import InvalidInput
+from tests.support import invoke
 
 GOOD = {"goal": "Summarise the incident", "target": "chat:#ops", "owner": "alice",
         "result_path": "report.md", "require_review": True, "policy": {"heartbeat_timeout_s": 30}}
@@ -48,12 +47,12 @@ def test_bad_contracts_name_the_field_and_write_nothing(tmp_path, bad, field):
 
 def test_cli_reads_a_contract_from_stdin_and_refuses_mixing(tmp_path):
     db = str(tmp_path / "l.db")
-    r = CliRunner().invoke(main, ["--db", db, "open", "--contract", "-", "--json"], input=json.dumps(GOOD))
+    r = invoke("--db", db, "open", "--contract", "-", "--json", input=json.dumps(GOOD))
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["owner"] == "alice"
-    r = CliRunner().invoke(main, ["--db", db, "open", "--contract", "-", "--goal", "x"], input=json.dumps(GOOD))
+    r = invoke("--db", db, "open", "--contract", "-", "--goal", "x", input=json.dumps(GOOD))
     assert r.exit_code == 2 and "--contract holds the whole contract" in r.output
-    r = CliRunner().invoke(main, ["--db", db, "open", "--target", "t"])
+    r = invoke("--db", db, "open", "--target", "t")
     assert r.exit_code == 2 and "missing option --goal" in r.output
 
 

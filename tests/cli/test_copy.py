@@ -5,19 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from handoff import Ledger, cli
+from handoff import Ledger
 from handoff.api import copy_ledger
 from handoff.ledger import errors as E
 from handoff.reducers.checkpoint import AGGREGATE
 
-from tests.support import working_run
-
-
-def _cli(*args: str) -> tuple[int, str]:
-    res = CliRunner().invoke(cli.main, list(args))
-    return res.exit_code, res.output
+from tests.support import invoke, working_run
 
 
 def _folds(address: str) -> dict[str, object]:
@@ -40,18 +34,18 @@ def test_sqlite_to_postgres_and_back_keeps_every_fold(source, tmp_path):
     from tests.pg import fresh_url
 
     url = fresh_url()
-    code, out = _cli("copy", source, url, "--json")
-    assert code == 0, out
-    doc = json.loads(out)
+    res = invoke("copy", source, url, "--json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
     assert (doc["runs"], doc["checked"], doc["skipped"]) == (3, 3, 0) and doc["imported"] > 0
     back = str(tmp_path / "back.db")
-    code, out = _cli("copy", url, f"sqlite://{back}", "--json")
-    assert code == 0, out
+    res = invoke("copy", url, f"sqlite://{back}", "--json")
+    assert res.exit_code == 0, res.output
     assert _folds(back) == _folds(source) == _folds(url)
     with Ledger(back) as lg:
         assert lg.verify() == [] and lg.check() == []
     # Again: nothing new to copy, and still proven.
-    again = json.loads(_cli("copy", source, url, "--json")[1])
+    again = json.loads(invoke("copy", source, url, "--json").output)
     assert (again["imported"], again["skipped"], again["checked"]) == (0, doc["imported"], 3)
 
 
@@ -64,8 +58,8 @@ def test_some_runs_only_and_a_fork_brings_its_parent(source, tmp_path):
 
 def test_a_missing_source_writes_nothing(tmp_path):
     dst = tmp_path / "dst.db"
-    code, out = _cli("copy", str(tmp_path / "nope.db"), str(dst))
-    assert code == 3 and "no ledger at" in out
+    res = invoke("copy", str(tmp_path / "nope.db"), str(dst))
+    assert res.exit_code == 3 and "no ledger at" in res.output
     assert not dst.exists()
     with pytest.raises(E.StoreUnavailable):
         copy_ledger(str(tmp_path / "nope.db"), str(dst))
@@ -83,5 +77,5 @@ def test_a_copy_into_a_ledger_that_does_not_verify_exits_4(source, tmp_path):
     conn.execute("DROP TRIGGER events_no_delete")
     conn.commit()
     conn.close()
-    code, out = _cli("copy", source, dst)
-    assert code == 4 and "does not verify" in out
+    res = invoke("copy", source, dst)
+    assert res.exit_code == 4 and "does not verify" in res.output

@@ -21,20 +21,16 @@ import sys
 import time
 
 import pytest
-from click.testing import CliRunner
 
-from handoff import cli
 from handoff import Ledger
 from handoff.ledger.errors import HeadAnchorBroken, InvalidInput
 from handoff.ledger.sqlite import APPEND_ONLY_TRIGGERS
 
+from tests.support import invoke
+
 from .conftest import ROOT, handoff
 
 TRIGGERS = tuple(APPEND_ONLY_TRIGGERS)
-
-
-def _cli(db: str, *args: str):
-    return CliRunner().invoke(cli.main, ["--db", db, *args])
 
 
 def _ledger_with_runs(db: str, runs: int = 2) -> None:
@@ -102,7 +98,7 @@ def test_a_symlink_planted_at_the_old_temporary_name_is_not_followed(tmp_path):
     os.chmod(victim, 0o644)
     planted = tmp_path / f"all.jsonl.tmp-{os.getpid()}"
     os.symlink(victim, planted)
-    res = _cli(db, "export", "--all", "-o", out)
+    res = invoke("--db", db, "export", "--all", "-o", out)
     assert res.exit_code == 0, res.output
     assert victim.read_text() == "precious\n" and stat.S_IMODE(os.stat(victim).st_mode) == 0o644
     assert os.path.islink(planted) and os.readlink(planted) == str(victim)
@@ -119,7 +115,7 @@ def test_a_symlink_at_the_output_name_is_refused_and_its_target_untouched(tmp_pa
     os.symlink(victim, out)
     before = _events(db)
     if via == "cli":
-        res = _cli(db, "export", "--all", "-o", str(out))
+        res = invoke("--db", db, "export", "--all", "-o", str(out))
         assert res.exit_code == 2, res.output
         assert "symbolic link" in res.output and "Traceback" not in res.output
     else:
@@ -138,7 +134,7 @@ def test_a_device_or_directory_as_output_is_refused(tmp_path):
     _ledger_with_runs(db, 1)
     for target, words in ((os.devnull, "not a regular file"), (str(tmp_path), "directory"),
                           (str(tmp_path / "missing" / "x.jsonl"), "does not exist")):
-        res = _cli(db, "export", "--all", "-o", target)
+        res = invoke("--db", db, "export", "--all", "-o", target)
         assert res.exit_code == 2 and words in res.output, (target, res.output)
     assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
 
@@ -154,7 +150,7 @@ def test_no_copy_is_written_over_the_ledger_or_its_wal(tmp_path):
         for args in (["export", "--all", "-o", db], ["export", "--all", "-o", db + "-wal"],
                      ["backup", db + "-wal"], ["head", "--write", db + "-shm"],
                      ["export", "--all", "-o", os.path.join(str(tmp_path), ".", "l.db")]):
-            res = _cli(db, *args)
+            res = invoke("--db", db, *args)
             assert res.exit_code == 2 and "the ledger itself or one of its files" in res.output, (args, res.output)
         with pytest.raises(InvalidInput):
             holder.export_to(db + "-journal")
@@ -168,7 +164,7 @@ def test_a_failed_export_leaves_the_old_file_and_no_temporary(tmp_path):
     db, out = str(tmp_path / "l.db"), tmp_path / "all.jsonl"
     _ledger_with_runs(db, 1)
     out.write_text("the previous export\n")
-    res = _cli(db, "export", "no-such-run", "-o", str(out))
+    res = invoke("--db", db, "export", "no-such-run", "-o", str(out))
     assert res.exit_code == 1, res.output
     assert out.read_text() == "the previous export\n"
     assert _files(tmp_path) == {"l.db", "all.jsonl"}
@@ -185,7 +181,7 @@ def test_commits_still_in_the_wal_are_in_the_backup_but_not_in_a_file_copy(tmp_p
         assert os.path.getsize(db + "-wal") > 0
         last = lg.store.last_position()
         shutil.copy(db, tmp_path / "copied.db")  # what the old advice amounted to
-        res = _cli(db, "backup", str(tmp_path / "b.db"), "--json")
+        res = invoke("--db", db, "backup", str(tmp_path / "b.db"), "--json")
         assert res.exit_code == 0, res.output
         doc = json.loads(res.stdout)
         head = lg.head_digest()
@@ -283,7 +279,7 @@ def test_backup_refusals_write_nothing(tmp_path):
         "live.db": "-wal exists beside",
     }
     for name, words in cases.items():
-        res = _cli(db, "backup", str(tmp_path / name))
+        res = invoke("--db", db, "backup", str(tmp_path / name))
         assert res.exit_code == 2 and words in res.output, (name, res.output)
     for name in ("l.db", "exists.db"):  # --replace overwrites neither the ledger nor a non-database
         with Ledger(db) as lg, pytest.raises(InvalidInput) as info:
@@ -292,10 +288,10 @@ def test_backup_refusals_write_nothing(tmp_path):
     assert "not an SQLite database" in info.value.message
     assert victim.read_text() == "precious\n" and (tmp_path / "exists.db").read_text() == "old\n"
     assert _events(db) == before and _files(tmp_path) == names
-    assert _cli(db, "backup", str(tmp_path / "first.db")).exit_code == 0
+    assert invoke("--db", db, "backup", str(tmp_path / "first.db")).exit_code == 0
     with Ledger(db) as lg:
         lg.open(run_id="later", goal="g", target="t", owner="alice")
-    res = _cli(db, "backup", str(tmp_path / "first.db"), "--replace")
+    res = invoke("--db", db, "backup", str(tmp_path / "first.db"), "--replace")
     assert res.exit_code == 0, res.output
     with Ledger(str(tmp_path / "first.db")) as b:
         assert b.verify() == [] and b.store.count_runs() == 2
@@ -326,20 +322,20 @@ def _cut_tail(db: str, keep: int) -> None:
 def test_a_cut_tail_passes_verify_alone_and_is_caught_by_expect_head(tmp_path, evidence):
     db = str(tmp_path / "l.db")
     _ledger_with_runs(db, 3)  # positions: r0 1-3, r1 4-6, r2 7-9
-    kept = _cli(db, "head")
+    kept = invoke("--db", db, "head")
     assert kept.exit_code == 0
     digest = kept.stdout.strip()
     assert digest.startswith("9:") and len(digest) == 2 + 64
-    early = _cli(db, "head", "--json")
+    early = invoke("--db", db, "head", "--json")
     assert json.loads(early.stdout)["position"] == 9
     _cut_tail(db, 6)  # r2 disappears, with its heads row
-    assert _cli(db, "rebuild").exit_code == 0  # the projections are refolded too
-    alone = _cli(db, "verify")
+    assert invoke("--db", db, "rebuild").exit_code == 0  # the projections are refolded too
+    alone = invoke("--db", db, "verify")
     assert alone.exit_code == 0, "demonstration: from inside the file nothing disagrees"
     before = _events(db)
-    res = _cli(db, "verify", "--expect-head", digest)
+    res = invoke("--db", db, "verify", "--expect-head", digest)
     assert res.exit_code == 4 and "head_anchor" in res.output and "cut from its tail" in res.output
-    doc = json.loads(_cli(db, "verify", "--expect-head", digest, "--json").stdout)
+    doc = json.loads(invoke("--db", db, "verify", "--expect-head", digest, "--json").stdout)
     assert doc["ok"] is False and doc["anchors"] == 1
     assert [(p["kind"], p["position"]) for p in doc["problems"]] == [("head_anchor", 9)]
     with Ledger(db) as lg:
@@ -380,7 +376,7 @@ def test_expect_head_accepts_growth_and_catches_rewritten_history(tmp_path):
 def test_a_malformed_digest_is_refused_with_exit_2(tmp_path, bad):
     db = str(tmp_path / "l.db")
     _ledger_with_runs(db, 1)
-    res = _cli(db, "verify", "--expect-head", bad)
+    res = invoke("--db", db, "verify", "--expect-head", bad)
     assert res.exit_code == 2 and "head digest" in res.output and "Traceback" not in res.output
     with Ledger(db) as lg, pytest.raises(InvalidInput) as info:
         lg.verify(expect_head=bad)
@@ -391,16 +387,16 @@ def test_head_write_records_and_refuses_to_launder_a_cut_tail(tmp_path):
     db, anchor = str(tmp_path / "l.db"), tmp_path / "audit" / "handoff.head"
     anchor.parent.mkdir()
     _ledger_with_runs(db, 3)
-    doc = json.loads(_cli(db, "head", "--write", str(anchor), "--json").stdout)
+    doc = json.loads(invoke("--db", db, "head", "--write", str(anchor), "--json").stdout)
     assert doc["previous"] is None and doc["path"] == str(anchor)
     assert anchor.read_text() == doc["digest"] + "\n"
     assert stat.S_IMODE(os.stat(anchor).st_mode) == stat.S_IMODE(os.stat(db).st_mode)
     with Ledger(db) as lg:
         lg.open(run_id="later", goal="g", target="t", owner="alice")
-    again = json.loads(_cli(db, "head", "--write", str(anchor), "--json").stdout)
+    again = json.loads(invoke("--db", db, "head", "--write", str(anchor), "--json").stdout)
     assert again["previous"] == doc["digest"] and again["position"] == doc["position"] + 1
     _cut_tail(db, 6)
-    res = _cli(db, "head", "--write", str(anchor))
+    res = invoke("--db", db, "head", "--write", str(anchor))
     assert res.exit_code == 4 and "no longer contains" in res.output
     assert anchor.read_text() == again["digest"] + "\n", "the anchor is left as it was"
     with Ledger(db) as lg, pytest.raises(HeadAnchorBroken):
@@ -409,7 +405,7 @@ def test_head_write_records_and_refuses_to_launder_a_cut_tail(tmp_path):
     # Something that is not an anchor is not overwritten.
     other = tmp_path / "notes.txt"
     other.write_text("line one\nline two\n")
-    res = _cli(db, "head", "--write", str(other))
+    res = invoke("--db", db, "head", "--write", str(other))
     assert res.exit_code == 2 and other.read_text() == "line one\nline two\n"
 
 
@@ -425,23 +421,23 @@ def test_verify_run_catches_a_ledger_wide_problem(tmp_path):
     conn.execute("DELETE FROM events WHERE position = 5")  # r1 seq 2
     conn.execute(APPEND_ONLY_TRIGGERS["events_no_delete"])
     conn.close()
-    res = _cli(db, "verify", "r0", "--json")
+    res = invoke("--db", db, "verify", "r0", "--json")
     assert res.exit_code == 4, res.output
     doc = json.loads(res.stdout)
     kinds = [p["kind"] for p in doc["problems"]]
     assert kinds == ["position_gap", "global_chain"], doc
     assert doc["problems"][0]["position"] == 6 and "from 4 to 6" in doc["problems"][0]["message"]
     assert doc["skipped"] and any("projections" in s for s in doc["skipped"])
-    text = _cli(db, "verify", "r2")
+    text = invoke("--db", db, "verify", "r2")
     assert text.exit_code == 4 and "not checked:" in text.output
 
 
 def test_verify_run_says_what_it_skipped_when_all_is_well(tmp_path):
     db = str(tmp_path / "l.db")
     _ledger_with_runs(db, 2)
-    res = _cli(db, "verify", "r0")
+    res = invoke("--db", db, "verify", "r0")
     assert res.exit_code == 0 and "not checked: the hash chains, heads and lease fences of the other runs" in res.output
-    assert json.loads(_cli(db, "verify", "--json").stdout)["skipped"] == []
+    assert json.loads(invoke("--db", db, "verify", "--json").stdout)["skipped"] == []
 
 
 @pytest.mark.parametrize("change", ["drop", "alter"])
@@ -460,11 +456,11 @@ def test_a_dropped_or_altered_trigger_is_reported_by_verify_and_doctor(tmp_path,
         assert [(p.kind, p.run_id) for p in lg.verify()] == [(kind, None)]
         assert [p.kind for p in lg.verify("r0")] == [kind]
         assert [p["kind"] for p in lg.doctor()["problems"]] == [kind]
-    res = _cli(db, "verify", "--json")
+    res = invoke("--db", db, "verify", "--json")
     assert res.exit_code == 4 and name in json.loads(res.stdout)["problems"][0]["message"]
-    doc = _cli(db, "doctor", "--json")
+    doc = invoke("--db", db, "doctor", "--json")
     assert doc.exit_code == 4 and json.loads(doc.stdout)["problems"][0]["kind"] == kind
-    text = _cli(db, "doctor")
+    text = invoke("--db", db, "doctor")
     assert text.exit_code == 4 and "PROBLEM" in text.output and name in text.output
     assert _events(db) == before
     # The real executable agrees.
@@ -474,8 +470,8 @@ def test_a_dropped_or_altered_trigger_is_reported_by_verify_and_doctor(tmp_path,
 def test_doctor_and_verify_are_quiet_about_intact_triggers(tmp_path):
     db = str(tmp_path / "l.db")
     _ledger_with_runs(db, 1)
-    doc = _cli(db, "doctor", "--json")
+    doc = invoke("--db", db, "doctor", "--json")
     assert doc.exit_code == 0 and json.loads(doc.stdout)["problems"] == []
-    text = _cli(db, "doctor")
+    text = invoke("--db", db, "doctor")
     assert text.exit_code == 0 and "ok: the three triggers are in place" in text.output
-    assert json.loads(_cli(db, "verify", "--json").stdout)["problems"] == []
+    assert json.loads(invoke("--db", db, "verify", "--json").stdout)["problems"] == []

@@ -26,12 +26,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-from handoff import cli
 from handoff.api import Ledger
 from handoff.ledger.sqlite import APPEND_ONLY_TRIGGERS
 from handoff.ledger.store import GENESIS_HASH, chain_hash
+
+from tests.support import invoke
 
 from .conftest import handoff
 
@@ -131,7 +131,7 @@ def rechain_sql(path: str, run: str, from_seq: int, *, fix_heads: bool) -> list[
 
 
 def verify_cli(path: str) -> tuple[int, dict[str, Any]]:
-    res = CliRunner().invoke(cli.main, ["--db", path, "verify", "--json"], env={"HANDOFF_DB": None})
+    res = invoke("--db", path, "verify", "--json", env={"HANDOFF_DB": None})
     return res.exit_code, (json.loads(res.stdout) if res.stdout.strip() else {"stderr": res.stderr})
 
 
@@ -294,10 +294,9 @@ def test_log_and_heads_disagreeing_is_detected(base, name, evidence):
 
 def test_undecodable_payload_is_reported_by_the_cli_not_a_traceback(base):
     path = attack(base, "garbage-cli", *_edit("payload", b"\xff\x00garbage")(base, ""))
-    runner = CliRunner()
     codes = {}
     for args in (["verify", "--json"], ["check"], ["log", "alpha"]):
-        res = runner.invoke(cli.main, ["--db", path, *args])
+        res = invoke("--db", path, *args)
         assert "Traceback" not in res.output and not (res.exception and not isinstance(res.exception, SystemExit))
         codes[args[0]] = res.exit_code
     assert codes == {"verify": 4, "check": 4, "log": 3}

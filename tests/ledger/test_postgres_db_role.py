@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 
-from click.testing import CliRunner
 
 from handoff.api import Ledger
-from handoff.cli import main
 from handoff.ledger import portable
 from tests.pg import fresh_url
+from tests.support import invoke
 
 
 def _fill(address: str) -> None:
@@ -32,7 +31,7 @@ def test_export_and_verify_show_the_role_the_server_recorded():
         assert lines and {x["db_role"] for x in lines} == {role}
         assert lg.verify_report()["db_roles"] == {role: len(lines)}
         assert lg.verify_report("r1")["db_roles"] == {role: len(lines)}
-    out = CliRunner().invoke(main, ["--db", url, "verify"])
+    out = invoke("--db", url, "verify")
     assert out.exit_code == 0 and f"written by database roles: {role} ({len(lines)} events)" in out.output
     # An export carrying db_role imports elsewhere; the copy records its own importer.
     other = fresh_url()
@@ -59,17 +58,16 @@ def test_log_shows_the_role_the_server_recorded(tmp_path):
     _fill(url)
     with psycopg.connect(url) as conn:
         role = conn.execute("SELECT session_user").fetchone()[0]
-    runner = CliRunner()
     for args in (["log", "r1", "--json"], ["log", "--json"]):
-        out = runner.invoke(main, ["--db", url, *args])
+        out = invoke("--db", url, *args)
         assert out.exit_code == 0, out.output
         assert {e["db_role"] for e in json.loads(out.output)["events"]} == {role}
-    table = runner.invoke(main, ["--db", url, "log", "r1"])
+    table = invoke("--db", url, "log", "r1")
     assert "DB ROLE" in table.output and role in table.output
-    csv_out = runner.invoke(main, ["--db", url, "log", "--csv"])
+    csv_out = invoke("--db", url, "log", "--csv")
     assert csv_out.output.splitlines()[0].endswith(",db_role") and csv_out.output.splitlines()[1].endswith("," + role)
     path = str(tmp_path / "l.db")
     _fill(path)
-    out = runner.invoke(main, ["--db", path, "log", "r1", "--json"])
+    out = invoke("--db", path, "log", "r1", "--json")
     assert {e["db_role"] for e in json.loads(out.output)["events"]} == {None}
-    assert "DB ROLE" not in runner.invoke(main, ["--db", path, "log", "r1"]).output
+    assert "DB ROLE" not in invoke("--db", path, "log", "r1").output

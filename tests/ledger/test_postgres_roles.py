@@ -13,11 +13,11 @@ import urllib.parse
 from collections.abc import Iterator
 
 import pytest
-from click.testing import CliRunner
 
-from handoff import Ledger, cli
+from handoff import Ledger
 from handoff.ledger.errors import StoreUnavailable
 from tests.pg import fresh_url
+from tests.support import invoke
 
 GROUPS = ("writer", "watchdog", "auditor")
 
@@ -26,10 +26,6 @@ def _as(url: str, user: str) -> str:
     parts = urllib.parse.urlsplit(url)
     host = parts.netloc.rpartition("@")[2]
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}@{host}"))
-
-
-def _cli(db: str, *args: str):
-    return CliRunner().invoke(cli.main, ["--db", db, *args])
 
 
 class Roles:
@@ -55,7 +51,7 @@ def roles() -> Iterator[Roles]:
     made: list[str] = []
     try:
         with psycopg.connect(url, autocommit=True) as conn:
-            out = _cli(url, "roles", "--sql", "--prefix", prefix)
+            out = invoke("--db", url, "roles", "--sql", "--prefix", prefix)
             assert out.exit_code == 0, out.output
             made += [f"{prefix}_{g}" for g in GROUPS]
             conn.execute(out.output)
@@ -95,7 +91,7 @@ def test_roles_sql_names_the_schema_and_never_grants_changes_to_the_log():
 
 
 def test_roles_needs_a_postgresql_ledger(tmp_path):
-    out = _cli(str(tmp_path / "l.db"), "roles", "--sql")
+    out = invoke("--db", str(tmp_path / "l.db"), "roles", "--sql")
     assert out.exit_code == 2 and "PostgreSQL" in out.output
 
 
@@ -104,7 +100,7 @@ def test_roles_json_gives_the_schema_the_names_and_the_sql():
 
     url = fresh_url()
     Ledger(url).close()
-    out = _cli(url, "roles", "--sql", "--json", "--prefix", "acme")
+    out = invoke("--db", url, "roles", "--sql", "--json", "--prefix", "acme")
     assert out.exit_code == 0, out.output
     doc = json.loads(out.output)
     assert doc["schema"].startswith("t_") and doc["roles"]["auditor"] == "acme_auditor"
@@ -178,9 +174,9 @@ def test_an_auditor_reads_but_writes_nothing(roles):
         with pytest.raises(StoreUnavailable):
             lg.claim("r0", "w9")
     for args in (("status", "r0"), ("status",), ("log", "r0"), ("verify",), ("export", "--all")):
-        out = _cli(url, *args)
+        out = invoke("--db", url, *args)
         assert out.exit_code == 0, (args, out.output)
-    out = _cli(url, "claim", "r0", "--worker", "w9")
+    out = invoke("--db", url, "claim", "r0", "--worker", "w9")
     assert out.exit_code == 3 and "Traceback" not in out.output, out.output
     assert _events(roles.owner) == before
 
@@ -191,7 +187,7 @@ def test_a_writers_rebuild_is_refused_typed_and_the_owners_keeps_the_grants(role
         with pytest.raises(StoreUnavailable, match="owns the ledger") as caught:
             lg.rebuild()
         assert caught.value.exit_code == 3
-    out = _cli(url, "rebuild")
+    out = invoke("--db", url, "rebuild")
     assert out.exit_code == 3 and "owns the ledger" in out.output and "Traceback" not in out.output
     with Ledger(roles.owner) as lg:  # the owner rebuilds: new tables, swapped in
         assert lg.rebuild()
