@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from handoff import Ledger
 from handoff.ledger.backends import open_store
 from handoff.ledger.store import EventStore
 
@@ -77,6 +78,7 @@ class OnBackend:
 
     ``new_store()`` opens a fresh, empty store; ``address()`` names a fresh ledger for
     ``Ledger(...)`` or ``handoff --db``, and ``open(address)`` gives another handle on it
+    (``ledger(clock)`` a Ledger on a fresh one)
     (``shared`` says whether a second handle or process sees the same ledger there).
     Every store opened through it is closed after the test.
     """
@@ -97,6 +99,11 @@ class OnBackend:
         store = self.backend.open(address, **options)
         self._opened.append(store)
         return store
+
+    def ledger(self, clock: Callable[[], int], address: str | None = None) -> Ledger:
+        """A Ledger on a fresh store here (or on ``address``), it and its store on ``clock``:
+        two backends given the same steps record the very same history."""
+        return Ledger(store=self.open(address or self.address(), clock=clock), clock=clock)
 
     def close(self) -> None:
         for store in self._opened:

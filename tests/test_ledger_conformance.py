@@ -46,11 +46,6 @@ from handoff.aio import AsyncLedger
 OPS = Actor("operator", "ops")
 
 
-def ledger_on(backend: OnBackend, clock: Clock, address: str | None = None) -> Ledger:
-    store = backend.open(address or backend.address(), clock=clock)
-    return Ledger(store=store, clock=clock)
-
-
 @pytest.fixture(params=FACES)
 def face(request):
     """``face(ledger)``: the Ledger itself, or the same ledger through ``AsyncLedger``
@@ -102,7 +97,7 @@ def story(lg: Ledger, clock: Clock, tmp: Path, run: str = "r1") -> str:
 
 def test_a_whole_run_through_the_ledger(backend, tmp_path, face):
     clock = Clock()
-    lg = face(ledger_on(backend, clock))
+    lg = face(backend.ledger(clock))
     story(lg, clock, tmp_path)
     packet = lg.status("r1")
     assert (packet["state"], packet["terminal"], packet["delivery"]["status"]) == ("delivered", True, "confirmed")
@@ -148,7 +143,7 @@ def refusals(lg: Ledger, lease: str, spent: str) -> list[tuple[str, Any, type[E.
 
 def test_refusals_are_typed_carry_their_exit_code_and_write_nothing(backend, tmp_path, face):
     clock = Clock()
-    lg = face(ledger_on(backend, clock))
+    lg = face(backend.ledger(clock))
     spent = story(lg, clock, tmp_path)
     lg.open(run_id="r2", goal="g", target="chat:#ops", owner="alice")
     lease = lg.claim("r2", "w1")
@@ -166,7 +161,7 @@ def test_refusals_are_typed_carry_their_exit_code_and_write_nothing(backend, tmp
 
 def test_a_revoked_lease_is_refused_and_writes_nothing(backend, tmp_path, face):
     clock = Clock()
-    lg = face(ledger_on(backend, clock))
+    lg = face(backend.ledger(clock))
     lg.open(run_id="r", goal="g", target="chat:#ops", owner="alice")
     old = lg.claim("r", "w1")
     lg.revoke("r", "drain", actor=OPS)
@@ -181,7 +176,7 @@ def test_a_revoked_lease_is_refused_and_writes_nothing(backend, tmp_path, face):
 
 def test_the_watchdog_revokes_a_silent_worker_once(backend, face):
     clock = Clock()
-    lg = face(ledger_on(backend, clock))
+    lg = face(backend.ledger(clock))
     lg.open(run_id="r", goal="g", target="chat:#ops", owner="alice", heartbeat_timeout_s=10)
     lease = lg.claim("r", "w1")
     lg.transition("r", lease, "planning", worker="w1")
@@ -203,7 +198,7 @@ def test_a_beat_between_the_scan_and_the_action_keeps_the_lease(backend, face):
     """The stall scan judges from the view row and the watchdog reads the run's packet
     later: a beat landing in between must make the revoke skip, on every backend."""
     clock = Clock()
-    lg = face(ledger_on(backend, clock))
+    lg = face(backend.ledger(clock))
     lg.open(run_id="r", goal="g", target="chat:#ops", owner="alice", heartbeat_timeout_s=10)
     lease = lg.claim("r", "w1")
     lg.transition("r", lease, "planning", worker="w1")
@@ -280,7 +275,7 @@ def test_the_same_history_reads_the_same_on_every_backend(tmp_path):
         (tmp_path / name).mkdir()
         try:
             clock = Clock()
-            lg = ledger_on(on, clock)
+            lg = on.ledger(clock)
             history(lg, clock, tmp_path)
             seen[name] = reports(lg, clock.now)
         finally:
@@ -304,10 +299,10 @@ def test_export_then_import_across_backends_folds_the_same(tmp_path, source, tar
     (tmp_path / "dst").mkdir()
     try:
         clock = Clock()
-        src = ledger_on(src_on, clock)
+        src = src_on.ledger(clock)
         history(src, clock, tmp_path)
         lines = list(src.export())
-        dst = ledger_on(dst_on, clock)
+        dst = dst_on.ledger(clock)
         assert dst.import_lines(lines) == {"imported": src.store.last_position(), "skipped": 0,
                                           "runs": src.store.count_runs()}
         assert list(dst.store.read_all()) == list(src.store.read_all())

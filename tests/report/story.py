@@ -63,8 +63,3 @@ def incident(lg: Ledger, clock: Clock, tmp: Path, run: str = "inc-4711") -> str:
     lg.delivered(run, "inc-4711-report", "chat:#ops message 1")
     assert lg.deliver(run, "alice", "inc-4711-report").unchanged  # a retry writes nothing
     return run
-
-
-def ledger_on(backend, clock: Clock, address: str | None = None) -> Ledger:
-    """A Ledger on one backend of tests/backends.py (an ``OnBackend``), on ``clock``."""
-    return Ledger(store=backend.open(address or backend.address(), clock=clock), clock=clock)

@@ -17,7 +17,7 @@ from tests.cli.conftest import Handoff
 from tests.ledger.conformance import assert_unchanged, refused, snapshot
 from tests.support import Clock
 
-from .story import incident, ledger_on
+from .story import incident
 
 
 def attempt(lg: Ledger, clock: Clock, tmp, run: str, text: str, verdict: str) -> None:
@@ -38,7 +38,7 @@ def attempt(lg: Ledger, clock: Clock, tmp, run: str, text: str, verdict: str) ->
 
 def test_a_fork_parts_from_its_origin_at_the_fork(backend, tmp_path):
     clock = Clock()
-    lg = ledger_on(backend, clock)
+    lg = backend.ledger(clock)
     run = incident(lg, clock, tmp_path)
     child = lg.fork(run, 20, new_run_id="retry", by="alice")
     doc = lg.diff(run, child)
@@ -55,7 +55,7 @@ def test_a_fork_parts_from_its_origin_at_the_fork(backend, tmp_path):
 
 def test_two_attempts_differ_in_what_they_made(backend, tmp_path):
     clock = Clock()
-    lg = ledger_on(backend, clock)
+    lg = backend.ledger(clock)
     attempt(lg, clock, tmp_path, "try-1", "the summary\n", "pass")
     attempt(lg, clock, tmp_path, "try-2", "another summary\n", "fail")
     doc = lg.diff("try-1", "try-2")

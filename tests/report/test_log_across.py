@@ -29,8 +29,6 @@ from tests.cli.test_listings import _peak
 from tests.ledger.conformance import assert_unchanged, refused, snapshot
 from tests.support import Clock, executable
 
-from .story import ledger_on
-
 
 def _two_runs(lg: Ledger, clock: Clock) -> None:
     """Two runs written in turns, a fork, and a watcher's beat: an incident across streams."""
@@ -51,7 +49,7 @@ def _two_runs(lg: Ledger, clock: Clock) -> None:
 @pytest.fixture
 def across(backend):
     clock = Clock()
-    lg = ledger_on(backend, clock)
+    lg = backend.ledger(clock)
     _two_runs(lg, clock)
     return lg, backend
 
@@ -94,7 +92,7 @@ def test_the_cli_prints_the_same_rows_four_ways(across):
         pytest.skip(f"{backend.name}: another process cannot open this ledger")
     address = backend.address()
     clock = Clock()
-    _two_runs(ledger_on(backend, clock, address), clock)
+    _two_runs(backend.ledger(clock, address), clock)
     h = Handoff(address)
     doc = h.json("log")
     rows = doc["events"]

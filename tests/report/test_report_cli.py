@@ -22,12 +22,12 @@ from tests.cli.conftest import Handoff
 from tests.ledger.conformance import assert_unchanged, refused, snapshot
 from tests.support import Clock
 
-from .story import GOAL, incident, ledger_on
+from .story import GOAL, incident
 
 
 def test_the_report_on_every_backend(backend, tmp_path):
     clock = Clock()
-    lg = ledger_on(backend, clock)
+    lg = backend.ledger(clock)
     run = incident(lg, clock, tmp_path)
     tl = lg.report(run)
     for rec, packet in zip(tl.records, timeline.undelta(tl.packets)):
@@ -37,7 +37,7 @@ def test_the_report_on_every_backend(backend, tmp_path):
     if not backend.shared:
         return
     address = backend.address()
-    other = ledger_on(backend, clock, address)
+    other = backend.ledger(clock, address)
     run2 = incident(other, clock, tmp_path, run="inc-2")
     h = Handoff(address)
     out = tmp_path / "cli.html"
