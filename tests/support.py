@@ -1,11 +1,12 @@
-"""Small helpers the test packages share (a clock moved by hand, a working run, real
-processes, ledger files of earlier versions).
+"""Small helpers the test packages share (a clock moved by hand, a working run, the CLI in
+this process and as a real one, real processes, ledger files of earlier versions).
 
 One home for each: a helper that two test files need lives here, not in both.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -89,11 +90,63 @@ def file_from_dump(dump: str, path: str | os.PathLike[str]) -> str:
     return path
 
 
+def make_runner() -> Any:
+    """A CliRunner that keeps stderr apart from stdout, on every click version."""
+    from click.testing import CliRunner
+
+    try:
+        return CliRunner(mix_stderr=False)  # click < 8.2
+    except TypeError:
+        return CliRunner()
+
+
+class Handoff:
+    """``h("status", run)`` invokes the CLI in-process against this test's ledger."""
+
+    def __init__(self, db: str) -> None:
+        self.db = db
+        self.runner = make_runner()
+
+    def __call__(self, *args: Any, code: int | None = 0, env: dict[str, str] | None = None) -> Any:
+        from handoff import cli
+
+        # The test's own HANDOFF_* variables never leak in; ``env`` sets the ones a test wants.
+        full_env = {"HANDOFF_DB": "", "HANDOFF_RUN": "", "HANDOFF_LEASE": "", "HANDOFF_WORKER": "",
+                    **(env or {})}
+        result = self.runner.invoke(cli.main, ["--db", self.db, *map(str, args)], env=_clean(full_env),
+                                    catch_exceptions=False)
+        if code is not None:
+            assert result.exit_code == code, (
+                f"exit {result.exit_code} != {code}\nstdout: {result.stdout}\nstderr: {result.stderr}")
+        return result
+
+    def json(self, *args: Any, code: int | None = 0, **kw: Any) -> Any:
+        result = self(*args, "--json", code=code, **kw)
+        return json.loads(result.stdout)
+
+    def ledger(self) -> Ledger:
+        from handoff import Ledger
+
+        return Ledger(self.db)
+
+
+def _clean(env: dict[str, str]) -> dict[str, str | None]:
+    # CliRunner treats None as "unset"; empty strings from the defaults mean unset too.
+    return {k: (v if v else None) for k, v in env.items()}
+
+
+def run_exe(*args: str, db: str, timeout: float = 60, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """The installed ``handoff ARGS`` on ``db``, with none of this test run's HANDOFF_* set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HANDOFF_")}
+    env["HANDOFF_DB"] = db
+    return subprocess.run([*executable(), *args], env=env, capture_output=True, text=True, timeout=timeout, **kw)
+
+
 def invoke(*args: str, **kw: Any) -> Any:
     """``handoff ARGS`` in this process with click's defaults: stdout and stderr together in
     ``.output``, an exception turned into an exit code, the environment as it is; ``kw`` are
-    ``CliRunner.invoke``'s (``input=``, ``env=``). (tests/cli/conftest.py's ``Handoff`` is
-    the strict runner bound to one ledger.)"""
+    ``CliRunner.invoke``'s (``input=``, ``env=``). (:class:`Handoff` is the strict runner bound
+    to one ledger.)"""
     from click.testing import CliRunner
 
     from handoff import cli

@@ -10,9 +10,7 @@ import pytest
 from handoff import clitypes, report
 from handoff.ledger import events as ev
 
-from tests.support import working_run
-
-from .conftest import Handoff
+from tests.support import Handoff, working_run
 
 
 @pytest.mark.parametrize("text, value", [

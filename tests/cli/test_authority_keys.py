@@ -14,9 +14,8 @@ import pytest
 from handoff import Ledger
 from handoff.ledger import errors as E
 
-from tests.support import working_run
+from tests.support import run_exe, working_run
 
-from .conftest import run_exe
 
 OPEN = ["open", "--goal", "Write the report", "--target", "chat:#ops", "--owner", "alice"]
 

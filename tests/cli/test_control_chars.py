@@ -22,9 +22,7 @@ from handoff.ledger import events as ev
 from handoff.ledger.store import Actor
 from handoff.watchdog import Action
 
-from tests.support import working_run
-
-from .conftest import make_runner
+from tests.support import make_runner, working_run
 
 #: What no line of text output may hold: the characters the ledger refuses (tab and
 #: newline aside), carriage return, the Unicode line separators.

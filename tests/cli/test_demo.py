@@ -9,7 +9,7 @@ import textwrap
 from handoff import Ledger
 from handoff import demo
 
-from .conftest import run_exe
+from tests.support import run_exe
 
 #: The demo stops itself within ``demo.longest_s()``; this only catches a hang of the test.
 HANG_GUARD_S = 2 * demo.longest_s()

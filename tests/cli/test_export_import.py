@@ -7,9 +7,7 @@ import os
 
 from handoff import Ledger
 
-from tests.support import working_run
-
-from .conftest import Handoff
+from tests.support import Handoff, working_run
 
 
 def _source(h):

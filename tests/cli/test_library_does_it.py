@@ -9,9 +9,7 @@ import os
 from handoff import Ledger
 from handoff.api import init_ledger
 
-from tests.support import working_run
-
-from .conftest import Handoff
+from tests.support import Handoff, working_run
 
 
 def test_init_through_a_sqlite_url_names_the_file_and_sees_it_exists(tmp_path):

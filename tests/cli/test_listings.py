@@ -25,7 +25,7 @@ from handoff.ledger import events as ev
 from handoff.ledger.errors import InvalidInput
 from handoff.ledger.sqlite import SqliteStore
 from handoff.ledger.store import Actor
-from tests.cli.conftest import Handoff
+from tests.support import Handoff
 from tests.ledger.conformance import assert_unchanged, snapshot
 
 FAR = 4_102_444_800_000_000  # 2100-01-01: every claimed run's heartbeat has timed out

@@ -15,7 +15,7 @@ import pytest
 
 from handoff import Ledger
 
-from .conftest import Handoff
+from tests.support import Handoff
 
 Step = tuple[str, Callable[[str, str], list[Any]], Callable[[Ledger, str, str], Any]]
 

@@ -10,9 +10,7 @@ import time
 
 from handoff import Ledger
 
-from tests.support import working_run
-
-from .conftest import executable, run_exe
+from tests.support import executable, run_exe, working_run
 
 
 def _spawn(*args: str, db: str) -> subprocess.Popen[str]:

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from .conftest import ROOT
+from tests.support import ROOT
 
 README = os.path.join(ROOT, "README.md")
 

@@ -15,7 +15,7 @@ from handoff import Ledger
 from handoff.delivery import allowed as al
 from handoff.ledger.errors import InvalidInput
 from tests.backends import BACKENDS, OnBackend
-from tests.cli.conftest import Handoff
+from tests.support import Handoff
 from tests.ledger.test_postgres_roles import roles  # noqa: F401  (the fixture: PostgreSQL's least-privilege roles)
 
 from .conftest import ready_run

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from handoff.delivery.adapters import file_name
-from tests.cli.conftest import Handoff
+from tests.support import Handoff
 
 from .conftest import outbox
 

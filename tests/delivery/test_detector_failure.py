@@ -10,7 +10,7 @@ import pytest
 
 from handoff.ledger.errors import SanitizationRequired
 from handoff.reducers import sanitize as sz
-from tests.cli.conftest import Handoff
+from tests.support import Handoff
 
 from .conftest import ready_run
 from .test_gate import CLEAN, payloads

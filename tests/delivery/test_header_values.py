@@ -15,7 +15,7 @@ from handoff.delivery import adapters as da
 from handoff.delivery import bundle as db
 from handoff.ledger.errors import InvalidInput
 from handoff.ledger.events import SendPolicy
-from tests.cli.conftest import run_exe
+from tests.support import run_exe
 
 from .conftest import log_types, ready_run
 from .test_gate import payloads

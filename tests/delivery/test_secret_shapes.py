@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from handoff.api import Ledger
 from handoff.ledger.errors import SanitizationRequired
 from handoff.reducers import sanitize as sz
-from tests.cli.conftest import Handoff
+from tests.support import Handoff
 
 from .conftest import outbox
 

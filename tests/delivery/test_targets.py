@@ -15,7 +15,7 @@ from handoff.delivery import adapters as da
 from handoff.ledger.errors import InvalidInput
 from handoff.ledger.events import SendPolicy
 from handoff.reducers import targets
-from tests.cli.conftest import Handoff
+from tests.support import Handoff
 
 from .conftest import ready_run
 

@@ -19,8 +19,7 @@ import pytest
 from handoff import api
 from handoff.api import Ledger
 from handoff.ledger.errors import InvalidInput
-from tests.cli.conftest import Handoff
-from tests.support import working_run
+from tests.support import Handoff, working_run
 from tests.ledger.conformance import assert_unchanged, snapshot
 
 PROMPT_S = 5.0

@@ -26,7 +26,7 @@ from mcp import Client
 from handoff import Ledger
 from handoff.ledger.store import CONTROL_RE
 from handoff.reducers.decide import MAX_TEXT
-from tests.cli.conftest import Handoff
+from tests.support import Handoff
 from tests.delivery.test_secret_shapes import _EXAMPLES
 
 from .test_mcp_server import HttpServer, Seen, ok, refused, stdio

@@ -16,7 +16,7 @@ import pytest
 from handoff.api import Ledger
 from handoff.delivery.adapters import file_name
 from handoff.reducers import trace as tr
-from tests.cli.conftest import Handoff
+from tests.support import Handoff
 from tests.delivery.conftest import outbox, ready_run
 
 IDEM = "idem-7f3a9c2e1b44"        # an idempotency key (long: matched anywhere)

@@ -15,7 +15,7 @@ import pytest
 
 from handoff import Ledger
 from handoff.reducers import trace as tr
-from tests.cli.conftest import Handoff
+from tests.support import Handoff
 from tests.delivery.test_secret_shapes import _EXAMPLES
 
 SHAPES = sorted(_EXAMPLES)

@@ -154,7 +154,7 @@ def test_the_fold_of_an_old_log_is_unchanged_and_a_withdrawal_folds(lg, tmp_path
 
 
 def test_the_cli_verb(tmp_path):
-    from tests.cli.conftest import Handoff
+    from tests.support import Handoff
 
     h = Handoff(str(tmp_path / "cli.db"))
     with h.ledger() as lg:

@@ -13,9 +13,8 @@ import pytest
 
 from handoff import Ledger
 from handoff.ledger.errors import UnknownRun
-from tests.cli.conftest import Handoff
 from tests.ledger.conformance import assert_unchanged, refused, snapshot
-from tests.support import Clock
+from tests.support import Clock, Handoff
 
 from .story import incident
 

@@ -24,10 +24,9 @@ from handoff.ledger.errors import InvalidInput, UnknownRun
 from handoff.ledger.sqlite import SqliteStore
 from handoff.ledger.store import Actor
 from handoff.watchdog import watch_once
-from tests.cli.conftest import Handoff
 from tests.cli.test_listings import _peak
 from tests.ledger.conformance import assert_unchanged, refused, snapshot
-from tests.support import Clock, executable
+from tests.support import Clock, Handoff, executable
 
 
 def _two_runs(lg: Ledger, clock: Clock) -> None:

@@ -18,9 +18,8 @@ from handoff import Ledger, report
 from handoff.ledger.errors import InvalidInput, UnknownRun
 from handoff.reducers import timeline
 from handoff.reducers.checkpoint import iso
-from tests.cli.conftest import Handoff
 from tests.ledger.conformance import assert_unchanged, refused, snapshot
-from tests.support import Clock
+from tests.support import Clock, Handoff
 
 from .story import GOAL, incident
 
