@@ -15,8 +15,8 @@ from handoff.ledger import errors as _errors
 from handoff.ledger.errors import *  # noqa: F401,F403  (pure: the typed errors only)
 
 _LAZY = {
-    "Ledger": "handoff.api", "Outcome": "handoff.api", "import_into": "handoff.api",
-    "measure": "handoff.api", "Actor": "handoff.ledger.store", "Sent": "handoff.api",
+    "Ledger": "handoff.api", "Outcome": "handoff.results", "import_into": "handoff.api",
+    "measure": "handoff.artifacts", "Actor": "handoff.ledger.store", "Sent": "handoff.results",
     "AsyncLedger": "handoff.aio",
 }
 

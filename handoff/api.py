@@ -12,7 +12,7 @@ store (``execute``, ``preview``, ``append_stream``, ``_with_values``, ``import_l
 the one place that writes to the store stays one module (tests/test_backends.py holds it
 to that). The parts share no state but the Ledger's ``store``, ``clock`` and ``projector``
 and call one another through ``self`` only; none imports this module, so the import graph
-has no cycle. Argument checks live in checks.py, result structs in results.py, artifact
+has no cycle. Argument checks live in arguments.py, result structs in results.py, artifact
 measuring in artifacts.py; the names callers import from here stay importable from here.
 The whole-ledger functions (``init_ledger``, ``copy_ledger``, ``import_into``) open a
 ``Ledger`` and so live beside it; their file work is ledger/copies.py's.
@@ -42,7 +42,7 @@ from handoff.projections.engine import Progress
 
 from .artifacts import ARTIFACT_MAX_BYTES, ARTIFACT_MAX_ENV, artifact_max_bytes, measure, parse_size
 from .audit import VERIFY_RUN_SKIPS, Audit
-from .checks import (
+from .arguments import (
     MAX_BUSY_TIMEOUT_S, MAX_TIME_US, MIN_TIME_US, actor_filter, check_filter, check_limit, check_seconds, check_text,
     check_texts, check_time_us, keyed_id, lease_token, login_name, new_run_id, now_us, operator_name,
 )

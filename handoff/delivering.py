@@ -18,7 +18,7 @@ from handoff.ledger.store import Actor, EventStore, check_seq
 from handoff.reducers import commands as C
 from handoff.reducers.checkpoint import Checkpoint
 
-from .checks import check_seconds
+from .arguments import check_seconds
 from .results import Outcome, Sent
 
 #: A sanitization check records at most this many findings (then one that counts the rest);

@@ -19,7 +19,7 @@ from handoff.ledger.errors import InvalidInput
 from handoff.ledger.store import Actor, EventStore, LeaseToken, check_run_id, value_digest
 from handoff.reducers import commands as C
 
-from .checks import lease_token
+from .arguments import lease_token
 from .results import Outcome
 
 

@@ -15,7 +15,7 @@ from handoff.ledger.store import WATCHER_PREFIX, EventStore, check_run_id, check
 from handoff.projections.engine import Progress
 from handoff.reducers.checkpoint import iso
 
-from .checks import check_time_us
+from .arguments import check_time_us
 
 
 class Incident:

@@ -18,7 +18,7 @@ from handoff.projections import Projector, queries
 from handoff.reducers import stall
 from handoff.reducers.checkpoint import AGGREGATE, Checkpoint, packet
 
-from .checks import (
+from .arguments import (
     MAX_TIME_US, MIN_TIME_US, actor_filter, check_filter, check_limit, check_seconds, check_texts, check_time_us,
 )
 from .results import DEFAULT_PAGE, Outcome, Page

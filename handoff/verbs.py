@@ -23,7 +23,7 @@ from handoff.reducers import commands as C
 from handoff.reducers.decide import check_attrs, check_progress_kinds
 
 from .artifacts import measure
-from .checks import check_seconds, keyed_id, lease_token, login_name, new_run_id, operator_name
+from .arguments import check_seconds, keyed_id, lease_token, login_name, new_run_id, operator_name
 from .results import Claimed, Outcome
 
 #: The policy defaults; their one home is ``ledger.events.Policy`` (a contract that omits a
