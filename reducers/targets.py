@@ -36,6 +36,24 @@ def carries_credential(target: str) -> bool:
     return bool(_USERINFO.match(target))
 
 
+#: How a bearer token's environment variable is named. The contract names the variable, and
+#: a contract may come from anyone (a file from elsewhere, a model driving the MCP server);
+#: only a variable the person running the sender filled on purpose may leave the machine,
+#: never whatever else its environment holds (a cloud key, a database password).
+TOKEN_ENV_PREFIX = "HANDOFF_TOKEN_"
+
+
+def token_env_refusal(name: str) -> str | None:
+    """Why the ledger will not send ``name``'s value as a bearer token, or None (it may; an
+    empty name sends none). ``name`` is a checked variable name, safe to show."""
+    if not name or (name.startswith(TOKEN_ENV_PREFIX) and len(name) > len(TOKEN_ENV_PREFIX)):
+        return None
+    return (f"send.token_env names ${name[:_SHOWN]}, and the ledger sends a bearer token only from a variable "
+            f"whose name starts with {TOKEN_ENV_PREFIX}: the person running the sender chooses what may be "
+            f"sent, not whoever wrote the contract. Put the webhook's token in e.g. {TOKEN_ENV_PREFIX}HOOK and "
+            "name that variable (--token-env, or send.token_env in a contract file)")
+
+
 class HttpTarget(msgspec.Struct, frozen=True):
     scheme: str
     host: str
