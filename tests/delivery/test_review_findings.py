@@ -67,7 +67,7 @@ def test_a_run_opened_before_the_rule_sends_no_foreign_variable(backend, tmp_pat
     with Ledger(backend.address()) as lg:
         lg.allow_targets("http://*")
         with monkeypatch.context() as m:  # the earlier version: no rule at open
-            m.setattr(tg, "token_env_refusal", lambda name: None)
+            m.setattr(tg, "token_env_refusal", lambda name: None, raising=False)
             run = ready_run(lg, tmp_path, receiver.url, send=SendPolicy(token_env=FOREIGN))
         assert lg.checkpoint(run).delivery.send.token_env == FOREIGN
         before = _everything(lg)
