@@ -113,8 +113,8 @@ def open_options(required: bool) -> Any:
             click.option("--send-reference", is_flag=True,
                          help="Send artifacts' names, sizes and sha256 only, not their content."),
             click.option("--token-env", default="", metavar="VAR",
-                         help="Environment variable holding a bearer token for a webhook target; only its "
-                         "name is stored."),
+                         help="Environment variable holding a bearer token for a webhook target; its name "
+                         "must start with HANDOFF_TOKEN_ (no other variable is sent). Only the name is stored."),
             click.option("--progress-kind", "progress_kinds", multiple=True, metavar="STATE:KIND",
                          help="A progress kind of this run's own, counted as progress in a working state, e.g. "
                          "executing:llm_step (repeatable). Fixed at open: later, any other kind is refused."),

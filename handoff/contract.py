@@ -70,7 +70,7 @@ class Send(BaseModel):
     backoff_s: float = Field(_SEND.backoff_s, ge=0, le=3600, description="Seconds before the first retry; doubled before each next one.")
     max_bytes: int = Field(_SEND.max_bytes, ge=1, le=2**40, description="Most bytes of artifacts one delivery sends.")
     inline: bool = Field(_SEND.inline, description="Send artifacts' content; false sends their metadata and sha256 only.")
-    token_env: str = Field(_SEND.token_env, pattern=r"^([A-Za-z_][A-Za-z0-9_]{0,127})?$", description="Environment variable holding a bearer token for a webhook; the token itself is never stored.")
+    token_env: str = Field(_SEND.token_env, pattern=r"^([A-Za-z_][A-Za-z0-9_]{0,127})?$", description="Environment variable holding a bearer token for a webhook, named HANDOFF_TOKEN_... (no other variable is sent); the token itself is never stored.")
 
     @field_validator("timeout_s", "backoff_s")
     @classmethod

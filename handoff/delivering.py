@@ -83,7 +83,7 @@ class Delivering:
         al.check(cp.target, self.allowed_targets(), run_id=run_id, whose="the ledger's list of allowed targets",
                  how="Allow it with 'handoff targets --allow TARGET' (Ledger.allow_targets), or deliver by "
                      "hand: 'handoff deliver' without --send, send it, then 'handoff delivered'",
-                 see="'handoff targets' (Ledger.allowed_targets) lists them")
+                 see="'handoff targets' shows it (Ledger.allowed_targets)")
         adapter = da.adapter_for(cp.target, policy, timeout_s=timeout_s, env=env)
         bundle = db.build(cp)
         adapter.prepare(bundle, key, run_id)  # what the send could never carry: refused before the record

@@ -26,7 +26,7 @@ from .delivery import Delivery
 
 #: Bumped whenever a built-in detector changes, so a check's ``rules_sha256`` says which
 #: detectors it ran.
-DETECTORS_VERSION = "3"
+DETECTORS_VERSION = "4"
 
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 
@@ -126,7 +126,10 @@ DETECTORS: dict[str, tuple[re.Pattern[str] | _Anchored | _Checked, ...]] = {
         r"(?:[^\n]{0,60}?(?<![A-Za-z0-9/+])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=]))?",
         # An AWS secret access key after a name that starts with aws (aws_secret, AWS-KEY ...):
         # 40 base64 characters or more, not the rest of a URL (``aws s3 cp s3://...``).
-        r"(?i:a)(?<![A-Za-z0-9][aA])(?i:ws)[\w.-]{0,30}[\s\"'`:=>,|]{1,6}(?!//)[A-Za-z0-9/+=]{40,}",
+        # Its quotes may be escaped, once or more (JSON inside JSON: ``\\\"``).
+        r"(?i:a)(?<![A-Za-z0-9][aA])(?i:ws)[\w.-]{0,30}[\s\"'`:=>,|\\]{1,16}(?!//)[A-Za-z0-9/+=]{40,}",
+        # The secret access key in the next cell of a table's row (``--output table``).
+        r"[sS](?i:ecret)[ _-]?(?i:access)[ _-]?(?i:key)[ \t]{0,20}\|[ \t|]{0,20}[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])",
         r"s(?<![A-Za-z0-9]s)k_(?:live|test)_[0-9A-Za-z]{10,}",   # Stripe secret keys
         r"r(?<![A-Za-z0-9]r)k_(?:live|test)_[0-9A-Za-z]{10,}",   # Stripe restricted keys
         r"gh[pousr]_[A-Za-z0-9]{30,}", r"github_pat_[A-Za-z0-9_]{30,}",  # GitHub
@@ -144,24 +147,32 @@ DETECTORS: dict[str, tuple[re.Pattern[str] | _Anchored | _Checked, ...]] = {
         r"pypi-AgE[A-Za-z0-9_-]{50,}",                            # PyPI upload token (pypi.org, test.pypi.org)
         # A private key: its header, and the key itself up to its END line, so that
         # redacting it removes the key, not only the line that announces it (its lines
-        # may end in an escaped \n, as in JSON).
-        r"-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----(?:[A-Za-z-]{1,40}: [^\n]{0,200}\n)*"
-        r"(?:[A-Za-z0-9+/=\s]|\\[nr])*(?:-----END[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----)?",
+        # may end in an escaped \n, escaped once or more, as in JSON inside JSON).
+        r"-----BEGIN[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----"
+        r"(?:(?:\r?\n|\\+[nr])[A-Za-z-]{1,40}: [^\n\\]{0,200})*"  # its headers (Proc-Type: ...), each on a line
+        r"(?:[A-Za-z0-9+/=\s]|\\+[nr])*(?:-----END[ A-Z0-9_-]{0,100}PRIVATE KEY(?: BLOCK)?-----)?",
         r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",  # JWT
         r"[Bb][Ee][Aa][Rr][Ee][Rr]\s+[A-Za-z0-9._~+/=-]{16,}",     # an Authorization value
         # Any other Authorization header's value: a scheme (Token, ApiKey ...) or none, then
-        # a credential of 16 characters or more.
-        r"(?i:a)(?<!\w[aA])(?i:uthorization)[\"'`]?\s*[:=]\s*[\"'`]?(?:[A-Za-z][A-Za-z0-9-]*\s+)?"
+        # a credential of 16 characters or more. Its quotes may be escaped, once or more.
+        r"(?i:a)(?<!\w[aA])(?i:uthorization)\\*[\"'`]?\s*[:=]\s*\\*[\"'`]?(?:[A-Za-z][A-Za-z0-9-]*\s+)?"
         r"[A-Za-z0-9._~+/=:-]{16,}",
     )) + (
         # Basic credentials: base64 that decodes to printable text holding the ``:`` between
         # the user and the password, so ``Basic information`` is a phrase, not a credential.
         _Checked(r"(?i:b)(?<![A-Za-z][bB])(?i:asic)\s+([A-Za-z0-9+/]{2,}={0,2})(?![A-Za-z0-9+/=])", _basic_credentials),
-        # A URL that carries a password: scheme://user:password@host.
-        _Anchored(r"://[^\s/:@\"'<>`]{0,256}:[^\s/@\"'<>`]{1,256}@", _ALNUM + "+.-"),
+        # A URL that carries a password: scheme://user:password@host. The password may hold
+        # a "/" unless what comes before the first one reads as a port (``host:8080/@me``
+        # is a path), and the user holds no brackets (``[::1]:5173/@vite`` is a host).
+        _Anchored(r"://[^\s/:@\"'<>`\[\]]{0,256}:(?!\d{0,5}/)[^\s@\"'<>`]{1,256}@", _ALNUM + "+.-"),
+        # The same URL percent-encoded, as a query string carries one (``next=postgres%3A%2F%2F
+        # admin%3Apw%40db``): ``%3A`` between user and password, ``%40`` before the host.
+        _Anchored(r"%3A%2F%2F(?:[^\s%/:@\"'<>`&]|%(?!3A|40)[0-9A-F]{2}){0,256}%3A(?!\d{0,5}%2F)"
+                  r"(?:[^\s%/:@\"'<>`&]|%(?!40)[0-9A-F]{2}){1,256}%40", _ALNUM + "+.-", flags=re.I),
         # password = "...", {"api_key": "..."}, {'token': '...'}, <secret>...</secret>: a value
         # after a secret's keyword, quoted (any length from 4, spaces and all) or bare (8 on).
-        _Anchored(r"[:=>][=>]?\s*(?:\\?[\"'`][^\"'`\\\n]{4}|[^\s\"'`\\<]{8})", keywords=SECRET_KEYWORDS,
+        # Quotes may be escaped, once or more (``\\\"token\\\": \\\"...\\\"``: JSON inside JSON).
+        _Anchored(r"[:=>][=>]?\s*(?:\\*[\"'`][^\"'`\\\n]{4}|[^\s\"'`\\<]{8})", keywords=SECRET_KEYWORDS,
                   # the rest of a quoted value (its quote and four characters behind), or of a bare one
                   right=r"(?<=[\"'`][^\"'`\\\n]{4})[^\"'`\\\n]*|[^\s\"'`\\<]*"),
     ),

@@ -401,11 +401,16 @@ def _stage(work: str, bundle: Bundle) -> tuple[str, str]:
 def adapter_for(target: str, send: ev.SendPolicy, *, timeout_s: float | None = None,
                 env: Mapping[str, str] | None = None) -> Adapter:
     """The adapter for ``target``, checked before anything is recorded or sent. The bearer
-    token is read here from the environment variable the contract names."""
+    token is read here from the environment variable the contract names, and only from one
+    named ``HANDOFF_TOKEN_...`` (a run opened before that rule is refused here)."""
     env = os.environ if env is None else env
     timeout = send.timeout_s if timeout_s is None else timeout_s
     if target.startswith(("http://", "https://")):
         token = None
+        if (refusal := targets.token_env_refusal(send.token_env)) is not None:
+            raise InvalidInput(f"this run's contract cannot be sent as it is: {refusal}. Nothing was recorded or "
+                               "sent; deliver it by hand ('handoff deliver' without --send, send it, then 'handoff "
+                               "delivered'), or open a new run that names such a variable", field="send.token_env")
         if send.token_env:
             token = env.get(send.token_env)
             if not token:

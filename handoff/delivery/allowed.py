@@ -20,13 +20,20 @@ A pattern is a target written out in full (matched exactly), or a prefix ending 
   those words (compared as the arguments the command is run with, not as text).
 
 A target whose path holds a ``.`` or ``..`` segment (percent-encoded too) never matches a
-prefix: it could leave the prefix once resolved.
+prefix: it could leave the prefix once resolved. Nor does a web target whose path holds a
+backslash or a ``;`` (percent-encoded too): servers read a backslash as ``/`` and cut a path
+at ``;`` (matrix parameters), so ``/services/..%5cadmin`` or ``/services/..;/admin`` could
+reach ``/admin``.
+
+A refusal never repeats a list's patterns (an exact webhook address is itself a secret),
+nor a user name or password written into a pattern.
 """
 
 from __future__ import annotations
 
 import os
 import posixpath
+import re
 import shlex
 import urllib.parse
 from collections.abc import Iterable
@@ -42,6 +49,9 @@ MAX_PATTERN = 2000
 #: The most patterns one list holds (a list is read by every send).
 MAX_PATTERNS = 200
 _SHOWN = 200
+#: A user name or password before '@' in a pattern of any scheme (checked before anything
+#: else, so no refusal repeats it).
+_USERINFO = re.compile(r"^(?!cmd:)[a-z][a-z0-9+.-]*:/+[^/?#]*@", re.I)
 
 
 def _show(text: str) -> str:
@@ -50,6 +60,10 @@ def _show(text: str) -> str:
 
 def check_pattern(pattern: object, field: str = "target") -> str:
     """``pattern`` as kept, or ``InvalidInput`` saying how to write it."""
+    if isinstance(pattern, str) and _USERINFO.match(pattern):  # first: no message may repeat it
+        raise InvalidInput("an allowed target carries a user name or password before '@'; no target the ledger "
+                           "sends to may (open refuses it: the target is stored in the log in clear), so write "
+                           "the pattern without it", field=field)
     if not isinstance(pattern, str) or not pattern or len(pattern) > MAX_PATTERN:
         raise InvalidInput(f"an allowed target is a non-empty text of at most {MAX_PATTERN} characters, got "
                            f"{pattern!r:.{_SHOWN}}", field=field)
@@ -101,9 +115,9 @@ def _prefix(pattern: str, field: str) -> tuple[str, object]:
             raise InvalidInput(f"allowed target {_show(pattern)} must end its prefix with '/' after the host "
                                "and path (e.g. https://hooks.example.com/services/*), so it cannot match "
                                "another host or a longer path name", field=field)
-        if _dotted(path):
-            raise InvalidInput(f"allowed target {_show(pattern)} holds a '.' or '..' path segment; write the "
-                               "path as it is", field=field)
+        if _dotted(path) or _ambiguous(path):
+            raise InvalidInput(f"allowed target {_show(pattern)} holds a '.' or '..' path segment, a '\\' or a "
+                               "';'; write the path as it is, without them", field=field)
         return "http", parsed
     if prefix.startswith("file://"):
         parsed = tg.parse(prefix)
@@ -134,6 +148,13 @@ def _dotted(path: str) -> bool:
     return any(s in (".", "..") for s in segments)
 
 
+def _ambiguous(path: str) -> bool:
+    """A web path a server may read otherwise than as written: a backslash (read as '/')
+    or a ';' (the path cut there, as matrix parameters), percent-encoded or not."""
+    plain = urllib.parse.unquote(path)
+    return "\\" in plain or ";" in plain
+
+
 def _under(path: str, top: str) -> bool:
     """``path`` is the directory ``top`` (which ends with '/') or below it."""
     return path == top.rstrip("/") or path.startswith(top)
@@ -152,7 +173,8 @@ def matches(target: str, pattern: str) -> bool:
         return False
     if kind == "http":
         assert isinstance(parts, tg.HttpTarget)
-        if not isinstance(parsed, tg.HttpTarget) or _dotted(urllib.parse.urlsplit(target).path):
+        path = urllib.parse.urlsplit(target).path
+        if not isinstance(parsed, tg.HttpTarget) or _dotted(path) or _ambiguous(path):
             return False
         return (parsed.scheme == parts.scheme and parsed.host.lower() == parts.host.lower()
                 and parsed.port == parts.port and parsed.path.startswith(parts.path))
@@ -178,9 +200,11 @@ def allowed(target: str, patterns: Iterable[str]) -> bool:
     return not has_adapter(target) or any(matches(target, p) for p in patterns)
 
 
-def check(target: str, patterns: Iterable[str] | None, *, run_id: str | None, whose: str, how: str) -> None:
+def check(target: str, patterns: Iterable[str] | None, *, run_id: str | None, whose: str, how: str,
+          see: str = "") -> None:
     """Refuse ``target`` unless ``patterns`` allow it (None: no list, anything goes).
-    ``whose`` names the list in the message, ``how`` says what to do instead."""
+    ``whose`` names the list in the message, ``how`` says what to do instead, ``see`` where
+    the list can be read (the message says how many patterns it holds, never which)."""
     if patterns is None:
         return
     patterns = tuple(patterns)
@@ -188,11 +212,15 @@ def check(target: str, patterns: Iterable[str] | None, *, run_id: str | None, wh
         return
     kind = "command" if target.startswith("cmd:") else "file write" if target.startswith("file://") else \
         "web request"
-    listed = ", ".join(_show(p) for p in patterns[:10]) or "none"
+    # How many patterns, never which: an exact webhook address on the list is itself a secret,
+    # and whoever is refused here (a model, a contract's author) need not be who keeps the list.
+    held = ("it is empty" if not patterns else
+            f"it holds {len(patterns)} pattern{'s' if len(patterns) != 1 else ''}, not shown here")
+    shown = f"; {see}" if see else ""
     subject = f"run {run_id}'s target" if run_id else "the target"
     raise TargetNotAllowed(
         f"{subject} {_show(target)} is a {kind} the ledger would carry out itself, and {whose} does not allow "
-        f"it (allowed: {listed}); nothing was written, sent or run. {how}", run_id=run_id, target=target[:_SHOWN])
+        f"it ({held}{shown}); nothing was written, sent or run. {how}", run_id=run_id, target=target[:_SHOWN])
 
 
 __all__ = ["TargetNotAllowed", "SETTING", "check", "check_pattern", "check_patterns", "matches", "allowed"]

@@ -513,7 +513,11 @@ def _person_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
     me, operator = config.name, config.role == "operator"
     actor = Actor("operator" if operator else "owner", me)
 
-    allowed_here = ", ".join(config.allow_targets) or "none is allowed"
+    # The patterns themselves are not shown to the model: an exact webhook address is a
+    # secret of its own (it carries the hook's token); their count and kinds are enough.
+    kinds = sorted({p.split(":", 1)[0] + ":" for p in config.allow_targets})
+    allowed_here = (f"{len(config.allow_targets)} pattern(s) of kind {', '.join(kinds)}, not shown; ask the person "
+                    "who runs this server which" if config.allow_targets else "none is allowed")
 
     def permitted(target: str, run_id: str | None, instead: str) -> None:
         # What a model asks for may have been written by whoever it read last (a web page,

@@ -117,7 +117,16 @@ def otlp_json(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
 
 
 def traces_url(endpoint: str) -> str:
-    """``endpoint`` as the collector's traces URL: a base address gets ``/v1/traces``."""
+    """``endpoint`` as the collector's traces URL: a base address gets ``/v1/traces``.
+
+    An address holding ``@`` is refused first and never shown: a user name or password in
+    it would reach the terminal, ``--json`` output and logs. A collector's credentials go in
+    ``OTEL_EXPORTER_OTLP_TRACES_HEADERS``, which the exporter reads and nothing prints."""
+    if isinstance(endpoint, str) and "@" in endpoint:
+        raise InvalidInput("the collector's address holds '@', as a user name or password before the host does; "
+                           "it is not shown here. Give the address without it (e.g. https://otlp.example.com) and "
+                           "put the credentials in OTEL_EXPORTER_OTLP_TRACES_HEADERS (e.g. "
+                           "'Authorization=Basic%20...'); write a '@' in the path as %40", field="endpoint")
     if not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://")):
         raise InvalidInput(f"the collector's address must start with http:// or https://, got {str(endpoint)[:80]!r} "
                            f"(e.g. {DEFAULT_ENDPOINT})", field="endpoint")

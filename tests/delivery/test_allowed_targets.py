@@ -164,7 +164,7 @@ def test_an_empty_list_sends_nothing_and_unsetting_it_lifts_it(backend, tmp_path
         assert lg.deny_targets("cmd:*") == ()
         assert lg.allowed_targets() == ()
         before = _log(lg, run)
-        with pytest.raises(al.TargetNotAllowed, match=r"allowed: none"):
+        with pytest.raises(al.TargetNotAllowed, match=r"\(it is empty; 'handoff targets' shows it"):
             lg.deliver(run, "alice", "v1", send=True)
         assert _log(lg, run) == before and not marker.exists()
         assert lg.set_allowed_targets(None) is None and lg.allowed_targets() is None

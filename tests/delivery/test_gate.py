@@ -206,9 +206,9 @@ def test_a_transferee_may_check_and_deliver(lg, tmp_path, receiver):
 def test_the_contract_file_marks_a_target_public(lg, tmp_path):
     run = lg.open_contract(json.dumps({"goal": "g", "target": "https://hooks.example/x", "owner": "alice",
                                        "public": True, "sanitize_patterns": ["ACME-\\d+"],
-                                       "send": {"timeout_s": 5, "retries": 1, "token_env": "HOOK"}}))
+                                       "send": {"timeout_s": 5, "retries": 1, "token_env": "HANDOFF_TOKEN_HOOK"}}))
     d = lg.checkpoint(run).delivery
-    assert d.public and d.patterns == ("ACME-\\d+",) and d.send.token_env == "HOOK" and d.send.retries == 1
+    assert d.public and d.patterns == ("ACME-\\d+",) and d.send.token_env == "HANDOFF_TOKEN_HOOK" and d.send.retries == 1
     with pytest.raises(InvalidInput, match="send.token_env"):
         lg.open_contract(json.dumps({"goal": "g", "target": "t", "owner": "a", "send": {"token_env": "A B"}}))
 

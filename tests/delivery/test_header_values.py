@@ -20,7 +20,7 @@ from tests.support import run_exe
 from .conftest import log_types, ready_run
 from .test_gate import payloads
 
-FAST = SendPolicy(timeout_s=2.0, retries=0, backoff_s=0.0, token_env="HOOK_TOKEN")
+FAST = SendPolicy(timeout_s=2.0, retries=0, backoff_s=0.0, token_env="HANDOFF_TOKEN_HOOK")
 SECRET = "s3cr3t-b34r3r"
 
 BAD_TOKENS = {
@@ -39,12 +39,12 @@ def test_a_token_a_header_cannot_carry_is_refused_unseen_before_anything_is_reco
     run = ready_run(lg, tmp_path, receiver.url, send=FAST)
     before = payloads(lg, run)
     with pytest.raises(InvalidInput) as err:
-        lg.deliver(run, "alice", "v1", send=True, env={"HOOK_TOKEN": BAD_TOKENS[what]})
-    assert err.value.field == "token_env" and "$HOOK_TOKEN" in err.value.message
+        lg.deliver(run, "alice", "v1", send=True, env={"HANDOFF_TOKEN_HOOK": BAD_TOKENS[what]})
+    assert err.value.field == "token_env" and "$HANDOFF_TOKEN_HOOK" in err.value.message
     assert "s3cr3t" not in str(err.value) and "s3cr3t" not in repr(err.value.details)
     assert payloads(lg, run) == before and receiver.requests == []
     # The key was not used up: with the token fixed, the same key goes through.
-    sent = lg.deliver(run, "alice", "v1", send=True, env={"HOOK_TOKEN": SECRET})
+    sent = lg.deliver(run, "alice", "v1", send=True, env={"HANDOFF_TOKEN_HOOK": SECRET})
     assert sent.status == "confirmed"
     assert receiver.requests[0]["headers"]["Authorization"] == f"Bearer {SECRET}"
 
@@ -56,12 +56,12 @@ def test_the_cli_refuses_a_bad_token_with_exit_2_no_traceback_and_never_prints_i
     with Ledger(db_path) as lg:
         run = ready_run(lg, tmp_path, receiver.url, send=FAST)
         before = payloads(lg, run)
-    monkeypatch.setenv("HOOK_TOKEN", SECRET + "\n")  # the real process reads it from its environment
+    monkeypatch.setenv("HANDOFF_TOKEN_HOOK", SECRET + "\n")  # the real process reads it from its environment
     for as_json in ((), ("--json",)):
         done = run_exe("deliver", run, "--by", "alice", "--key", "v1", "--send", *as_json, db=db_path)
         assert done.returncode == InvalidInput.exit_code, done.stderr
         shown = done.stdout + done.stderr
-        assert "Traceback" not in shown and "s3cr3t" not in shown and "HOOK_TOKEN" in shown
+        assert "Traceback" not in shown and "s3cr3t" not in shown and "HANDOFF_TOKEN_HOOK" in shown
         if as_json:
             assert json.loads(done.stdout or done.stderr)["error"]["type"] == "InvalidInput"
     with Ledger(db_path) as lg:

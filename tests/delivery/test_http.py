@@ -124,12 +124,12 @@ def test_nobody_listening_is_a_failure_nothing_sent(lg, tmp_path):
 
 def test_the_bearer_token_comes_from_the_environment_and_never_reaches_the_log(lg, tmp_path, receiver):
     secret = "tok-" + "s3cr3t" * 6
-    run = ready_run(lg, tmp_path, receiver.url, send=SendPolicy(token_env="HOOK_TOKEN"))
+    run = ready_run(lg, tmp_path, receiver.url, send=SendPolicy(token_env="HANDOFF_TOKEN_HOOK"))
     before = [r.payload for r in lg.log(run)]
-    with pytest.raises(InvalidInput, match=r"\$HOOK_TOKEN, which is not set"):
+    with pytest.raises(InvalidInput, match=r"\$HANDOFF_TOKEN_HOOK, which is not set"):
         lg.send_delivery(run, "alice", "k1", env={})
     assert [r.payload for r in lg.log(run)] == before and not receiver.requests
-    sent = lg.send_delivery(run, "alice", "k1", env={"HOOK_TOKEN": secret})
+    sent = lg.send_delivery(run, "alice", "k1", env={"HANDOFF_TOKEN_HOOK": secret})
     assert sent.status == "confirmed"
     assert receiver.requests[0]["headers"]["Authorization"] == f"Bearer {secret}"
     everything = b"".join(lg.export([run])) + sent.receipt.encode()

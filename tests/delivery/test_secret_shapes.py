@@ -50,6 +50,14 @@ def _whole(s: st.SearchStrategy[str]) -> st.SearchStrategy[tuple[str, str]]:
     return s.map(lambda x: (x, x))
 
 
+def _dumps(value: object, times: int) -> str:
+    """``value`` as JSON, then that JSON as a JSON string ``times`` times over."""
+    text = json.dumps(value)
+    for _ in range(times):
+        text = json.dumps(text)
+    return text
+
+
 _AWS_ID = _join(st.sampled_from(["AKIA", "ASIA", "ABIA", "ACCA"]), chars("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", 16))
 _AWS_SECRET = chars(B64, 40)
 
@@ -90,6 +98,45 @@ SHAPES: dict[str, st.SearchStrategy[tuple[str, str]]] = {
     "basic-bare": _basic(header=False),
     "bearer-header": st.tuples(st.sampled_from(["Authorization: Bearer ", "authorization: bearer ", "Bearer "]),
                                chars(ALNUM + "._~+/-", 20, 60)).map(lambda t: (t[0] + t[1], t[1])),
+    # A header inside JSON inside JSON (a tool's argument that is itself JSON): the quotes
+    # between the name and the value are escaped once or twice more.
+    "authorization-in-json": st.tuples(
+        st.sampled_from(["Authorization", "authorization", "Proxy-Authorization"]),
+        st.sampled_from(["Token ", "ApiKey ", "", "Bearer "]), _join(chars("0123456789", 1), chars(ALNUM + "._~+/-", 19, 60)),
+        st.integers(0, 3)).map(lambda t: (_dumps({t[0]: t[1] + t[2]}, t[3]), t[2])),
+    # A value after a secret's keyword, and an AWS secret after its name, in JSON escaped again.
+    "keyword-in-json": st.tuples(
+        st.sampled_from(["api_key", "password", "client_secret", "token"]),
+        _join(chars("0123456789", 1), chars(ALNUM + "_-.!", 7, 40)),
+        st.integers(1, 3)).map(lambda t: (_dumps({t[0]: t[1]}, t[2]), t[1])),
+    "aws-secret-in-json": st.tuples(
+        st.sampled_from(["aws_secret_access_key", "AWS_SECRET_ACCESS_KEY"]), _AWS_SECRET,
+        st.integers(1, 3)).map(lambda t: (_dumps({t[0]: t[1]}, t[2]), t[1])),
+    # ``aws iam create-access-key --output table``: the name in a cell, the key in the next.
+    "aws-secret-in-a-table": st.tuples(
+        st.sampled_from(["||  SecretAccessKey |  ", "| SecretAccessKey | ", "|secret_access_key|"]),
+        _AWS_SECRET, st.sampled_from(["  ||", " |", "|"])).map(lambda t: (t[0] + t[1] + t[2], t[1])),
+    # A private key (with an encrypted key's headers or none) as JSON, escaped again: its
+    # line ends are ``\\n``, ``\\\\n`` ...
+    "private-key-in-json": st.tuples(
+        st.sampled_from(["", "RSA ", "OPENSSH "]),
+        st.sampled_from(["", "Proc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,8A3F09C2D1E4B5A6\n\n"]),
+        st.lists(chars(B64, 64), min_size=1, max_size=4), st.integers(1, 3)).map(
+        lambda t: (_dumps(f"-----BEGIN {t[0]}PRIVATE KEY-----\n{t[1]}" + "\n".join(t[2])
+                          + f"\n-----END {t[0]}PRIVATE KEY-----", t[3]), t[2][0])),
+    # A password holding "/" (a port is digits: ``host:8080/@me`` is a path, not a password).
+    "url-password-with-slash": st.tuples(
+        st.sampled_from(["postgres", "postgresql", "mysql", "https"]), chars("abcdefghijklmnopqrstuvwxyz", 1, 12),
+        chars(ALNUM + "!$*+", 1, 10), chars(ALNUM + "/!$*+", 0, 10), chars(ALNUM + "!$*+", 1, 10)).filter(
+        lambda t: not t[2].isdigit()).map(lambda t: (f"{t[0]}://{t[1]}:{t[2]}/{t[3]}{t[4]}@db.example.com/app",
+                                                     f"{t[2]}/{t[3]}{t[4]}")),
+    # A DSN percent-encoded in a query string.
+    "url-password-encoded": st.tuples(
+        st.sampled_from(["postgres", "redis", "https"]), chars("abcdefghijklmnopqrstuvwxyz", 1, 12),
+        _join(chars("abcdefghijklmnopqrstuvwxyz", 1), chars("0123456789", 1), chars(ALNUM + "!*", 4, 20)), st.sampled_from(["%3A", "%3a"]),
+        st.sampled_from(["", "%2F", "%2f", "%25"])).map(
+        lambda t: (f"https://app.example.com/login?next={t[0]}{t[3]}%2F%2F{t[1]}{t[3]}{t[2]}{t[4]}%40db.example.com"
+                   "%2Fapp", t[2])),
     "url-with-password": st.tuples(st.sampled_from(["https", "http", "postgresql", "redis", "amqp", "ftp"]),
                                    chars("abcdefghijklmnopqrstuvwxyz0123456789._-", 1, 16),
                                    chars("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!$&*+,;=%~", 8, 30),
@@ -140,6 +187,12 @@ AWS region us-east-1; AKIA alone is a prefix, as are ghp_, glpat-, xoxb-, npm_, 
 npm_config_cache and npm_package_json are npm's variables; pypi-token is a word.
 Connect to postgresql://db.example.com:5432/app or https://github.com/org/repo with your own account.
 -----BEGIN PUBLIC KEY----- and -----BEGIN CERTIFICATE----- blocks are public.
+Paths may hold a colon and an at sign: https://host/a:b@c, http://example.com:3000/users/@me,
+http://[2001:db8::5]:5173/@vite/client, and https://medium.com:443/@user/post.
+Encoded addresses in a query: /login?next=https%3A%2F%2Fexample.com%2Fhome or
+/login?next=https%3A%2F%2Fexample.com%3A8443%2F%40me and /go?to=mailto%3Ateam%40example.com.
+The "Authorization" header, \\"Authorization\\": \\"see below\\", and {\\"token\\": 3}.
+SecretAccessKey | (shown once) | AccessKeyId | Status: the columns of the table.
 max_tokens: 4096, token budget: 3, the password policy lives in the wiki.
 """
 
@@ -179,6 +232,19 @@ _EXAMPLES: dict[str, tuple[str, str]] = {
     "basic-bare": ("basic ZGVwbG95OmIzc3QtcGFzc3dvcmQ=", "ZGVwbG95OmIzc3QtcGFzc3dvcmQ="),
     "bearer-header": ("Authorization: Bearer Q2mK9pL4nR6tV8wZ1cE3", "Q2mK9pL4nR6tV8wZ1cE3"),
     "url-with-password": ("https://deploy:Q2MK9PL4NR6T@203.0.113.7/hook", "Q2MK9PL4NR6T"),
+    # The security review's reproductions (issue 39, findings 4 and 5).
+    "authorization-in-json": (json.dumps({"Authorization": "Token 9f8e7d6c5b4a39281706f5e4d3c2b1a0"}),
+                              "9f8e7d6c5b4a39281706f5e4d3c2b1a0"),
+    "keyword-in-json": (_dumps({"api_key": "Q2mK9pL4nR6tV8wZ"}, 1), "Q2mK9pL4nR6tV8wZ"),
+    "aws-secret-in-json": (_dumps({"aws_secret_access_key": "kT3vQ9mZ/pL2xR8wN5cB1yH7jF4dG6sA0eU+iO3q"}, 1),
+                           "kT3vQ9mZ/pL2xR8wN5cB1yH7jF4dG6sA0eU+iO3q"),
+    "aws-secret-in-a-table": ("||  SecretAccessKey |  kT3vQ9mZ/pL2xR8wN5cB1yH7jF4dG6sA0eU+iO3q  ||",
+                              "kT3vQ9mZ/pL2xR8wN5cB1yH7jF4dG6sA0eU+iO3q"),
+    "private-key-in-json": (json.dumps(json.dumps("-----BEGIN RSA PRIVATE KEY-----\n" + _KEY_BODY
+                                                  + "\n-----END RSA PRIVATE KEY-----")), _KEY_BODY),
+    "url-password-with-slash": ("postgres://admin:abc/def@db", "abc/def"),
+    "url-password-encoded": ("https://app.example.com/login?next=postgres%3A%2F%2Fadmin%3APw8x2Kq%40db%2Fapp",
+                             "Pw8x2Kq"),
 }
 
 
@@ -258,3 +324,35 @@ def test_the_lease_blocks_scrub_removes_each_shape(tmp_path):
         for shape, (text, secret) in sorted(_EXAMPLES.items()):
             out = bounded_text(f"RuntimeError: deploy failed with {text} (retrying)", lg, run)
             assert secret not in out and "RuntimeError: deploy failed with" in out, shape
+
+
+# --- hostile text: the scan stays linear ----------------------------------------------------------
+
+#: Text built to make the detectors of escaped quotes, escaped line ends, URL passwords and
+#: table cells try again and again: n repeats of a near miss.
+HOSTILE = {
+    "escaped-quotes": lambda n: 'Authorization\\\\\\"' * n + "api_key" + "\\" * n + ":" + "\\" * n,
+    "escaped-line-ends": lambda n: "-----BEGIN PRIVATE KEY-----" + "\\" * n + "x" + "\\\\n" * n,
+    "url-passwords": lambda n: "a://b:" * n + "x://u:p/" * n + "a%3A%2F%2Fb%3A" * n,
+    "table-cells": lambda n: "SecretAccessKey | " * n + "aws_key\\\\\\ " * n,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_hostile_text_is_scanned_in_linear_time(kind):
+    """Eight times the text takes about eight times as long, not sixty-four: each size's
+    best of three runs, scan and redact, compared (a quadratic scan fails by far)."""
+    import time
+
+    def cost(n: int) -> float:
+        text = HOSTILE[kind](n)
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            sz.scan([("t", text)])
+            sz.redact(text, SALT)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    small, large = cost(2_000), cost(16_000)
+    assert large < 24 * max(small, 1e-4), (kind, small, large)

@@ -309,6 +309,25 @@ def test_the_in_process_check_refuses_at_open_and_deliver_and_writes_nothing(bac
     assert not marker.exists()
 
 
+def test_the_open_tool_tells_the_model_how_many_targets_are_allowed_never_which(tmp_path):
+    """An exact webhook address carries the hook's token: the model learns the count and the
+    kinds of the server's --allow-target patterns, not the patterns."""
+    from handoff.aio import AsyncLedger
+
+    hook = "https://hooks.slack.com/services/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"
+
+    async def body() -> str:
+        async with AsyncLedger(str(tmp_path / "l.db")) as alg:
+            server = ms.build(alg, ms.Config(role="owner", name="alice", allow_targets=(hook, "cmd:/bin/true *")),
+                              ms.Sessions(alg, single=ms.Session("t")))
+            async with Client(server) as owner:
+                return str([t.model_dump() for t in (await owner.list_tools()).tools])
+
+    tools = anyio.run(body)
+    assert "XyZsecretWebhookToken123" not in tools and "/bin/true" not in tools
+    assert "2 pattern(s) of kind cmd:, https:" in tools
+
+
 # --- a lease kept through a locked store ---------------------------------------------------------
 
 #: Holds the ledger's write lock from the moment it reads a line on stdin for the seconds

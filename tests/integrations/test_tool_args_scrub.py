@@ -138,3 +138,28 @@ def test_the_description_is_scrubbed_whole_before_it_is_cut(tmp_path):
         for pad in range(MAX_WHAT - 30, MAX_WHAT + 5):
             text = asyncio.run(agent_run.describe("deploy", {"a": "x" * pad, "b": token}))
             assert "ghp_R4nd" not in text and len(text) <= MAX_WHAT
+
+
+def test_a_header_or_a_key_in_an_argument_that_is_itself_json_is_scrubbed(tmp_path):
+    """The security review's reproductions: ``what`` dumps the arguments as JSON, so an
+    argument that is JSON already is escaped twice (``\\"Authorization\\": \\"Token ...``),
+    and a private key dumped twice over has line ends ``\\\\n``. Neither is recorded."""
+    from handoff.integrations._agent_run import what
+    from handoff.lease import bounded_text
+    from handoff.reducers import sanitize as sz
+
+    token = "9f8e7d6c5b4a39281706f5e4d3c2b1a0"
+    body = "MIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf9Cnzj4p4WGeKLs1Pt8Qu"
+    key = f"-----BEGIN RSA PRIVATE KEY-----\n{body}\nAbCd==\n-----END RSA PRIVATE KEY-----\n"
+    calls = {
+        token: what("http_request", {"headers": json.dumps({"Authorization": f"Token {token}"})}),
+        body: what("write_file", {"content": json.dumps(json.dumps(key))}),
+    }
+    with Ledger(str(tmp_path / "l.db")) as lg:
+        run = lg.open(goal="g", target="chat:#x", owner="alice", run_id="json-args")
+        for secret, text in calls.items():
+            assert secret in text  # the description as built holds it ...
+            assert [f.detector for f in sz.scan([("what", text)])] == ["secret"]
+            out = bounded_text(text, lg, run)  # ... what is recorded does not
+            assert secret not in out and secret[:12] not in out, out
+            assert out.startswith(text[:text.index("(") + 1])
