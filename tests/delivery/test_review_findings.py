@@ -23,7 +23,7 @@ from handoff.integrations import otel as ot
 from handoff.ledger.errors import InvalidInput, TargetNotAllowed
 from handoff.ledger.events import SendPolicy
 from handoff.reducers import targets as tg
-from tests.cli.conftest import executable
+from tests.support import executable
 
 from .conftest import ready_run
 
