@@ -3,7 +3,7 @@
 ``bundle`` reads the recorded artifacts (checked against the digests the log holds) into
 the exact bytes a delivery sends; ``adapters`` sends them to a webhook, a directory or a
 command and says what came back: confirmed, failed, or unknown. The ledger's side (record
-the attempt, send, record the outcome) is ``Ledger.deliver(send=True)`` in handoff/api.py.
+the attempt, send, record the outcome) is ``Ledger.deliver(send=True)`` in handoff/delivering.py.
 See docs/delivery.md.
 """
 

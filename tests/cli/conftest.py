@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-# ROOT and make_runner are imported from here by tests/cli/test_docs.py.
-from tests.support import ROOT, Handoff, make_runner  # noqa: F401
+from tests.support import Handoff
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 
 from handoff import cli
 
-from .conftest import ROOT, make_runner
+from tests.support import ROOT, make_runner
 
 DOC = os.path.join(ROOT, "docs", "cli.md")
 COMMANDS = [name for name, cmd in cli.main.commands.items() if not cmd.hidden]
