@@ -18,13 +18,13 @@ def receiver():
 
 
 def ready_run(lg: Ledger, tmp_path, target: str, *, content: str = "# Report\n\nAll checks passed.\n",
-              summary: str = "the report is done", public: bool = False, **open_kw) -> str:
+              summary: str = "the report is done", public: bool = False, owner: str = "alice", **open_kw) -> str:
     """Open, claim, record one artifact, submit, pass evidence: a run ready to deliver."""
     n = len(list(tmp_path.glob("work*")))
     path = tmp_path / ("work" if n == 0 else f"work{n}") / "report.md"  # one directory per run
     path.parent.mkdir()
     path.write_text(content)
-    run = lg.open(goal="write the report", target=target, owner="alice", public=public, **open_kw)
+    run = lg.open(goal="write the report", target=target, owner=owner, public=public, **open_kw)
     tok = lg.claim(run, "w1")
     lg.transition(run, tok, "planning")
     lg.transition(run, tok, "executing")

@@ -20,7 +20,7 @@ from handoff.ledger.errors import SanitizationRequired
 from handoff.reducers import sanitize as sz
 from tests.support import Handoff
 
-from .conftest import outbox
+from .conftest import outbox, ready_run
 
 B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
@@ -252,32 +252,17 @@ def test_every_shape_has_a_fixed_example():
     assert set(_EXAMPLES) == set(SHAPES)
 
 
-def _public_file_run(lg: Ledger, tmp_path, box, n: int, content: str) -> str:
-    work = tmp_path / f"work-{n}"
-    work.mkdir()
-    path = work / "result.md"
-    path.write_text(f"# Result\n\nDeployed.\n{content}\n")
-    # An owner per run: one owner may have ten active runs at a time.
-    run = lg.open(goal="ship the result", target=f"file://{box}", owner=f"owner{n}", public=True)
-    tok = lg.claim(run, "w1")
-    for s in ("planning", "executing"):
-        lg.transition(run, tok, s)
-    lg.artifact(run, tok, str(path))
-    lg.transition(run, tok, "verifying")
-    lg.evidence(run, "tests", "pass", lease=tok)
-    lg.submit(run, tok, "the result")
-    return run
-
-
 def test_a_public_file_run_holding_any_shape_is_refused_and_sends_nothing(backend, tmp_path):
     box = outbox(tmp_path)
     with Ledger(backend.address()) as lg:
         for n, shape in enumerate(sorted(_EXAMPLES)):
             text, secret = _EXAMPLES[shape]
-            run = _public_file_run(lg, tmp_path, box, n, text)
+            # An owner per run: one owner may have ten active runs at a time.
+            run = ready_run(lg, tmp_path, f"file://{box}", content=f"# Result\n\nDeployed.\n{text}\n",
+                            public=True, owner=f"owner{n}")
             doc = lg.sanitize(run, f"owner{n}")
             assert not doc["passed"], shape
-            assert ("secret", "artifact result.md", 4) in {(f["detector"], f["item"], f["line"])
+            assert ("secret", "artifact report.md", 4) in {(f["detector"], f["item"], f["line"])
                                                            for f in doc["findings"]}, (shape, doc["findings"])
             assert secret not in json.dumps(doc)
             before = [(r.seq, r.type) for r in lg.log(run)]
