@@ -615,7 +615,7 @@ def review(run: str, by: str, approve: bool | None, notes: str, key: str | None,
     if approve is None:
         raise click.UsageError("say --approve or --reject")
     with _ledger() as lg:
-        out = lg.review(run, by, approve, notes, key=key)
+        out = lg.review(run, approve, notes, key=key, by=by)
     echo_write(out, as_json, "approved" if approve else "rejected")
 
 
@@ -687,7 +687,7 @@ def deliver(run: str, by: str, key: str, send_now: bool, timeout: float | None, 
         raise click.UsageError("--timeout and --retries apply to --send only")
     if send_now:
         with _ledger() as lg:
-            sent = lg.deliver(run, by, key, send=True, timeout_s=timeout, retries=retries)
+            sent = lg.deliver(run, key, send=True, timeout_s=timeout, retries=retries, by=by)
         doc = {"run_id": run, "status": sent.status, "sent": sent.sent, "receipt": sent.receipt,
                "error": sent.error, "tries": sent.tries, **R.delivery_doc(sent.checkpoint)}
         # The receipt and the error are the target's words: one line each, escaped.
@@ -705,7 +705,7 @@ def deliver(run: str, by: str, key: str, send_now: bool, timeout: float | None, 
             click.get_current_context().exit(Refused.exit_code)
         return
     with _ledger() as lg:
-        out = lg.deliver(run, by, key)
+        out = lg.deliver(run, key, by=by)
     cp, extra = out.checkpoint, R.delivery_doc(out.checkpoint)
     if out.duplicate:
         extra["send"] = False
@@ -738,7 +738,7 @@ def sanitize(run: str, by: str, as_json: bool) -> None:
         handoff sanitize $RUN --by alice && handoff deliver $RUN --by alice --key v1 --send
     """
     with _ledger() as lg:
-        doc = lg.sanitize(run, by)
+        doc = lg.sanitize(run, by=by)
     from handoff.reducers.sanitize import describe
     from handoff.ledger.events import Finding
 
@@ -835,7 +835,7 @@ def revoke(run: str, reason: str, lease: int | None, by: str | None, key: str | 
     """
     with _ledger() as lg:
         before = lg.checkpoint(run).lease
-        out = lg.revoke(run, reason, lease=lease, by=by, key=key)
+        out = lg.revoke(run, reason, lease_number=lease, by=by, key=key)
     echo_write(out, as_json, f"lease {before} revoked")
 
 
@@ -862,7 +862,7 @@ def close(run: str, by: str, disposition: str, reason: str, operator: bool, key:
     """
     disposition = disposition.replace("-", "_")
     with _ledger() as lg:
-        out = lg.close_run(run, by, disposition, reason, as_operator=operator, key=key)
+        out = lg.close_run(run, disposition, reason, as_operator=operator, key=key, by=by)
     echo_write(out, as_json, f"closed as {disposition}")
 
 

@@ -166,7 +166,7 @@ def _template_runs() -> dict[str, list[ev.Event]]:
             lg.evidence("t-live", "pytest", "pass", "412 passed", lease=lease)
             lg.artifact("t-live", lease, result, kind="result", worker="w1")
             lg.submit("t-live", lease, "report drafted", worker="w1")
-            lg.deliver("t-live", "alice", "deliver-1")
+            lg.deliver("t-live", "deliver-1", by="alice")
             lg.delivered("t-live", "deliver-1", "msg-123")
             out["delivered"] = [r.event for r in lg.log("t-live")][len(out["start"]):]
             # closed: an owner cancels a run still being worked on
@@ -174,7 +174,7 @@ def _template_runs() -> dict[str, list[ev.Event]]:
             lease = lg.claim("t-closed", "w1")
             lg.transition("t-closed", lease, "planning", worker="w1")
             n0 = sum(1 for _ in lg.log("t-closed"))
-            lg.close_run("t-closed", "alice", "cancelled", "superseded")
+            lg.close_run("t-closed", "cancelled", "superseded", by="alice")
             out["cancelled"] = [r.event for r in lg.log("t-closed")][n0:]
     return out
 

@@ -119,7 +119,7 @@ def _deliver_send(ctx: Ctx) -> Trial:
     lg, runs = _ready_runs(ctx, lambda i: f"file://{box}")
 
     def run() -> Measured:
-        return _timed_each(runs, lambda r: lg.deliver(r, "alice", "v1", send=True))
+        return _timed_each(runs, lambda r: lg.deliver(r, "v1", send=True, by="alice"))
 
     def check() -> None:
         expect("files delivered", len(list(box.iterdir())), len(runs))
@@ -132,7 +132,7 @@ def _deliver_by_hand(ctx: Ctx) -> Trial:
     lg, runs = _ready_runs(ctx, lambda i: "chat:#ops")
 
     def both(r: str) -> None:
-        lg.deliver(r, "alice", "v1")
+        lg.deliver(r, "v1", by="alice")
         lg.delivered(r, "v1", "chat message 1", by="alice")
 
     def check() -> None:

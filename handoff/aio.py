@@ -233,6 +233,7 @@ class AsyncLedger:
     claim = _Call(Ledger.claim)
     claim_outcome = _Call(Ledger.claim_outcome)
     worker_actor = _Call(Ledger.worker_actor)
+    # --- generated from handoff/operations.py (AsyncLedger verbs): python -m handoff.codegen --write ---
     heartbeat = _Call(Ledger.heartbeat)
     transition = _Call(Ledger.transition)
     progress = _Call(Ledger.progress)
@@ -244,24 +245,35 @@ class AsyncLedger:
     effect_start = _Call(Ledger.effect_start)
     effect_confirm = _Call(Ledger.effect_confirm)
     submit = _Call(Ledger.submit)
+    release = _Call(Ledger.release)
     review = _Call(Ledger.review)
-    reopen = _Call(Ledger.reopen)
     transfer = _Call(Ledger.transfer)
+    revoke = _Call(Ledger.revoke)
+    close_run = _Call(Ledger.close_run)
+    reopen = _Call(Ledger.reopen)
     deliver = _Call(Ledger.deliver)
+    delivered = _Call(Ledger.delivered)
+    delivery_failed = _Call(Ledger.delivery_failed)
+    observe = _Call(Ledger.observe)
+    recover = _Call(Ledger.recover)
+    open = _Call(Ledger.open)
+    open_contract = _Call(Ledger.open_contract)
+    claim = _Call(Ledger.claim)
+    claim_outcome = _Call(Ledger.claim_outcome)
+    sanitize = _Call(Ledger.sanitize)
+    send_delivery = _Call(Ledger.send_delivery)
+    fork = _Call(Ledger.fork)
+    save_graph_checkpoint = _Call(Ledger.save_graph_checkpoint)
+    save_graph_writes = _Call(Ledger.save_graph_writes)
+    erase_values = _Call(Ledger.erase_values)
+    # --- end of generated code (AsyncLedger verbs) ---
     send_delivery = _Call(Ledger.send_delivery)
     sanitize = _Call(Ledger.sanitize)
     allowed_targets = _Call(Ledger.allowed_targets)
     set_allowed_targets = _Call(Ledger.set_allowed_targets)
     allow_targets = _Call(Ledger.allow_targets)
     deny_targets = _Call(Ledger.deny_targets)
-    delivered = _Call(Ledger.delivered)
-    delivery_failed = _Call(Ledger.delivery_failed)
-    release = _Call(Ledger.release)
-    revoke = _Call(Ledger.revoke)
-    close_run = _Call(Ledger.close_run)
     fork = _Call(Ledger.fork)
-    observe = _Call(Ledger.observe)
-    recover = _Call(Ledger.recover)
     save_graph_checkpoint = _Call(Ledger.save_graph_checkpoint)
     save_graph_writes = _Call(Ledger.save_graph_writes)
     erase_values = _Call(Ledger.erase_values)
@@ -409,30 +421,72 @@ class AsyncLease(HeldLease):
         core.check()  # a write that waited past the fence must not let the work go on
         return out
 
-    async def heartbeat(self, **kw: Any) -> Outcome:
-        return await self._do(self.core.heartbeat(**kw))
+    # --- generated from handoff/operations.py (AsyncLease verbs): python -m handoff.codegen --write ---
+    async def heartbeat(self, *, attrs: Mapping[str, Any] | None = None) -> Outcome:
+        """Say the lease holder is alive. Heartbeats are liveness, never progress.
 
-    async def progress(self, kind: str, detail: str = "", **kw: Any) -> Outcome:
-        return await self._do(self.core.progress(kind, detail, **kw))
+        It takes no key: a heartbeat changes no authority, and a repeated one
+        only says again that the holder is alive, which is what a retry means.
+        """
+        return await self._do(self.core.heartbeat(attrs=attrs))
 
-    async def transition(self, to: str, **kw: Any) -> Outcome:
-        return await self._do(self.core.transition(to, **kw))
+    async def transition(self, to: str, *, reason: str = "", key: str | None = None) -> Outcome:
+        """Move the run through its lifecycle (queued -> planning -> executing ->
+        verifying)."""
+        return await self._do(self.core.transition(to, reason=reason, key=key))
 
-    async def artifact(self, path: str, **kw: Any) -> Outcome:
-        return await self._do(self.core.artifact(path, **kw))
+    async def progress(self, kind: str, detail: str = "", *, attrs: Mapping[str, Any] | None = None,
+                       key: str | None = None) -> Outcome:
+        """Record a step. Only the state's progress kinds advance progress_seq.
 
-    async def evidence(self, kind: str, outcome: str, detail: str = "", **kw: Any) -> Outcome:
-        return await self._do(self.core.evidence(kind, outcome, detail, **kw))
+        With a key, a retried report writes nothing new.
+        """
+        return await self._do(self.core.progress(kind, detail, attrs=attrs, key=key))
 
-    async def block(self, reason: str, next_action: str, **kw: Any) -> Outcome:
-        return await self._do(self.core.block(reason, next_action, **kw))
+    async def artifact(self, path: str, *, kind: str = "result", root: str | None = None,
+                       max_bytes: int | str | None = None, attrs: Mapping[str, Any] | None = None,
+                       key: str | None = None) -> Outcome:
+        """Measure a file (regular files only, at most max_bytes) and record it as an
+        artifact."""
+        return await self._do(self.core.artifact(path, kind=kind, root=root, max_bytes=max_bytes, attrs=attrs,
+                                                 key=key))
 
-    async def submit(self, summary: str = "", **kw: Any) -> Outcome:
-        return await self._do(self.core.submit(summary, **kw))
+    async def evidence(self, kind: str, outcome: str, detail: str = "", *,
+                       attrs: Mapping[str, Any] | None = None, key: str | None = None) -> Outcome:
+        """Record a check that was run and how it came out. Delivery needs a pass and no
+        fail."""
+        return await self._do(self.core.evidence(kind, outcome, detail, attrs=attrs, key=key))
 
-    async def confirm(self, key: str, outcome: str, note: str = "", **kw: Any) -> Outcome:
-        """As ``Lease.confirm``: a side effect's outcome, found by looking at the world."""
-        return await self._do(self.core.confirm(key, outcome, note, **kw))
+    async def block(self, reason: str, next_action: str, *, key: str | None = None) -> Outcome:
+        """Record a named blocker and the next action; the run waits in 'blocked'.
+
+        A blocked run is not a stall: the watchdog leaves it alone.
+        """
+        return await self._do(self.core.block(reason, next_action, key=key))
+
+    async def unblock(self, resolution: str, *, blocker_id: int | None = None,
+                      key: str | None = None) -> Outcome:
+        """Clear blockers; the run returns to the state it was blocked from."""
+        return await self._do(self.core.unblock(resolution, blocker_id=blocker_id, key=key))
+
+    async def confirm(self, effect_key: str, outcome: str, *, note: str = "",
+                      attrs: Mapping[str, Any] | None = None) -> Outcome:
+        """Record a side effect's outcome: done, or absent (it did not happen).
+
+        A reconciliation after a lost worker: look at the world, then say what
+        happened.
+        """
+        return await self._do(self.core.confirm(effect_key, outcome, note=note, attrs=attrs))
+
+    async def submit(self, summary: str = "", *, key: str | None = None) -> Outcome:
+        """Submit the result: the run moves to review (or succeeds when the contract needs
+        none)."""
+        return await self._do(self.core.submit(summary, key=key))
+
+    async def release(self, reason: str = "", *, key: str | None = None) -> Outcome:
+        """Give the lease back: the run stays where it is, claimable by the next worker."""
+        return await self._do(self.core.release(reason, key=key))
+    # --- end of generated code (AsyncLease verbs) ---
 
     @asynccontextmanager
     async def effect(self, key: str, what: str, **kw: Any) -> AsyncIterator[Effect]:

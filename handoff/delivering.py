@@ -31,9 +31,9 @@ class Delivering:
 
     store: EventStore
 
-    def deliver(self, run_id: str, by: str, key: str, *, send: bool = False, timeout_s: float | None = None,
-                retries: int | None = None, env: Any = None) -> Any:
-        """Record a delivery attempt under ``key``; retrying the same key sends nothing twice.
+    def deliver(self, run_id: str, delivery_key: str, *, send: bool = False, timeout_s: float | None = None,
+                retries: int | None = None, env: Any = None, by: str) -> Any:
+        """Record a delivery attempt under ``delivery_key``; retrying the same key sends nothing twice.
 
         Without ``send`` the owner sends the result itself and records the outcome with
         ``delivered`` or ``delivery_failed``; returns the write's ``Outcome``. With
@@ -42,7 +42,7 @@ class Delivering:
         over exactly what is sent either way.
         """
         if send:
-            return self.send_delivery(run_id, by, key, timeout_s=timeout_s, retries=retries, env=env)
+            return self.send_delivery(run_id, delivery_key, by=by, timeout_s=timeout_s, retries=retries, env=env)
         # No idempotency key on purpose: decide itself treats a retry of a pending or
         # confirmed attempt as a no-op and refuses a key that already failed.
         cp = self.checkpoint(run_id)
@@ -51,9 +51,9 @@ class Delivering:
             from handoff.delivery import bundle as db
 
             digest = db.build(cp).sha256  # the gate compares it with the last check
-        return self.execute(run_id, C.Deliver(key=key, bundle_sha256=digest), actor=Actor("owner", by))
+        return self.execute(run_id, C.Deliver(key=delivery_key, bundle_sha256=digest), actor=Actor("owner", by))
 
-    def send_delivery(self, run_id: str, by: str, key: str, *, timeout_s: float | None = None,
+    def send_delivery(self, run_id: str, delivery_key: str, *, by: str, timeout_s: float | None = None,
                       retries: int | None = None, env: Any = None, sleep: Callable[[float], None] = time.sleep) -> Sent:
         """Send the result to the contract's target and record what happened, in that order:
         the attempt (before anything leaves), the send, then the confirmation with its
@@ -76,7 +76,7 @@ class Delivering:
             timeout_s = check_seconds(timeout_s, "timeout", low=0.0, low_open=True)
         if retries is not None:
             retries = check_seq(retries, "retries", low=0, high=20)
-        if cp.delivery.confirmed_key == key:
+        if cp.delivery.confirmed_key == delivery_key:
             return Sent("confirmed", False, cp.delivery.receipt or "", "", 0, cp)
         from handoff.delivery import allowed as al
 
@@ -86,41 +86,41 @@ class Delivering:
                  see="'handoff targets' shows it (Ledger.allowed_targets)")
         adapter = da.adapter_for(cp.target, policy, timeout_s=timeout_s, env=env)
         bundle = db.build(cp)
-        adapter.prepare(bundle, key, run_id)  # what the send could never carry: refused before the record
+        adapter.prepare(bundle, delivery_key, run_id)  # what the send could never carry: refused before the record
         honours = dl.honours_keys(cp.target)
 
         def refuse_resend(c: Checkpoint) -> None:
-            a = c.delivery.attempt(key)
+            a = c.delivery.attempt(delivery_key)
             if a is not None and a.open and not honours:
                 raise ResendRefused(
-                    f"delivery {key!r} of run {run_id} was already attempted and its outcome is not known; "
+                    f"delivery {delivery_key!r} of run {run_id} was already attempted and its outcome is not known; "
                     f"{cp.target.split(':', 1)[0]}: targets do not honour delivery keys, so sending again could "
                     "deliver twice. Check the target, then record 'handoff delivered' or 'handoff "
-                    "delivery-failed'", key=key)
+                    "delivery-failed'", key=delivery_key)
 
         refuse_resend(cp)
         from handoff.reducers.decide import authorize
 
-        for record in (C.ConfirmDelivery(key=key, receipt="-"), C.FailDelivery(key=key, error="-"),
-                       C.RecordUnanswered(key=key, reason="-")):
+        for record in (C.ConfirmDelivery(key=delivery_key, receipt="-"), C.FailDelivery(key=delivery_key, error="-"),
+                       C.RecordUnanswered(key=delivery_key, reason="-")):
             authorize(cp, record, Actor("owner", by))  # it must be able to record what happens
-        out = self.execute(run_id, C.Deliver(key=key, bundle_sha256=bundle.sha256), actor=Actor("owner", by))
+        out = self.execute(run_id, C.Deliver(key=delivery_key, bundle_sha256=bundle.sha256), actor=Actor("owner", by))
         if out.result.outcome != "committed":
-            if out.checkpoint.delivery.confirmed_key == key:
+            if out.checkpoint.delivery.confirmed_key == delivery_key:
                 return Sent("confirmed", False, out.checkpoint.delivery.receipt or "", "", 0, out.checkpoint)
             refuse_resend(out.checkpoint)
-        result = adapter.send(bundle, key, run_id, retries=policy.retries if retries is None else retries,
+        result = adapter.send(bundle, delivery_key, run_id, retries=policy.retries if retries is None else retries,
                               backoff_s=policy.backoff_s, sleep=sleep)
         actor = Actor("owner", by)
         if result.outcome == "confirmed":
-            out = self.execute(run_id, C.ConfirmDelivery(key=key, receipt=result.receipt), actor=actor)
+            out = self.execute(run_id, C.ConfirmDelivery(key=delivery_key, receipt=result.receipt), actor=actor)
         elif result.outcome == "failed":
-            out = self.execute(run_id, C.FailDelivery(key=key, error=result.error), actor=actor)
+            out = self.execute(run_id, C.FailDelivery(key=delivery_key, error=result.error), actor=actor)
         else:
-            out = self.execute(run_id, C.RecordUnanswered(key=key, reason=result.error), actor=actor)
+            out = self.execute(run_id, C.RecordUnanswered(key=delivery_key, reason=result.error), actor=actor)
         return Sent(result.outcome, True, result.receipt, result.error, result.tries, out.checkpoint)
 
-    def sanitize(self, run_id: str, by: str) -> dict[str, Any]:
+    def sanitize(self, run_id: str, *, by: str) -> dict[str, Any]:
         """Run the sanitization detectors over exactly what a delivery would send now and
         record the check (``sanitization_checked``) with the digests it read. A check with
         findings is recorded too (``passed`` false), naming detector, part and line, never
@@ -151,14 +151,6 @@ class Delivering:
         return {"run_id": run_id, "passed": not findings, "bundle_sha256": bundle.sha256,
                 "items": [msgspec.to_builtins(i) for i in bundle.items],
                 "findings": [msgspec.to_builtins(f) for f in findings], "seq": out.result.last_seq}
-
-    def delivered(self, run_id: str, key: str, receipt: str, *, by: str | None = None) -> Outcome:
-        cp = self.checkpoint(run_id)
-        return self.execute(run_id, C.ConfirmDelivery(key=key, receipt=receipt), actor=Actor("owner", by or cp.owner))
-
-    def delivery_failed(self, run_id: str, key: str, error: str, *, by: str | None = None) -> Outcome:
-        cp = self.checkpoint(run_id)
-        return self.execute(run_id, C.FailDelivery(key=key, error=error), actor=Actor("owner", by or cp.owner))
 
     # --- the delivery targets the ledger may send to (handoff/delivery/allowed.py) ------
 

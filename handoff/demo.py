@@ -375,7 +375,7 @@ class _Story:
             raise DemoFailed(f"worker-c's wrapper did not stop within {fired_within(STOP_GRACE):g}s of SIGTERM; "
                              f"see {self.path('worker-c.log')}") from None
         self.say("  SIGTERM to worker-c's wrapper is forwarded to its agent; the end is recorded, the lease released.")
-        lg.close_run(STUCK, "bob", "failed", "stalled: heartbeats but no progress; vendor export never became ready")
+        lg.close_run(STUCK, "failed", "stalled: heartbeats but no progress; vendor export never became ready", by="bob")
         self.say("  bob closes demo-stuck as failed.")
 
         self.step("worker-b finishes: artifact recorded (the ledger measures it), checked, submitted.")

@@ -365,35 +365,58 @@ class LeaseCore:
 
     # --- the verbs, as calls on a Ledger (one mapping for the sync and async blocks) ---
 
-    def heartbeat(self, **kw: Any) -> Callable[[Ledger], Outcome]:
+    # --- generated from handoff/operations.py (LeaseCore verbs): python -m handoff.codegen --write ---
+    def heartbeat(self, *, attrs: Mapping[str, Any] | None = None) -> Callable[[Ledger], Outcome]:
         t = self.token
-        return lambda lg: lg.heartbeat(self.run_id, t, worker=self.worker, **kw)
+        return lambda lg: lg.heartbeat(self.run_id, t, attrs=attrs, worker=self.worker)
 
-    def progress(self, kind: str, detail: str, **kw: Any) -> Callable[[Ledger], Outcome]:
+    def transition(self, to: str, *, reason: str = "", key: str | None = None) -> Callable[[Ledger], Outcome]:
         t = self.token
-        return lambda lg: lg.progress(self.run_id, t, kind, detail, worker=self.worker, **kw)
+        return lambda lg: lg.transition(self.run_id, t, to, reason=reason, key=key, worker=self.worker)
 
-    def transition(self, to: str, **kw: Any) -> Callable[[Ledger], Outcome]:
+    def progress(self, kind: str, detail: str = "", *, attrs: Mapping[str, Any] | None = None,
+                 key: str | None = None) -> Callable[[Ledger], Outcome]:
         t = self.token
-        return lambda lg: lg.transition(self.run_id, t, to, worker=self.worker, **kw)
+        return lambda lg: lg.progress(self.run_id, t, kind, detail, attrs=attrs, key=key, worker=self.worker)
 
-    def artifact(self, path: str, **kw: Any) -> Callable[[Ledger], Outcome]:
+    def artifact(self, path: str, *, kind: str = "result", root: str | None = None,
+                 max_bytes: int | str | None = None, attrs: Mapping[str, Any] | None = None,
+                 key: str | None = None) -> Callable[[Ledger], Outcome]:
         t = self.token
-        return lambda lg: lg.artifact(self.run_id, t, path, worker=self.worker, **kw)
+        return lambda lg: lg.artifact(self.run_id, t, path, kind=kind, root=root, max_bytes=max_bytes,
+                                      attrs=attrs, key=key, worker=self.worker)
 
-    def evidence(self, kind: str, outcome: str, detail: str, **kw: Any) -> Callable[[Ledger], Outcome]:
+    def evidence(self, kind: str, outcome: str, detail: str = "", *, attrs: Mapping[str, Any] | None = None,
+                 key: str | None = None) -> Callable[[Ledger], Outcome]:
         t = self.token
-        return lambda lg: lg.evidence(self.run_id, kind, outcome, detail, lease=t, actor=Actor("worker", self.worker),
-                                      **kw)
+        return lambda lg: lg.evidence(self.run_id, kind, outcome, detail, attrs=attrs, key=key, lease=t,
+                                      actor=Actor("worker", self.worker))
 
-    def block(self, reason: str, next_action: str, **kw: Any) -> Callable[[Ledger], Outcome]:
+    def block(self, reason: str, next_action: str, *, key: str | None = None) -> Callable[[Ledger], Outcome]:
         t = self.token
-        return lambda lg: lg.block(self.run_id, reason, next_action, lease=t, actor=Actor("worker", self.worker),
-                                   **kw)
+        return lambda lg: lg.block(self.run_id, reason, next_action, key=key, lease=t, actor=Actor("worker",
+                                   self.worker))
 
-    def submit(self, summary: str, **kw: Any) -> Callable[[Ledger], Outcome]:
+    def unblock(self, resolution: str, *, blocker_id: int | None = None,
+                key: str | None = None) -> Callable[[Ledger], Outcome]:
         t = self.token
-        return lambda lg: lg.submit(self.run_id, t, summary, worker=self.worker, **kw)
+        return lambda lg: lg.unblock(self.run_id, resolution, blocker_id=blocker_id, key=key, lease=t,
+                                     actor=Actor("worker", self.worker))
+
+    def confirm(self, effect_key: str, outcome: str, *, note: str = "",
+                attrs: Mapping[str, Any] | None = None) -> Callable[[Ledger], Outcome]:
+        t = self.token
+        return lambda lg: lg.effect_confirm(self.run_id, effect_key, outcome, note=note, attrs=attrs, lease=t,
+                                            actor=Actor("worker", self.worker))
+
+    def submit(self, summary: str = "", *, key: str | None = None) -> Callable[[Ledger], Outcome]:
+        t = self.token
+        return lambda lg: lg.submit(self.run_id, t, summary, key=key, worker=self.worker)
+
+    def release(self, reason: str = "", *, key: str | None = None) -> Callable[[Ledger], Outcome]:
+        t = self.token
+        return lambda lg: lg.release(self.run_id, t, reason, key=key, worker=self.worker)
+    # --- end of generated code (LeaseCore verbs) ---
 
     def effect_start(self, key: str, what: str, **kw: Any) -> Callable[[Ledger], Outcome]:
         t = self.token
@@ -404,11 +427,6 @@ class LeaseCore:
         return lambda lg: lg.effect_confirm(
             self.run_id, fx.key, fx.outcome or "done", note=bounded_text(fx.note, lg, self.run_id) if fx.note else "",
             lease=t, actor=Actor("worker", self.worker))
-
-    def confirm(self, key: str, outcome: str, note: str, **kw: Any) -> Callable[[Ledger], Outcome]:
-        t = self.token
-        return lambda lg: lg.effect_confirm(self.run_id, key, outcome, note=note, lease=t,
-                                            actor=Actor("worker", self.worker), **kw)
 
     def end(self, lg: Ledger, exc: BaseException | None) -> None:
         """The block's end, with the fence stopped: release, or record why the work stopped
@@ -516,31 +534,71 @@ class Lease(HeldLease):
         core.check()  # a write that waited past the fence must not let the work go on
         return out
 
-    def heartbeat(self, **kw: Any) -> Outcome:
-        return self._do(self.core.heartbeat(**kw))
+    # --- generated from handoff/operations.py (Lease verbs): python -m handoff.codegen --write ---
+    def heartbeat(self, *, attrs: Mapping[str, Any] | None = None) -> Outcome:
+        """Say the lease holder is alive. Heartbeats are liveness, never progress.
 
-    def progress(self, kind: str, detail: str = "", **kw: Any) -> Outcome:
-        return self._do(self.core.progress(kind, detail, **kw))
+        It takes no key: a heartbeat changes no authority, and a repeated one
+        only says again that the holder is alive, which is what a retry means.
+        """
+        return self._do(self.core.heartbeat(attrs=attrs))
 
-    def transition(self, to: str, **kw: Any) -> Outcome:
-        return self._do(self.core.transition(to, **kw))
+    def transition(self, to: str, *, reason: str = "", key: str | None = None) -> Outcome:
+        """Move the run through its lifecycle (queued -> planning -> executing ->
+        verifying)."""
+        return self._do(self.core.transition(to, reason=reason, key=key))
 
-    def artifact(self, path: str, **kw: Any) -> Outcome:
-        return self._do(self.core.artifact(path, **kw))
+    def progress(self, kind: str, detail: str = "", *, attrs: Mapping[str, Any] | None = None,
+                 key: str | None = None) -> Outcome:
+        """Record a step. Only the state's progress kinds advance progress_seq.
 
-    def evidence(self, kind: str, outcome: str, detail: str = "", **kw: Any) -> Outcome:
-        return self._do(self.core.evidence(kind, outcome, detail, **kw))
+        With a key, a retried report writes nothing new.
+        """
+        return self._do(self.core.progress(kind, detail, attrs=attrs, key=key))
 
-    def block(self, reason: str, next_action: str, **kw: Any) -> Outcome:
-        return self._do(self.core.block(reason, next_action, **kw))
+    def artifact(self, path: str, *, kind: str = "result", root: str | None = None,
+                 max_bytes: int | str | None = None, attrs: Mapping[str, Any] | None = None,
+                 key: str | None = None) -> Outcome:
+        """Measure a file (regular files only, at most max_bytes) and record it as an
+        artifact."""
+        return self._do(self.core.artifact(path, kind=kind, root=root, max_bytes=max_bytes, attrs=attrs,
+                                           key=key))
 
-    def submit(self, summary: str = "", **kw: Any) -> Outcome:
-        return self._do(self.core.submit(summary, **kw))
+    def evidence(self, kind: str, outcome: str, detail: str = "", *, attrs: Mapping[str, Any] | None = None,
+                 key: str | None = None) -> Outcome:
+        """Record a check that was run and how it came out. Delivery needs a pass and no
+        fail."""
+        return self._do(self.core.evidence(kind, outcome, detail, attrs=attrs, key=key))
 
-    def confirm(self, key: str, outcome: str, note: str = "", **kw: Any) -> Outcome:
-        """The outcome (``done``/``absent``) of a side effect started earlier, such as one a
-        lost lease left open: a reconciliation, after looking at the world."""
-        return self._do(self.core.confirm(key, outcome, note, **kw))
+    def block(self, reason: str, next_action: str, *, key: str | None = None) -> Outcome:
+        """Record a named blocker and the next action; the run waits in 'blocked'.
+
+        A blocked run is not a stall: the watchdog leaves it alone.
+        """
+        return self._do(self.core.block(reason, next_action, key=key))
+
+    def unblock(self, resolution: str, *, blocker_id: int | None = None, key: str | None = None) -> Outcome:
+        """Clear blockers; the run returns to the state it was blocked from."""
+        return self._do(self.core.unblock(resolution, blocker_id=blocker_id, key=key))
+
+    def confirm(self, effect_key: str, outcome: str, *, note: str = "",
+                attrs: Mapping[str, Any] | None = None) -> Outcome:
+        """Record a side effect's outcome: done, or absent (it did not happen).
+
+        A reconciliation after a lost worker: look at the world, then say what
+        happened.
+        """
+        return self._do(self.core.confirm(effect_key, outcome, note=note, attrs=attrs))
+
+    def submit(self, summary: str = "", *, key: str | None = None) -> Outcome:
+        """Submit the result: the run moves to review (or succeeds when the contract needs
+        none)."""
+        return self._do(self.core.submit(summary, key=key))
+
+    def release(self, reason: str = "", *, key: str | None = None) -> Outcome:
+        """Give the lease back: the run stays where it is, claimable by the next worker."""
+        return self._do(self.core.release(reason, key=key))
+    # --- end of generated code (Lease verbs) ---
 
     @contextmanager
     def effect(self, key: str, what: str, **kw: Any) -> Iterator[Effect]:

@@ -199,8 +199,12 @@ class Verbs:
             return self.worker_actor(run_id, token, worker)
         return Actor("operator", operator_name(by))
 
-    def _worker(self, worker: str | None, run_id: str = "", token: LeaseToken | None = None) -> Actor:
-        return self.worker_actor(run_id, token, worker)
+    def person_actor(self, run_id: str, by: str | None) -> Actor:
+        """Who a person's write is logged as when the rule admits the owner and an operator
+        alike (revoke): the run's owner when ``by`` (``operator_name``) names it, else an
+        operator."""
+        name = operator_name(by)
+        return Actor("owner" if name == self.checkpoint(run_id).owner else "operator", name)
 
     # A worker's ``lease`` below is the token claim returned; a bare number is refused.
 
@@ -208,22 +212,170 @@ class Verbs:
     # out, cost, tool, trace and span ids) as {name: text, number or bool}; the bounds are
     # reducers.decide.check_attrs'. They show in the log, the report and the export.
 
-    def heartbeat(self, run_id: str, lease: str, *, worker: str | None = None,
-                  attrs: Mapping[str, Any] | None = None) -> Outcome:
-        t = lease_token(lease)
-        return self.execute(run_id, C.Heartbeat(lease=t.lease, attrs=check_attrs(attrs)),
-                            actor=self._worker(worker, run_id, t), token=t)
+    # --- generated from handoff/operations.py (Ledger verbs): python -m handoff.codegen --write ---
+    def heartbeat(self, run_id: str, lease: str, *, attrs: Mapping[str, Any] | None = None,
+                  worker: str | None = None) -> Outcome:
+        """Say the lease holder is alive. Heartbeats are liveness, never progress.
 
-    def transition(self, run_id: str, lease: str, to: str, *, reason: str = "", worker: str | None = None, key: str | None = None) -> Outcome:
+        It takes no key: a heartbeat changes no authority, and a repeated one
+        only says again that the holder is alive, which is what a retry means.
+        """
         t = lease_token(lease)
-        return self.execute(run_id, C.Transition(lease=t.lease, to=to, reason=reason), actor=self._worker(worker, run_id, t),
-                            key=key, token=t)
+        cmd = C.Heartbeat(lease=t.lease, attrs=check_attrs(attrs))
+        return self.execute(run_id, cmd, actor=self.worker_actor(run_id, t, worker), token=t)
 
-    def progress(self, run_id: str, lease: str, kind: str, detail: str = "", *, key: str | None = None, worker: str | None = None,
-                 attrs: Mapping[str, Any] | None = None) -> Outcome:
+    def transition(self, run_id: str, lease: str, to: str, *, reason: str = "", key: str | None = None,
+                   worker: str | None = None) -> Outcome:
+        """Move the run through its lifecycle (queued -> planning -> executing ->
+        verifying)."""
+        t = lease_token(lease)
+        cmd = C.Transition(lease=t.lease, to=to, reason=reason)
+        return self.execute(run_id, cmd, actor=self.worker_actor(run_id, t, worker), key=key, token=t)
+
+    def progress(self, run_id: str, lease: str, kind: str, detail: str = "", *,
+                 attrs: Mapping[str, Any] | None = None, key: str | None = None,
+                 worker: str | None = None) -> Outcome:
+        """Record a step. Only the state's progress kinds advance progress_seq.
+
+        With a key, a retried report writes nothing new.
+        """
         t = lease_token(lease)
         cmd = C.Progress(lease=t.lease, kind=kind, detail=detail, attrs=check_attrs(attrs))
-        return self.execute(run_id, cmd, actor=self._worker(worker, run_id, t), key=key, token=t)
+        return self.execute(run_id, cmd, actor=self.worker_actor(run_id, t, worker), key=key, token=t)
+
+    def evidence(self, run_id: str, kind: str, outcome: str, detail: str = "", *,
+                 attrs: Mapping[str, Any] | None = None, lease: str | None = None, by: str | None = None,
+                 actor: Actor | None = None, key: str | None = None) -> Outcome:
+        """Record a check that was run and how it came out. Delivery needs a pass and no
+        fail."""
+        t = None if lease is None else lease_token(lease)
+        cmd = C.RecordEvidence(kind=kind, outcome=outcome, detail=detail, attrs=check_attrs(attrs),
+                               lease=t and t.lease)  # type: ignore[arg-type]
+        return self.execute(run_id, cmd, actor=self._actor(run_id, t, actor, by), key=key, token=t)
+
+    def block(self, run_id: str, reason: str, next_action: str, *, lease: str | None = None,
+              by: str | None = None, actor: Actor | None = None, key: str | None = None) -> Outcome:
+        """Record a named blocker and the next action; the run waits in 'blocked'.
+
+        A blocked run is not a stall: the watchdog leaves it alone.
+        """
+        t = None if lease is None else lease_token(lease)
+        cmd = C.Block(reason=reason, next_action=next_action, lease=t and t.lease)
+        return self.execute(run_id, cmd, actor=self._actor(run_id, t, actor, by), key=key, token=t)
+
+    def unblock(self, run_id: str, resolution: str, *, blocker_id: int | None = None,
+                lease: str | None = None, by: str | None = None, actor: Actor | None = None,
+                key: str | None = None) -> Outcome:
+        """Clear blockers; the run returns to the state it was blocked from."""
+        t = None if lease is None else lease_token(lease)
+        cmd = C.Unblock(resolution=resolution, blocker_id=blocker_id, lease=t and t.lease)
+        return self.execute(run_id, cmd, actor=self._actor(run_id, t, actor, by), key=key, token=t)
+
+    def effect_start(self, run_id: str, lease: str, effect_key: str, what: str, *,
+                     attrs: Mapping[str, Any] | None = None, worker: str | None = None) -> Outcome:
+        """Record that an external side effect is about to start, before starting it.
+
+        Until its outcome is confirmed, a lost worker leaves the run 'unknown'
+        and the watchdog asks for reconciliation instead of a blind retry.
+        """
+        t = lease_token(lease)
+        cmd = C.StartEffect(lease=t.lease, key=effect_key, what=what, attrs=check_attrs(attrs))
+        return self.execute(run_id, cmd, actor=self.worker_actor(run_id, t, worker), token=t)
+
+    def effect_confirm(self, run_id: str, effect_key: str, outcome: str, *, note: str = "",
+                       attrs: Mapping[str, Any] | None = None, lease: str | None = None,
+                       by: str | None = None, actor: Actor | None = None) -> Outcome:
+        """Record a side effect's outcome: done, or absent (it did not happen).
+
+        A reconciliation after a lost worker: look at the world, then say what
+        happened.
+        """
+        t = None if lease is None else lease_token(lease)
+        cmd = C.ConfirmEffect(key=effect_key, outcome=outcome, note=note, attrs=check_attrs(attrs),
+                              lease=t and t.lease)  # type: ignore[arg-type]
+        return self.execute(run_id, cmd, actor=self._actor(run_id, t, actor, by), token=t)
+
+    def submit(self, run_id: str, lease: str, summary: str = "", *, key: str | None = None,
+               worker: str | None = None) -> Outcome:
+        """Submit the result: the run moves to review (or succeeds when the contract needs
+        none)."""
+        t = lease_token(lease)
+        cmd = C.Submit(lease=t.lease, summary=summary)
+        return self.execute(run_id, cmd, actor=self.worker_actor(run_id, t, worker), key=key, token=t)
+
+    def release(self, run_id: str, lease: str, reason: str = "", *, key: str | None = None,
+                worker: str | None = None) -> Outcome:
+        """Give the lease back: the run stays where it is, claimable by the next worker."""
+        t = lease_token(lease)
+        cmd = C.Release(lease=t.lease, reason=reason)
+        return self.execute(run_id, cmd, actor=self.worker_actor(run_id, t, worker), key=key, token=t)
+
+    def review(self, run_id: str, approve: bool, notes: str = "", *, by: str,
+               key: str | None = None) -> Outcome:
+        """Approve or reject a submitted result."""
+        cmd = C.ReviewResult(approve=approve, notes=notes)
+        return self.execute(run_id, cmd, actor=Actor("owner", by), key=key)
+
+    def transfer(self, run_id: str, action: str, to: str, *, by: str, key: str | None = None) -> Outcome:
+        """Hand one of the owner's actions (review, deliver, delivered, delivery_failed,
+        close) to another name."""
+        cmd = C.TransferAuthority(action=action, to=to)
+        return self.execute(run_id, cmd, actor=Actor("owner", by), key=key)
+
+    def revoke(self, run_id: str, reason: str, *, lease_number: int | None = None, by: str | None = None,
+               actor: Actor | None = None, key: str | None = None) -> Outcome:
+        """Take the lease away; the holder's next write is refused.
+
+        Logged as the run's owner when by names it, else as an operator.
+        """
+        actor = actor or self.person_actor(run_id, by)
+        cmd = C.Revoke(reason=reason, lease=lease_number)
+        return self.execute(run_id, cmd, actor=actor, key=key)
+
+    def close_run(self, run_id: str, disposition: str, reason: str = "", *, by: str,
+                  as_operator: bool = False, key: str | None = None) -> Outcome:
+        """End a run that will not succeed: no_op, cancelled or failed."""
+        cmd = C.Close(disposition=disposition, reason=reason)  # type: ignore[arg-type]
+        return self.execute(run_id, cmd, actor=Actor("operator" if as_operator else "owner", by), key=key)
+
+    def reopen(self, run_id: str, reason: str, *, by: str, as_operator: bool = False,
+               key: str | None = None) -> Outcome:
+        """Send a succeeded run whose latest sanitization check failed back to verifying.
+
+        The gate refuses such a result for delivery, and after submit nobody
+        else can change it; this is the owner's way forward: a worker then
+        withdraws what the check found, records the result again and submits it,
+        and the new result is checked again.
+        """
+        cmd = C.Reopen(reason=reason)
+        return self.execute(run_id, cmd, actor=Actor("operator" if as_operator else "owner", by), key=key)
+
+    def delivered(self, run_id: str, delivery_key: str, receipt: str, *, by: str | None = None) -> Outcome:
+        """Record that a delivery arrived, with its receipt."""
+        cmd = C.ConfirmDelivery(key=delivery_key, receipt=receipt)
+        return self.execute(run_id, cmd, actor=Actor("owner", by or self.checkpoint(run_id).owner))
+
+    def delivery_failed(self, run_id: str, delivery_key: str, error: str, *,
+                        by: str | None = None) -> Outcome:
+        """Record that a delivery failed; a new attempt takes a new key."""
+        cmd = C.FailDelivery(key=delivery_key, error=error)
+        return self.execute(run_id, cmd, actor=Actor("owner", by or self.checkpoint(run_id).owner))
+
+    def observe(self, run_id: str, classification: str, progress_seq: int, *, watcher: str, reason: str = "",
+                interval_s: float = 0.0, key: str | None = None) -> Outcome:
+        """Record a watchdog's observation of a run (its classification and the progress it
+        saw)."""
+        cmd = C.Observe(classification=classification, progress_seq=progress_seq, reason=reason,
+                        interval_s=interval_s)
+        return self.execute(run_id, cmd, actor=Actor("watchdog", watcher), key=key)
+
+    def recover(self, run_id: str, action: str, classification: str, progress_seq: int, *, watcher: str,
+                reason: str = "", lease_number: int | None = None, key: str | None = None) -> Outcome:
+        """Record a watchdog's recovery action on a run, with the judgement behind it."""
+        cmd = C.Recover(action=action, classification=classification, progress_seq=progress_seq,
+                        reason=reason, lease=lease_number)
+        return self.execute(run_id, cmd, actor=Actor("watchdog", watcher), key=key)
+    # --- end of generated code (Ledger verbs) ---
 
     def artifact(self, run_id: str, lease: str, path: str, *, kind: str = "result", root: str | None = None,
                  key: str | None = None, worker: str | None = None, max_bytes: int | str | None = None,
@@ -234,7 +386,7 @@ class Verbs:
         real, size, sha, exists = measure(path, root=root, max_bytes=max_bytes)
         cmd = C.RecordArtifact(lease=t.lease, path=real, kind=kind, bytes=size, sha256=sha, exists=exists,
                                attrs=checked)
-        return self.execute(run_id, cmd, actor=self._worker(worker, run_id, t), key=key, token=t)
+        return self.execute(run_id, cmd, actor=self.worker_actor(run_id, t, worker), key=key, token=t)
 
     def withdraw_artifact(self, run_id: str, path: str, reason: str, *, lease: str | None = None,
                           actor: Actor | None = None, key: str | None = None, worker: str | None = None,
@@ -254,85 +406,6 @@ class Verbs:
         cmd = C.WithdrawArtifact(path=path, reason=reason, lease=t and t.lease)
         return self.execute(run_id, cmd, actor=actor, key=key, token=t)
 
-    def evidence(self, run_id: str, kind: str, outcome: str, detail: str = "", *, lease: str | None = None,
-                 actor: Actor | None = None, key: str | None = None, by: str | None = None,
-                 attrs: Mapping[str, Any] | None = None) -> Outcome:
-        t = None if lease is None else lease_token(lease)
-        actor = self._actor(run_id, t, actor, by)
-        cmd = C.RecordEvidence(kind=kind, outcome=outcome, detail=detail, lease=t and t.lease,  # type: ignore[arg-type]
-                               attrs=check_attrs(attrs))
-        return self.execute(run_id, cmd, actor=actor, key=key, token=t)
-
-    def block(self, run_id: str, reason: str, next_action: str, *, lease: str | None = None,
-              actor: Actor | None = None, key: str | None = None, by: str | None = None) -> Outcome:
-        t = None if lease is None else lease_token(lease)
-        actor = self._actor(run_id, t, actor, by)
-        return self.execute(run_id, C.Block(reason=reason, next_action=next_action, lease=t and t.lease),
-                            actor=actor, key=key, token=t)
-
-    def unblock(self, run_id: str, resolution: str, *, blocker_id: int | None = None, lease: str | None = None,
-                actor: Actor | None = None, key: str | None = None, by: str | None = None) -> Outcome:
-        t = None if lease is None else lease_token(lease)
-        actor = self._actor(run_id, t, actor, by)
-        return self.execute(run_id, C.Unblock(resolution=resolution, blocker_id=blocker_id, lease=t and t.lease),
-                            actor=actor, key=key, token=t)
-
-    def effect_start(self, run_id: str, lease: str, key: str, what: str, *, worker: str | None = None,
-                     attrs: Mapping[str, Any] | None = None) -> Outcome:
-        t = lease_token(lease)
-        cmd = C.StartEffect(lease=t.lease, key=key, what=what, attrs=check_attrs(attrs))
-        return self.execute(run_id, cmd, actor=self._worker(worker, run_id, t), token=t)
-
-    def effect_confirm(self, run_id: str, key: str, outcome: str, *, note: str = "", lease: str | None = None,
-                       actor: Actor | None = None, by: str | None = None,
-                       attrs: Mapping[str, Any] | None = None) -> Outcome:
-        t = None if lease is None else lease_token(lease)
-        actor = self._actor(run_id, t, actor, by)
-        cmd = C.ConfirmEffect(key=key, outcome=outcome, note=note, lease=t and t.lease,  # type: ignore[arg-type]
-                              attrs=check_attrs(attrs))
-        return self.execute(run_id, cmd, actor=actor, token=t)
-
-    def submit(self, run_id: str, lease: str, summary: str = "", *, worker: str | None = None, key: str | None = None) -> Outcome:
-        t = lease_token(lease)
-        return self.execute(run_id, C.Submit(lease=t.lease, summary=summary), actor=self._worker(worker, run_id, t), key=key, token=t)
-
-    def review(self, run_id: str, by: str, approve: bool, notes: str = "", *, key: str | None = None) -> Outcome:
-        return self.execute(run_id, C.ReviewResult(approve=approve, notes=notes), actor=Actor("owner", by), key=key)
-
-    def transfer(self, run_id: str, action: str, to: str, *, by: str, key: str | None = None) -> Outcome:
-        return self.execute(run_id, C.TransferAuthority(action=action, to=to), actor=Actor("owner", by), key=key)
-
-    def release(self, run_id: str, lease: str, reason: str = "", *, worker: str | None = None,
-                key: str | None = None) -> Outcome:
-        t = lease_token(lease)
-        return self.execute(run_id, C.Release(lease=t.lease, reason=reason), actor=self._worker(worker, run_id, t), token=t,
-                            key=key)
-
-    def revoke(self, run_id: str, reason: str, *, lease: int | None = None, actor: Actor | None = None,
-               key: str | None = None, by: str | None = None) -> Outcome:
-        """Take the lease away; logged as ``actor``, else as whom ``by`` names (``operator_name``):
-        the run's owner when that is its name, else an operator."""
-        if actor is None:
-            name = operator_name(by)
-            actor = Actor("owner" if name == self.checkpoint(run_id).owner else "operator", name)
-        return self.execute(run_id, C.Revoke(reason=reason, lease=lease), actor=actor, key=key)
-
-    def close_run(self, run_id: str, by: str, disposition: str, reason: str = "", *, as_operator: bool = False,
-                  key: str | None = None) -> Outcome:
-        actor = Actor("operator" if as_operator else "owner", by)
-        return self.execute(run_id, C.Close(disposition=disposition, reason=reason), actor=actor, key=key)  # type: ignore[arg-type]
-
-    def reopen(self, run_id: str, *, by: str, reason: str, as_operator: bool = False,
-               key: str | None = None) -> Outcome:
-        """Send a succeeded run whose latest sanitization check failed back to verifying.
-
-        The gate refuses such a result for delivery, and after submit nobody else can change
-        it (withdraw, reject, claim are refused); this is the owner's way forward: a worker
-        then withdraws what the check found, records the result again and submits it, and
-        the new result is checked again. Refused in any other case (docs/lifecycle.md)."""
-        actor = Actor("operator" if as_operator else "owner", by)
-        return self.execute(run_id, C.Reopen(reason=reason), actor=actor, key=key)
-
     def fork(self, run_id: str, at_seq: int, *, new_run_id: str | None = None, by: str | None = None,
              key: str | None = None, actor: Actor | None = None) -> str:
         """A child run continuing ``run_id`` at ``at_seq``; with ``key`` and no id, the
@@ -351,17 +424,6 @@ class Verbs:
         actor = actor or Actor("operator", operator_name(by))
         self.execute(child, C.Fork(parent=run_id, at_seq=at_seq), actor=actor, key=key)
         return child
-
-    def observe(self, run_id: str, watcher: str, classification: str, progress_seq: int, *, reason: str = "",
-                interval_s: float = 0.0, key: str | None = None) -> Outcome:
-        cmd = C.Observe(classification=classification, progress_seq=progress_seq, reason=reason, interval_s=interval_s)
-        return self.execute(run_id, cmd, actor=Actor("watchdog", watcher), key=key)
-
-    def recover(self, run_id: str, watcher: str, action: str, classification: str, progress_seq: int, *,
-                reason: str = "", key: str | None = None, lease: int | None = None) -> Outcome:
-        cmd = C.Recover(action=action, classification=classification, progress_seq=progress_seq,
-                        reason=reason, lease=lease)
-        return self.execute(run_id, cmd, actor=Actor("watchdog", watcher), key=key)
 
     def watcher_beat(self, watcher: str, interval_s: float) -> AppendResult | None:
         """Record that a watcher is alive and how often it beats, in its own stream.

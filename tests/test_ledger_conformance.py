@@ -83,9 +83,9 @@ def story(lg: Ledger, clock: Clock, tmp: Path, run: str = "r1") -> str:
     lg.transition(run, lease, "verifying", worker="w1")
     lg.evidence(run, "tests", "pass", "12 passed", lease=lease, actor=Actor("worker", "w1"))
     assert lg.submit(run, lease, "done", worker="w1").checkpoint.state == "ready_for_review"
-    lg.review(run, "alice", True, "fine")
+    lg.review(run, True, "fine", by="alice")
     clock.advance(1)
-    sent = lg.deliver(run, "alice", "d1")
+    sent = lg.deliver(run, "d1", by="alice")
     assert sent.result.outcome == "committed"
     done = lg.delivered(run, "d1", "msg 1")
     assert done.checkpoint.state == "delivered"
@@ -107,7 +107,7 @@ def test_a_whole_run_through_the_ledger(backend, tmp_path, face):
     assert {"artifact_recorded", "evidence_recorded", "delivery_confirmed"} <= set(types)
     # A retried delivery is not a second send: nothing is written, and it says so.
     before = snapshot(lg.store)
-    again = lg.deliver("r1", "alice", "d1")
+    again = lg.deliver("r1", "d1", by="alice")
     assert again.result.outcome == "unchanged" and again.duplicate
     assert_unchanged(lg.store, before)
     # Replay: the packet as it stood after the claim.
@@ -136,8 +136,8 @@ def refusals(lg: Ledger, lease: str, spent: str) -> list[tuple[str, Any, type[E.
          E.IdempotencyConflict, 1),
         ("submit while planning", lambda: lg.submit("r2", lease, worker="w1"), E.IllegalTransition, 1),
         ("lease spent by delivery", lambda: lg.transition("r1", spent, "executing", worker="w1"), E.StaleLease, 1),
-        ("close a delivered run", lambda: lg.close_run("r1", "alice", "cancelled"), E.TerminalRun, 1),
-        ("second delivery", lambda: lg.deliver("r1", "alice", "d2"), E.DeliveryRefused, 1),
+        ("close a delivered run", lambda: lg.close_run("r1", "cancelled", by="alice"), E.TerminalRun, 1),
+        ("second delivery", lambda: lg.deliver("r1", "d2", by="alice"), E.DeliveryRefused, 1),
     ]
 
 

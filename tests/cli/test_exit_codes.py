@@ -47,10 +47,10 @@ def test_1_refused_by_the_rules(h, tmp_path, setup, args, kind):
             lg.artifact("r1", lease, str(f), worker="w1")
             lg.evidence("r1", "tests", "pass", lease=lease)
             lg.submit("r1", lease, worker="w1")
-            lg.deliver("r1", "alice", "k1")
+            lg.deliver("r1", "k1", by="alice")
             lg.delivered("r1", "k1", "ok")
         elif setup == "closed":
-            lg.close_run("r1", "alice", "cancelled")
+            lg.close_run("r1", "cancelled", by="alice")
     args = [str(lease) if a == TOKEN else a for a in args]
     before = h.json("verify")["events"] if setup != "none" else 0
     text = h(*args, code=1)

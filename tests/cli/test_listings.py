@@ -71,7 +71,7 @@ def _open(lg: Ledger, run_id: str, *, claim: bool = False, close: bool = False) 
     lg.open(run_id=run_id, goal="g", target="chat:#ops", owner="alice", owner_cap=1000)
     token = lg.claim(run_id, "w1") if claim else None
     if close:
-        lg.close_run(run_id, "alice", "cancelled", "done with it")
+        lg.close_run(run_id, "cancelled", "done with it", by="alice")
     return token
 
 
@@ -110,7 +110,7 @@ def test_runs_pages_see_every_run_exactly_once_while_runs_come_and_change(kinds,
                         if what == "claim" and cp.lease is None and not cp.terminal:
                             lg.claim(rid, "w2")
                         elif what == "close" and not cp.terminal:
-                            lg.close_run(rid, "alice", "cancelled", "between pages")
+                            lg.close_run(rid, "cancelled", "between pages", by="alice")
             assert pages <= len(created) + 2
         assert len(seen) == len(set(seen)), f"a run was listed twice: {seen}"
         terminal = {rid for rid in created if lg.checkpoint(rid).terminal}

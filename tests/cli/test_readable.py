@@ -41,7 +41,7 @@ def _story(db: str, tmp_path, clock: Clock) -> Ledger:
             lg.artifact(rid, lease, str(f), worker=f"w{i % 2}")
             lg.evidence(rid, "tests", "pass", lease=lease, detail="all green")
             lg.submit(rid, lease, "done", worker=f"w{i % 2}")
-            lg.deliver(rid, owner, f"k{i}")
+            lg.deliver(rid, f"k{i}", by=owner)
             lg.delivered(rid, f"k{i}", f"receipt {i}")
         elif i == 2:
             lg.revoke(rid, "worker lost")
@@ -118,7 +118,7 @@ def test_a_second_export_adds_only_what_is_new(story, tmp_path):
     lg.export_sqlite(out)
     assert lg.export_sqlite(out)["events"] == 0
     before = lg.store.last_position()
-    lg.close_run("r0", "alice", "cancelled")
+    lg.close_run("r0", "cancelled", by="alice")
     lg.heartbeat("r3", TOKENS["r3"], worker="w")
     doc = lg.export_sqlite(out)
     assert doc["events"] == lg.store.last_position() - before > 0

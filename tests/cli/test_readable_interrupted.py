@@ -68,7 +68,7 @@ def test_an_export_into_a_copy_stopped_part_way_leaves_it_as_it_was(tmp_path):
         lg.export_sqlite(str(out))
         data = out.read_bytes()
         # r0 ends in the first batch of the next export; more than a batch follows.
-        lg.close_run("r0", "alice", "cancelled")
+        lg.close_run("r0", "cancelled", by="alice")
         _grow(lg, "r1")
         with pytest.raises(Stop):
             lg.export_sqlite(str(out), progress=_stop)

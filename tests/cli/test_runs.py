@@ -41,7 +41,7 @@ def _mix(lg: Ledger) -> None:
             lease = lg.claim(rid, f"w{i % 2}")
             lg.transition(rid, lease, "planning", worker=f"w{i % 2}")
         if i % 4 == 0:
-            lg.close_run(rid, owner, "cancelled")
+            lg.close_run(rid, "cancelled", by=owner)
 
 
 def _expected(lg: Ledger, **want):

@@ -102,7 +102,7 @@ def test_status_lists_live_runs_with_filters(h):
         working_run(lg, "r1", owner="alice")
         working_run(lg, "r2", owner="bob", state="planning")
         lg.open(run_id="r3", goal="g", target="t", owner="alice")
-        lg.close_run("r3", "alice", "cancelled")
+        lg.close_run("r3", "cancelled", by="alice")
     table = h("status").stdout
     assert "r1" in table and "r2" in table and "r3" not in table
     assert table.splitlines()[0].split()[:3] == ["RUN", "STATE", "OWNER"]

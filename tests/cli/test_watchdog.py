@@ -80,7 +80,7 @@ def test_ambiguous_delivery_asks_for_reconciliation_once(clocked_lg, clock, tmp_
     clocked_lg.evidence("r1", "tests", "pass", lease=lease)
     clocked_lg.submit("r1", lease, worker="w1")
     clocked_lg.release("r1", lease, worker="w1")
-    clocked_lg.deliver("r1", "alice", "k1")
+    clocked_lg.deliver("r1", "k1", by="alice")
     clock.advance(31)
     assert done(watch_once(clocked_lg, name="wd")) == [("r1", "reconcile_delivery")]
     clock.advance(31)
@@ -93,7 +93,7 @@ def test_healthy_blocked_and_finished_runs_are_left_alone(clocked_lg, clock):
     working_run(clocked_lg, "blocked", heartbeat_timeout_s=1, progress_timeout_s=1)
     clocked_lg.block("blocked", "needs creds", "alice grants")
     working_run(clocked_lg, "closed", heartbeat_timeout_s=1)
-    clocked_lg.close_run("closed", "alice", "no_op")
+    clocked_lg.close_run("closed", "no_op", by="alice")
     clock.advance(50)
     clocked_lg.heartbeat("healthy", lease, worker="w1")
     assert watch_once(clocked_lg, name="wd") == []

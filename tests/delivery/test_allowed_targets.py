@@ -131,12 +131,12 @@ def test_the_list_is_kept_in_the_ledger_and_refuses_a_send_it_does_not_name(back
             "https://hooks.example.com/services/*", "file:///srv/outbox/*")
         before = _log(lg, run)
         with pytest.raises(al.TargetNotAllowed, match="is a command the ledger would carry out itself") as info:
-            lg.deliver(run, "alice", "v1", send=True)
+            lg.deliver(run, "v1", send=True, by="alice")
         assert info.value.type == "TargetNotAllowed" and info.value.exit_code == 1
         assert "handoff targets --allow" in info.value.message
         assert _log(lg, run) == before and not marker.exists()
         # Recording a send by hand is not a send: it stays possible.
-        assert lg.deliver(run, "alice", "hand").result.outcome == "committed"
+        assert lg.deliver(run, "hand", by="alice").result.outcome == "committed"
         lg.delivery_failed(run, "hand", "not sent after all", by="alice")
         after_hand = _log(lg, run)
         assert not marker.exists()
@@ -145,11 +145,11 @@ def test_the_list_is_kept_in_the_ledger_and_refuses_a_send_it_does_not_name(back
         try:
             assert other.allowed_targets() == ("https://hooks.example.com/services/*", "file:///srv/outbox/*")
             with pytest.raises(al.TargetNotAllowed):
-                other.deliver(run, "alice", "v2", send=True)
+                other.deliver(run, "v2", send=True, by="alice")
             assert _log(other, run) == after_hand and not marker.exists()
             prefix = target.rsplit(" ", 1)[0] + " *"
             assert prefix in other.allow_targets(prefix)
-            sent = other.deliver(run, "alice", "v2", send=True)
+            sent = other.deliver(run, "v2", send=True, by="alice")
             assert sent.status == "confirmed" and marker.exists()
         finally:
             if other is not lg:
@@ -165,10 +165,10 @@ def test_an_empty_list_sends_nothing_and_unsetting_it_lifts_it(backend, tmp_path
         assert lg.allowed_targets() == ()
         before = _log(lg, run)
         with pytest.raises(al.TargetNotAllowed, match=r"\(it is empty; 'handoff targets' shows it"):
-            lg.deliver(run, "alice", "v1", send=True)
+            lg.deliver(run, "v1", send=True, by="alice")
         assert _log(lg, run) == before and not marker.exists()
         assert lg.set_allowed_targets(None) is None and lg.allowed_targets() is None
-        assert lg.deliver(run, "alice", "v1", send=True).status == "confirmed" and marker.exists()
+        assert lg.deliver(run, "v1", send=True, by="alice").status == "confirmed" and marker.exists()
 
 
 def test_a_bad_pattern_or_an_unknown_removal_changes_nothing(backend):
@@ -239,7 +239,7 @@ def test_a_list_edited_behind_the_store_into_nonsense_lets_no_send_through(backe
         assert lg.allowed_targets() == ()
         before = _log(lg, run)
         with pytest.raises(al.TargetNotAllowed):
-            lg.deliver(run, "alice", "v1", send=True)
+            lg.deliver(run, "v1", send=True, by="alice")
         assert _log(lg, run) == before and not marker.exists()
 
 

@@ -48,7 +48,7 @@ def test_clashing_names_reach_a_command_as_distinct_files(lg, tmp_path):
     script.write_text(COPIER)
     box = outbox(tmp_path)
     run = run_with(lg, tmp_path, f"cmd:{sys.executable} {script}", CLASHING)
-    sent = lg.send_delivery(run, "alice", "v1", env={**os.environ, "OUT": str(box)})
+    sent = lg.send_delivery(run, "v1", env={**os.environ, "OUT": str(box)}, by="alice")
     assert sent.status == "confirmed", sent.error
     got = {p.name: p.read_text() for p in box.iterdir()}
     assert sorted(got.values()) == sorted(f"content of {rel}\n" for rel in CLASHING)

@@ -98,7 +98,7 @@ def test_a_send_past_its_timeout_kills_the_whole_group(cmd_run, tmp_path):
     # check: retry the whole send (new key each time) until the command got that far.
     deadline = time.monotonic() + GONE_WITHIN_S
     for n in range(1, 100):
-        sent = lg.send_delivery(run, "alice", f"v{n}", env={**os.environ, "PIDS": str(pids)})
+        sent = lg.send_delivery(run, f"v{n}", env={**os.environ, "PIDS": str(pids)}, by="alice")
         assert sent.status == "unknown" and "killed" in sent.error
         if (pids / "grandchild").exists() and (pids / "child").exists():
             break
@@ -114,7 +114,7 @@ def test_a_command_that_ends_by_itself_leaves_no_watcher_behind(cmd_run, tmp_pat
     db, lg, script, pids = cmd_run
     run = ready_run(lg, tmp_path, "cmd:/bin/true", send=SendPolicy(timeout_s=60.0, retries=0))
     before = _children()
-    assert lg.deliver(run, "alice", "v1", send=True).status == "confirmed"
+    assert lg.deliver(run, "v1", send=True, by="alice").status == "confirmed"
     assert _children() == before
 
 

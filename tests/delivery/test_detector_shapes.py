@@ -174,10 +174,10 @@ def _public_run(lg: Ledger, tmp_path, url: str, data: bytes) -> str:
 def test_such_an_artifact_never_reaches_a_public_target(tmp_path, receiver, data):
     lg = Ledger(str(tmp_path / "l.db"))
     run = _public_run(lg, tmp_path, receiver.url, data)
-    doc = lg.sanitize(run, "alice")
+    doc = lg.sanitize(run, by="alice")
     assert not doc["passed"] and {f["detector"] for f in doc["findings"]} & {"secret", "unscannable"}
     before = [r.seq for r in lg.log(run)]
     with pytest.raises(SanitizationRequired, match="failed"):
-        lg.deliver(run, "alice", "v1", send=True)
+        lg.deliver(run, "v1", send=True, by="alice")
     assert [r.seq for r in lg.log(run)] == before and receiver.requests == []
     lg.close()

@@ -20,7 +20,7 @@ from .conftest import log_types, outbox, ready_run
 def test_a_directory_gets_the_bundle_whole_under_run_and_key(lg, tmp_path):
     box = outbox(tmp_path)
     run = ready_run(lg, tmp_path, f"file://{box}")
-    sent = lg.deliver(run, "alice", "v1", send=True)
+    sent = lg.deliver(run, "v1", send=True, by="alice")
     assert sent.status == "confirmed"
     name = file_name(run, "v1")
     assert os.listdir(box) == [name]  # no temporary file left behind
@@ -33,13 +33,13 @@ def test_a_repeat_into_a_directory_writes_nothing_new(lg, tmp_path):
     box = outbox(tmp_path)
     run = ready_run(lg, tmp_path, f"file://{box}")
     # As after a crash between the write and its record: the attempt is open, the file there.
-    lg.deliver(run, "alice", "v1")
+    lg.deliver(run, "v1", by="alice")
     from handoff.delivery import adapters, bundle
 
     cp = lg.checkpoint(run)
     adapters.FileAdapter(f"file://{box}").send_once(bundle.build(cp), "v1", run)
     st = os.stat(box / file_name(run, "v1"))
-    sent = lg.deliver(run, "alice", "v1", send=True)
+    sent = lg.deliver(run, "v1", send=True, by="alice")
     assert sent.status == "confirmed" and "(already there)" in sent.receipt
     assert os.stat(box / file_name(run, "v1")).st_ino == st.st_ino and len(os.listdir(box)) == 1
 
@@ -48,7 +48,7 @@ def test_other_content_under_the_key_is_a_failure_and_is_left_alone(lg, tmp_path
     box = outbox(tmp_path)
     run = ready_run(lg, tmp_path, f"file://{box}")
     (box / file_name(run, "v1")).write_text("someone else's")
-    sent = lg.deliver(run, "alice", "v1", send=True)
+    sent = lg.deliver(run, "v1", send=True, by="alice")
     assert sent.status == "failed" and "other content" in sent.error
     assert (box / file_name(run, "v1")).read_text() == "someone else's"
 
@@ -70,7 +70,7 @@ def test_a_target_directory_that_is_not_one_is_refused_with_the_log_unchanged(lg
     run = ready_run(lg, tmp_path, f"file://{target}")
     before = log_types(lg, run)
     with pytest.raises(InvalidInput, match="symbolic link|not a directory|cannot be used"):
-        lg.deliver(run, "alice", "v1", send=True)
+        lg.deliver(run, "v1", send=True, by="alice")
     assert log_types(lg, run) == before and os.listdir(real) == []
 
 
@@ -93,14 +93,14 @@ print("posted")
 def test_a_command_gets_the_key_and_files_and_its_exit_status_is_the_receipt(lg, tmp_path):
     box = outbox(tmp_path)
     run = ready_run(lg, tmp_path, _cmd(tmp_path, RECORDER))
-    sent = lg.send_delivery(run, "alice", "v1", env={**os.environ, "OUT": str(box)})
+    sent = lg.send_delivery(run, "v1", env={**os.environ, "OUT": str(box)}, by="alice")
     assert sent.status == "confirmed" and sent.receipt.startswith("exit 0; output sha256 ")
     assert json.loads((box / "v1").read_text()) == {"run": run, "files": ["report.md"], "bundle": "handoff-delivery/1"}
 
 
 def test_a_failing_command_is_a_failure(lg, tmp_path):
     run = ready_run(lg, tmp_path, _cmd(tmp_path, "import sys; sys.exit(3)"))
-    sent = lg.deliver(run, "alice", "v1", send=True)
+    sent = lg.deliver(run, "v1", send=True, by="alice")
     assert sent.status == "failed" and "exited 3" in sent.error
 
 
@@ -110,12 +110,12 @@ def test_a_command_past_its_timeout_is_unknown_never_rerun_and_flagged_at_once(t
     slow = RECORDER + "import time; time.sleep(30)\n"
     run = ready_run(lg, tmp_path, _cmd(tmp_path, slow), send=SendPolicy(timeout_s=2.0, retries=3))
     env = {**os.environ, "OUT": str(box)}
-    sent = lg.send_delivery(run, "alice", "v1", env=env)
+    sent = lg.send_delivery(run, "v1", env=env, by="alice")
     assert sent.status == "unknown" and sent.tries == 1 and "killed" in sent.error
     assert os.listdir(box) == ["v1"]  # it acted before it was killed: only a person can know
     before = log_types(lg, run)
     with pytest.raises(ResendRefused, match="do not honour delivery keys"):
-        lg.send_delivery(run, "alice", "v1", env=env)
+        lg.send_delivery(run, "v1", env=env, by="alice")
     assert log_types(lg, run) == before
     st = lg.status(run)
     assert st["delivery"]["status"] == "ambiguous" and st["health"]["action"] == "reconcile_delivery"

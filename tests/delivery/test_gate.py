@@ -28,8 +28,8 @@ def payloads(lg: Ledger, run: str) -> list[bytes]:
 def test_a_planted_secret_refuses_delivery_and_the_target_receives_nothing(lg, tmp_path, receiver, what):
     run = ready_run(lg, tmp_path, receiver.url, content=PLANTED[what], public=True)
     with pytest.raises(SanitizationRequired, match="no sanitization check"):
-        lg.deliver(run, "alice", "v1", send=True)
-    doc = lg.sanitize(run, "alice")
+        lg.deliver(run, "v1", send=True, by="alice")
+    doc = lg.sanitize(run, by="alice")
     assert not doc["passed"] and doc["findings"]
     [ev] = [r.event for r in lg.log(run) if r.type == "sanitization_checked"]
     assert not ev.passed and ev.bundle_sha256 == doc["bundle_sha256"]
@@ -39,18 +39,18 @@ def test_a_planted_secret_refuses_delivery_and_the_target_receives_nothing(lg, t
     assert secret.encode() not in b"".join(payloads(lg, run))
     before = payloads(lg, run)
     with pytest.raises(SanitizationRequired, match="failed"):
-        lg.deliver(run, "alice", "v1", send=True)
+        lg.deliver(run, "v1", send=True, by="alice")
     with pytest.raises(SanitizationRequired):
-        lg.deliver(run, "alice", "v1")  # recording a send by hand is gated the same way
+        lg.deliver(run, "v1", by="alice")  # recording a send by hand is gated the same way
     assert payloads(lg, run) == before
     assert receiver.requests == []
 
 
 def test_the_clean_version_goes_through_once(lg, tmp_path, receiver):
     run = ready_run(lg, tmp_path, receiver.url, content=CLEAN, public=True)
-    assert lg.sanitize(run, "alice")["passed"]
-    assert lg.deliver(run, "alice", "v1", send=True).status == "confirmed"
-    assert lg.deliver(run, "alice", "v1", send=True).sent is False
+    assert lg.sanitize(run, by="alice")["passed"]
+    assert lg.deliver(run, "v1", send=True, by="alice").status == "confirmed"
+    assert lg.deliver(run, "v1", send=True, by="alice").sent is False
     assert len(receiver.requests) == 1 and len(receiver.effects) == 1
     attempted = [r.event for r in lg.log(run) if r.type == "delivery_attempted"]
     checked = [r.event for r in lg.log(run) if r.type == "sanitization_checked"]
@@ -59,11 +59,11 @@ def test_the_clean_version_goes_through_once(lg, tmp_path, receiver):
 
 def test_a_change_on_disk_after_the_check_refuses_delivery(lg, tmp_path, receiver):
     run = ready_run(lg, tmp_path, receiver.url, content=CLEAN, public=True)
-    assert lg.sanitize(run, "alice")["passed"]
+    assert lg.sanitize(run, by="alice")["passed"]
     (tmp_path / "work" / "report.md").write_text(CLEAN + "Also see /home/alice/notes.\n")
     before = payloads(lg, run)
     with pytest.raises(DeliveryRefused, match="no longer matches what the log recorded"):
-        lg.deliver(run, "alice", "v1", send=True)
+        lg.deliver(run, "v1", send=True, by="alice")
     assert payloads(lg, run) == before and receiver.requests == []
 
 
@@ -78,19 +78,19 @@ def test_a_new_result_after_the_check_needs_a_new_check(lg, tmp_path, receiver):
     lg.transition(run, tok, "verifying")
     lg.evidence(run, "tests", "pass", lease=tok)
     lg.submit(run, tok, "v1")
-    assert lg.sanitize(run, "alice")["passed"]
-    lg.review(run, "alice", False, "add the timeline")  # back to executing
+    assert lg.sanitize(run, by="alice")["passed"]
+    lg.review(run, False, "add the timeline", by="alice")  # back to executing
     art.write_text(CLEAN + "Timeline: 09:58 alert, 10:04 recovered.\n")
     lg.artifact(run, tok, str(art))
     lg.transition(run, tok, "verifying")
     lg.submit(run, tok, "v2")
-    lg.review(run, "alice", True)
+    lg.review(run, True, by="alice")
     before = payloads(lg, run)
     with pytest.raises(SanitizationRequired, match="changed at seq .* after the last sanitization check"):
-        lg.deliver(run, "alice", "v1", send=True)
+        lg.deliver(run, "v1", send=True, by="alice")
     assert payloads(lg, run) == before and receiver.requests == []
-    assert lg.sanitize(run, "alice")["passed"]
-    assert lg.deliver(run, "alice", "v1", send=True).status == "confirmed"
+    assert lg.sanitize(run, by="alice")["passed"]
+    assert lg.deliver(run, "v1", send=True, by="alice").status == "confirmed"
     assert "Timeline" in json.loads(receiver.requests[0]["body"])["artifacts"][0]["content"]
 
 
@@ -99,9 +99,9 @@ def test_an_unreadable_artifact_refuses_the_check_and_delivery(lg, tmp_path, rec
     os.remove(tmp_path / "work" / "report.md")
     before = payloads(lg, run)
     with pytest.raises(DeliveryRefused, match="no longer exists"):
-        lg.sanitize(run, "alice")
+        lg.sanitize(run, by="alice")
     with pytest.raises(DeliveryRefused, match="no longer exists"):
-        lg.deliver(run, "alice", "v1", send=True)
+        lg.deliver(run, "v1", send=True, by="alice")
     assert payloads(lg, run) == before and receiver.requests == []
 
 
@@ -117,10 +117,10 @@ def test_binary_content_is_unscannable(tmp_path, receiver):
     lg.transition(run, tok, "verifying")
     lg.evidence(run, "tests", "pass", lease=tok)
     lg.submit(run, tok, "a blob")
-    doc = lg.sanitize(run, "alice")
+    doc = lg.sanitize(run, by="alice")
     assert not doc["passed"] and doc["findings"][0]["detector"] == "unscannable"
     with pytest.raises(SanitizationRequired):
-        lg.deliver(run, "alice", "v1", send=True)
+        lg.deliver(run, "v1", send=True, by="alice")
     assert receiver.requests == []
     lg.close()
 
@@ -128,7 +128,7 @@ def test_binary_content_is_unscannable(tmp_path, receiver):
 def test_the_owners_own_pattern_is_a_detector(lg, tmp_path, receiver):
     run = ready_run(lg, tmp_path, receiver.url, content=CLEAN + "Project BLUEBIRD is on track.\n", public=True,
                     sanitize_patterns=(r"\bBLUEBIRD\b",))
-    doc = lg.sanitize(run, "alice")
+    doc = lg.sanitize(run, by="alice")
     assert [f["detector"] for f in doc["findings"]] == ["pattern[0]"]
 
 
@@ -142,9 +142,9 @@ def test_a_bad_pattern_is_refused_at_open(lg):
 
 def test_a_key_that_looks_like_a_secret_is_refused(lg, tmp_path, receiver):
     run = ready_run(lg, tmp_path, receiver.url, content=CLEAN, public=True)
-    lg.sanitize(run, "alice")
+    lg.sanitize(run, by="alice")
     with pytest.raises(SanitizationRequired, match="delivery key"):
-        lg.deliver(run, "alice", "bob@example.com", send=True)
+        lg.deliver(run, "bob@example.com", send=True, by="alice")
     assert receiver.requests == []
 
 
@@ -152,7 +152,7 @@ def test_a_check_before_submission_is_refused(lg, tmp_path):
     run = lg.open(goal="g", target="chat:#x", owner="alice", public=True)
     before = payloads(lg, run)
     with pytest.raises(DeliveryRefused, match="no submitted result"):
-        lg.sanitize(run, "alice")
+        lg.sanitize(run, by="alice")
     from handoff.reducers import commands as C
     from handoff.ledger.store import Actor
 
@@ -184,7 +184,7 @@ def test_a_forged_check_is_refused(lg, tmp_path, receiver):
 
 def test_not_public_means_no_gate(lg, tmp_path, receiver):
     run = ready_run(lg, tmp_path, receiver.url, content=PLANTED["key"])
-    assert lg.deliver(run, "alice", "v1", send=True).status == "confirmed"
+    assert lg.deliver(run, "v1", send=True, by="alice").status == "confirmed"
 
 
 def test_a_transferee_may_check_and_deliver(lg, tmp_path, receiver):
@@ -192,15 +192,15 @@ def test_a_transferee_may_check_and_deliver(lg, tmp_path, receiver):
 
     run = ready_run(lg, tmp_path, receiver.url, content=CLEAN, public=True)
     lg.transfer(run, "deliver", "release-bot", by="alice")
-    assert lg.sanitize(run, "release-bot")["passed"]
+    assert lg.sanitize(run, by="release-bot")["passed"]
     before = payloads(lg, run)
     # It could not record the outcome of its own send: refused before anything is sent.
     with pytest.raises(NotAuthorized, match="transferred 'delivered'"):
-        lg.deliver(run, "release-bot", "v1", send=True)
+        lg.deliver(run, "v1", send=True, by="release-bot")
     assert payloads(lg, run) == before and receiver.requests == []
     lg.transfer(run, "delivered", "release-bot", by="alice")
     lg.transfer(run, "delivery_failed", "release-bot", by="alice")
-    assert lg.deliver(run, "release-bot", "v1", send=True).status == "confirmed"
+    assert lg.deliver(run, "v1", send=True, by="release-bot").status == "confirmed"
 
 
 def test_the_contract_file_marks_a_target_public(lg, tmp_path):
@@ -224,10 +224,10 @@ def test_a_detector_that_fails_refuses_the_check(lg, tmp_path, receiver, monkeyp
     monkeypatch.setattr(sz, "scan", broken)
     before = payloads(lg, run)
     with pytest.raises(SanitizationRequired, match="detector failed"):
-        lg.sanitize(run, "alice")
+        lg.sanitize(run, by="alice")
     assert payloads(lg, run) == before
     with pytest.raises(SanitizationRequired, match="no sanitization check"):
-        lg.deliver(run, "alice", "v1", send=True)
+        lg.deliver(run, "v1", send=True, by="alice")
     assert receiver.requests == []
 
 
@@ -236,7 +236,7 @@ def test_many_findings_are_all_returned_and_the_log_keeps_the_first_ones(lg, tmp
 
     content = "".join(f"host{i}.internal\n" for i in range(MAX_RECORDED_FINDINGS + 50))
     run = ready_run(lg, tmp_path, receiver.url, content=content, public=True)
-    doc = lg.sanitize(run, "alice")
+    doc = lg.sanitize(run, by="alice")
     assert len(doc["findings"]) == MAX_RECORDED_FINDINGS + 50
     [ev] = [r.event for r in lg.log(run) if r.type == "sanitization_checked"]
     assert len(ev.findings) == MAX_RECORDED_FINDINGS + 1 and not ev.passed

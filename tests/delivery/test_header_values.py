@@ -39,12 +39,12 @@ def test_a_token_a_header_cannot_carry_is_refused_unseen_before_anything_is_reco
     run = ready_run(lg, tmp_path, receiver.url, send=FAST)
     before = payloads(lg, run)
     with pytest.raises(InvalidInput) as err:
-        lg.deliver(run, "alice", "v1", send=True, env={"HANDOFF_TOKEN_HOOK": BAD_TOKENS[what]})
+        lg.deliver(run, "v1", send=True, env={"HANDOFF_TOKEN_HOOK": BAD_TOKENS[what]}, by="alice")
     assert err.value.field == "token_env" and "$HANDOFF_TOKEN_HOOK" in err.value.message
     assert "s3cr3t" not in str(err.value) and "s3cr3t" not in repr(err.value.details)
     assert payloads(lg, run) == before and receiver.requests == []
     # The key was not used up: with the token fixed, the same key goes through.
-    sent = lg.deliver(run, "alice", "v1", send=True, env={"HANDOFF_TOKEN_HOOK": SECRET})
+    sent = lg.deliver(run, "v1", send=True, env={"HANDOFF_TOKEN_HOOK": SECRET}, by="alice")
     assert sent.status == "confirmed"
     assert receiver.requests[0]["headers"]["Authorization"] == f"Bearer {SECRET}"
 
@@ -74,17 +74,17 @@ def test_a_key_a_header_cannot_carry_is_refused_before_it_is_recorded(lg, tmp_pa
     run = ready_run(lg, tmp_path, receiver.url, send=SendPolicy(timeout_s=2.0, retries=0))
     before = payloads(lg, run)
     with pytest.raises(InvalidInput, match="Idempotency-Key") as err:
-        lg.deliver(run, "alice", key, send=True)
+        lg.deliver(run, key, send=True, by="alice")
     assert err.value.field == "key"
     assert payloads(lg, run) == before and receiver.requests == []
     # Nothing is left open: another key is accepted at once.
-    assert lg.deliver(run, "alice", "report-v1", send=True).status == "confirmed"
+    assert lg.deliver(run, "report-v1", send=True, by="alice").status == "confirmed"
     assert [r["key"] for r in receiver.requests] == ["report-v1"]
 
 
 def test_a_key_with_inner_spaces_is_sent_as_it_is(lg, tmp_path, receiver):
     run = ready_run(lg, tmp_path, receiver.url, send=SendPolicy(timeout_s=2.0, retries=0))
-    assert lg.deliver(run, "alice", "report v1 (final)", send=True).status == "confirmed"
+    assert lg.deliver(run, "report v1 (final)", send=True, by="alice").status == "confirmed"
     assert receiver.requests[0]["key"] == "report v1 (final)"
 
 
@@ -106,8 +106,8 @@ def test_a_command_whose_files_cannot_be_prepared_is_recorded_failed_and_a_new_k
     unknown, so the run is not stuck waiting for a person."""
     run = ready_run(lg, tmp_path, f"cmd:{sys.executable} -c pass")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-dir"))
-    sent = lg.deliver(run, "alice", "v1", send=True)
+    sent = lg.deliver(run, "v1", send=True, by="alice")
     assert sent.status == "failed" and "nothing ran" in sent.error
     assert log_types(lg, run)[-2:] == ["delivery_attempted", "delivery_failed"]
     monkeypatch.undo()
-    assert lg.deliver(run, "alice", "v2", send=True).status == "confirmed"
+    assert lg.deliver(run, "v2", send=True, by="alice").status == "confirmed"

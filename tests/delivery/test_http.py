@@ -22,7 +22,7 @@ def no_sleep(_s: float) -> None:
 
 def test_a_send_posts_the_bundle_with_the_key_and_records_the_receipt(lg, tmp_path, receiver):
     run = ready_run(lg, tmp_path, receiver.url, send=FAST)
-    sent = lg.deliver(run, "alice", "report-v1", send=True)
+    sent = lg.deliver(run, "report-v1", send=True, by="alice")
     assert sent.status == "confirmed" and sent.sent and sent.tries == 1
     [req] = receiver.requests
     assert req["key"] == "report-v1"
@@ -38,13 +38,13 @@ def test_a_send_posts_the_bundle_with_the_key_and_records_the_receipt(lg, tmp_pa
     cp = lg.checkpoint(run)
     assert cp.state == "delivered" and cp.delivery.receipt == sent.receipt
     # Again: already confirmed, nothing is sent.
-    again = lg.deliver(run, "alice", "report-v1", send=True)
+    again = lg.deliver(run, "report-v1", send=True, by="alice")
     assert again.status == "confirmed" and not again.sent and len(receiver.requests) == 1
 
 
 def test_a_reference_send_carries_no_content(lg, tmp_path, receiver):
     run = ready_run(lg, tmp_path, receiver.url, send=SendPolicy(inline=False))
-    lg.deliver(run, "alice", "k", send=True)
+    lg.deliver(run, "k", send=True, by="alice")
     [art] = json.loads(receiver.requests[0]["body"])["artifacts"]
     assert "content" not in art and len(art["sha256"]) == 64
 
@@ -52,7 +52,7 @@ def test_a_reference_send_carries_no_content(lg, tmp_path, receiver):
 def test_5xx_is_retried_under_the_same_key_then_left_unknown(lg, tmp_path, receiver):
     receiver.mode = "5xx"
     run = ready_run(lg, tmp_path, receiver.url, send=FAST)
-    sent = lg.send_delivery(run, "alice", "k1", sleep=no_sleep)
+    sent = lg.send_delivery(run, "k1", sleep=no_sleep, by="alice")
     assert sent.status == "unknown" and sent.tries == 3
     assert [r["key"] for r in receiver.requests] == ["k1", "k1", "k1"]
     assert log_types(lg, run)[-2:] == ["delivery_attempted", "delivery_unanswered"]
@@ -61,7 +61,7 @@ def test_5xx_is_retried_under_the_same_key_then_left_unknown(lg, tmp_path, recei
     assert lg.deliveries(status="ambiguous") == [] and lg.check() == []  # not before the timeout
     # The receiver recovers: the same key is sent again and confirmed once.
     receiver.mode = "ok"
-    sent = lg.send_delivery(run, "alice", "k1", sleep=no_sleep)
+    sent = lg.send_delivery(run, "k1", sleep=no_sleep, by="alice")
     assert sent.status == "confirmed" and len(receiver.effects) == 1
     assert log_types(lg, run).count("delivery_confirmed") == 1
 
@@ -69,11 +69,11 @@ def test_5xx_is_retried_under_the_same_key_then_left_unknown(lg, tmp_path, recei
 def test_a_hang_past_the_timeout_is_unknown_and_a_resend_acts_once(lg, tmp_path, receiver):
     receiver.mode = "act_then_hang"
     run = ready_run(lg, tmp_path, receiver.url, send=SendPolicy(timeout_s=0.5, retries=0))
-    sent = lg.deliver(run, "alice", "k1", send=True)
+    sent = lg.deliver(run, "k1", send=True, by="alice")
     assert sent.status == "unknown" and "no answer within 0.5s" in sent.error
     assert len(receiver.effects) == 1  # it did arrive; the ledger cannot know that
     receiver.mode = "ok"
-    sent = lg.deliver(run, "alice", "k1", send=True)
+    sent = lg.deliver(run, "k1", send=True, by="alice")
     assert sent.status == "confirmed"
     assert len(receiver.effects) == 1 and len(receiver.requests) == 2
 
@@ -81,11 +81,11 @@ def test_a_hang_past_the_timeout_is_unknown_and_a_resend_acts_once(lg, tmp_path,
 def test_a_connection_closed_after_acting_is_unknown_never_failed(lg, tmp_path, receiver):
     receiver.mode = "close_after_act"
     run = ready_run(lg, tmp_path, receiver.url, send=FAST)
-    sent = lg.send_delivery(run, "alice", "k1", sleep=no_sleep)
+    sent = lg.send_delivery(run, "k1", sleep=no_sleep, by="alice")
     assert sent.status == "unknown" and "connection ended" in sent.error
     assert len(receiver.effects) == 1 and len(receiver.requests) == 3  # retried, acted once
     receiver.mode = "ok"
-    assert lg.send_delivery(run, "alice", "k1").status == "confirmed"
+    assert lg.send_delivery(run, "k1", by="alice").status == "confirmed"
     assert len(receiver.effects) == 1
 
 
@@ -94,7 +94,7 @@ def test_a_target_that_does_not_dedupe_shows_why_keys_matter(lg, tmp_path):
     try:
         rx.mode = "close_after_act"
         run = ready_run(lg, tmp_path, rx.url, send=SendPolicy(timeout_s=1.0, retries=1, backoff_s=0.0))
-        lg.send_delivery(run, "alice", "k1", sleep=no_sleep)
+        lg.send_delivery(run, "k1", sleep=no_sleep, by="alice")
         # Every request carried the same key; a receiver that ignores it acts each time.
         assert {r["key"] for r in rx.requests} == {"k1"} and len(rx.effects) == 2
     finally:
@@ -104,13 +104,13 @@ def test_a_target_that_does_not_dedupe_shows_why_keys_matter(lg, tmp_path):
 def test_4xx_is_a_known_failure_and_a_new_key_may_follow(lg, tmp_path, receiver):
     receiver.mode = "400"
     run = ready_run(lg, tmp_path, receiver.url, send=FAST)
-    sent = lg.send_delivery(run, "alice", "k1", sleep=no_sleep)
+    sent = lg.send_delivery(run, "k1", sleep=no_sleep, by="alice")
     assert sent.status == "failed" and "HTTP 400" in sent.error and sent.tries == 1
     assert lg.status(run)["delivery"]["status"] == "failed"
     with pytest.raises(DeliveryRefused, match="already failed"):
-        lg.send_delivery(run, "alice", "k1")
+        lg.send_delivery(run, "k1", by="alice")
     receiver.mode = "ok"
-    assert lg.send_delivery(run, "alice", "k2").status == "confirmed"
+    assert lg.send_delivery(run, "k2", by="alice").status == "confirmed"
 
 
 def test_nobody_listening_is_a_failure_nothing_sent(lg, tmp_path):
@@ -118,7 +118,7 @@ def test_nobody_listening_is_a_failure_nothing_sent(lg, tmp_path):
     url = deaf.url
     deaf.close()  # the port is now closed: connecting is refused
     run = ready_run(lg, tmp_path, url, send=FAST)
-    sent = lg.send_delivery(run, "alice", "k1", sleep=no_sleep)
+    sent = lg.send_delivery(run, "k1", sleep=no_sleep, by="alice")
     assert sent.status == "failed" and "nothing was sent" in sent.error and sent.tries == 3
 
 
@@ -127,9 +127,9 @@ def test_the_bearer_token_comes_from_the_environment_and_never_reaches_the_log(l
     run = ready_run(lg, tmp_path, receiver.url, send=SendPolicy(token_env="HANDOFF_TOKEN_HOOK"))
     before = [r.payload for r in lg.log(run)]
     with pytest.raises(InvalidInput, match=r"\$HANDOFF_TOKEN_HOOK, which is not set"):
-        lg.send_delivery(run, "alice", "k1", env={})
+        lg.send_delivery(run, "k1", env={}, by="alice")
     assert [r.payload for r in lg.log(run)] == before and not receiver.requests
-    sent = lg.send_delivery(run, "alice", "k1", env={"HANDOFF_TOKEN_HOOK": secret})
+    sent = lg.send_delivery(run, "k1", env={"HANDOFF_TOKEN_HOOK": secret}, by="alice")
     assert sent.status == "confirmed"
     assert receiver.requests[0]["headers"]["Authorization"] == f"Bearer {secret}"
     everything = b"".join(lg.export([run])) + sent.receipt.encode()
@@ -146,13 +146,13 @@ def test_a_target_without_an_adapter_is_refused_before_anything_is_recorded(lg, 
     run = ready_run(lg, tmp_path, "chat:#ops")
     n = len(log_types(lg, run))
     with pytest.raises(InvalidInput, match="has no adapter"):
-        lg.deliver(run, "alice", "k1", send=True)
+        lg.deliver(run, "k1", send=True, by="alice")
     assert len(log_types(lg, run)) == n
 
 
 def test_https_to_a_server_without_tls_fails_before_anything_is_sent(lg, tmp_path, receiver):
     url = receiver.url.replace("http://", "https://")
     run = ready_run(lg, tmp_path, url, send=SendPolicy(timeout_s=2.0, retries=0))
-    sent = lg.send_delivery(run, "alice", "k1")
+    sent = lg.send_delivery(run, "k1", by="alice")
     assert sent.status == "failed" and "nothing was sent" in sent.error
     assert receiver.requests == [] and receiver.effects == []

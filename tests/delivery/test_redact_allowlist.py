@@ -205,7 +205,7 @@ def test_kinds_classifications_watchers_and_patterns_are_digested(tmp_path):
         lg.transition("r1", tok, "executing")
         lg.artifact("r1", tok, str(art), kind="customer-globex-dump")
         lg.evidence("r1", "globex-audit", "pass", lease=tok)
-        lg.observe("r1", "watch.globex-dc1", "stalled", 1)
+        lg.observe("r1", "stalled", 1, watcher="watch.globex-dc1")
         events, text = exported(lg, ["r1"])
     for hidden in ("globex", "falcon"):
         assert hidden not in text, hidden

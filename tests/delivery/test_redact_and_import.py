@@ -17,7 +17,7 @@ PLANTED = "# Report\n\nSee /home/alice/incident.log; ask bob@corp.example; db at
 
 def test_a_redacted_export_keeps_structure_and_hides_names_paths_and_secrets(lg, tmp_path, receiver):
     run = ready_run(lg, tmp_path, receiver.url, content=PLANTED, summary="bob@corp.example fixed it on db1.internal")
-    lg.deliver(run, "alice", "v1", send=True)
+    lg.deliver(run, "v1", send=True, by="alice")
     lines = [json.loads(x) for x in lg.export_redacted([run], salt=SALT)]
     head, events = lines[0], lines[1:]
     assert head["redacted"] is True and head["format"] == "handoff-redacted-export/2" and "not a ledger" in head["note"]
@@ -60,11 +60,11 @@ def test_a_short_salt_is_refused(lg):
 def test_a_delivered_public_run_imports_with_every_event_admitted_again(lg, tmp_path, receiver):
     box = outbox(tmp_path)
     run = ready_run(lg, tmp_path, f"file://{box}", public=True, content="clean text\n")
-    lg.sanitize(run, "alice")
+    lg.sanitize(run, by="alice")
     receiver.mode = "5xx"
     web = ready_run(lg, tmp_path, receiver.url, public=False)
-    lg.send_delivery(web, "alice", "w1", retries=0)  # unanswered
-    assert lg.deliver(run, "alice", "v1", send=True).status == "confirmed"
+    lg.send_delivery(web, "w1", retries=0, by="alice")  # unanswered
+    assert lg.deliver(run, "v1", send=True, by="alice").status == "confirmed"
     other = Ledger(str(tmp_path / "copy.db"))
     counts = other.import_lines(list(lg.export()))
     assert counts["runs"] == 2
@@ -81,7 +81,7 @@ def test_an_import_refuses_a_forged_public_delivery(tmp_path):
 
     plain = Ledger(str(tmp_path / "plain.db"))
     rid = ready_run(plain, tmp_path, "chat:#ops")
-    plain.deliver(rid, "alice", "v1")
+    plain.deliver(rid, "v1", by="alice")
     forged, prev = [], bytes(32)
     for line in (json.loads(x) for x in plain.export([rid])):
         if line["type"] == "handoff_opened":

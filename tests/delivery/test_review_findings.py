@@ -72,19 +72,19 @@ def test_a_run_opened_before_the_rule_sends_no_foreign_variable(backend, tmp_pat
         assert lg.checkpoint(run).delivery.send.token_env == FOREIGN
         before = _everything(lg)
         with pytest.raises(InvalidInput) as err:
-            lg.deliver(run, "alice", "v1", send=True, env={FOREIGN: SECRET})
+            lg.deliver(run, "v1", send=True, env={FOREIGN: SECRET}, by="alice")
         assert err.value.field == "send.token_env" and "HANDOFF_TOKEN_" in err.value.message
         assert "deliver it by hand" in err.value.message and SECRET not in err.value.message
         assert _everything(lg) == before and receiver.requests == []
         # By hand it still goes: recording an attempt sends nothing.
-        assert lg.deliver(run, "alice", "v1").result.outcome == "committed"
+        assert lg.deliver(run, "v1", by="alice").result.outcome == "committed"
         assert receiver.requests == []
 
 
 def test_a_handoff_token_variable_is_sent(backend, tmp_path, receiver):
     with Ledger(backend.address()) as lg:
         run = ready_run(lg, tmp_path, receiver.url, send=SendPolicy(token_env="HANDOFF_TOKEN_HOOK"))
-        sent = lg.deliver(run, "alice", "v1", send=True, env={"HANDOFF_TOKEN_HOOK": "tok-1", FOREIGN: SECRET})
+        sent = lg.deliver(run, "v1", send=True, env={"HANDOFF_TOKEN_HOOK": "tok-1", FOREIGN: SECRET}, by="alice")
         assert sent.status == "confirmed"
         assert receiver.requests[0]["headers"]["Authorization"] == "Bearer tok-1"
 
@@ -128,7 +128,7 @@ def test_a_refused_send_says_how_many_patterns_not_which(backend, tmp_path, rece
         run = ready_run(lg, tmp_path, receiver.url)
         before = _everything(lg)
         with pytest.raises(TargetNotAllowed) as err:
-            lg.deliver(run, "alice", "v1", send=True)
+            lg.deliver(run, "v1", send=True, by="alice")
         message = err.value.message
         assert "XyZsEcReTpAtH" not in message and "T0AAA" not in message and "/srv/outbox" not in message
         assert "it holds 2 patterns, not shown here" in message and "'handoff targets' shows it" in message
@@ -231,8 +231,8 @@ def test_a_send_to_an_escaping_path_is_refused(backend, tmp_path, receiver):
         run = ready_run(lg, tmp_path, f"{base}/services/..;/hook")
         before = _everything(lg)
         with pytest.raises(TargetNotAllowed):
-            lg.deliver(run, "alice", "v1", send=True)
+            lg.deliver(run, "v1", send=True, by="alice")
         assert _everything(lg) == before and receiver.requests == []
         ok = ready_run(lg, tmp_path, f"{base}/services/hook")
-        assert lg.deliver(ok, "alice", "v1", send=True).status == "confirmed"
+        assert lg.deliver(ok, "v1", send=True, by="alice").status == "confirmed"
         assert len(receiver.requests) == 1

@@ -260,14 +260,14 @@ def test_a_public_file_run_holding_any_shape_is_refused_and_sends_nothing(backen
             # An owner per run: one owner may have ten active runs at a time.
             run = ready_run(lg, tmp_path, f"file://{box}", content=f"# Result\n\nDeployed.\n{text}\n",
                             public=True, owner=f"owner{n}")
-            doc = lg.sanitize(run, f"owner{n}")
+            doc = lg.sanitize(run, by=f"owner{n}")
             assert not doc["passed"], shape
             assert ("secret", "artifact report.md", 4) in {(f["detector"], f["item"], f["line"])
                                                            for f in doc["findings"]}, (shape, doc["findings"])
             assert secret not in json.dumps(doc)
             before = [(r.seq, r.type) for r in lg.log(run)]
             with pytest.raises(SanitizationRequired, match="failed"):
-                lg.deliver(run, f"owner{n}", "v1", send=True)
+                lg.deliver(run, "v1", send=True, by=f"owner{n}")
             assert [(r.seq, r.type) for r in lg.log(run)] == before, shape
             assert list(box.iterdir()) == [], shape
 

@@ -93,7 +93,7 @@ def test_an_adapter_for_an_unparseable_target_is_refused_typed():
 
 def test_a_webhook_with_a_query_is_posted_to_its_path_and_query(lg, tmp_path, receiver):
     run = ready_run(lg, tmp_path, receiver.url + "?team=ops", send=SendPolicy(timeout_s=2.0, retries=0))
-    assert lg.deliver(run, "alice", "v1", send=True).status == "confirmed"
+    assert lg.deliver(run, "v1", send=True, by="alice").status == "confirmed"
 
 
 #: The characters URLs are made of and broken by, so most examples come near the edge.

@@ -287,7 +287,7 @@ CASES = [
          "to must be one of", lambda lg, w: lg.transition("r1", TOKEN, "flying"), "to"),
     Case("unknown states", "close as 'exploded'", ["close", "r1", "--by", "alice", "--disposition", "exploded"], 2,
          "--disposition",
-         lambda lg, w: lg.close_run("r1", "alice", "exploded"), "disposition"),
+         lambda lg, w: lg.close_run("r1", "exploded", by="alice"), "disposition"),
     # 13 unknown kinds
     Case("unknown kinds", "progress kind 'flying'", [*P[:4], "--kind", "flying"], 2, "kind",
          lambda lg, w: lg.progress("r1", TOKEN, "flying"), "kind"),
@@ -300,7 +300,7 @@ CASES = [
          "line 1", lambda lg, w: lg.import_lines([export_line(w, type="made_up", payload={"type": "made_up"})]),
          "line 1"),
     Case("unknown kinds", "recovery action 'nuke'", None, 2, "",
-         lambda lg, w: lg.recover("r1", "wd", "nuke", "stalled", 1), "action"),
+         lambda lg, w: lg.recover("r1", "nuke", "stalled", 1, watcher="wd"), "action"),
     # 14 negative seqs
     Case("negative seqs", "replay --at -1", ["replay", "r1", "--at", "-1"], 2, "--at",
          lambda lg, w: lg.checkpoint("r1", at_seq=-1), "at"),
@@ -316,7 +316,7 @@ CASES = [
     Case("non-integer seqs", "fork --at abc", ["fork", "r1", "--at", "abc"], 2, "--at",
          lambda lg, w: lg.fork("r1", 0.5), "at_seq"),
     Case("non-integer seqs", "unblock --blocker x", ["unblock", "r1", "--resolution", "r", "--blocker", "x"], 2,
-         "--blocker", lambda lg, w: lg.observe("r1", "wd", "stalled", 1.5), "progress_seq"),
+         "--blocker", lambda lg, w: lg.observe("r1", "stalled", 1.5, watcher="wd"), "progress_seq"),
     # 16 negative or non-integer leases
     Case("negative or non-integer leases", "lease -1", ["heartbeat", "r1", "--lease", "-1"], 2, "--lease",
          lambda lg, w: lg.heartbeat("r1", -1), "lease"),

@@ -529,7 +529,7 @@ def _recovery_world(db: str, tmp_path) -> tuple[dict[str, list[str]], int]:
             lg.transition(run, lease, "verifying", worker=f"wv{i}")
             lg.evidence(run, "tests", "pass", "ok", lease=lease, actor=Actor("worker", f"wv{i}"))
             lg.submit(run, lease, "done", worker=f"wv{i}")
-            lg.deliver(run, "alice", f"d{i}")
+            lg.deliver(run, f"d{i}", by="alice")
             kinds["delivery"].append(run)
         t0 = lg.clock()
     return kinds, t0

@@ -67,7 +67,7 @@ def story(db: str, run_id: str = "r1", *, worker_trace: bool = False) -> dict:
         lg.transition(run, t2, "verifying")
         lg.submit(run, t2, "done", key=f"submit-key-{run_id}")
         lg.release(run, t2, "finished")
-        lg.deliver(run, "alice", f"deliver-key-{run_id}")
+        lg.deliver(run, f"deliver-key-{run_id}", by="alice")
         lg.delivered(run, f"deliver-key-{run_id}", "receipt-1")
         keys = [f"{k}-key-{run_id}" for k in ("open", "claim", "plan", "fx", "submit", "deliver")]
         return {"run": run, "keys": keys, "tokens": [str(t1), str(t2)], "secret": "xoxb-secret"}

@@ -77,13 +77,13 @@ def test_a_file_delivery_is_named_by_a_digest_of_its_key(backend, tmp_path):
     key = "inc-4711-report"
     with Ledger(backend.address()) as lg:
         run = ready_run(lg, tmp_path, f"file://{box}")
-        sent = lg.deliver(run, "alice", key, send=True)
+        sent = lg.deliver(run, key, send=True, by="alice")
         assert sent.status == "confirmed" and key not in sent.receipt
         digest = hashlib.sha256(f"{run}\0{key}".encode()).hexdigest()[:32]
         assert [p.name for p in box.iterdir()] == [f"{run}.{digest}.json"] == [file_name(run, key)]
         assert digest in sent.receipt
         # A repeat under the same key finds its file and sends nothing new.
-        again = lg.deliver(run, "alice", key, send=True)
+        again = lg.deliver(run, key, send=True, by="alice")
         assert again.status == "confirmed" and len(list(box.iterdir())) == 1
         receipts = [r.event.receipt for r in lg.log(run) if r.type == "delivery_confirmed"]
         assert receipts and all(key not in r for r in receipts)

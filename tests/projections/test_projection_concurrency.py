@@ -33,13 +33,13 @@ for i in range(n):
     if i % 3 == 0:
         lg.release(rid, lease)
     elif i % 3 == 1:
-        lg.close_run(rid, owner, "cancelled")
+        lg.close_run(rid, "cancelled", by=owner)
     else:
         lg.artifact(rid, lease, result)
         lg.transition(rid, lease, "verifying")
         lg.evidence(rid, "tests", "pass", lease=lease)
         lg.submit(rid, lease, "done")
-        lg.deliver(rid, owner, "k")
+        lg.deliver(rid, "k", by=owner)
         if i % 2:
             lg.delivered(rid, "k", "receipt")
     if i % 5 == 0:

@@ -123,7 +123,7 @@ def test_checkpoints_row_follows_every_command(clocked_lg, clock, result_file):
     assert lease2.lease == lease.lease + 1
     assert assert_checkpoint_row(clocked_lg, run)["lease"] == lease2.lease
 
-    clocked_lg.close_run(run, "alice", "cancelled", "not needed")
+    clocked_lg.close_run(run, "cancelled", "not needed", by="alice")
     r = assert_checkpoint_row(clocked_lg, run)
     assert (r["state"], r["terminal"], r["lease"]) == ("cancelled", 1, None)
     assert clocked_lg.check() == []
@@ -206,8 +206,8 @@ def test_stall_watch_deadlines(clocked_lg, clock):
     assert r["next_deadline_us"] == min(r["last_heartbeat_us"] + 60 * S + 1, t2 + 300 * S + 1)
 
     # Watchdog observations of a stall count repeats (the retry count column).
-    clocked_lg.observe(run, "wd", "stalled", progress_seq=1)
-    clocked_lg.observe(run, "wd", "stalled", progress_seq=1)
+    clocked_lg.observe(run, "stalled", progress_seq=1, watcher="wd")
+    clocked_lg.observe(run, "stalled", progress_seq=1, watcher="wd")
     assert stall_row(clocked_lg, run)["retry_count"] == 2
 
     # Blocked: no deadline at all; unblocked: the clocks are back.
@@ -230,7 +230,7 @@ def test_stall_watch_deadlines(clocked_lg, clock):
     clocked_lg.effect_confirm(run, "send-1", "absent", note="checked the outbox")
     assert stall_row(clocked_lg, run)["next_deadline_us"] == 0  # still unknown: needs a worker
 
-    clocked_lg.close_run(run, "alice", "failed", "gave up")
+    clocked_lg.close_run(run, "failed", "gave up", by="alice")
     r = stall_row(clocked_lg, run)
     assert (r["live"], r["next_deadline_us"]) == (0, None)
     assert queries.due_run_ids(clocked_lg.store, clock() + 10**12) == []
@@ -270,7 +270,7 @@ def test_delivery_status_transitions(clocked_lg, clock, result_file):
     assert [d["run_id"] for d in clocked_lg.deliveries(status="pending")] == [run]
 
     t_attempt = clock.advance(2)
-    clocked_lg.deliver(run, "alice", "k1")
+    clocked_lg.deliver(run, "k1", by="alice")
     r = delivery_row(clocked_lg, run)
     assert (r["status"], r["key"], r["attempts"], r["attempted_us"]) == ("attempted", "k1", 1, t_attempt)
     assert r["ambiguous_after_us"] == t_attempt + 600 * S
@@ -296,7 +296,7 @@ def test_delivery_status_transitions(clocked_lg, clock, result_file):
     assert queries.deliveries(clocked_lg.store, now_us=clock() + 10**12, status="ambiguous") == []
     assert [d["run_id"] for d in clocked_lg.deliveries(status="failed")] == [run]
 
-    clocked_lg.deliver(run, "alice", "k2")
+    clocked_lg.deliver(run, "k2", by="alice")
     assert delivery_row(clocked_lg, run)["status"] == "attempted"
     clocked_lg.delivered(run, "k2", "msg-123")
     r = delivery_row(clocked_lg, run)
@@ -313,7 +313,7 @@ def test_delivery_waits_for_review(clocked_lg, result_file):
     drive_to_succeeded(clocked_lg, run, lease, result_file)
     assert clocked_lg.checkpoint(run).state == "ready_for_review"
     assert delivery_row(clocked_lg, run)["status"] == "not_ready"
-    clocked_lg.review(run, "alice", True, "fine")
+    clocked_lg.review(run, True, "fine", by="alice")
     assert delivery_row(clocked_lg, run)["status"] == "ready"
 
 
@@ -356,13 +356,13 @@ def test_owner_load_counts_and_cap(clocked_lg, result_file):
     assert clocked_lg.owner_load("alice") == 2
     clocked_lg.revoke(a[1], "too slow")  # revoke removes
     assert load_rows(clocked_lg) == {("alice", "a2"), ("bob", "b0")}
-    clocked_lg.close_run(a[2], "alice", "no_op")  # close releases the lease
+    clocked_lg.close_run(a[2], "no_op", by="alice")  # close releases the lease
     assert clocked_lg.owner_load("alice") == 0
 
     l3 = clocked_lg.claim(a[3], "w3")
     drive_to_succeeded(clocked_lg, a[3], l3, result_file)
     assert clocked_lg.owner_load("alice") == 1  # a succeeded run still holds its lease
-    clocked_lg.deliver(a[3], "alice", "k")
+    clocked_lg.deliver(a[3], "k", by="alice")
     clocked_lg.delivered(a[3], "k", "receipt")  # delivery ends the run and releases the lease
     assert clocked_lg.owner_load("alice") == 0
     assert load_rows(clocked_lg) == {("bob", "b0")}
@@ -384,7 +384,7 @@ def test_runs_filters_and_order(clocked_lg):
     l2 = clocked_lg.claim("r2", "w")
     clocked_lg.transition("r2", l2, "planning")
     clocked_lg.transition("r2", l2, "executing")
-    clocked_lg.close_run("r3", "carol", "cancelled")
+    clocked_lg.close_run("r3", "cancelled", by="carol")
     # Touch the oldest run last: "oldest first" must not turn into "least recently updated".
     clocked_lg.heartbeat("r0", l0)
 

@@ -201,7 +201,7 @@ def test_a_state_change_moves_the_row_in_every_index(clocked_lg):
                         "WHERE owner='alice' AND state='planning'") == ["r1"]
     assert by_index(clocked_lg, "SELECT run_id FROM checkpoints INDEXED BY checkpoints_target "
                         "WHERE target='chat:#a' AND state='queued' ORDER BY run_id") == ["r0", "r2"]
-    clocked_lg.close_run("r2", "alice", "cancelled")
+    clocked_lg.close_run("r2", "cancelled", by="alice")
     assert ("checkpoints", "keys", "r2") in writes()
     assert by_index(clocked_lg, "SELECT run_id FROM checkpoints INDEXED BY checkpoints_live "
                         "WHERE terminal=0 ORDER BY run_id") == ["r0", "r1"]
@@ -224,7 +224,7 @@ def test_a_moved_deadline_moves_the_stall_row_in_its_partial_index(clocked_lg, c
     clocked_lg.heartbeat("r1", lease)
     assert queries.due_run_ids(clocked_lg.store, t1 + 60 * S + 1) == []
     assert queries.due_run_ids(clocked_lg.store, t2 + 60 * S + 1) == ["r1"]
-    clocked_lg.close_run("r1", "alice", "cancelled")  # not live: out of the partial index
+    clocked_lg.close_run("r1", "cancelled", by="alice")  # not live: out of the partial index
     assert queries.due_run_ids(clocked_lg.store, t2 + 10**12) == []
     assert integrity(clocked_lg.store.path) == "ok"
     assert clocked_lg.check() == []
@@ -388,14 +388,14 @@ def _mixed_history(clocked_lg: Ledger, clock: Clock, result_file: str) -> None:
     clocked_lg.evidence("r3", "tests", "pass", lease=leases["r3"])
     clocked_lg.submit("r3", leases["r3"], "done")
     clock.advance(2)
-    clocked_lg.deliver("r3", "o1", "k1")
+    clocked_lg.deliver("r3", "k1", by="o1")
     clocked_lg.delivery_failed("r3", "k1", "500")
-    clocked_lg.deliver("r3", "o1", "k2")
+    clocked_lg.deliver("r3", "k2", by="o1")
     clocked_lg.delivered("r3", "k2", "receipt")
     clocked_lg.fork("r0", 3, new_run_id="r0-fork", by="op")
     clocked_lg.unblock("r1", "got it", lease=leases["r1"])
-    clocked_lg.close_run("r0", "o0", "cancelled")
-    clocked_lg.observe("r1", "wd", "stalled", progress_seq=clocked_lg.checkpoint("r1").progress_seq)
+    clocked_lg.close_run("r0", "cancelled", by="o0")
+    clocked_lg.observe("r1", "stalled", progress_seq=clocked_lg.checkpoint("r1").progress_seq, watcher="wd")
 
 
 def test_inline_caught_up_and_rebuilt_views_agree_after_a_mixed_history(path, clock, result_file):

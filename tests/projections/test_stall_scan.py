@@ -39,7 +39,7 @@ def fleet(tmp_path, clock):
     lg.artifact("attempt", leases["attempt"], str(result))
     lg.evidence("attempt", "spellcheck", "pass", lease=leases["attempt"])
     lg.submit("attempt", leases["attempt"], "done")
-    lg.deliver("attempt", "alice", "send-1")
+    lg.deliver("attempt", "send-1", by="alice")
     clock.advance(100)
     lg.heartbeat("stuck", leases["stuck"])
     lg.heartbeat("fine", leases["fine"])

@@ -97,18 +97,18 @@ def bring(
     if state == T.READY_FOR_REVIEW:
         return run
     if require_review:
-        lg.review(run_id, owner, True)
+        lg.review(run_id, True, by=owner)
     if evidence:
         lg.evidence(run_id, "tests", "pass", actor=Actor("owner", owner))
     if state == T.SUCCEEDED:
         return run
     if state == T.DELIVERED:
-        lg.deliver(run_id, owner, "send-1")
+        lg.deliver(run_id, "send-1", by=owner)
         lg.delivered(run_id, "send-1", "msg-1")
         run.lease = None
         return run
     if state in (T.NO_OP, T.CANCELLED, T.FAILED):
-        lg.close_run(run_id, owner, state, "stopped")
+        lg.close_run(run_id, state, "stopped", by=owner)
         run.lease = None
         return run
     raise ValueError(f"cannot bring a run to {state}")

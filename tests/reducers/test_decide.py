@@ -55,7 +55,7 @@ def test_submit_before_verifying(lg, tmp_path):
 
 def test_review_when_nothing_waits_for_review(lg, tmp_path):
     run = bring(lg, tmp_path, T.VERIFYING)
-    refused(lg, E.IllegalTransition, lambda: lg.review(run.id, "alice", True), "verifying", "review")
+    refused(lg, E.IllegalTransition, lambda: lg.review(run.id, True, by="alice"), "verifying", "review")
 
 
 def test_unblock_a_run_that_is_not_blocked(lg, tmp_path):
@@ -80,7 +80,7 @@ def test_side_effect_outside_working_states(lg, tmp_path):
 
 def test_confirming_a_delivery_after_the_run_was_blocked(lg, tmp_path):
     run = bring(lg, tmp_path, T.SUCCEEDED)
-    lg.deliver(run.id, "alice", "send-1")
+    lg.deliver(run.id, "send-1", by="alice")
     lg.block(run.id, "target chat archived", "ask alice for a new target", actor=OWNER)
     refused(lg, E.IllegalTransition, lambda: lg.delivered(run.id, "send-1", "msg-1"), "blocked", "delivered")
 
@@ -119,9 +119,9 @@ def test_revoking_when_no_lease_or_the_wrong_one(lg, tmp_path):
     run = bring(lg, tmp_path, T.QUEUED)
     refused(lg, E.StaleLease, lambda: lg.revoke(run.id, "timeout", actor=WATCHDOG), "no lease to revoke")
     lg.claim(run.id, "w1")
-    refused(lg, E.StaleLease, lambda: lg.revoke(run.id, "timeout", lease=7, actor=WATCHDOG), "lease 7")
-    lg.revoke(run.id, "timeout", lease=1, actor=WATCHDOG)
-    refused(lg, E.StaleLease, lambda: lg.recover(run.id, "dog", "revoke_lease", "unavailable", 0), "no lease to revoke")
+    refused(lg, E.StaleLease, lambda: lg.revoke(run.id, "timeout", lease_number=7, actor=WATCHDOG), "lease 7")
+    lg.revoke(run.id, "timeout", lease_number=1, actor=WATCHDOG)
+    refused(lg, E.StaleLease, lambda: lg.recover(run.id, "revoke_lease", "unavailable", 0, watcher="dog"), "no lease to revoke")
 
 
 # --- NotAuthorized ------------------------------------------------------------------
@@ -163,8 +163,8 @@ def test_a_transfer_covers_one_action_only(lg, tmp_path):
 
 def test_someone_who_is_not_the_owner(lg, tmp_path):
     run = bring(lg, tmp_path, T.SUCCEEDED)
-    refused(lg, E.NotAuthorized, lambda: lg.deliver(run.id, "mallory", "send-1"), "mallory", "alice")
-    refused(lg, E.NotAuthorized, lambda: lg.close_run(run.id, "mallory", "no_op"), "not the owner")
+    refused(lg, E.NotAuthorized, lambda: lg.deliver(run.id, "send-1", by="mallory"), "mallory", "alice")
+    refused(lg, E.NotAuthorized, lambda: lg.close_run(run.id, "no_op", by="mallory"), "not the owner")
     refused(lg, E.NotAuthorized, lambda: lg.transfer(run.id, "deliver", "mallory", by="mallory"), "mallory")
 
 
@@ -237,7 +237,7 @@ def test_confirming_a_delivery_never_attempted(lg, tmp_path):
 
 def test_a_second_delivery_after_one_was_confirmed(lg, tmp_path):
     run = bring(lg, tmp_path, T.DELIVERED)
-    refused(lg, E.DeliveryRefused, lambda: lg.deliver(run.id, "alice", "send-2"), "already delivered", "double send")
+    refused(lg, E.DeliveryRefused, lambda: lg.deliver(run.id, "send-2", by="alice"), "already delivered", "double send")
     refused(lg, E.DeliveryRefused, lambda: lg.delivered(run.id, "send-1", "msg-OTHER"), "another receipt")
 
 
@@ -250,7 +250,7 @@ def test_delivering_a_run_that_is_not_ready(lg, tmp_path, why):
         run = bring(lg, tmp_path, T.READY_FOR_REVIEW)
         lg.evidence(run.id, "tests", "pass", actor=OWNER)
         if why == "rejected":
-            lg.review(run.id, "alice", False, "the summary is wrong")
+            lg.review(run.id, False, "the summary is wrong", by="alice")
         words = ("not ready",)
     else:
         run = bring(lg, tmp_path, T.SUCCEEDED, evidence=False)
@@ -258,25 +258,25 @@ def test_delivering_a_run_that_is_not_ready(lg, tmp_path, why):
             lg.evidence(run.id, "tests", "pass", actor=OWNER)
             lg.evidence(run.id, "lint", "fail", actor=OWNER)
         words = ("not ready", "evidence")
-    refused(lg, E.DeliveryRefused, lambda: lg.deliver(run.id, "alice", "send-1"), *words)
+    refused(lg, E.DeliveryRefused, lambda: lg.deliver(run.id, "send-1", by="alice"), *words)
 
 
 def test_another_attempt_while_one_has_no_outcome(lg, tmp_path):
     run = bring(lg, tmp_path, T.SUCCEEDED)
-    lg.deliver(run.id, "alice", "send-1")
-    refused(lg, E.DeliveryRefused, lambda: lg.deliver(run.id, "alice", "send-2"), "send-1", "no outcome")
-    refused(lg, E.DeliveryRefused, lambda: lg.close_run(run.id, "alice", "no_op"), "send-1", "no outcome")
+    lg.deliver(run.id, "send-1", by="alice")
+    refused(lg, E.DeliveryRefused, lambda: lg.deliver(run.id, "send-2", by="alice"), "send-1", "no outcome")
+    refused(lg, E.DeliveryRefused, lambda: lg.close_run(run.id, "no_op", by="alice"), "send-1", "no outcome")
 
 
 def test_a_failed_attempt_needs_a_new_key(lg, tmp_path):
     run = bring(lg, tmp_path, T.SUCCEEDED)
-    lg.deliver(run.id, "alice", "send-1")
+    lg.deliver(run.id, "send-1", by="alice")
     lg.delivery_failed(run.id, "send-1", "target returned 503")
     # Without an idempotency key the rules answer (Ledger.deliver's key would replay the first attempt).
     refused(lg, E.DeliveryRefused, lambda: execute(lg, run.id, OWNER, C.Deliver(key="send-1")), "already failed", "new key")
     refused(lg, E.DeliveryRefused, lambda: lg.delivered(run.id, "send-1", "msg-1"), "marked failed")
     refused(lg, E.DeliveryRefused, lambda: lg.delivery_failed(run.id, "send-1", "again"), "already failed")
-    lg.deliver(run.id, "alice", "send-2")
+    lg.deliver(run.id, "send-2", by="alice")
     assert lg.delivered(run.id, "send-2", "msg-2").checkpoint.state == T.DELIVERED
 
 
@@ -294,11 +294,11 @@ def _after_the_end(lg, run):
         "block": lambda: lg.block(run.id, "late", "nothing", actor=OWNER),
         "revoke": lambda: lg.revoke(run.id, "late", actor=WATCHDOG),
         "transfer": lambda: lg.transfer(run.id, "deliver", "w1", by="alice"),
-        "close": lambda: lg.close_run(run.id, "alice", "cancelled"),
-        "close_as_operator": lambda: lg.close_run(run.id, "op", "failed", as_operator=True),
-        "recover": lambda: lg.recover(run.id, "dog", "pause", "stalled", 0),
+        "close": lambda: lg.close_run(run.id, "cancelled", by="alice"),
+        "close_as_operator": lambda: lg.close_run(run.id, "failed", as_operator=True, by="op"),
+        "recover": lambda: lg.recover(run.id, "pause", "stalled", 0, watcher="dog"),
         "delivery_failed": lambda: lg.delivery_failed(run.id, "send-1", "late"),
-        "review": lambda: lg.review(run.id, "alice", True),
+        "review": lambda: lg.review(run.id, True, by="alice"),
     }
 
 
@@ -321,7 +321,7 @@ def test_nothing_but_observation_after_the_end(lg, tmp_path, end, late):
 @pytest.mark.parametrize("end", [T.NO_OP, T.CANCELLED, T.FAILED])
 def test_a_closed_run_is_never_delivered(lg, tmp_path, end):
     run = bring(lg, tmp_path, end)
-    refused(lg, E.TerminalRun, lambda: lg.deliver(run.id, "alice", "send-1"), end, "will not be delivered")
+    refused(lg, E.TerminalRun, lambda: lg.deliver(run.id, "send-1", by="alice"), end, "will not be delivered")
     refused(lg, E.TerminalRun, lambda: lg.delivered(run.id, "send-1", "msg-1"), end)
 
 
@@ -329,7 +329,7 @@ def test_a_closed_run_is_never_delivered(lg, tmp_path, end):
 def test_observation_is_still_accepted_and_changes_no_state(lg, tmp_path, end):
     run = bring(lg, tmp_path, end)
     before = lg.checkpoint(run.id)
-    out = lg.observe(run.id, "dog", "silent", before.progress_seq)
+    out = lg.observe(run.id, "silent", before.progress_seq, watcher="dog")
     assert out.result.outcome == "committed"
     assert out.checkpoint.state == end and out.checkpoint.progress_seq == before.progress_seq
 
@@ -356,7 +356,7 @@ def test_owner_cap(lg, tmp_path):
     # Another owner is not affected, and a finished run frees its slot.
     lg.open(goal="g", target="chat:#ops", owner="bob", run_id="b1", owner_cap=2)
     lg.claim("b1", "w1")
-    lg.close_run("r1", "alice", "no_op")
+    lg.close_run("r1", "no_op", by="alice")
     assert lg.claim("r3", "w3").lease >= 1
 
 
@@ -389,7 +389,7 @@ def test_side_effect_keys_are_not_reused(lg, tmp_path):
 
 def test_commands_on_a_run_that_does_not_exist(lg, tmp_path):
     refused(lg, E.UnknownRun, lambda: lg.claim("ghost", "w1"), "ghost", "open it first")
-    refused(lg, E.UnknownRun, lambda: lg.observe("ghost", "dog", "healthy", 0), "ghost")
+    refused(lg, E.UnknownRun, lambda: lg.observe("ghost", "healthy", 0, watcher="dog"), "ghost")
     refused(lg, E.UnknownRun, lambda: lg.fork("ghost", 1, new_run_id="child"), "ghost")
 
 
@@ -423,11 +423,11 @@ def test_malformed_commands_on_a_run(lg, tmp_path):
     cases = [
         (lambda: lg.evidence(run.id, "tests", "maybe", actor=OWNER), "outcome", ("outcome", "maybe")),
         (lambda: lg.effect_confirm(run.id, "k", "perhaps", actor=OPERATOR), "outcome", ("perhaps",)),
-        (lambda: lg.observe(run.id, "dog", "healthy", 0, reason="a\x00b"), "reason", ("NUL",)),
+        (lambda: lg.observe(run.id, "healthy", 0, reason="a\x00b", watcher="dog"), "reason", ("NUL",)),
         (lambda: lg.block(run.id, "r" * 16_385, "next", actor=OWNER), "reason", ("limit",)),
         (lambda: lg.transfer(run.id, "publish", "w1", by="alice"), "action", ("publish",)),
         (lambda: lg.transition(run.id, run.lease, "done", worker="w1"), "to", ("done",)),
-        (lambda: lg.recover(run.id, "dog", "reboot", "stalled", 0), "action", ("reboot",)),
+        (lambda: lg.recover(run.id, "reboot", "stalled", 0, watcher="dog"), "action", ("reboot",)),
         (lambda: lg.fork(run.id, 99, new_run_id="child"), "at_seq", ("only 4 events",)),
     ]
     for call, field, words in cases:
@@ -443,9 +443,9 @@ def test_malformed_commands_on_a_run(lg, tmp_path):
 
 def test_retried_delivery_attempt_is_not_a_second_send(lg, tmp_path):
     run = bring(lg, tmp_path, T.SUCCEEDED)
-    first = lg.deliver(run.id, "alice", "send-1")
+    first = lg.deliver(run.id, "send-1", by="alice")
     before = log(lg)
-    again = lg.deliver(run.id, "alice", "send-1")
+    again = lg.deliver(run.id, "send-1", by="alice")
     # No idempotency key is replayed (deliver takes none): the rules find nothing to add.
     assert first.result.outcome == "committed" and again.result.outcome == "unchanged" and again.duplicate
     assert (again.result.first_seq, again.result.last_seq) == (before[-1].seq, before[-1].seq)
@@ -458,11 +458,11 @@ def test_retried_delivery_attempt_is_not_a_second_send(lg, tmp_path):
 
 def test_retried_confirmation_is_not_a_second_delivery(lg, tmp_path):
     run = bring(lg, tmp_path, T.SUCCEEDED)
-    lg.deliver(run.id, "alice", "send-1")
+    lg.deliver(run.id, "send-1", by="alice")
     lg.delivered(run.id, "send-1", "msg-1")
     before = log(lg)
     assert lg.delivered(run.id, "send-1", "msg-1").result.outcome == "unchanged"
-    assert lg.deliver(run.id, "alice", "send-1").result.outcome == "unchanged"
+    assert lg.deliver(run.id, "send-1", by="alice").result.outcome == "unchanged"
     assert log(lg) == before
     assert sum(r.type == "delivery_confirmed" for r in before) == 1
 
@@ -487,10 +487,10 @@ def test_the_same_idempotency_key_for_another_request(lg, tmp_path):
 
 def test_a_delivery_key_that_failed_cannot_be_retried(lg, tmp_path):
     run = bring(lg, tmp_path, T.SUCCEEDED)
-    lg.deliver(run.id, "alice", "send-1")
+    lg.deliver(run.id, "send-1", by="alice")
     lg.delivery_failed(run.id, "send-1", "timeout")
-    refused(lg, E.DeliveryRefused, lambda: lg.deliver(run.id, "alice", "send-1"), "already failed")
-    assert lg.deliver(run.id, "alice", "send-2").result.outcome == "committed"
+    refused(lg, E.DeliveryRefused, lambda: lg.deliver(run.id, "send-1", by="alice"), "already failed")
+    assert lg.deliver(run.id, "send-2", by="alice").result.outcome == "committed"
 
 
 # --- racing terminal commands from separate processes --------------------------------
@@ -533,7 +533,7 @@ def test_racing_terminal_commands_first_wins(tmp_path):
         else:
             # confirm the open delivery vs close as failed
             run = bring(lg, tmp_path, T.SUCCEEDED, run_id=f"d{i}")
-            lg.deliver(run.id, "alice", "send-1")
+            lg.deliver(run.id, "send-1", by="alice")
             a.append(_job(run.id, OWNER, C.ConfirmDelivery(key="send-1", receipt="msg-1")))
             b.append(_job(run.id, OPERATOR, C.Close(disposition="failed")))
     path = lg.store.path
@@ -598,6 +598,6 @@ def test_a_revocation_aimed_at_an_older_lease_hits_nothing(lg, tmp_path):
     run = bring(lg, tmp_path, T.EXECUTING)
     seq = lg.checkpoint(run.id).progress_seq
     refused(lg, E.StaleLease,
-            lambda: lg.recover(run.id, "wd", "revoke_lease", "unavailable", seq, lease=run.lease.lease - 1 or 99),
+            lambda: lg.recover(run.id, "revoke_lease", "unavailable", seq, lease_number=run.lease.lease - 1 or 99, watcher="wd"),
             "nothing revoked")
     assert lg.checkpoint(run.id).lease == run.lease.lease

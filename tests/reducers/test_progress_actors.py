@@ -80,7 +80,7 @@ def test_owner_steps_still_advance(tmp_path):
     lg = _ledger(tmp_path, clock)
     bring(lg, tmp_path, T.READY_FOR_REVIEW)
     before = lg.checkpoint("r1").progress_seq
-    lg.review("r1", "alice", True)
+    lg.review("r1", True, by="alice")
     cp = lg.checkpoint("r1")
     # review_decided and the move to succeeded
     assert cp.progress_seq == before + 2 and cp.watch.last_progress.kind == "state:succeeded"

@@ -113,7 +113,7 @@ def test_heartbeats_never_advance_progress_seq(tmp_path, state):
     seq = lg.checkpoint(run.id).progress_seq
     for _ in range(5):
         lg.heartbeat(run.id, run.lease, worker=run.worker)
-        lg.observe(run.id, "dog", "healthy", seq, interval_s=30)
+        lg.observe(run.id, "healthy", seq, interval_s=30, watcher="dog")
     cp = lg.checkpoint(run.id)
     assert cp.progress_seq == seq
     assert cp.watch.last_heartbeat_us is not None

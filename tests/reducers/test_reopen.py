@@ -48,12 +48,12 @@ def leaky_run(lg: Ledger, tmp_path, run_id: str = "r1") -> tuple[str, str, str]:
 def test_a_refused_result_goes_back_fixed_and_is_delivered(tmp_path):
     lg = new_ledger(tmp_path)
     run, tok, report = leaky_run(lg, tmp_path)
-    check = lg.sanitize(run, "alice")
+    check = lg.sanitize(run, by="alice")
     assert not check["passed"]
     # The dead ends, each refused and writing nothing:
-    refused(lg, E.SanitizationRequired, lambda: lg.deliver(run, "alice", "v1", send=True), "failed")
+    refused(lg, E.SanitizationRequired, lambda: lg.deliver(run, "v1", send=True, by="alice"), "failed")
     refused(lg, E.IllegalTransition, lambda: lg.withdraw_artifact(run, report, "leaks a key", lease=tok))
-    refused(lg, E.IllegalTransition, lambda: lg.review(run, "alice", False, "leaks a key"))
+    refused(lg, E.IllegalTransition, lambda: lg.review(run, False, "leaks a key", by="alice"))
     refused(lg, E.LeaseHeld, lambda: lg.claim(run, "w2"))
     # The way forward:
     out = lg.reopen(run, by="alice", reason="the report quotes an access key; remove it")
@@ -66,8 +66,8 @@ def test_a_refused_result_goes_back_fixed_and_is_delivered(tmp_path):
     write(report, CLEAN)
     lg.artifact(run, tok, report, worker="w1")
     lg.submit(run, tok, "report written, key removed", worker="w1")
-    assert lg.sanitize(run, "alice")["passed"]
-    sent = lg.deliver(run, "alice", "v1", send=True)
+    assert lg.sanitize(run, by="alice")["passed"]
+    sent = lg.deliver(run, "v1", send=True, by="alice")
     assert sent.status == "confirmed" and lg.checkpoint(run).state == T.DELIVERED
     delivered = os.listdir(tmp_path / "outbox-r1")
     assert delivered and SECRET not in "".join(open(tmp_path / "outbox-r1" / f).read() for f in delivered)
@@ -77,7 +77,7 @@ def test_a_refused_result_goes_back_fixed_and_is_delivered(tmp_path):
 def test_once_the_lease_is_gone_a_worker_claims_the_reopened_run(tmp_path):
     lg = new_ledger(tmp_path)
     run, tok, report = leaky_run(lg, tmp_path)
-    lg.sanitize(run, "alice")
+    lg.sanitize(run, by="alice")
     lg.release(run, tok, "done", worker="w1")
     lg.reopen(run, by="op", reason="leaks a key", as_operator=True)
     tok2 = lg.claim(run, "w2")
@@ -89,7 +89,7 @@ def test_once_the_lease_is_gone_a_worker_claims_the_reopened_run(tmp_path):
 def test_the_check_line_in_the_log_names_its_verdict_and_detectors_never_the_text(tmp_path):
     lg = new_ledger(tmp_path)
     run, _, _ = leaky_run(lg, tmp_path)
-    lg.sanitize(run, "alice")
+    lg.sanitize(run, by="alice")
     [rec] = [r for r in lg.log(run) if r.type == "sanitization_checked"]
     line = summarize(rec.event)
     assert line.startswith("FAILED") and rec.event.findings
@@ -108,7 +108,7 @@ def test_refused_without_a_failed_check(tmp_path):
     refused(lg, E.IllegalTransition, lambda: lg.reopen(run, by="alice", reason="r"), "no sanitization check")
     write(str(tmp_path / "work-r1" / "report.md"), LEAKY)
     run2 = bring(lg, tmp_path, T.SUCCEEDED, run_id="r2")
-    lg.sanitize(run2.id, "alice")  # a clean report: the check passes
+    lg.sanitize(run2.id, by="alice")  # a clean report: the check passes
     refused(lg, E.IllegalTransition, lambda: lg.reopen(run2.id, by="alice", reason="r"), "passed")
     lg.close()
 
@@ -116,7 +116,7 @@ def test_refused_without_a_failed_check(tmp_path):
 def test_refused_while_a_delivery_attempt_waits_for_its_outcome(tmp_path):
     lg = new_ledger(tmp_path)
     run = bring(lg, tmp_path, T.SUCCEEDED)
-    lg.deliver(run.id, "alice", "d1")  # not public: no gate; the attempt stays open
+    lg.deliver(run.id, "d1", by="alice")  # not public: no gate; the attempt stays open
     lg.execute(run.id, _failing_check(), actor=Actor("owner", "alice"))
     refused(lg, E.DeliveryRefused, lambda: lg.reopen(run.id, by="alice", reason="r"), "no outcome")
     lg.delivery_failed(run.id, "d1", "target returned 503")
@@ -155,7 +155,7 @@ def test_refused_after_the_end(tmp_path, state):
 def test_refused_to_anyone_but_the_owner_or_an_operator_and_without_a_reason(tmp_path):
     lg = new_ledger(tmp_path)
     run, tok, _ = leaky_run(lg, tmp_path)
-    lg.sanitize(run, "alice")
+    lg.sanitize(run, by="alice")
     refused(lg, E.NotAuthorized, lambda: lg.reopen(run, by="mallory", reason="r"), "not the owner")
     for actor in (Actor("worker", "w1"), WATCHDOG):
         refused(lg, E.NotAuthorized, lambda a=actor: lg.execute(run, C.Reopen(reason="r"), actor=a))
@@ -167,7 +167,7 @@ def test_refused_to_anyone_but_the_owner_or_an_operator_and_without_a_reason(tmp
 def test_a_retry_under_the_same_key_reopens_once(tmp_path):
     lg = new_ledger(tmp_path)
     run, _, _ = leaky_run(lg, tmp_path)
-    lg.sanitize(run, "alice")
+    lg.sanitize(run, by="alice")
     first = lg.reopen(run, by="alice", reason="r", key="reopen-1")
     again = lg.reopen(run, by="alice", reason="r", key="reopen-1")
     assert again.result.outcome == "duplicate" and again.result.first_seq == first.result.first_seq

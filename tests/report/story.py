@@ -57,9 +57,9 @@ def incident(lg: Ledger, clock: Clock, tmp: Path, run: str = "inc-4711") -> str:
     lg.evidence(run, "structure", "pass", "3 of 3 sections", lease=b)
     lg.submit(run, b, "incident report written")
     clock.advance(10)
-    lg.review(run, "alice", True, "timeline checks out")
-    lg.deliver(run, "alice", "inc-4711-report")
+    lg.review(run, True, "timeline checks out", by="alice")
+    lg.deliver(run, "inc-4711-report", by="alice")
     clock.advance(1)
     lg.delivered(run, "inc-4711-report", "chat:#ops message 1")
-    assert lg.deliver(run, "alice", "inc-4711-report").unchanged  # a retry writes nothing
+    assert lg.deliver(run, "inc-4711-report", by="alice").unchanged  # a retry writes nothing
     return run

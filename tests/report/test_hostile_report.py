@@ -109,7 +109,7 @@ def hostile_run(lg: Ledger, clock: Clock, port: int) -> str:
     b = lg.claim(run, short(port, "worker-b")) if lg.checkpoint(run).lease is None else a
     lg.transition(run, b, "verifying")
     lg.submit(run, b, attack(port, "result-summary"))
-    lg.deliver(run, lg.checkpoint(run).owner, short(port, "delivery-key"))
+    lg.deliver(run, short(port, "delivery-key"), by=lg.checkpoint(run).owner)
     lg.delivered(run, short(port, "delivery-key"), attack(port, "receipt"))
     return run
 
@@ -178,13 +178,13 @@ def test_an_unknown_classification_is_refused_and_nothing_is_written(tmp_path, v
         for bad in ('x"><meta http-equiv="refresh" content="0;url=http://127.0.0.1:1/">', "alive", "Stalled", ""):
             with pytest.raises(E.InvalidInput) as info:
                 if via == "observe":
-                    lg.observe(run, "dog", bad, 0)
+                    lg.observe(run, bad, 0, watcher="dog")
                 else:
-                    lg.recover(run, "dog", "mark_stalled", bad, 0)
+                    lg.recover(run, "mark_stalled", bad, 0, watcher="dog")
             assert info.value.field == "classification"
             assert "healthy" in info.value.message  # it says what is accepted
         assert [r.hash for r in lg.log(run)] == before
-        lg.observe(run, "dog", "healthy", 0)  # a known one is still recorded
+        lg.observe(run, "healthy", 0, watcher="dog")  # a known one is still recorded
 
 
 def test_an_import_holding_an_unknown_classification_is_refused(tmp_path):

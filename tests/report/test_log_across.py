@@ -211,8 +211,8 @@ def test_status_says_what_it_hides_and_how_to_see_it(tmp_path):
     h = Handoff(str(tmp_path / "ledger.db"))
     with Ledger(h.db, clock=clock) as lg:
         _two_runs(lg, clock)
-        lg.close_run("b.f", "bob", "cancelled")
-        lg.close_run("a", "alice", "no_op")
+        lg.close_run("b.f", "cancelled", by="bob")
+        lg.close_run("a", "no_op", by="alice")
     text = h("status").stdout
     assert "b " in text and "b.f" not in text
     last = text.strip().splitlines()[-1]
@@ -223,7 +223,7 @@ def test_status_says_what_it_hides_and_how_to_see_it(tmp_path):
     assert "that ended" not in h("status", "--all").stdout
     assert h.json("status", "--owner", "alice")["hidden_terminal"] == 1
     with Ledger(h.db, clock=clock) as lg:
-        lg.close_run("b", "bob", "cancelled")
+        lg.close_run("b", "cancelled", by="bob")
     assert h("status").stdout.splitlines()[:1] == ["no runs that are not terminal match"]
 
 
