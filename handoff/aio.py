@@ -256,6 +256,7 @@ class AsyncLedger:
     delivery_failed = _Call(Ledger.delivery_failed)
     observe = _Call(Ledger.observe)
     recover = _Call(Ledger.recover)
+    effect_outcome = _Call(Ledger.effect_outcome)
     open = _Call(Ledger.open)
     open_contract = _Call(Ledger.open_contract)
     claim = _Call(Ledger.claim)
@@ -486,6 +487,16 @@ class AsyncLease(HeldLease):
     async def release(self, reason: str = "", *, key: str | None = None) -> Outcome:
         """Give the lease back: the run stays where it is, claimable by the next worker."""
         return await self._do(self.core.release(reason, key=key))
+
+    async def effect_outcome(self, effect_key: str) -> dict[str, Any]:
+        """What the ledger knows of a side effect's key: settled (and how), pending, or
+        none.
+
+        A resumed step asks before it starts a side effect again: settled means
+        skip it, pending means look at the world and confirm first, none means
+        start it.
+        """
+        return await self._do(self.core.effect_outcome(effect_key))
     # --- end of generated code (AsyncLease verbs) ---
 
     @asynccontextmanager

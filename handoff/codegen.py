@@ -72,10 +72,17 @@ def _field_value(op: Operation, p: Param) -> str:
 
 
 def ledger_method(op: Operation) -> str:
-    """``Ledger.<name>``: build the row's command and hand it to ``execute``."""
+    """``Ledger.<name>``: build the row's command and hand it to ``execute`` (or, for a
+    verb that writes nothing, answer from the run's checkpoint with its reducer)."""
     names = {p.name for p in op.params}
     ind = "        "
     lines = [_def(f"def {op.name}", _signature(op.params), op.returns), _docstring(op, ind)]
+    if op.reads:
+        module, _, function = op.reads.partition(".")
+        args = ", ".join(p.name for p in op.params if p.name != "run_id")
+        lines.append(f"{ind}from handoff.reducers import {module}\n")
+        lines.append(f"{ind}return {module}.{function}(self.checkpoint(run_id), {args})\n")
+        return "".join(lines)
     fields = [f"{p.command_field}={_field_value(op, p)}" for p in op.params if p.command_field]
     typed = any(p.command_field and _literal(op, p) for p in op.params)
     run = ["run_id"]
@@ -122,9 +129,14 @@ def core_method(op: Operation) -> str:
     args = _call_args(own)
     held = "worker=self.worker" if op.caller == "worker" else 'lease=t, actor=Actor("worker", self.worker)'
     lead = "self.run_id, t, " if op.caller == "worker" else "self.run_id, "
-    return (_def(f"def {op.lease_verb}", _signature(own), "Callable[[Ledger], Outcome]")
-            + "        t = self.token\n"
-            + _wrap(f"        return lambda lg: lg.{op.name}(", f"{lead}{args}{', ' if args else ''}{held}".split(", "), ")"))
+    if op.reads:  # a question, not a write: asked as the block's worker would, under its check
+        held, lead = "", "self.run_id, "
+        args = args.rstrip(", ")
+    returns = "Outcome" if not op.reads else op.returns
+    return (_def(f"def {op.lease_verb}", _signature(own), f"Callable[[Ledger], {returns}]")
+            + ("        self.check()\n" if op.reads else "        t = self.token\n")
+            + _wrap(f"        return lambda lg: lg.{op.name}(",
+                    [a for a in f"{lead}{args}{', ' if args else ''}{held}".split(", ") if a], ")"))
 
 
 def _wrap(head: str, args: list[str], tail: str) -> str:
@@ -146,7 +158,7 @@ def handle_method(op: Operation, *, is_async: bool) -> str:
     ind = "        "
     head = "async def" if is_async else "def"
     wait = "await " if is_async else ""
-    return (_def(f"{head} {op.lease_verb}", _signature(own), "Outcome") + _docstring(op, ind)
+    return (_def(f"{head} {op.lease_verb}", _signature(own), op.returns) + _docstring(op, ind)
             + _wrap(f"{ind}return {wait}self._do(self.core.{op.lease_verb}(", args.split(", ") if args else [], "))"))
 
 
@@ -156,7 +168,7 @@ def _join(methods: list[str]) -> str:
 
 def regions() -> dict[tuple[str, str], str]:
     """What each marked region should hold: (file, region name) -> the code."""
-    built = [op for op in OPERATIONS if op.built]
+    built = [op for op in OPERATIONS if op.built or op.reads]
     leased = [op for op in OPERATIONS if op.lease_verb is not None]
     calls = "".join(f"    {op.name} = _Call(Ledger.{op.name})\n" for op in OPERATIONS)
     return {

@@ -416,6 +416,10 @@ class LeaseCore:
     def release(self, reason: str = "", *, key: str | None = None) -> Callable[[Ledger], Outcome]:
         t = self.token
         return lambda lg: lg.release(self.run_id, t, reason, key=key, worker=self.worker)
+
+    def effect_outcome(self, effect_key: str) -> Callable[[Ledger], dict[str, Any]]:
+        self.check()
+        return lambda lg: lg.effect_outcome(self.run_id, effect_key)
     # --- end of generated code (LeaseCore verbs) ---
 
     def effect_start(self, key: str, what: str, **kw: Any) -> Callable[[Ledger], Outcome]:
@@ -598,6 +602,16 @@ class Lease(HeldLease):
     def release(self, reason: str = "", *, key: str | None = None) -> Outcome:
         """Give the lease back: the run stays where it is, claimable by the next worker."""
         return self._do(self.core.release(reason, key=key))
+
+    def effect_outcome(self, effect_key: str) -> dict[str, Any]:
+        """What the ledger knows of a side effect's key: settled (and how), pending, or
+        none.
+
+        A resumed step asks before it starts a side effect again: settled means
+        skip it, pending means look at the world and confirm first, none means
+        start it.
+        """
+        return self._do(self.core.effect_outcome(effect_key))
     # --- end of generated code (Lease verbs) ---
 
     @contextmanager

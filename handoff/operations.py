@@ -29,6 +29,8 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Literal
 
+from handoff.reducers.transitions import CLOSE_DISPOSITIONS, TRANSFERABLE
+
 #: How a verb names who acts. ``worker``: a lease token proves it (``lease`` required);
 #: ``lease_or_person``: the lease's worker when a token is given, else the person ``by``
 #: names (or ``actor``); ``owner``: the person ``by`` names, as the owner (or an operator
@@ -89,7 +91,9 @@ class Operation:
     ``mcp``: the MCP roles that offer it as a tool; ``returns``: the Python return type;
     ``issues``: other commands the verb may issue (a send records its outcome);
     ``cli_built``: the CLI command is built from the row (else hand-written in cli.py and
-    checked); ``cli_extra``: options the CLI command has beyond the row's parameters."""
+    checked); ``cli_extra``: options the CLI command has beyond the row's parameters;
+    ``reads``: for a verb that writes nothing (``command`` is ""), the pure function in
+    reducers/ (``module.function``) that answers it from the run's checkpoint."""
 
     name: str
     command: str
@@ -108,6 +112,7 @@ class Operation:
     issues: tuple[str, ...] = ()
     cli_built: bool = True
     cli_extra: tuple[str, ...] = ()
+    reads: str = ""
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -177,7 +182,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "progress", "progress", "Progress", "worker",
         "Record a step. Only the state's progress kinds advance progress_seq.",
         (RUN_ID, LEASE,
-         _p("kind", "str", "plan_committed, tool_outcome, child_result, diff_validated, verifier_result, or a "
+         _p("kind", "str", "The step's kind: plan_committed, tool_outcome, child_result, diff_validated, verifier_result, or a "
             "kind the contract declared (progress_kinds at open); or a non-progress kind such as note, "
             "tool_retry, waiting.", positional=True),
          _p("detail", "str", "What happened.", default='""', positional=True), ATTRS, KEY, WORKER),
@@ -254,7 +259,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "effect_confirm", "effect_confirm", "ConfirmEffect", "lease_or_person",
         "Record a side effect's outcome: done, or absent (it did not happen).",
         (RUN_ID, EFFECT_KEY,
-         _p("outcome", "str", "done (it happened) or absent (it did not).", positional=True,
+         _p("outcome", "str", "How it came out: done (it happened) or absent (it did not).", positional=True,
             choices=("done", "absent")),
          _p("note", "str", "How you know (for a reconciliation).", default='""'),
          ATTRS, LEASE_OPTIONAL, BY, ACTOR),
@@ -288,7 +293,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "Hand one of the owner's actions (review, deliver, delivered, delivery_failed, close) to another name.",
         (RUN_ID,
          _p("action", "str", "The owner action handed on.", positional=True,
-            choices=("review", "deliver", "delivered", "delivery_failed", "close")),
+            choices=tuple(sorted(TRANSFERABLE))),
          _p("to", "str", "The name that may take it from now on.", positional=True),
          BY_OWNER, KEY),
         example="handoff transfer $RUN --action review --to bob --by alice",
@@ -307,7 +312,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "close_run", "close", "Close", "owner",
         "End a run that will not succeed: no_op, cancelled or failed.",
         (RUN_ID,
-         _p("disposition", "str", "How the run ends.", positional=True, choices=("no_op", "cancelled", "failed")),
+         _p("disposition", "str", "How the run ends.", positional=True, choices=CLOSE_DISPOSITIONS),
          _p("reason", "str", "Why.", default='""', positional=True), BY_OWNER, AS_OPERATOR, KEY),
         example="handoff close $RUN --disposition cancelled --reason 'superseded' --by alice",
         cli="close", said="closed: {out.checkpoint.state}", mcp=("owner", "operator")),
@@ -365,6 +370,14 @@ OPERATIONS: tuple[Operation, ...] = (
          _p("lease_number", "int | None", "The lease the judgement was about: a revocation aimed at it "
             "cannot take a newer one.", default="None", field="lease"), KEY),
         said="recovered"),
+    Operation(
+        "effect_outcome", "", "", "custom",
+        "What the ledger knows of a side effect's key: settled (and how), pending, or none.",
+        (RUN_ID, Param("effect_key", "str", "The side effect's own key, unique within the run.",
+                       positional=True, field="")),
+        details="A resumed step asks before it starts a side effect again: settled means skip it, "
+                "pending means look at the world and confirm first, none means start it.",
+        returns="dict[str, Any]", reads="effects.effect_outcome", lease_verb="effect_outcome"),
 )
 
 # --- verbs whose Python method is hand-written (they measure, send, draw or derive

@@ -375,6 +375,17 @@ class Verbs:
         cmd = C.Recover(action=action, classification=classification, progress_seq=progress_seq,
                         reason=reason, lease=lease_number)
         return self.execute(run_id, cmd, actor=Actor("watchdog", watcher), key=key)
+
+    def effect_outcome(self, run_id: str, effect_key: str) -> dict[str, Any]:
+        """What the ledger knows of a side effect's key: settled (and how), pending, or
+        none.
+
+        A resumed step asks before it starts a side effect again: settled means
+        skip it, pending means look at the world and confirm first, none means
+        start it.
+        """
+        from handoff.reducers import effects
+        return effects.effect_outcome(self.checkpoint(run_id), effect_key)
     # --- end of generated code (Ledger verbs) ---
 
     def artifact(self, run_id: str, lease: str, path: str, *, kind: str = "result", root: str | None = None,

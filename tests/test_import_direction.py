@@ -23,13 +23,6 @@ ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("ledger", "reducers", "projections", "handoff", "cli")
 RANK = {name: i for i, name in enumerate(LAYERS)}
 
-#: Upward imports known today, each to be removed by named work. The general test skips
-#: exactly these (file, layer) pairs; each has its own xfail(strict=True) test, which
-#: fails as XPASS once the import is gone: then delete the entry, and the general test
-#: holds that file to the rule like every other.
-KNOWN: dict[tuple[str, str], str] = {}
-
-
 #: Where each layer of the repository is installed (pyproject.toml's package-dir).
 INSTALLED = {"ledger": "handoff.ledger", "reducers": "handoff.reducers",
              "projections": "handoff.projections", "cli": "handoff.cli"}
@@ -118,26 +111,11 @@ def upward(path: Path) -> list[tuple[str, int, str]]:
 
 @pytest.mark.parametrize("path", library_modules(), ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_imports_go_downward(path):
-    """Every upward import fails here except the KNOWN ones, which have their own test below."""
+    """Every upward import fails here: there are no exceptions."""
     rel = path.relative_to(ROOT).as_posix()
     bad = [f"{rel}:{line} imports {target} ({layer} is above {layer_of(module_name(path))})"
-           for layer, line, target in upward(path) if (rel, layer) not in KNOWN]
+           for layer, line, target in upward(path)]
     assert bad == []
-
-
-@pytest.mark.parametrize("rel, layer", [
-    pytest.param(rel, layer, id=f"{rel}->{layer}", marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason))
-    for (rel, layer), reason in KNOWN.items()
-])
-def test_known_upward_import_is_gone(rel, layer):
-    left = [f"{rel}:{line} imports {target}" for theirs, line, target in upward(ROOT / rel) if theirs == layer]
-    assert left == []
-
-
-def test_every_known_exception_names_a_module_that_exists():
-    for rel, layer in KNOWN:
-        assert (ROOT / rel).is_file(), f"{rel} is gone: remove its entry from KNOWN"
-        assert layer in RANK, layer
 
 
 def test_the_parser_sees_every_form_of_import():
