@@ -1,7 +1,9 @@
 """The ``handoff`` command: a thin click shell over ``handoff.Ledger``.
 
 Every command opens the ledger, makes one library call and prints a table, a short line
-or (``--json``) one JSON document. Nothing heavy is imported at module level: a shell
+or (``--json``) one JSON document. The commands of the table's verbs (handoff/operations.py)
+are built from their rows (handoff/clitable.py) and added here, in the order docs/cli.md
+shows; the rest are written out below. Nothing heavy is imported at module level: a shell
 agent pays for ``handoff progress`` on every event, so each command imports what it uses.
 """
 
@@ -38,12 +40,14 @@ def _load_msgspec() -> None:
 _load_msgspec()
 
 from handoff.reducers.transitions import CLOSE_DISPOSITIONS, DELIVERED  # noqa: E402  (data only: imports nothing)
+from handoff.operations import help_of, operation  # noqa: E402  (data only: the table of verbs)
 # The CLI's own parts: click and the standard library only at module level, the library on use.
 from handoff.clioptions import (attr_option, format_option, json_option, key_option,  # noqa: E402
                                 lease_option, open_kwargs, open_options, page_options, quiet_option,
-                                run_argument, worker_run_argument)
+                                run_argument)
+from handoff.clitable import build  # noqa: E402
 from handoff.clitypes import ISO_TIME, POSITION_OR_TIME, Seconds, attr_map  # noqa: E402
-from handoff.completion import (COMPLETE_HEALTH, COMPLETE_KIND, COMPLETE_STATE, COMPLETE_VAR,  # noqa: E402
+from handoff.completion import (COMPLETE_HEALTH, COMPLETE_STATE, COMPLETE_VAR,  # noqa: E402
                                 complete_runs, completion_class)
 from handoff.output import (TABLE_WINDOW, chosen_format, echo_write, emit, field_rows, listing,  # noqa: E402
                             more_line, one_document, printable, side_rows, stream_csv, stream_json,
@@ -227,6 +231,13 @@ def _exit_damage_found() -> None:
     click.get_current_context().exit(DamageFound.exit_code)
 
 
+def _built(*verbs: str) -> None:
+    """Add the commands built from these verbs' rows of the table (handoff/clitable.py), here,
+    in the order of the commands around them."""
+    for verb in verbs:
+        main.add_command(build(operation(verb), ledger=_ledger, cls=HandoffCommand))
+
+
 # --- contract and lease --------------------------------------------------------------
 
 
@@ -326,70 +337,7 @@ def claim(run: str, worker: str, key: str | None, as_json: bool) -> None:
     emit(doc, as_json, str(got.token))
 
 
-@main.command()
-@worker_run_argument
-@lease_option()
-@attr_option
-@json_option
-def heartbeat(run: str, lease: str, attr_pairs: tuple[tuple[str, Any], ...], as_json: bool) -> None:
-    """Say the lease holder is alive. Heartbeats are liveness, never progress.
-
-    It takes no --key: a heartbeat changes no authority, and a repeated one only says
-    again that the holder is alive, which is what a retry means.
-
-    \b
-    Example:
-        handoff heartbeat $RUN --lease $LEASE
-    """
-    with _ledger() as lg:
-        out = lg.heartbeat(run, lease, attrs=attr_map(attr_pairs))
-    echo_write(out, as_json, "heartbeat recorded")
-
-
-@main.command()
-@worker_run_argument
-@lease_option()
-@click.option("--to", "to", required=True, metavar="STATE",
-              help="planning, executing or verifying (see docs/lifecycle.md).", shell_complete=COMPLETE_STATE)
-@click.option("--reason", default="", help="Why.")
-@key_option
-@json_option
-def transition(run: str, lease: str, to: str, reason: str, key: str | None, as_json: bool) -> None:
-    """Move the run through its lifecycle (queued -> planning -> executing -> verifying).
-
-    \b
-    Example:
-        handoff transition $RUN --lease $LEASE --to executing
-    """
-    with _ledger() as lg:
-        out = lg.transition(run, lease, to, reason=reason, key=key)
-    echo_write(out, as_json, f"moved to {out.checkpoint.state}")
-
-
-@main.command()
-@worker_run_argument
-@lease_option()
-@click.option("--kind", required=True,
-              help="plan_committed, tool_outcome, child_result, diff_validated, verifier_result, or a kind "
-                   "the contract declared (--progress-kind at open); or a non-progress kind such as note, "
-                   "tool_retry, waiting.", shell_complete=COMPLETE_KIND)
-@click.option("--detail", default="", help="What happened.")
-@attr_option
-@key_option
-@json_option
-def progress(run: str, lease: str, kind: str, detail: str, attr_pairs: tuple[tuple[str, Any], ...], key: str | None,
-             as_json: bool) -> None:
-    """Record a step. Only the state's progress kinds advance progress_seq.
-
-    With --key, a retried report writes nothing new.
-
-    \b
-    Example:
-        handoff progress $RUN --lease $LEASE --kind tool_outcome --detail "tests pass" --key step-7
-    """
-    with _ledger() as lg:
-        out = lg.progress(run, lease, kind, detail, key=key, attrs=attr_map(attr_pairs))
-    echo_write(out, as_json, f"{kind} recorded, progress_seq {out.checkpoint.progress_seq}")
+_built("heartbeat", "transition", "progress")
 
 
 @main.command()
@@ -466,179 +414,7 @@ def artifact_withdraw(run: str, path: str, reason: str, lease: str | None, by: s
     echo_write(out, as_json, f"artifact {path} withdrawn; it no longer counts for submit", path=path)
 
 
-@main.command()
-@worker_run_argument
-@lease_option(required=False)
-@click.option("--kind", required=True, help="What was checked (tests, lint, review...).")
-@click.option("--outcome", required=True, type=click.Choice(["pass", "fail", "skipped"]))
-@click.option("--detail", default="", help="What the check saw.")
-@click.option("--by", default=None, help="Operator name when acting without a lease.")
-@attr_option
-@key_option
-@json_option
-def evidence(run: str, lease: str | None, kind: str, outcome: str, detail: str, by: str | None,
-             attr_pairs: tuple[tuple[str, Any], ...], key: str | None, as_json: bool) -> None:
-    """Record a check that was run and how it came out. Delivery needs a pass and no fail.
-
-    \b
-    Example:
-        handoff evidence $RUN --lease $LEASE --kind tests --outcome pass --detail "42 passed"
-    """
-    with _ledger() as lg:
-        out = lg.evidence(run, kind, outcome, detail, lease=lease, by=by, key=key, attrs=attr_map(attr_pairs))
-    echo_write(out, as_json, f"evidence {kind}: {outcome}")
-
-
-@main.command()
-@worker_run_argument
-@click.option("--reason", required=True, help="What the run cannot go on without.")
-@click.option("--next-action", required=True, help="What must happen to unblock it, and by whom.")
-@lease_option(required=False)
-@click.option("--by", default=None, help="Operator name when acting without a lease.")
-@key_option
-@json_option
-def block(run: str, reason: str, next_action: str, lease: str | None, by: str | None, key: str | None,
-          as_json: bool) -> None:
-    """Record a named blocker and the next action; the run waits in 'blocked'.
-
-    A blocked run is not a stall: the watchdog leaves it alone.
-
-    \b
-    Example:
-        handoff block $RUN --reason "needs prod credentials" --next-action "alice grants read access"
-    """
-    with _ledger() as lg:
-        out = lg.block(run, reason, next_action, lease=lease, by=by, key=key)
-    echo_write(out, as_json, f"blocker #{out.checkpoint.blockers_raised} raised")
-
-
-@main.command()
-@worker_run_argument
-@click.option("--resolution", required=True, help="How the blocker went away.")
-@click.option("--blocker", "blocker_id", type=int, default=None, help="Clear only this blocker id (default: all).")
-@lease_option(required=False)
-@click.option("--by", default=None, help="Operator name when acting without a lease.")
-@key_option
-@json_option
-def unblock(run: str, resolution: str, blocker_id: int | None, lease: str | None, by: str | None,
-            key: str | None, as_json: bool) -> None:
-    """Clear blockers; the run returns to the state it was blocked from.
-
-    \b
-    Example:
-        handoff unblock $RUN --resolution "read access granted"
-    """
-    with _ledger() as lg:
-        out = lg.unblock(run, resolution, blocker_id=blocker_id, lease=lease, by=by, key=key)
-    echo_write(out, as_json, "unblocked" if out.checkpoint.state != "blocked" else "blocker cleared")
-
-
-@main.command("effect-start")
-@worker_run_argument
-@lease_option()
-@click.option("--key", required=True, help="The side effect's own key (unique within the run).")
-@click.option("--what", required=True, help="What is about to happen outside (e.g. 'POST /deploy v42').")
-@attr_option
-@json_option
-def effect_start(run: str, lease: str, key: str, what: str, attr_pairs: tuple[tuple[str, Any], ...],
-                 as_json: bool) -> None:
-    """Record that an external side effect is about to start, before starting it.
-
-    Until its outcome is confirmed, a lost worker leaves the run 'unknown' and the
-    watchdog asks for reconciliation instead of a blind retry.
-
-    \b
-    Example:
-        handoff effect-start $RUN --lease $LEASE --key deploy-v42 --what "deploy v42 to staging"
-    """
-    with _ledger() as lg:
-        out = lg.effect_start(run, lease, key, what, attrs=attr_map(attr_pairs))
-    echo_write(out, as_json, f"side effect {key} started")
-
-
-@main.command("effect-confirm")
-@worker_run_argument
-@click.option("--key", required=True, help="The side effect's key.")
-@click.option("--outcome", required=True, type=click.Choice(["done", "absent"]),
-              help="done: it happened; absent: it did not.")
-@click.option("--note", default="", help="How you know (for a reconciliation).")
-@lease_option(required=False)
-@click.option("--by", default=None, help="Operator name when acting without a lease.")
-@attr_option
-@json_option
-def effect_confirm(run: str, key: str, outcome: str, note: str, lease: str | None, by: str | None,
-                   attr_pairs: tuple[tuple[str, Any], ...], as_json: bool) -> None:
-    """Record a side effect's outcome (a reconciliation when its worker was lost).
-
-    \b
-    Example:
-        handoff effect-confirm $RUN --key deploy-v42 --outcome done --note "v42 is live on staging"
-    """
-    with _ledger() as lg:
-        out = lg.effect_confirm(run, key, outcome, note=note, lease=lease, by=by, attrs=attr_map(attr_pairs))
-    echo_write(out, as_json, f"side effect {key}: {outcome}")
-
-
-@main.command()
-@worker_run_argument
-@lease_option()
-@click.option("--summary", default="", help="One paragraph on what was done.")
-@key_option
-@json_option
-def submit(run: str, lease: str, summary: str, key: str | None, as_json: bool) -> None:
-    """Submit the result: needs a recorded, existing, non-empty artifact (and the contract's
-    result file, if it names one). Goes to review when the contract requires it.
-
-    \b
-    Example:
-        handoff submit $RUN --lease $LEASE --summary "report drafted and checked"
-    """
-    with _ledger() as lg:
-        out = lg.submit(run, lease, summary, key=key)
-    echo_write(out, as_json, f"result submitted; now {out.checkpoint.state}")
-
-
-@main.command()
-@run_argument
-@click.option("--by", required=True, help="The owner (or whoever the owner transferred review to).")
-@click.option("--approve/--reject", "approve", default=None, help="The decision.")
-@click.option("--notes", default="", help="What the reviewer saw.")
-@key_option
-@json_option
-def review(run: str, by: str, approve: bool | None, notes: str, key: str | None, as_json: bool) -> None:
-    """Approve or reject a submitted result. A rejection sends the run back to executing.
-
-    \b
-    Example:
-        handoff review $RUN --by alice --approve --notes "numbers check out"
-    """
-    if approve is None:
-        raise click.UsageError("say --approve or --reject")
-    with _ledger() as lg:
-        out = lg.review(run, approve, notes, key=key, by=by)
-    echo_write(out, as_json, "approved" if approve else "rejected")
-
-
-@main.command()
-@run_argument
-@click.option("--by", required=True, help="The owner, or someone it transferred the action to.")
-@click.option("--action", required=True, type=click.Choice(["review", "deliver", "delivered", "delivery_failed", "close"]),
-              help="The owner-only action to hand over.")
-@click.option("--to", "to", required=True, help="Who may perform it from now on.")
-@key_option
-@json_option
-def transfer(run: str, by: str, action: str, to: str, key: str | None, as_json: bool) -> None:
-    """Let a named actor perform one of the owner's actions on this run.
-
-    Each transfer is recorded; retry one with the same --key to record it once.
-
-    \b
-    Example:
-        handoff transfer $RUN --by alice --action deliver --to release-bot
-    """
-    with _ledger() as lg:
-        out = lg.transfer(run, action, to, by=by, key=key)
-    echo_write(out, as_json, f"{to} may now {action}")
+_built("evidence", "block", "unblock", "effect_start", "effect_confirm", "submit", "review", "transfer")
 
 
 # --- delivery -------------------------------------------------------------------------
@@ -647,7 +423,7 @@ def transfer(run: str, by: str, action: str, to: str, key: str | None, as_json: 
 @main.command()
 @run_argument
 @click.option("--by", required=True, help="The owner, or someone it transferred 'deliver' to.")
-@click.option("--key", required=True, help="The delivery's idempotency key; a retry with it is a no-op.")
+@click.option("--delivery-key", "key", required=True, help=help_of("deliver", "delivery_key"))
 @click.option("--send", "send_now", is_flag=True,
               help="Send it too, through the target's adapter (http(s)://, file://DIR, cmd:), and record "
               "the outcome: confirmed, failed, or unknown.")
@@ -663,7 +439,7 @@ def deliver(run: str, by: str, key: str, send_now: bool, timeout: float | None, 
 
     Without --send, send only when this prints "send": a retried attempt with the same
     key, or one after the delivery was confirmed, writes nothing and says so ("send":
-    false; outcome "unchanged", or "duplicate" for a replayed --key).
+    false; outcome "unchanged", or "duplicate" for a replayed key).
     A second delivery under another key is refused (exit 1).
 
     With --send the ledger records the attempt, sends through the adapter, then records
@@ -675,10 +451,10 @@ def deliver(run: str, by: str, key: str, send_now: bool, timeout: float | None, 
 
     \b
     Example:
-        handoff deliver $RUN --by alice --key report-v1
+        handoff deliver $RUN --by alice --delivery-key report-v1
         # ... post the result to the target, then:
-        handoff delivered $RUN --key report-v1 --receipt "msg 1712"
-        handoff deliver $RUN --by alice --key report-v1 --send     # the ledger sends it
+        handoff delivered $RUN --delivery-key report-v1 --receipt "msg 1712"
+        handoff deliver $RUN --by alice --delivery-key report-v1 --send     # the ledger sends it
     """
     from handoff import render as R
     from handoff.reducers.delivery import honours_keys
@@ -735,7 +511,7 @@ def sanitize(run: str, by: str, as_json: bool) -> None:
 
     \b
     Example:
-        handoff sanitize $RUN --by alice && handoff deliver $RUN --by alice --key v1 --send
+        handoff sanitize $RUN --by alice && handoff deliver $RUN --by alice --delivery-key v1 --send
     """
     with _ledger() as lg:
         doc = lg.sanitize(run, by=by)
@@ -752,144 +528,13 @@ def sanitize(run: str, by: str, as_json: bool) -> None:
         click.get_current_context().exit(Refused.exit_code)
 
 
-@main.command()
-@run_argument
-@click.option("--key", required=True, help="The delivery's key.")
-@click.option("--receipt", required=True, help="The target's acknowledgement (message id, URL...).")
-@click.option("--by", default=None, help="Who confirms (default: the owner).")
-@json_option
-def delivered(run: str, key: str, receipt: str, by: str | None, as_json: bool) -> None:
-    """Record the target's receipt: the delivery is proven and the run ends 'delivered'.
-
-    \b
-    Example:
-        handoff delivered $RUN --key report-v1 --receipt "https://chat.example/ops/p1712"
-    """
-    from handoff import render as R
-
-    with _ledger() as lg:
-        out = lg.delivered(run, key, receipt, by=by)
-    echo_write(out, as_json, f"delivery {key} confirmed", **R.delivery_doc(out.checkpoint))
-
-
-@main.command("delivery-failed")
-@run_argument
-@click.option("--key", required=True, help="The delivery's key.")
-@click.option("--error", required=True, help="How you know it did not arrive.")
-@click.option("--by", default=None, help="Who records it (default: the owner).")
-@json_option
-def delivery_failed(run: str, key: str, error: str, by: str | None, as_json: bool) -> None:
-    """Record that a delivery attempt is known not to have arrived; a new key may follow.
-
-    \b
-    Example:
-        handoff delivery-failed $RUN --key report-v1 --error "channel archived"
-    """
-    from handoff import render as R
-
-    with _ledger() as lg:
-        out = lg.delivery_failed(run, key, error, by=by)
-    echo_write(out, as_json, f"delivery {key} marked failed", **R.delivery_doc(out.checkpoint))
+_built("delivered", "delivery_failed")
 
 
 # --- ending and forking ---------------------------------------------------------------
 
 
-@main.command()
-@worker_run_argument
-@lease_option()
-@click.option("--reason", default="", help="Why.")
-@key_option
-@json_option
-def release(run: str, lease: str, reason: str, key: str | None, as_json: bool) -> None:
-    """Give the lease back so another worker may claim the run.
-
-    A retry without --key after the release went through is refused (the lease has
-    ended); with the same --key it answers that the release is already recorded.
-
-    \b
-    Example:
-        handoff release $RUN --lease $LEASE --reason "handing over to the night shift"
-    """
-    with _ledger() as lg:
-        out = lg.release(run, lease, reason, key=key)
-    echo_write(out, as_json, f"lease {str(lease).partition('.')[0]} released")
-
-
-@main.command()
-@run_argument
-@click.option("--reason", required=True, help="Why the holder must stop.")
-@click.option("--lease", type=click.IntRange(min=1), default=None,
-              help="Revoke only if this is still the current lease.")
-@click.option("--by", default=None,
-              help="Who is acting (default: $HANDOFF_ACTOR, else your login name): logged as the run's owner "
-                   "when it is the owner's name, else as an operator.")
-@key_option
-@json_option
-def revoke(run: str, reason: str, lease: int | None, by: str | None, key: str | None, as_json: bool) -> None:
-    """Take the lease away from its holder; its later writes are refused.
-
-    \b
-    Example:
-        handoff revoke $RUN --reason "worker host is being drained"
-    """
-    with _ledger() as lg:
-        before = lg.checkpoint(run).lease
-        out = lg.revoke(run, reason, lease_number=lease, by=by, key=key)
-    echo_write(out, as_json, f"lease {before} revoked")
-
-
-@main.command()
-@run_argument
-@click.option("--by", required=True, help="The owner (or, with --operator, an operator).")
-@click.option("--disposition", "disposition", required=True,
-              type=click.Choice([*(d.replace("_", "-") for d in CLOSE_DISPOSITIONS),
-                                 *(d for d in CLOSE_DISPOSITIONS if "_" in d)]), help="How the run ends.")
-@click.option("--reason", default="", help="Why.")
-@click.option("--operator", is_flag=True, help="Close as an operator rather than as the owner.")
-@key_option
-@json_option
-def close(run: str, by: str, disposition: str, reason: str, operator: bool, key: str | None,
-          as_json: bool) -> None:
-    """End a run without delivery: no-op, cancelled or failed. Terminal states absorb.
-
-    A second close is refused (the run has ended); a retry with the same --key answers
-    that the close is already recorded.
-
-    \b
-    Example:
-        handoff close $RUN --by alice --disposition no-op --reason "already fixed upstream"
-    """
-    disposition = disposition.replace("-", "_")
-    with _ledger() as lg:
-        out = lg.close_run(run, disposition, reason, as_operator=operator, key=key, by=by)
-    echo_write(out, as_json, f"closed as {disposition}")
-
-
-@main.command()
-@run_argument
-@click.option("--by", required=True, help="The owner (or, with --operator, an operator).")
-@click.option("--reason", required=True, help="Why it goes back, for the worker who fixes it.")
-@click.option("--operator", is_flag=True, help="Reopen as an operator rather than as the owner.")
-@key_option
-@json_option
-def reopen(run: str, by: str, reason: str, operator: bool, key: str | None, as_json: bool) -> None:
-    """Send a succeeded run whose sanitization check failed back to verifying.
-
-    A public target's delivery is refused while the latest check finds something, and a
-    submitted result cannot be changed. Reopening moves the run to verifying: the worker
-    holding the lease (or, once none does, a worker that claims it) withdraws what the
-    check found ('handoff artifact-withdraw'), records the result again and submits it;
-    then check it again ('handoff sanitize'). Refused unless the run is succeeded, its
-    latest check failed and no delivery attempt waits for its outcome.
-
-    \b
-    Example:
-        handoff reopen $RUN --by alice --reason "the report quotes an API key; remove it"
-    """
-    with _ledger() as lg:
-        out = lg.reopen(run, by=by, reason=reason, as_operator=operator, key=key)
-    echo_write(out, as_json, "reopened; now verifying")
+_built("release", "revoke", "close_run", "reopen")
 
 
 @main.command()

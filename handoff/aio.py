@@ -484,10 +484,6 @@ class AsyncLease(HeldLease):
         none)."""
         return await self._do(self.core.submit(summary, key=key))
 
-    async def release(self, reason: str = "", *, key: str | None = None) -> Outcome:
-        """Give the lease back: the run stays where it is, claimable by the next worker."""
-        return await self._do(self.core.release(reason, key=key))
-
     async def effect_outcome(self, effect_key: str) -> dict[str, Any]:
         """What the ledger knows of a side effect's key: settled (and how), pending, or
         none.

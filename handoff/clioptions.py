@@ -3,8 +3,10 @@
 One decorator per shared option (sqlite-utils' way), so an option's name, type,
 environment variable and help are written once: ``--json``, ``--key``, ``--lease``,
 ``--attr``, ``--quiet``, ``--format``, the paging options, RUN, and the contract's
-options that 'open' and 'run' both take. Apart from cli.py so the commands read as
-commands; they import only click and this package's CLI modules at module level.
+options that 'open' and 'run' both take; the help of ``--key``, ``--lease`` and
+``--attr`` is the table of operations' description (handoff/operations.py). Apart from
+cli.py so the commands read as commands; they import only click, the table and this
+package's CLI modules at module level.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 import click
 
+from handoff import operations as ops
 from handoff.clitypes import ATTR_HELP, LEASE_TOKEN, AttrParam
 from handoff.completion import complete_runs
 from handoff.output import FORMAT_HELP, FORMATS
@@ -32,22 +35,24 @@ def worker_run_argument(f: Any) -> Any:
     return click.argument("run", metavar="RUN", envvar="HANDOFF_RUN", shell_complete=complete_runs)(f)
 
 
-def lease_option(required: bool = True) -> Any:
-    help_ = ("Your lease token, exactly as claim printed it (LEASE.SECRET); the lease number alone is refused."
-             if required else
-             "Act as the worker holding this lease, given as the token claim printed; without it you act "
-             "as an operator (--by, else $HANDOFF_ACTOR, else your login name).")
+def lease_option(required: bool = True, help: str | None = None) -> Any:
+    """--lease: a token (LEASE.SECRET), also from $HANDOFF_LEASE; its help is the table's."""
+    default = (ops.LEASE if required else ops.LEASE_OPTIONAL).help
     return click.option("--lease", type=LEASE_TOKEN, required=required, envvar="HANDOFF_LEASE",
-                        show_envvar=True, help=help_)
+                        show_envvar=True, help=default if help is None else help)
 
 
-def key_option(f: Any) -> Any:
-    return click.option("--key", default=None,
-                        help="Idempotency key: repeating the same command with it writes nothing new.")(f)
+def key_option(f: Any = None, *, help: str | None = None) -> Any:
+    """--key, the idempotency key; its help is the table's."""
+    deco = click.option("--key", default=None, help=ops.KEY.help if help is None else help)
+    return deco if f is None else deco(f)
 
 
-def attr_option(f: Any) -> Any:
-    return click.option("--attr", "attr_pairs", multiple=True, type=AttrParam(), help=ATTR_HELP)(f)
+def attr_option(f: Any = None, *, help: str | None = None) -> Any:
+    """--attr KEY=VALUE (repeatable): what the facts are (the table's help), then how a value is read."""
+    deco = click.option("--attr", "attr_pairs", multiple=True, type=AttrParam(),
+                        help=f"{ops.ATTRS.help if help is None else help} {ATTR_HELP}")
+    return deco if f is None else deco(f)
 
 
 def quiet_option(f: Any) -> Any:

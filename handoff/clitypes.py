@@ -74,8 +74,9 @@ class LeaseTokenParam(click.ParamType):
 LEASE_TOKEN = LeaseTokenParam()
 
 
-#: How ``--attr KEY=VALUE`` reads VALUE, in words for --help and docs/cli.md.
-ATTR_HELP = ("A fact about this step as KEY=VALUE (repeatable), e.g. model=claude-sonnet, "
+#: How ``--attr KEY=VALUE`` is given and how VALUE is read, in words for --help and docs/cli.md
+#: (after the table's description of the facts themselves).
+ATTR_HELP = ("Give each as KEY=VALUE (repeatable), e.g. model=claude-sonnet, "
              "gen_ai.usage.input_tokens=1200, cost_usd=0.012. VALUE true or false is a boolean; a number "
              "written as it prints (42, -7, 0.25) is a number; anything else is text, as given (007, 1e3 "
              "and 3.10 stay text). To keep a number as text, put it in double quotes: build='\"42\"'.")

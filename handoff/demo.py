@@ -397,8 +397,8 @@ class _Story:
 
         self.step("The owner reviews; the ledger delivers once into the outbox; a retried delivery sends nothing.")
         self.shell("review", REPORT, "--by", "alice", "--approve", "--notes", "timeline checks out")
-        self.shell("deliver", REPORT, "--by", "alice", "--key", "inc-4711-report", "--send")
-        retry = self.shell("deliver", REPORT, "--by", "alice", "--key", "inc-4711-report", "--send")
+        self.shell("deliver", REPORT, "--by", "alice", "--delivery-key", "inc-4711-report", "--send")
+        retry = self.shell("deliver", REPORT, "--by", "alice", "--delivery-key", "inc-4711-report", "--send")
         if retry.returncode != 0 or "nothing sent" not in retry.stdout:
             raise DemoFailed("the retried delivery was not a no-op")
         sent = len(os.listdir(self.path("outbox")))

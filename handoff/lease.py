@@ -413,10 +413,6 @@ class LeaseCore:
         t = self.token
         return lambda lg: lg.submit(self.run_id, t, summary, key=key, worker=self.worker)
 
-    def release(self, reason: str = "", *, key: str | None = None) -> Callable[[Ledger], Outcome]:
-        t = self.token
-        return lambda lg: lg.release(self.run_id, t, reason, key=key, worker=self.worker)
-
     def effect_outcome(self, effect_key: str) -> Callable[[Ledger], dict[str, Any]]:
         self.check()
         return lambda lg: lg.effect_outcome(self.run_id, effect_key)
@@ -598,10 +594,6 @@ class Lease(HeldLease):
         """Submit the result: the run moves to review (or succeeds when the contract needs
         none)."""
         return self._do(self.core.submit(summary, key=key))
-
-    def release(self, reason: str = "", *, key: str | None = None) -> Outcome:
-        """Give the lease back: the run stays where it is, claimable by the next worker."""
-        return self._do(self.core.release(reason, key=key))
 
     def effect_outcome(self, effect_key: str) -> dict[str, Any]:
         """What the ledger knows of a side effect's key: settled (and how), pending, or

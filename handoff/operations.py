@@ -92,7 +92,8 @@ class Operation:
     ``issues``: other commands the verb may issue (a send records its outcome);
     ``cli_built``: the CLI command is built from the row (else hand-written in cli.py and
     checked); ``cli_extra``: options the CLI command has beyond the row's parameters;
-    ``reads``: for a verb that writes nothing (``command`` is ""), the pure function in
+    ``cli_doc``: a renderer in handoff/render.py whose fields the CLI's ``--json`` adds
+    (given the checkpoint after the write); ``reads``: for a verb that writes nothing (``command`` is ""), the pure function in
     reducers/ (``module.function``) that answers it from the run's checkpoint."""
 
     name: str
@@ -113,6 +114,7 @@ class Operation:
     cli_built: bool = True
     cli_extra: tuple[str, ...] = ()
     reads: str = ""
+    cli_doc: str = ""
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -201,7 +203,7 @@ OPERATIONS: tuple[Operation, ...] = (
          _p("max_bytes", "int | str | None", "The largest file measured (a size such as 64M).",
             default="None", field="", metavar="SIZE"),
          ATTRS, KEY, WORKER),
-        built=False, lease_verb="artifact", cli="artifact", mcp=("worker",)),
+        built=False, lease_verb="artifact", cli="artifact", cli_built=False, mcp=("worker",)),
     Operation(
         "withdraw_artifact", "withdraw_artifact", "WithdrawArtifact", "lease_or_person",
         "Take back a recorded artifact so it no longer counts for submit; the file is not touched.",
@@ -211,7 +213,7 @@ OPERATIONS: tuple[Operation, ...] = (
          _p("reason", "str", "Why it no longer counts (mistyped path, replaced by another file...).",
             positional=True),
          LEASE_OPTIONAL, BY, ACTOR, KEY, WORKER),
-        built=False, cli="artifact-withdraw", mcp=("worker", "operator")),
+        built=False, cli="artifact-withdraw", cli_built=False, mcp=("worker",)),
     Operation(
         "evidence", "evidence", "RecordEvidence", "lease_or_person",
         "Record a check that was run and how it came out. Delivery needs a pass and no fail.",
@@ -222,7 +224,7 @@ OPERATIONS: tuple[Operation, ...] = (
          ATTRS, LEASE_OPTIONAL, BY, ACTOR, KEY),
         example='handoff evidence $RUN --lease $LEASE --kind tests --outcome pass --detail "42 passed"',
         lease_verb="evidence", cli="evidence", said="evidence {kind}: {outcome}",
-        mcp=("worker", "owner", "operator")),
+        mcp=("worker",)),
     Operation(
         "block", "block", "Block", "lease_or_person",
         "Record a named blocker and the next action; the run waits in 'blocked'.",
@@ -233,7 +235,7 @@ OPERATIONS: tuple[Operation, ...] = (
         details="A blocked run is not a stall: the watchdog leaves it alone.",
         example='handoff block $RUN --reason "needs prod credentials" --next-action "alice grants read access"',
         lease_verb="block", cli="block", said="blocker #{out.checkpoint.blockers_raised} raised",
-        mcp=("worker", "owner", "operator")),
+        mcp=("worker",)),
     Operation(
         "unblock", "unblock", "Unblock", "lease_or_person",
         "Clear blockers; the run returns to the state it was blocked from.",
@@ -243,7 +245,7 @@ OPERATIONS: tuple[Operation, ...] = (
             cli="--blocker"),
          LEASE_OPTIONAL, BY, ACTOR, KEY),
         example='handoff unblock $RUN --resolution "read access granted"',
-        lease_verb="unblock", cli="unblock", said="unblocked",
+        lease_verb="unblock", cli="unblock", said="{out.checkpoint.blockers:?blocker cleared|unblocked}",
         mcp=("worker", "owner", "operator")),
     Operation(
         "effect_start", "effect_start", "StartEffect", "worker",
@@ -273,21 +275,22 @@ OPERATIONS: tuple[Operation, ...] = (
         (RUN_ID, LEASE, _p("summary", "str", "What was done, in a sentence or two.", default='""',
                            positional=True), KEY, WORKER),
         example='handoff submit $RUN --lease $LEASE --summary "fix merged on the branch"',
-        lease_verb="submit", cli="submit", said="submitted: {out.checkpoint.state}", mcp=("worker",)),
+        lease_verb="submit", cli="submit", said="result submitted; now {out.checkpoint.state}", mcp=("worker",)),
     Operation(
         "release", "release", "Release", "worker",
         "Give the lease back: the run stays where it is, claimable by the next worker.",
         (RUN_ID, LEASE, _p("reason", "str", "Why.", default='""', positional=True), KEY, WORKER),
         example="handoff release $RUN --lease $LEASE --reason 'out of budget'",
-        lease_verb="release", cli="release", said="lease released", mcp=("worker",)),
+        cli="release", said="lease {out.checkpoint.max_lease} released", mcp=("worker",)),
     Operation(
         "review", "review", "ReviewResult", "owner",
         "Approve or reject a submitted result.",
         (RUN_ID,
-         _p("approve", "bool", "True to approve, False to reject (the run goes back to executing).",
-            positional=True, cli=""),
+         _p("approve", "bool", "Approve (true) or reject (false); a rejection sends the run back to "
+            "executing.", positional=True, cli="--approve/--reject"),
          _p("notes", "str", "What the reviewer saw.", default='""', positional=True), BY_OWNER, KEY),
-        cli="review", mcp=("owner", "operator")),
+        example='handoff review $RUN --by alice --approve --notes "numbers check out"',
+        cli="review", said="{approve:?approved|rejected}", mcp=("owner",)),
     Operation(
         "transfer", "transfer", "TransferAuthority", "owner",
         "Hand one of the owner's actions (review, deliver, delivered, delivery_failed, close) to another name.",
@@ -297,7 +300,7 @@ OPERATIONS: tuple[Operation, ...] = (
          _p("to", "str", "The name that may take it from now on.", positional=True),
          BY_OWNER, KEY),
         example="handoff transfer $RUN --action review --to bob --by alice",
-        cli="transfer", said="{action} transferred to {to}", mcp=("owner", "operator")),
+        cli="transfer", said="{to} may now {action}", mcp=("owner",)),
     Operation(
         "revoke", "revoke", "Revoke", "person",
         "Take the lease away; the holder's next write is refused.",
@@ -307,7 +310,7 @@ OPERATIONS: tuple[Operation, ...] = (
          BY, ACTOR, KEY),
         details="Logged as the run's owner when by names it, else as an operator.",
         example="handoff revoke $RUN --reason 'worker is gone' --lease-number 3",
-        cli="revoke", said="lease revoked", mcp=("owner", "operator")),
+        cli="revoke", said="lease {out.checkpoint.max_lease} revoked", mcp=("owner", "operator")),
     Operation(
         "close_run", "close", "Close", "owner",
         "End a run that will not succeed: no_op, cancelled or failed.",
@@ -315,7 +318,7 @@ OPERATIONS: tuple[Operation, ...] = (
          _p("disposition", "str", "How the run ends.", positional=True, choices=CLOSE_DISPOSITIONS),
          _p("reason", "str", "Why.", default='""', positional=True), BY_OWNER, AS_OPERATOR, KEY),
         example="handoff close $RUN --disposition cancelled --reason 'superseded' --by alice",
-        cli="close", said="closed: {out.checkpoint.state}", mcp=("owner", "operator")),
+        cli="close", said="closed as {disposition}", mcp=("owner", "operator")),
     Operation(
         "reopen", "reopen", "Reopen", "owner",
         "Send a succeeded run whose latest sanitization check failed back to verifying.",
@@ -324,33 +327,33 @@ OPERATIONS: tuple[Operation, ...] = (
                 "this is the owner's way forward: a worker then withdraws what the check found, records "
                 "the result again and submits it, and the new result is checked again.",
         example="handoff reopen $RUN --reason 'remove the leaked log' --by alice",
-        cli="reopen", said="reopened: {out.checkpoint.state}", mcp=("owner", "operator")),
+        cli="reopen", said="reopened; now {out.checkpoint.state}", mcp=("owner", "operator")),
     Operation(
         "deliver", "deliver", "Deliver", "owner",
         "Record a delivery attempt (and with send, send the result through the target's adapter).",
         (RUN_ID, DELIVERY_KEY,
          _p("send", "bool", "Send through the target's adapter instead of recording an attempt only.",
             default="False", field=""),
-         _p("timeout_s", "float | None", "How long one send may take.", default="None", field=""),
+         _p("timeout_s", "float | None", "How long one send may take.", default="None", field="", cli="--timeout"),
          _p("retries", "int | None", "How many times a send that failed to connect is tried again.",
             default="None", field=""),
          _p("env", "Any", "The environment a bearer token is read from (default: os.environ).",
             default="None", field="", cli=""),
          BY_OWNER),
-        returns="Any", built=False, cli="deliver", mcp=("owner", "operator")),
+        returns="Any", built=False, cli="deliver", cli_built=False, mcp=("owner",)),
     Operation(
         "delivered", "delivered", "ConfirmDelivery", "owner",
         "Record that a delivery arrived, with its receipt.",
         (RUN_ID, DELIVERY_KEY, _p("receipt", "str", "What proves it arrived (a message id, a URL...).",
                                   positional=True), BY_DELIVERY),
         example="handoff delivered $RUN --delivery-key d1 --receipt 'PR #42 merged'",
-        cli="delivered", said="delivery {delivery_key} confirmed", mcp=("owner", "operator")),
+        cli="delivered", said="delivery {delivery_key} confirmed", cli_doc="delivery_doc", mcp=("owner",)),
     Operation(
         "delivery_failed", "delivery_failed", "FailDelivery", "owner",
         "Record that a delivery failed; a new attempt takes a new key.",
         (RUN_ID, DELIVERY_KEY, _p("error", "str", "What went wrong.", positional=True), BY_DELIVERY),
         example="handoff delivery-failed $RUN --delivery-key d1 --error 'HTTP 502'",
-        cli="delivery-failed", said="delivery {delivery_key} failed", mcp=("owner", "operator")),
+        cli="delivery-failed", said="delivery {delivery_key} marked failed", cli_doc="delivery_doc", mcp=("owner",)),
     Operation(
         "observe", "observe", "Observe", "watchdog",
         "Record a watchdog's observation of a run (its classification and the progress it saw).",
@@ -417,7 +420,7 @@ CUSTOM: tuple[Operation, ...] = (
                "reference only, the token's variable).", default="None", cli=""),
          Param("progress_kinds", "Mapping[str, Any] | None", "Progress kinds of this run's own, by working "
                "state (executing: [llm_step]); fixed at open.", default="None", cli="--progress-kind")),
-        returns="str", built=False, cli="open", cli_built=False, mcp=("owner", "operator"),
+        returns="str", built=False, cli="open", cli_built=False, mcp=("owner",),
         cli_extra=("--contract", "--send-timeout", "--send-retries", "--send-reference", "--token-env")),
     Operation(
         "open_contract", "open", "Open", "custom",
@@ -438,7 +441,7 @@ CUSTOM: tuple[Operation, ...] = (
         "sanitize", "sanitize", "Sanitize", "custom",
         "Run the secret detectors over exactly what a delivery would send now, and record the check.",
         (RUN_ID, BY_OWNER),
-        returns="dict[str, Any]", built=False, cli="sanitize", cli_built=False, mcp=("owner", "operator")),
+        returns="dict[str, Any]", built=False, cli="sanitize", cli_built=False, mcp=("owner",)),
     Operation(
         "send_delivery", "deliver", "Deliver", "custom",
         "Send the result through the target's adapter and record the attempt, then the outcome.",

@@ -138,7 +138,7 @@ class Verbs:
             said += (f"Lease {n} is still held: if this worker kept the token, keep using it. "
                      "Without the token the lease can be neither used nor released: wait for the "
                      "watchdog to revoke it after its heartbeat timeout, or ask the owner to run "
-                     f"'handoff revoke {run_id} --lease {n}', then claim with a new key")
+                     f"'handoff revoke {run_id} --lease-number {n}', then claim with a new key")
         elif cp.lease is not None:
             state = "moved_on"
             said += (f"Lease {n} has ended and another claim holds the run now; this worker does "

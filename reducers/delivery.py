@@ -230,13 +230,13 @@ def status(
                 "target and record 'handoff delivered' or 'handoff delivery-failed'; never resend"
             )
         if age > timeout_s:
-            retry = (f"check the target, or send again under the same key ('handoff deliver --send --key "
+            retry = (f"check the target, or send again under the same key ('handoff deliver --send --delivery-key "
                      f"{pending.key}'), which it honours" if honours_keys(d.target)
                      else "reconcile with the target before any retry")
             return "ambiguous", f"attempt {pending.key} by {pending.by} has had no outcome for {age:.0f}s; {retry}"
         if pending.outcome == "unknown":
             return at, (f"attempt {pending.key} was sent and not answered ({pending.error}); the target "
-                        f"honours keys: send again with 'handoff deliver --send --key {pending.key}'")
+                        f"honours keys: send again with 'handoff deliver --send --delivery-key {pending.key}'")
         return at, f"attempt {pending.key} by {pending.by} awaits its outcome"
     if at == "failed":
         last = d.attempts[-1]

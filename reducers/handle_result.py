@@ -56,7 +56,7 @@ def sanitize(cp: Checkpoint, c: C.Sanitize, ctx: Context) -> list[ev.Event]:
 
 
 def deliver(cp: Checkpoint, c: C.Deliver, ctx: Context) -> list[ev.Event]:
-    key = checks.name("key", c.key)
+    key = checks.name("delivery_key", c.key)
     d = cp.delivery
     if d.confirmed_key is not None:
         if d.confirmed_key == key:
@@ -103,7 +103,7 @@ def deliver(cp: Checkpoint, c: C.Deliver, ctx: Context) -> list[ev.Event]:
 
 
 def delivered(cp: Checkpoint, c: C.ConfirmDelivery, ctx: Context) -> list[ev.Event]:
-    key = checks.name("key", c.key)
+    key = checks.name("delivery_key", c.key)
     receipt = checks.text("receipt", c.receipt, empty=False)
     d = cp.delivery
     attempt = d.attempt(key)
@@ -124,7 +124,7 @@ def delivered(cp: Checkpoint, c: C.ConfirmDelivery, ctx: Context) -> list[ev.Eve
 
 
 def delivery_failed(cp: Checkpoint, c: C.FailDelivery, ctx: Context) -> list[ev.Event]:
-    key = checks.name("key", c.key)
+    key = checks.name("delivery_key", c.key)
     attempt = cp.delivery.attempt(key)
     if attempt is None or not attempt.open:
         state = "was never attempted" if attempt is None else f"is already {attempt.outcome}"
@@ -133,7 +133,7 @@ def delivery_failed(cp: Checkpoint, c: C.FailDelivery, ctx: Context) -> list[ev.
 
 
 def unanswered(cp: Checkpoint, c: C.RecordUnanswered, ctx: Context) -> list[ev.Event]:
-    key = checks.name("key", c.key)
+    key = checks.name("delivery_key", c.key)
     reason = checks.text("reason", c.reason, empty=False)
     attempt = cp.delivery.attempt(key)
     if attempt is None or not attempt.open:

@@ -199,7 +199,7 @@ def unblock(cp: Checkpoint, c: C.Unblock, ctx: Context) -> list[ev.Event]:
 
 
 def effect_start(cp: Checkpoint, c: C.StartEffect, ctx: Context) -> list[ev.Event]:
-    key = checks.name("key", c.key)
+    key = checks.name("effect_key", c.key)
     what = checks.text("what", c.what, empty=False)
     attrs = checks.check_attrs(c.attrs)
     if cp.state not in T.WORKING:
@@ -215,7 +215,7 @@ def effect_start(cp: Checkpoint, c: C.StartEffect, ctx: Context) -> list[ev.Even
 
 
 def effect_confirm(cp: Checkpoint, c: C.ConfirmEffect, ctx: Context) -> list[ev.Event]:
-    key = checks.name("key", c.key)
+    key = checks.name("effect_key", c.key)
     outcome = checks.choice("outcome", c.outcome, {"done", "absent"})
     attrs = checks.check_attrs(c.attrs)
     pending = next((e for e in cp.pending_effects if e.key == key), None)

@@ -244,7 +244,7 @@ def _unknown_outcome(cp, lost) -> Health:
         return Health(
             "needs_reconciliation",
             f"side effect(s) {keys} started under a lost lease have no recorded outcome: find out what "
-            f"happened and record it ('handoff effect-confirm RUN KEY done|absent'){then}",
+            f"happened and record it ('handoff effect-confirm RUN --effect-key KEY --outcome done|absent'){then}",
             "reconcile", True,
         )
     if holder:

@@ -361,8 +361,8 @@ def cli_story(sh: Shell, tmp: Path) -> str:
     sh("transition", "c1", "--lease", lease, "--to", "verifying")
     sh("evidence", "c1", "--lease", lease, "--kind", "tests", "--outcome", "pass")
     sh("submit", "c1", "--lease", lease, "--summary", "done")
-    assert sh.json("deliver", "c1", "--by", "alice", "--key", "d1")["send"] is True
-    assert sh.json("delivered", "c1", "--key", "d1", "--receipt", "msg 1")["state"] == "delivered"
+    assert sh.json("deliver", "c1", "--by", "alice", "--delivery-key", "d1")["send"] is True
+    assert sh.json("delivered", "c1", "--delivery-key", "d1", "--receipt", "msg 1")["state"] == "delivered"
     return lease
 
 

@@ -156,7 +156,7 @@ class HttpAdapter(Adapter):
                 "cannot carry unchanged; choose a key of visible ASCII characters (letters, digits, "
                 "punctuation, inner spaces), e.g. report-v1. Nothing was recorded or sent. An attempt "
                 "already recorded under this key (by hand) is settled with 'handoff delivered' or "
-                "'handoff delivery-failed'", field="key")
+                "'handoff delivery-failed'", field="delivery_key")
         headers = {
             "Content-Type": "application/json", "Idempotency-Key": key, "X-Handoff-Run": run_id,
             "X-Handoff-Bundle-Sha256": bundle.sha256, "Content-Length": str(len(bundle.data)),

@@ -4,15 +4,19 @@ handoff through tools, and never sees its lease.
 Why a server and not the shell: a model told to carry a lease token through its context
 can read it, repeat it and hand it to the wrong worker. Here ``claim`` returns the lease
 *number* and the run's packet; the token stays in the server, in the state of the MCP
-session that claimed (``Session``), and the worker tools take the run id only.
+session that claimed (handoff/integrations/mcp_session.py), and the worker tools take the
+run id only.
 
-A server has one role, fixed at start (``ROLES``), so a host grants exactly what it means
-to: the auditor reads; the owner and the operator add their own writes; the worker adds
-the lease holder's. A tool the role does not have is not registered at all, so it is
-neither listed nor callable. A delivery target that would make the server act outside
-the ledger (run a command, send a request, write a file) is used only when the person who
-started the server listed it (``Config.allow_targets``, ``--allow-target``): a model's
-arguments may have been written by whatever it read last.
+A server has one role, fixed at start (``handoff.operations.MCP_ROLES``), so a host grants
+exactly what it means to: the auditor reads; the owner and the operator add their own
+writes; the worker adds the lease holder's. Which verbs a role offers, and what a verb's
+tool takes and says of each argument, is the table of operations'
+(handoff/integrations/mcp_roles.py reads it, against the authority policy). A tool the
+role does not have is not registered at all, so it is neither listed nor callable. A
+delivery target that would make the server act outside the ledger (run a command, send a
+request, write a file) is used only when the person who started the server listed it
+(``Config.allow_targets``, ``--allow-target``): a model's arguments may have been written
+by whatever it read last.
 
 Liveness is the host's: while a session holds a lease, every request it sends (a tool
 call, a resource read, a ping) heartbeats the lease when one is due, through the lease's
@@ -24,12 +28,11 @@ is deleted or expires) the server releases what it still holds, saying why.
 
 Every call goes through ``AsyncLedger`` (the ledger's own thread), so the event loop
 never blocks. Refusals are tool errors whose text is the ledger's typed message; no
-exception ends the server.
+exception ends the server. The HTTP transport's checks (loopback, Host and Origin, the
+bearer token) are handoff/integrations/mcp_http.py's.
 """
 
 import functools
-import hmac
-import ipaddress
 import logging
 import os
 import signal
@@ -37,10 +40,9 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import anyio
-from mcp.server.connection import Connection
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
@@ -49,161 +51,22 @@ from pydantic import Field
 from handoff import render as R
 from handoff.aio import AsyncLedger
 from handoff.delivery import allowed as al
+from handoff.integrations.mcp_http import Guard, check_http, is_loopback, listen, parse_address, read_token, \
+    security, url_host
+from handoff.integrations.mcp_roles import READ_TOOLS, describe, tool_name, verb_tools
+from handoff.integrations.mcp_session import SESSION_ENDED_STDIO, Held, SdkChanged, Session, Sessions
 from handoff.ledger.errors import InvalidInput, LedgerError, StaleLease, TerminalRun
-from handoff.lease import Fence, bounded_text, heartbeat_interval
+from handoff.lease import Fence, bounded_text
 from handoff.ledger.store import CONTROL_RE, check_run_id
-from handoff.reducers import stall
+from handoff.operations import MCP_ROLES
+from handoff.reducers import checks, stall
 from handoff.reducers import transitions as T
 from handoff.reducers.decide import MAX_TEXT
 
 log = logging.getLogger("handoff.mcp")
 
-#: The roles a server may be started with; the auditor's tools are every role's.
-ROLES = ("auditor", "owner", "operator", "worker")
-#: Addresses an HTTP server may bind without a bearer token.
-LOOPBACK_NAMES = ("localhost",)
 #: A listing or log page's default and largest size (a model's context is the budget).
 PAGE, MAX_PAGE = 50, 500
-#: The reasons a lease is released with when its session ends, by transport.
-SESSION_ENDED_STDIO = "the MCP session ended (the host closed stdio)"
-SESSION_ENDED_HTTP = "the MCP session ended (the HTTP session was closed or expired)"
-
-
-# --- the lease a session holds ------------------------------------------------------------
-
-
-class Held:
-    """One lease held by one session, kept through the ``Fence`` every in-process worker
-    uses (handoff/lease.py): the token is the fence's, and leaves it only as an argument
-    to the ledger; the fence says when the lease is gone (the ledger ended it, or no
-    heartbeat could be recorded for the heartbeat timeout less the margin)."""
-
-    def __init__(self, fence: Fence) -> None:
-        self.fence = fence
-        #: Monotonic time of the last heartbeat tried, recorded or not.
-        self.tried = fence.last_ok
-
-    run_id = property(lambda self: self.fence.run_id)
-    number = property(lambda self: self.fence.lease)
-
-    @property
-    def token(self) -> str:
-        return str(self.fence.token)
-
-    def due(self, now: float) -> bool:
-        """A heartbeat is due: an interval has passed since the last one recorded, and a
-        try that was not recorded (a locked or unreachable store) is retried a quarter
-        interval later, not at every request."""
-        f = self.fence
-        return not f.gone and now - f.last_ok >= f.interval_s and now - self.tried >= f.interval_s / 4
-
-
-class Session:
-    """The leases one MCP session holds, keyed by run id: the only place their tokens live."""
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.held: dict[str, Held] = {}
-        self.ended = False
-
-    def lease(self, run_id: str) -> Held:
-        held = self.held.get(run_id)
-        if held is None:
-            raise InvalidInput(f"this MCP session holds no lease on run {run_id}: call claim with that run id "
-                               "first (after a release or a revoke, claim again to keep working)",
-                               field="run_id")
-        return held
-
-    async def beat_due(self, alg: AsyncLedger) -> None:
-        """Heartbeat every lease whose beat is due: the session just proved it is alive.
-        ``Fence.beat`` keeps the lease through a store error (retried by a later request)
-        and ends it only when the ledger says so; once no heartbeat could be recorded for
-        the heartbeat timeout less the margin, ``Fence.expired`` trips and the lease is
-        no longer used (its writes are refused with LeaseLost, nothing written)."""
-        for held in list(self.held.values()):
-            now = time.monotonic()
-            if not held.due(now):
-                continue
-            held.tried = now
-            fence = held.fence
-            await alg.run(lambda lg: fence.beat())
-            if fence.last_ok < now:  # not recorded: has the lease outlived what can be proven?
-                fence.expired()
-
-    async def end(self, alg: AsyncLedger, why: str) -> None:
-        """Release every lease still held (the session ended); what cannot be released is
-        left to the watchdog, which revokes it after the heartbeat timeout. A lease the
-        ledger ended is not released again; one fenced for want of a heartbeat is, if the
-        ledger still names it (otherwise the ledger refuses, and nothing is written)."""
-        self.ended = True
-        for held in list(self.held.values()):
-            fence = held.fence
-            if fence.lost or fence.released_by_holder:
-                continue
-            try:
-                await alg.release(held.run_id, held.token, why)
-            except LedgerError as exc:
-                log.info("lease %s on run %s was not released: %s", held.number, held.run_id, exc.message)
-        self.held.clear()
-
-
-class SdkChanged(RuntimeError):
-    """The installed mcp SDK no longer has what ``connection_of`` reads."""
-
-
-def connection_of(request_session: Any) -> Connection:
-    """The SDK's per-connection object behind a request's session: the one place this module
-    reads a private attribute of the SDK.
-
-    Why: a lease must be released when its HTTP session ends (the client's DELETE, the
-    session's idle expiry). The SDK's ``Connection`` is built for exactly that (its
-    ``state`` lives as long as the session, and its ``exit_stack`` is unwound, shielded,
-    however the session ends), but mcp 2.x (2.3.0 here) hands a tool or a middleware only
-    the request's ``ServerSession``, which keeps the connection as ``_connection``; the
-    public ``Context.connection`` exists but is not what handlers receive yet, and no
-    lifespan, middleware or session-manager callback is told when a session ends.
-    ``tests/integrations/test_mcp_server.py`` checks this attribute on the installed SDK
-    and fails loudly if a release renames it; here a missing one is an error, never a
-    silent "no session" (which would refuse every claim with the wrong reason).
-    """
-    connection = getattr(request_session, "_connection", None)
-    if not isinstance(connection, Connection):
-        raise SdkChanged("the installed mcp SDK no longer keeps the per-connection object on "
-                           "ServerSession._connection; handoff.integrations.mcp_server.connection_of must follow it")
-    return connection
-
-
-class Sessions:
-    """Which ``Session`` a request belongs to.
-
-    Over stdio the process serves one host on one pipe, whatever protocol era it speaks,
-    so the process is the session. Over HTTP a session is the transport's
-    (``Mcp-Session-Id``): its state lives on the SDK's per-connection object
-    (``connection_of``), whose exit stack releases the leases when the session ends. A
-    request with no session (the stateless 2026 HTTP era) can read but cannot hold a lease.
-    """
-
-    STATE_KEY = "handoff.session"
-
-    def __init__(self, alg: AsyncLedger, *, single: Session | None = None) -> None:
-        self.alg = alg
-        self.single = single
-
-    def find(self, request_session: Any, *, create: bool = False) -> Session | None:
-        if self.single is not None:
-            return self.single
-        connection = connection_of(request_session)
-        if connection.session_id is None:
-            if create:
-                raise InvalidInput("this request belongs to no MCP session (a stateless HTTP request), and a lease "
-                                   "needs one to live in: connect with a session (the initialize handshake) to "
-                                   "claim and work on a run", field="session")
-            return None
-        found = connection.state.get(self.STATE_KEY)
-        if found is None and create:
-            found = connection.state[self.STATE_KEY] = Session(f"HTTP session {connection.session_id}")
-            connection.exit_stack.push_async_callback(found.end, self.alg, SESSION_ENDED_HTTP)
-        return found
 
 
 # --- what a model is told ----------------------------------------------------------------
@@ -229,12 +92,21 @@ INSTRUCTIONS = (
     f"session; you never handle a token. States: {_states()}."
 )
 
-RunId = Annotated[str, Field(description="The run's id, as open, claim or the runs listing gave it.",
-                             min_length=1, max_length=128)]
+#: A verb's run id: its description is the table's (mcp_roles.describe); a read tool's is RunId's.
+RunIdArg = Annotated[str, Field(min_length=1, max_length=128)]
+RunId = Annotated[RunIdArg, Field(description="The run's id, as open, claim or the runs listing gave it.")]
 Limit = Annotated[int, Field(description="At most this many entries.", ge=1, le=MAX_PAGE)]
 After = Annotated[str | None, Field(description="Continue after this run id: the 'next' of the page before.")]
-Attrs = Annotated[dict[str, str | int | float | bool] | None,
-                  Field(description="A few facts about the step: model, tokens in and out, cost, tool.")]
+#: The constraints a verb's argument has beyond the table's type (its description is the table's).
+Attrs = dict[str, str | int | float | bool] | None
+Text = Annotated[str, Field(min_length=1)]  # text that must say something
+Key = Annotated[str | None, Field(min_length=1)]  # an idempotency key, when given
+
+
+def named(field: str, value: str) -> str:
+    """A side effect's or a delivery's key checked by the ledger's own rule under the name the
+    model sent it as: the ledger names the command's field (``key``), which no tool takes."""
+    return checks.name(field, value)
 
 
 def _ledger_text(exc: LedgerError) -> str:
@@ -279,6 +151,10 @@ async def scrubbed(alg: AsyncLedger, run_id: str, text: str) -> str:
 READ = ToolAnnotations(readOnlyHint=True, openWorldHint=False)
 WRITE = ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False, openWorldHint=False)
 
+#: A role's verb tools, by tool name: the function and what the model is told of it
+#: (``{summary}`` stands for the table row's summary).
+Tools = dict[str, tuple[Callable[..., Awaitable[Any]], str]]
+
 
 # --- the server --------------------------------------------------------------------------
 
@@ -299,8 +175,8 @@ class Config:
 
 def check_config(config: Config) -> None:
     """Refuse a server that could not do what its role says, before anything starts."""
-    if config.role not in ROLES:
-        raise InvalidInput(f"role must be one of {', '.join(ROLES)}, got {config.role!r}", field="as")
+    if config.role not in MCP_ROLES:
+        raise InvalidInput(f"role must be one of {', '.join(MCP_ROLES)}, got {config.role!r}", field="as")
     config.allow_targets = al.check_patterns(config.allow_targets, field="allow_target")
     if config.role in ("owner", "operator", "worker") and not config.name:
         raise InvalidInput(f"the {config.role} role acts under a name: give --name (or set HANDOFF_WORKER)",
@@ -314,7 +190,9 @@ def check_config(config: Config) -> None:
 
 
 def build(alg: AsyncLedger, config: Config, sessions: Sessions) -> MCPServer:
-    """An ``MCPServer`` offering ``config.role``'s tools and the read-only resources."""
+    """An ``MCPServer`` offering ``config.role``'s tools and the read-only resources: the
+    read tools, and the verbs the table of operations gives the role (``verb_tools``), each
+    described from its row."""
     check_config(config)
     server: MCPServer = MCPServer("handoff-ledger", instructions=INSTRUCTIONS, log_level="WARNING")
 
@@ -334,10 +212,17 @@ def build(alg: AsyncLedger, config: Config, sessions: Sessions) -> MCPServer:
     server.middleware.append(alive)
     _auditor_tools(server, alg)
     _resources(server, alg)
+    tools: Tools = {}
     if config.role in ("owner", "operator"):
-        _person_tools(server, alg, config)
+        tools = _person_tools(alg, config)
     elif config.role == "worker":
-        _worker_tools(server, alg, config, sessions)
+        tools = _worker_tools(alg, config, sessions)
+    as_whom = " Recorded as an operator." if config.role == "operator" else ""
+    for op in verb_tools(config.role, tools):
+        name = tool_name(op)
+        fn, text = tools[name]
+        server.add_tool(describe(op, fn), name=name, description=text.replace("{summary}", op.summary) + as_whom,
+                        annotations=WRITE)
     return server
 
 
@@ -459,8 +344,9 @@ def _auditor_tools(server: MCPServer, alg: AsyncLedger) -> None:
         "report": "The run's incident report in Markdown: where it stands, who holds it, progress, stalls, what "
                   "the watchdog did, delivery.",
     }
-    for fn in (runs, status, stalls, log, replay, diff, report):
-        server.add_tool(fn, name=fn.__name__, description=tools[fn.__name__], annotations=READ)
+    fns = {fn.__name__: fn for fn in (runs, status, stalls, log, replay, diff, report)}
+    for name in READ_TOOLS:
+        server.add_tool(fns[name], name=name, description=tools[name], annotations=READ)
 
 
 def _resources(server: MCPServer, alg: AsyncLedger) -> None:
@@ -491,23 +377,14 @@ def _write(out: Any) -> dict[str, Any]:
     return R.write_doc(out)
 
 
-#: What a person's server offers beyond reading, by role: every path a run can take ends with
-#: one of these or a worker's tool. The owner settles the work (review, the sanitization gate,
-#: delivery sent by the ledger or by hand, reopen after a failed check, fork to continue after
-#: the end, reconcile an unknown side effect, clear a blocker only it can clear); the operator
-#: keeps runs moving when nobody else can (revoke, unblock, reconcile, reopen, fork, close).
-OWNER_TOOLS = ("open", "review", "sanitize", "deliver", "delivered", "delivery_failed", "reopen", "revoke",
-               "transfer", "unblock", "effect_confirm", "fork", "close")
-OPERATOR_TOOLS = ("revoke", "unblock", "effect_confirm", "reopen", "fork", "close")
-
-DeliveryKey = Annotated[str, Field(description="The delivery's idempotency key: the one you gave deliver.",
-                                   min_length=1)]
-
-
-def _person_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
-    """The owner's or the operator's tools (``OWNER_TOOLS``, ``OPERATOR_TOOLS``), each
-    recorded under the server's ``--name`` in that role: the ledger's permission table
-    decides the rest (an owner acts on its own runs, or on what was transferred to it)."""
+def _person_tools(alg: AsyncLedger, config: Config) -> Tools:
+    """The owner's or the operator's verb tools, each recorded under the server's ``--name``
+    in that role; which of them a role offers is the table's (``verb_tools``), and the
+    ledger's authority policy decides the rest (an owner acts on its own runs, or on what
+    was transferred to it). The owner settles the work (review, the sanitization gate,
+    delivery sent by the ledger or by hand, reopen after a failed check, fork to continue
+    after the end, reconcile an unknown side effect, clear a blocker only it can clear);
+    the operator keeps runs moving when nobody else can."""
     from handoff.ledger.store import Actor
 
     me, operator = config.name, config.role == "operator"
@@ -528,169 +405,120 @@ def _person_tools(server: MCPServer, alg: AsyncLedger, config: Config) -> None:
                      "target (a prefix ending in '*' allows a family of them)")
 
     @_tool
-    async def open(goal: Annotated[str, Field(description="What the run must achieve, in words a person reads.",
-                                              min_length=1)],
-                   target: Annotated[str, Field(description="Where the result must be seen: chat:#ops, a ticket "
-                                                            "(a person delivers it). A command (cmd:), a web "
-                                                            "address or a directory (file://) only if this server "
-                                                            f"allows it: {allowed_here}.")],
-                   result_path: Annotated[str | None, Field(description="The result file the run must "
-                                                                        "produce.")] = None,
-                   require_review: Annotated[bool, Field(description="You approve the result before "
-                                                                     "delivery.")] = False,
-                   stop_rules: Annotated[list[str], Field(description="When the worker must stop.")] = [],
-                   heartbeat_timeout_s: Annotated[float | None, Field(description="Seconds without a heartbeat "
-                                                                      "before the worker counts as gone.",
-                                                                      gt=0)] = None,
-                   progress_timeout_s: Annotated[float | None, Field(description="Seconds without progress before "
-                                                                     "the run counts as stalled.", gt=0)] = None,
-                   public: Annotated[bool, Field(description="The target is visible to others (delivery needs a "
-                                                             "passing sanitization check).")] = False,
-                   run_id: Annotated[str | None, Field(description="A run id of your choosing.")] = None,
-                   key: Annotated[str | None, Field(description="An idempotency key: a retry with the same key "
-                                                                "opens no second run.")] = None,
-                   ) -> dict[str, Any]:
+    async def open(goal: Text, target: str, origin: str = "", run_id: str | None = None,
+                   result_path: str | None = None, stop_rules: list[str] = [], require_review: bool = False,
+                   heartbeat_timeout_s: Annotated[float | None, Field(gt=0)] = None,
+                   progress_timeout_s: Annotated[float | None, Field(gt=0)] = None,
+                   retry_budget: Annotated[int | None, Field(ge=0)] = None,
+                   delivery_timeout_s: Annotated[float | None, Field(gt=0)] = None,
+                   key: Key = None, public: bool = False, sanitize_patterns: list[str] = [],
+                   progress_kinds: dict[str, list[str]] | None = None) -> dict[str, Any]:
         permitted(target, run_id, "Open it with a target a person delivers (chat:#ops, a ticket)")
-        contract: dict[str, Any] = {"goal": goal, "target": target, "owner": me, "result_path": result_path,
-                                    "require_review": require_review, "stop_rules": stop_rules,
-                                    "public": public, "run_id": run_id}
+        contract: dict[str, Any] = {"goal": goal, "target": target, "owner": me, "origin": origin,
+                                    "result_path": result_path, "require_review": require_review,
+                                    "stop_rules": stop_rules, "public": public, "run_id": run_id,
+                                    "sanitize_patterns": sanitize_patterns, "progress_kinds": progress_kinds or {}}
         policy = {k: v for k, v in (("heartbeat_timeout_s", heartbeat_timeout_s),
-                                    ("progress_timeout_s", progress_timeout_s)) if v is not None}
+                                    ("progress_timeout_s", progress_timeout_s), ("retry_budget", retry_budget),
+                                    ("delivery_timeout_s", delivery_timeout_s)) if v is not None}
         if policy:
             contract["policy"] = policy
         opened = await alg.open_contract(contract, key=key)
         return await alg.status(opened)
 
     @_tool
-    async def review(run_id: RunId, approve: Annotated[bool, Field(description="true approves the result, false "
-                                                                              "sends it back to executing.")],
-                     notes: Annotated[str, Field(description="What you saw.")] = "") -> dict[str, Any]:
-        return _write(await alg.review(run_id, me, approve, notes))
+    async def review(run_id: RunIdArg, approve: bool, notes: str = "", key: Key = None) -> dict[str, Any]:
+        return _write(await alg.review(run_id, approve, notes, by=me, key=key))
 
     @_tool
-    async def sanitize(run_id: RunId) -> dict[str, Any]:
-        return await alg.sanitize(run_id, me)
+    async def sanitize(run_id: RunIdArg) -> dict[str, Any]:
+        return await alg.sanitize(run_id, by=me)
 
     @_tool
-    async def deliver(run_id: RunId,
-                      key: Annotated[str, Field(description="The delivery's idempotency key: a retry with it "
-                                                            "delivers nothing twice.", min_length=1)],
-                      send: Annotated[bool, Field(description="true: the ledger sends the result to the target "
-                                                              "itself; false: you send it, then record the outcome "
-                                                              "with delivered or delivery_failed.")] = True,
-                      ) -> dict[str, Any]:
+    async def deliver(run_id: RunIdArg, delivery_key: Text, send: bool = True) -> dict[str, Any]:
+        named("delivery_key", delivery_key)
         if send:
             permitted((await alg.checkpoint(run_id)).target, run_id,
                       "Deliver it by hand: call deliver with send false, send it, then record delivered")
-        got = await alg.deliver(run_id, me, key, send=send)
+        got = await alg.deliver(run_id, delivery_key, send=send, by=me)
         if not send:
             return _write(got)
         return {"run_id": run_id, "status": got.status, "sent": got.sent, "receipt": got.receipt,
                 "error": got.error, "tries": got.tries, "state": got.checkpoint.state}
 
     @_tool
-    async def delivered(run_id: RunId, key: DeliveryKey,
-                        receipt: Annotated[str, Field(description="What proves the target has it: a message id, "
-                                                                  "a URL, a commit.", min_length=1)],
-                        ) -> dict[str, Any]:
-        return _write(await alg.delivered(run_id, key, receipt, by=me))
+    async def delivered(run_id: RunIdArg, delivery_key: Text, receipt: Text) -> dict[str, Any]:
+        return _write(await alg.delivered(run_id, named("delivery_key", delivery_key), receipt, by=me))
 
     @_tool
-    async def delivery_failed(run_id: RunId, key: DeliveryKey,
-                              error: Annotated[str, Field(description="What went wrong.", min_length=1)],
-                              ) -> dict[str, Any]:
-        return _write(await alg.delivery_failed(run_id, key, error, by=me))
+    async def delivery_failed(run_id: RunIdArg, delivery_key: Text, error: Text) -> dict[str, Any]:
+        return _write(await alg.delivery_failed(run_id, named("delivery_key", delivery_key), error, by=me))
 
     @_tool
-    async def reopen(run_id: RunId,
-                     reason: Annotated[str, Field(description="Why the result must change (what the check found).",
-                                                  min_length=1)]) -> dict[str, Any]:
-        return _write(await alg.reopen(run_id, by=me, reason=reason, as_operator=operator))
+    async def reopen(run_id: RunIdArg, reason: Text, key: Key = None) -> dict[str, Any]:
+        return _write(await alg.reopen(run_id, reason, by=me, as_operator=operator, key=key))
 
     @_tool
-    async def revoke(run_id: RunId, reason: Annotated[str, Field(description="Why the lease is taken away.",
-                                                                 min_length=1)],
-                     lease: Annotated[int | None, Field(description="Only if this lease number still holds "
-                                                                    "it.")] = None) -> dict[str, Any]:
-        return _write(await alg.revoke(run_id, reason, lease=lease, actor=actor))
+    async def revoke(run_id: RunIdArg, reason: Text, lease_number: Annotated[int | None, Field(ge=1)] = None,
+                     key: Key = None) -> dict[str, Any]:
+        return _write(await alg.revoke(run_id, reason, lease_number=lease_number, actor=actor, key=key))
 
     @_tool
-    async def transfer(run_id: RunId,
-                       action: Annotated[Literal[tuple(sorted(T.TRANSFERABLE))],  # type: ignore[valid-type]
-                                         Field(description="The action to hand over.")],
-                       to: Annotated[str, Field(description="Who may perform it from now on.", min_length=1)],
-                       ) -> dict[str, Any]:
-        return _write(await alg.transfer(run_id, action, to, by=me))
+    async def transfer(run_id: RunIdArg, action: str, to: Text, key: Key = None) -> dict[str, Any]:
+        return _write(await alg.transfer(run_id, action, to, by=me, key=key))
 
     @_tool
-    async def unblock(run_id: RunId, resolution: Annotated[str, Field(description="How the blocker went away.",
-                                                                      min_length=1)],
-                      blocker_id: Annotated[int | None, Field(description="Only this blocker (default: all).")] = None,
-                      ) -> dict[str, Any]:
-        return _write(await alg.unblock(run_id, resolution, blocker_id=blocker_id, actor=actor))
+    async def unblock(run_id: RunIdArg, resolution: Text, blocker_id: int | None = None,
+                      key: Key = None) -> dict[str, Any]:
+        return _write(await alg.unblock(run_id, resolution, blocker_id=blocker_id, actor=actor, key=key))
 
     @_tool
-    async def effect_confirm(run_id: RunId,
-                             key: Annotated[str, Field(description="The side effect's key (status lists the "
-                                                                   "pending ones).", min_length=1)],
-                             outcome: Literal["done", "absent"],
-                             note: Annotated[str, Field(description="How you know.")] = "") -> dict[str, Any]:
-        note = await scrubbed(alg, run_id, note)
-        return _write(await alg.effect_confirm(run_id, key, outcome, note=note, actor=actor))
+    async def effect_confirm(run_id: RunIdArg, effect_key: Text, outcome: str, note: str = "",
+                             attrs: Attrs = None) -> dict[str, Any]:
+        effect_key, note = named("effect_key", effect_key), await scrubbed(alg, run_id, note)
+        return _write(await alg.effect_confirm(run_id, effect_key, outcome, note=note, attrs=attrs, actor=actor))
 
     @_tool
-    async def fork(run_id: RunId,
-                   at_seq: Annotated[int, Field(description="The seq to continue from (log shows them); before "
-                                                            "the run ended.", ge=1)],
-                   new_run_id: Annotated[str | None, Field(description="The new run's id (default: derived from "
-                                                                       "the parent's).")] = None,
-                   key: Annotated[str | None, Field(description="An idempotency key: a retry with the same key "
-                                                                "forks no second child.")] = None,
-                   ) -> dict[str, Any]:
+    async def fork(run_id: RunIdArg, at_seq: Annotated[int, Field(ge=1)], new_run_id: str | None = None,
+                   key: Key = None) -> dict[str, Any]:
         if new_run_id is not None:
             check_run_id(new_run_id, "new_run_id")  # named as the model wrote it
         child = await alg.fork(run_id, at_seq, new_run_id=new_run_id, key=key, actor=actor)
         return {"run_id": child, "parent": run_id, "parent_seq": at_seq, "packet": await alg.status(child)}
 
     @_tool
-    async def close(run_id: RunId,
-                    disposition: Annotated[Literal[T.CLOSE_DISPOSITIONS],  # type: ignore[valid-type]
-                                           Field(description="How the run ends.")],
-                    reason: Annotated[str, Field(description="Why (an operator must say).")] = "",
-                    ) -> dict[str, Any]:
+    async def close(run_id: RunIdArg, disposition: str, reason: str = "", key: Key = None) -> dict[str, Any]:
         if operator and not reason.strip():
             # Someone else's run ends on an operator's word: the owner will want to read why.
             raise InvalidInput("an operator closes a run with a reason: say why it ends", field="reason")
-        return _write(await alg.close_run(run_id, me, disposition, reason, as_operator=operator))
+        return _write(await alg.close_run(run_id, disposition, reason, by=me, as_operator=operator, key=key))
 
-    as_whom = ", as an operator" if operator else ""
-    tools = {
-        "open": "Open a handoff: write the contract (goal, target, you as owner) before the work detaches. "
-                "Returns the new run's packet; a worker then claims it by its run_id.",
-        "review": "Approve or reject a submitted result (state ready_for_review).",
-        "sanitize": "Check what a delivery would send now for secrets, private paths and addresses, and record "
-                    "the check. A public target's delivery needs a passing check of exactly that content; the "
-                    "findings name detector, part and line, never the matched text.",
-        "deliver": "Deliver a succeeded run's result to its target, exactly once under the key you give (a public "
-                   "target needs a passing sanitize first).",
-        "delivered": "Record that a delivery you sent yourself (deliver with send false) reached the target, "
-                     "with its receipt; the run becomes delivered.",
-        "delivery_failed": "Record that a delivery you sent yourself failed; deliver again under a new key.",
-        "reopen": f"Send a succeeded run whose latest sanitization check failed back to verifying{as_whom}, so a "
-                  "worker can withdraw what the check found, record the result again and submit it.",
-        "revoke": f"Take the lease away from the worker holding it{as_whom} (it can no longer write).",
-        "transfer": "Hand one of your actions on a run (review, deliver, close...) to someone else.",
-        "unblock": f"Clear a run's blocker{as_whom}, saying how it went away; the run returns to where it was.",
-        "effect_confirm": f"Record{as_whom} whether a side effect left without an outcome happened (done) or not "
-                          "(absent): the first step out of the unknown state.",
-        "fork": f"Start a new run{as_whom} that continues this one as it stood at a seq (to continue after the "
-                "run ended, or to try again from a good point). Returns the new run's id and packet.",
-        "close": f"End a run without delivery{as_whom}: {', '.join(T.CLOSE_DISPOSITIONS)}.",
+    return {
+        "open": (open, "Open a handoff: write the contract (goal, target, you as owner) before the work detaches. "
+                       "Returns the new run's packet; a worker then claims it by its run_id. A target with an "
+                       "adapter (a command cmd:, a web address, a directory file://) is used only if this server "
+                       f"allows it: {allowed_here}."),
+        "review": (review, "{summary} The run must be ready_for_review."),
+        "sanitize": (sanitize, "{summary} A public target's delivery needs a passing check of exactly that "
+                               "content; the findings name detector, part and line, never the matched text."),
+        "deliver": (deliver, "Deliver a succeeded run's result to its target, exactly once under the delivery_key "
+                             "you give (a public target needs a passing sanitize first). With send false you send "
+                             "it yourself, and record the outcome with delivered or delivery_failed."),
+        "delivered": (delivered, "{summary} For a delivery you sent yourself (deliver with send false); the run "
+                                 "becomes delivered."),
+        "delivery_failed": (delivery_failed, "{summary} For a delivery you sent yourself; deliver again under a "
+                                             "new delivery_key."),
+        "reopen": (reopen, "{summary} A worker then withdraws what the check found, records the result again "
+                           "and submits it."),
+        "revoke": (revoke, "{summary}"),
+        "transfer": (transfer, "{summary}"),
+        "unblock": (unblock, "{summary}"),
+        "effect_confirm": (effect_confirm, "{summary} Use it for a side effect left without an outcome: the first "
+                                           "step out of the unknown state."),
+        "fork": (fork, "{summary} The answer has its packet too: continue after the run ended, or try again from "
+                       "a good point."),
+        "close": (close, "{summary} There is no delivery; an operator must say why (reason)."),
     }
-    fns = {fn.__name__: fn for fn in (open, review, sanitize, deliver, delivered, delivery_failed, reopen, revoke,
-                                      transfer, unblock, effect_confirm, fork, close)}
-    for name in OPERATOR_TOOLS if operator else OWNER_TOOLS:
-        server.add_tool(fns[name], name=name, description=tools[name], annotations=WRITE)
 
 
 def _say_lost(fence: Fence) -> None:
@@ -698,7 +526,9 @@ def _say_lost(fence: Fence) -> None:
     log.info("lease %s on run %s is no longer this session's (%s)", fence.lease, fence.run_id, why)
 
 
-def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions: Sessions) -> None:
+def _worker_tools(alg: AsyncLedger, config: Config, sessions: Sessions) -> Tools:
+    """The lease holder's verb tools: each acts under the lease this session claimed, never
+    one the model names, and records files only under ``--root``."""
     me, root = config.name, os.path.realpath(config.root or ".")
 
     def mine(ctx: Context, run_id: str) -> tuple[Session, Held]:
@@ -725,7 +555,7 @@ def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions:
         return _write(out)
 
     @_tool
-    async def claim(run_id: RunId, ctx: Context) -> dict[str, Any]:
+    async def claim(run_id: RunIdArg, ctx: Context) -> dict[str, Any]:
         session = sessions.find(ctx.request_context.session, create=True)
         assert session is not None
         held = session.held.get(run_id)
@@ -754,139 +584,116 @@ def _worker_tools(server: MCPServer, alg: AsyncLedger, config: Config, sessions:
         return {"run_id": run_id, "lease": got.token.lease, "worker": me, "packet": await alg.status(run_id)}
 
     @_tool
-    async def heartbeat(run_id: RunId, ctx: Context, attrs: Attrs = None) -> dict[str, Any]:
+    async def heartbeat(run_id: RunIdArg, ctx: Context, attrs: Attrs = None) -> dict[str, Any]:
         return await under_lease(ctx, run_id, lambda t: alg.heartbeat(run_id, t, attrs=attrs))
 
     @_tool
-    async def progress(run_id: RunId, ctx: Context,
-                       kind: Annotated[str, Field(description=f"What moved. Counts as progress: {_kinds()} (and "
-                                                              "the contract's own kinds). Logged but never "
-                                                              f"progress: {', '.join(sorted(T.NOT_PROGRESS))}.")],
-                       detail: Annotated[str, Field(description="What happened, in a sentence.")] = "",
-                       attrs: Attrs = None) -> dict[str, Any]:
+    async def progress(run_id: RunIdArg, ctx: Context, kind: str, detail: str = "", attrs: Attrs = None,
+                       key: Key = None) -> dict[str, Any]:
         async def call(t: str) -> Any:
             # A note is what the integrations record of a failure: scrubbed as they scrub it.
             text = await scrubbed(alg, run_id, detail) if kind == "note" else detail
-            return await alg.progress(run_id, t, kind, text, attrs=attrs)
+            return await alg.progress(run_id, t, kind, text, attrs=attrs, key=key)
 
         return await under_lease(ctx, run_id, call)
 
     @_tool
-    async def transition(run_id: RunId, ctx: Context,
-                         to: Annotated[str, Field(description=f"The next state. Moves: {_moves('transition')}.")],
-                         reason: Annotated[str, Field(description="Why.")] = "") -> dict[str, Any]:
-        return await under_lease(ctx, run_id, lambda t: alg.transition(run_id, t, to, reason=reason))
+    async def transition(run_id: RunIdArg, ctx: Context, to: str, reason: str = "", key: Key = None
+                         ) -> dict[str, Any]:
+        return await under_lease(ctx, run_id, lambda t: alg.transition(run_id, t, to, reason=reason, key=key))
 
     @_tool
-    async def artifact(run_id: RunId, ctx: Context,
-                       path: Annotated[str, Field(description=f"The file, relative to {root} or absolute under "
-                                                              "it; the ledger reads and measures it.",
-                                                  min_length=1)],
-                       kind: Annotated[str, Field(description="What the file is: result, log, diff...")] = "result",
-                       attrs: Attrs = None) -> dict[str, Any]:
+    async def artifact(run_id: RunIdArg, ctx: Context, path: Text, kind: str = "result", attrs: Attrs = None,
+                       key: Key = None) -> dict[str, Any]:
         where = os.path.join(root, path)  # an absolute path stays itself; the ledger refuses it outside root
         return await under_lease(ctx, run_id, lambda t: alg.artifact(run_id, t, where, kind=kind, root=root,
-                                                                     attrs=attrs))
+                                                                     attrs=attrs, key=key))
 
     @_tool
-    async def withdraw_artifact(run_id: RunId, ctx: Context,
-                                path: Annotated[str, Field(description="The artifact's path as artifact recorded "
-                                                                       "it (status lists them), or relative to "
-                                                                       f"{root}.", min_length=1)],
-                                reason: Annotated[str, Field(description="Why it no longer counts.",
-                                                             min_length=1)]) -> dict[str, Any]:
+    async def withdraw_artifact(run_id: RunIdArg, ctx: Context, path: Text, reason: Text, key: Key = None
+                                ) -> dict[str, Any]:
         where = os.path.join(root, path)  # a recorded (absolute) path stays itself
-        return await under_lease(ctx, run_id, lambda t: alg.withdraw_artifact(run_id, where, reason, lease=t))
+        return await under_lease(ctx, run_id, lambda t: alg.withdraw_artifact(run_id, where, reason, lease=t,
+                                                                              key=key))
 
     @_tool
-    async def evidence(run_id: RunId, ctx: Context,
-                       kind: Annotated[str, Field(description="What was checked: tests, lint, review...",
-                                                  min_length=1)],
-                       outcome: Literal["pass", "fail", "skipped"],
-                       detail: Annotated[str, Field(description="What the check saw.")] = "",
-                       attrs: Attrs = None) -> dict[str, Any]:
-        return await under_lease(ctx, run_id, lambda t: alg.evidence(run_id, kind, outcome, detail, lease=t,
-                                                                     attrs=attrs))
+    async def evidence(run_id: RunIdArg, ctx: Context, kind: Text, outcome: str, detail: str = "",
+                       attrs: Attrs = None, key: Key = None) -> dict[str, Any]:
+        return await under_lease(ctx, run_id, lambda t: alg.evidence(run_id, kind, outcome, detail, attrs=attrs,
+                                                                     lease=t, key=key))
 
     @_tool
-    async def effect_start(run_id: RunId, ctx: Context,
-                           key: Annotated[str, Field(description="The side effect's own key, unique in the run.",
-                                                     min_length=1)],
-                           what: Annotated[str, Field(description="What is about to happen outside, e.g. "
-                                                                  "'POST /deploy v42'.", min_length=1)],
+    async def effect_start(run_id: RunIdArg, ctx: Context, effect_key: Text, what: Text, attrs: Attrs = None
                            ) -> dict[str, Any]:
+        named("effect_key", effect_key)
+
         async def call(t: str) -> Any:
-            return await alg.effect_start(run_id, t, key, await scrubbed(alg, run_id, what))
+            return await alg.effect_start(run_id, t, effect_key, await scrubbed(alg, run_id, what), attrs=attrs)
 
         return await under_lease(ctx, run_id, call)
 
     @_tool
-    async def effect_confirm(run_id: RunId, ctx: Context,
-                             key: Annotated[str, Field(description="The side effect's key.", min_length=1)],
-                             outcome: Literal["done", "absent"],
-                             note: Annotated[str, Field(description="How you know.")] = "") -> dict[str, Any]:
+    async def effect_confirm(run_id: RunIdArg, ctx: Context, effect_key: Text, outcome: str, note: str = "",
+                             attrs: Attrs = None) -> dict[str, Any]:
+        named("effect_key", effect_key)
+
         async def call(t: str) -> Any:
-            return await alg.effect_confirm(run_id, key, outcome, note=await scrubbed(alg, run_id, note), lease=t)
+            return await alg.effect_confirm(run_id, effect_key, outcome, note=await scrubbed(alg, run_id, note),
+                                            attrs=attrs, lease=t)
 
         return await under_lease(ctx, run_id, call)
 
     @_tool
-    async def block(run_id: RunId, ctx: Context,
-                    reason: Annotated[str, Field(description="What the run cannot go on without.", min_length=1)],
-                    next_action: Annotated[str, Field(description="What must happen to unblock it, and by whom.",
-                                                      min_length=1)]) -> dict[str, Any]:
-        return await under_lease(ctx, run_id, lambda t: alg.block(run_id, reason, next_action, lease=t))
+    async def block(run_id: RunIdArg, ctx: Context, reason: Text, next_action: Text, key: Key = None
+                    ) -> dict[str, Any]:
+        return await under_lease(ctx, run_id, lambda t: alg.block(run_id, reason, next_action, lease=t, key=key))
 
     @_tool
-    async def unblock(run_id: RunId, ctx: Context,
-                      resolution: Annotated[str, Field(description="How the blocker went away.", min_length=1)],
-                      blocker_id: Annotated[int | None, Field(description="Only this blocker (default: "
-                                                                          "all).")] = None) -> dict[str, Any]:
+    async def unblock(run_id: RunIdArg, ctx: Context, resolution: Text, blocker_id: int | None = None,
+                      key: Key = None) -> dict[str, Any]:
         return await under_lease(ctx, run_id, lambda t: alg.unblock(run_id, resolution, blocker_id=blocker_id,
-                                                                    lease=t))
+                                                                    lease=t, key=key))
 
     @_tool
-    async def submit(run_id: RunId, ctx: Context,
-                     summary: Annotated[str, Field(description="One paragraph on what was done.")] = "",
-                     ) -> dict[str, Any]:
-        return await under_lease(ctx, run_id, lambda t: alg.submit(run_id, t, summary))
+    async def submit(run_id: RunIdArg, ctx: Context, summary: str = "", key: Key = None) -> dict[str, Any]:
+        return await under_lease(ctx, run_id, lambda t: alg.submit(run_id, t, summary, key=key))
 
     @_tool
-    async def release(run_id: RunId, ctx: Context,
-                      reason: Annotated[str, Field(description="Why you stop working on the run.")] = "",
-                      ) -> dict[str, Any]:
+    async def release(run_id: RunIdArg, ctx: Context, reason: str = "") -> dict[str, Any]:
         session, held = mine(ctx, run_id)
         out = await alg.release(run_id, held.token, reason)
         held.fence.released_by_holder = True
         session.held.pop(run_id, None)
         return _write(out)
 
-    tools = {
-        "claim": "Take a run's lease so you may work on it. Returns the lease number and the run's packet; this "
-                 "server keeps the lease for your session and heartbeats it while you keep calling. Refused while "
-                 "another worker holds the run; if this session holds it already, answers with that lease.",
-        "heartbeat": "Say you are alive without recording progress (any call does this for you when due).",
-        "progress": "Record progress at a meaningful boundary (a plan committed, a tool's outcome, a verifier's "
-                    "result), not for every step: what counts depends on the run's state.",
-        "transition": "Move the run to its next working state.",
-        "artifact": "Record a file the work produced (the result named by the contract, a log, a diff); the "
-                    "ledger measures it and keeps its size and sha256.",
-        "withdraw_artifact": "Take back an artifact recorded by mistake or found unfit (for example what a "
-                             "failed sanitization check named), so it no longer counts for submit; record the "
-                             "corrected file again with artifact. The log keeps both records.",
-        "evidence": "Record a check of the result (tests, lint, a review) and its outcome.",
-        "effect_start": "Before doing something outside that must not happen twice (a deploy, a payment), "
-                        "record it under a key.",
-        "effect_confirm": "Record whether a started side effect happened (done) or not (absent).",
-        "block": "Say the run cannot go on without something, and what must happen next.",
-        "unblock": "Say how a blocker went away.",
-        "submit": "Submit the result (from verifying) with its artifacts and evidence recorded first. You keep "
-                  "the lease until you release it: if the owner reopens the run, continue under it.",
-        "release": "Give the run back without submitting (you stop; another worker may claim it).",
+    return {
+        "claim": (claim, "Take a run's lease so you may work on it. Returns the lease number and the run's packet; "
+                         "this server keeps the lease for your session and heartbeats it while you keep calling. "
+                         "Refused while another worker holds the run; if this session holds it already, answers "
+                         "with that lease."),
+        "heartbeat": (heartbeat, "{summary} Any call of this session does it for you when one is due."),
+        "progress": (progress, "{summary} Record it at a meaningful boundary (a plan committed, a tool's outcome, "
+                               f"a verifier's result), not for every step. Progress by state: {_kinds()} (and the "
+                               f"contract's own kinds); logged but never progress: {', '.join(sorted(T.NOT_PROGRESS))}."),
+        "transition": (transition, "{summary} " + f"Moves: {_moves('transition')}."),
+        "artifact": (artifact, "Record a file the work produced (the result named by the contract, a log, a diff); "
+                               f"the ledger measures it and keeps its size and sha256. Its path is relative to {root} "
+                               "or absolute under it."),
+        "withdraw_artifact": (withdraw_artifact, "{summary} For an artifact recorded by mistake or found unfit (what "
+                                                 "a failed sanitization check named): record the corrected file again "
+                                                 "with artifact; the log keeps both records. Its path is as status "
+                                                 f"lists it, or relative to {root}."),
+        "evidence": (evidence, "{summary}"),
+        "effect_start": (effect_start, "{summary} For something outside that must not happen twice (a deploy, a "
+                                       "payment): record it under its effect_key, do it, then record its outcome "
+                                       "with effect_confirm."),
+        "effect_confirm": (effect_confirm, "{summary}"),
+        "block": (block, "{summary}"),
+        "unblock": (unblock, "{summary}"),
+        "submit": (submit, "{summary} Record its artifacts and evidence first. You keep the lease until you "
+                           "release it: if the owner reopens the run, continue under it."),
+        "release": (release, "{summary} You stop; another worker may claim it."),
     }
-    for fn in (claim, heartbeat, progress, transition, artifact, withdraw_artifact, evidence, effect_start, effect_confirm, block,
-               unblock, submit, release):
-        server.add_tool(fn, name=fn.__name__, description=tools[fn.__name__], annotations=WRITE)
 
 
 # --- running it --------------------------------------------------------------------------
@@ -918,138 +725,6 @@ async def serve_stdio(db: str, config: Config, *, busy_timeout_s: float = 5.0) -
         finally:
             with anyio.CancelScope(shield=True):
                 await session.end(alg, SESSION_ENDED_STDIO)
-
-
-def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """The address ``host`` spells (an IPv4-mapped IPv6 address as its IPv4 one), or None."""
-    try:
-        ip = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return None
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    return ip
-
-
-def is_loopback(host: str) -> bool:
-    """Every spelling of an address only this machine reaches: ``localhost``, all of
-    127/8, ``::1`` in any of its forms, and ``::ffff:127.x.y.z``."""
-    if host.lower() in LOOPBACK_NAMES:
-        return True
-    ip = _ip(host)
-    return ip is not None and ip.is_loopback
-
-
-def host_forms(host: str, port: int) -> list[str]:
-    """The ``Host`` header values a request to this server may carry when it serves
-    ``host`` on loopback: the address served, as given and in its short form (in
-    brackets for IPv6), and ``localhost``, each with the port served (and without it on
-    port 80). A page that DNS rebinding brought here carries its own name instead."""
-    names = {"localhost", host.lower()}
-    ip = ipaddress.ip_address(host) if _ip(host) is not None else None
-    if ip is not None:
-        names.add(str(ip))
-    if host.lower() == "localhost":
-        names.add("127.0.0.1")
-    out = []
-    for name in sorted(names):
-        shown = f"[{name}]" if ":" in name else name
-        out.append(f"{shown}:{port}")
-        if port == 80:
-            out.append(shown)
-    return out
-
-
-def url_host(host: str) -> str:
-    """``host`` as a URL writes it (an IPv6 address in brackets)."""
-    return f"[{host}]" if ":" in host else host
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:8765`` for IPv6) as (host, port)."""
-    host, sep, port = str(text).rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise InvalidInput(f"--http takes HOST:PORT, e.g. 127.0.0.1:8765 (port 0: any free port); got {text!r}",
-                           field="http")
-    return host.strip("[]"), int(port)
-
-
-def read_token(path: str | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.read().strip()
-    except OSError as exc:
-        raise InvalidInput(f"cannot read the token file {path}: {exc.strerror}", field="token_file") from None
-    if len(token) < 16 or any(c.isspace() for c in token):
-        raise InvalidInput(f"the token in {path} must be one line of at least 16 characters without spaces "
-                           "(e.g. from: python -c 'import secrets; print(secrets.token_urlsafe(32))')",
-                           field="token_file")
-    return token
-
-
-def check_http(host: str, token: str | None) -> None:
-    """Beyond loopback, anyone who reaches the port could act in this server's role."""
-    if not is_loopback(host) and token is None:
-        raise InvalidInput(f"refusing to serve on {host}, which is reachable beyond this machine, without a bearer "
-                           "token: give --token-file FILE (clients then send 'Authorization: Bearer <token>'), or "
-                           "bind 127.0.0.1", field="http")
-
-
-class Guard:
-    """The HTTP checks the SDK leaves to us: a bearer token (when one is set) on every
-    request, and beyond loopback no browser page at all (a request carrying an ``Origin``
-    is refused: the DNS-rebinding case; an MCP host sends none). On loopback, where no
-    token is asked for, the SDK's Host and Origin checks (``security``) refuse a request
-    whose Host is not this server's address (421) or whose Origin is another site (403)."""
-
-    def __init__(self, app: Any, token: str | None, loopback: bool) -> None:
-        self.app, self.token, self.loopback = app, token, loopback
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-            refusal = None
-            if self.token is not None:
-                given = headers.get("authorization", "")
-                if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-                    refusal = (401, "a bearer token is required: send 'Authorization: Bearer <token>'")
-            if refusal is None and not self.loopback and "origin" in headers:
-                refusal = (403, "requests from a web page (with an Origin header) are refused")
-            if refusal is not None:
-                from starlette.responses import PlainTextResponse
-
-                extra = {"WWW-Authenticate": "Bearer"} if refusal[0] == 401 else None
-                await PlainTextResponse(refusal[1], status_code=refusal[0], headers=extra)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def security(host: str, port: int) -> Any:
-    """The SDK's DNS-rebinding checks for a loopback server on ``host``:``port``: the Host
-    header must be one of ``host_forms`` and an Origin, when sent, one of those pages."""
-    from mcp.server.transport_security import TransportSecuritySettings
-
-    hosts = host_forms(host, port)
-    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts,
-                                     allowed_origins=[f"http://{h}" for h in hosts])
-
-
-def listen(host: str, port: int) -> Any:
-    """A socket bound to ``host``:``port`` (port 0: any free one), before the app is made,
-    so the Host check can name the port actually served."""
-    import socket
-
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise InvalidInput(f"cannot listen on {url_host(host)}:{port}: {exc.strerror or exc}; choose another "
-                           "address or port (port 0: any free one)", field="http") from None
-    return sock
 
 
 async def serve_http(db: str, config: Config, address: str, *, token_file: str | None = None,

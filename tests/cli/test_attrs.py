@@ -41,8 +41,8 @@ def test_every_command_with_attrs_records_them(h, tmp_path):
                  ["progress", "r1", "--lease", lease, "--kind", "tool_outcome"],
                  ["artifact", "r1", str(result), "--lease", lease],
                  ["evidence", "r1", "--lease", lease, "--kind", "tests", "--outcome", "pass"],
-                 ["effect-start", "r1", "--lease", lease, "--key", "e1", "--what", "deploy"],
-                 ["effect-confirm", "r1", "--lease", lease, "--key", "e1", "--outcome", "done"]):
+                 ["effect-start", "r1", "--lease", lease, "--effect-key", "e1", "--what", "deploy"],
+                 ["effect-confirm", "r1", "--lease", lease, "--effect-key", "e1", "--outcome", "done"]):
         h(*args, *attrs)
         got = _attrs_of_last(h, "r1")
         assert got == want and [type(v) for v in got.values()] == [type(v) for v in want.values()], args[0]

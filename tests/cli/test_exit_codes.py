@@ -25,7 +25,7 @@ def test_0_ok(h):
     ("lease2", ["progress", "r1", "--lease", TOKEN, "--kind", "tool_outcome"], "StaleLease"),
     ("working", ["transition", "r1", "--lease", TOKEN, "--to", "queued"], "IllegalTransition"),
     ("working", ["claim", "r1", "--worker", "w2"], "LeaseHeld"),
-    ("delivered", ["deliver", "r1", "--by", "alice", "--key", "other"], "DeliveryRefused"),
+    ("delivered", ["deliver", "r1", "--by", "alice", "--delivery-key", "other"], "DeliveryRefused"),
     # Closing released the lease: its token is refused before the run's end is even looked at.
     ("closed", ["progress", "r1", "--lease", TOKEN, "--kind", "note"], "StaleLease"),
     ("closed", ["evidence", "r1", "--kind", "tests", "--outcome", "pass", "--by", "op"], "TerminalRun"),

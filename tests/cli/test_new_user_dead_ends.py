@@ -45,7 +45,7 @@ def test_leaving_unknown_the_hint_names_the_next_step_for_who_holds_the_run(h):
     assert health["action"] == "reconcile" and "w2" in health["reason"]
     assert "handoff claim" not in health["reason"]
 
-    h("effect-confirm", "r1", "--key", "mail-1", "--outcome", "absent", "--by", "op", "--note", "no mail sent")
+    h("effect-confirm", "r1", "--effect-key", "mail-1", "--outcome", "absent", "--by", "op", "--note", "no mail sent")
     health = _health(h)
     assert (health["classification"], health["action"]) == ("needs_worker", "transition")
     assert "w2" in health["reason"] and "claim" not in health["reason"]
@@ -56,7 +56,7 @@ def test_leaving_unknown_the_hint_names_the_next_step_for_who_holds_the_run(h):
 
 def test_leaving_unknown_with_no_lease_the_hint_says_claim_first(h):
     _lost_effect(h)
-    h("effect-confirm", "r1", "--key", "mail-1", "--outcome", "done", "--by", "op", "--note", "mail arrived")
+    h("effect-confirm", "r1", "--effect-key", "mail-1", "--outcome", "done", "--by", "op", "--note", "mail arrived")
     health = _health(h)
     assert (health["classification"], health["action"]) == ("needs_worker", "claim")
     assert "transition" in health["reason"]
@@ -113,7 +113,7 @@ def test_reopen_from_the_command_line(h, tmp_path):
     h("artifact", "r1", report, "--lease", tok)
     h("submit", "r1", "--lease", tok, "--summary", "key removed")
     h("sanitize", "r1", "--by", "alice")
-    h("deliver", "r1", "--by", "alice", "--key", "v1", "--send")
+    h("deliver", "r1", "--by", "alice", "--delivery-key", "v1", "--send")
     assert h.json("status", "r1")["state"] == T.DELIVERED
     sent = os.listdir(tmp_path / "outbox")
     assert sent and all(SECRET not in (tmp_path / "outbox" / f).read_text() for f in sent)

@@ -30,8 +30,8 @@ def test_the_whole_lifecycle_through_the_verbs(h, tmp_path):
                                    "--detail", "3 parts", "--key", "p1").stdout
     h("transition", run, "--lease", lease, "--to", "executing")
     assert "side effect deploy started" in h(
-        "effect-start", run, "--lease", lease, "--key", "deploy", "--what", "deploy v1").stdout
-    assert "side effect deploy: done" in h("effect-confirm", run, "--key", "deploy", "--outcome", "done",
+        "effect-start", run, "--lease", lease, "--effect-key", "deploy", "--what", "deploy v1").stdout
+    assert "side effect deploy: done" in h("effect-confirm", run, "--effect-key", "deploy", "--outcome", "done",
                                            "--lease", lease).stdout
     assert "blocker #1 raised" in h("block", run, "--reason", "needs creds", "--next-action", "alice grants").stdout
     assert "unblocked" in h("unblock", run, "--resolution", "granted").stdout
@@ -43,14 +43,14 @@ def test_the_whole_lifecycle_through_the_verbs(h, tmp_path):
     assert "evidence tests: pass" in h("evidence", run, "--lease", lease, "--kind", "tests", "--outcome", "pass").stdout
     assert "ready_for_review" in h("submit", run, "--lease", lease, "--summary", "done").stdout
     assert "approved" in h("review", run, "--by", "alice", "--approve", "--notes", "fine").stdout
-    doc = h.json("deliver", run, "--by", "alice", "--key", "d1")
+    doc = h.json("deliver", run, "--by", "alice", "--delivery-key", "d1")
     assert doc["send"] is True and doc["outcome"] == "committed" and doc["delivery"]["status"] == "attempted"
     assert doc["target"] == "chat:#ops"
-    doc = h.json("delivered", run, "--key", "d1", "--receipt", "msg 1")
+    doc = h.json("delivered", run, "--delivery-key", "d1", "--receipt", "msg 1")
     assert doc["state"] == "delivered" and doc["delivery"]["status"] == "confirmed"
-    again = h("deliver", run, "--by", "alice", "--key", "d1")
+    again = h("deliver", run, "--by", "alice", "--delivery-key", "d1")
     assert "do not send again" in again.stdout
-    doc = h.json("deliver", run, "--by", "alice", "--key", "d1")
+    doc = h.json("deliver", run, "--by", "alice", "--delivery-key", "d1")
     assert doc["send"] is False and doc["outcome"] == "unchanged"
     assert doc["first_seq"] == doc["last_seq"] == h.json("status", run)["last_seq"]  # where the run stands
     packet = h.json("status", run)
@@ -82,9 +82,9 @@ def test_delivery_failed_then_a_new_key(h, tmp_path):
         lg.artifact("r1", lease, str(f), worker="w1")
         lg.evidence("r1", "tests", "pass", lease=lease)
         lg.submit("r1", lease, worker="w1")
-    h("deliver", "r1", "--by", "alice", "--key", "k1")
-    assert "marked failed" in h("delivery-failed", "r1", "--key", "k1", "--error", "channel gone").stdout
-    assert h.json("deliver", "r1", "--by", "alice", "--key", "k2")["send"] is True
+    h("deliver", "r1", "--by", "alice", "--delivery-key", "k1")
+    assert "marked failed" in h("delivery-failed", "r1", "--delivery-key", "k1", "--error", "channel gone").stdout
+    assert h.json("deliver", "r1", "--by", "alice", "--delivery-key", "k2")["send"] is True
 
 
 def test_worker_verbs_read_run_and_lease_from_the_environment(h):

@@ -210,7 +210,7 @@ def test_a_contract_file_from_elsewhere_cannot_name_a_command_to_run(shared_back
         h(*step)
     with Ledger(db) as lg:
         before = _log(lg, run)
-    refused = h("deliver", run, "--by", "alice", "--key", "v1", "--send", "--json", code=1)
+    refused = h("deliver", run, "--by", "alice", "--delivery-key", "v1", "--send", "--json", code=1)
     err = json.loads(refused.stderr or refused.stdout)["error"]
     assert err["type"] == "TargetNotAllowed" and "handoff targets --allow" in err["message"]
     with Ledger(db) as lg:

@@ -28,7 +28,7 @@ def test_public_delivery_through_the_cli(tmp_path):
     h = Handoff(str(tmp_path / "ledger.db"))
     box = outbox(tmp_path)
     run = _ready(h, tmp_path, f"file://{box}", "Key: ghp_" + "a" * 36 + "\n", "--public")
-    refused = h("deliver", run, "--by", "alice", "--key", "v1", "--send", "--json", code=1)
+    refused = h("deliver", run, "--by", "alice", "--delivery-key", "v1", "--send", "--json", code=1)
     assert json.loads(refused.stderr or refused.stdout)["error"]["type"] == "SanitizationRequired"
     doc = h.json("sanitize", run, "--by", "alice", code=1)
     assert doc["passed"] is False and doc["findings"][0]["detector"] == "secret"
@@ -46,13 +46,13 @@ def test_deliver_send_json_shape(tmp_path):
     box = outbox(tmp_path)
     run = _ready(h, tmp_path, f"file://{box}", "all clean\n", "--public", "--send-timeout", "5")
     assert h.json("sanitize", run, "--by", "alice")["passed"] is True
-    doc = h.json("deliver", run, "--by", "alice", "--key", "v1", "--send")
+    doc = h.json("deliver", run, "--by", "alice", "--delivery-key", "v1", "--send")
     assert set(doc) == {"run_id", "status", "sent", "receipt", "error", "tries", "target", "delivery"}
     assert doc["status"] == "confirmed" and doc["sent"] is True and doc["delivery"]["status"] == "confirmed"
     assert (box / file_name(run, "v1")).exists()
-    again = h.json("deliver", run, "--by", "alice", "--key", "v1", "--send")
+    again = h.json("deliver", run, "--by", "alice", "--delivery-key", "v1", "--send")
     assert again["sent"] is False and again["status"] == "confirmed"
-    h("deliver", run, "--by", "alice", "--key", "v1", "--timeout", "3", code=2)  # --timeout needs --send
+    h("deliver", run, "--by", "alice", "--delivery-key", "v1", "--timeout", "3", code=2)  # --timeout needs --send
 
 
 def test_open_public_with_a_contract_file_is_a_usage_error(tmp_path):

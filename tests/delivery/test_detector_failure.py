@@ -41,7 +41,7 @@ def test_the_cli_exits_1_without_a_traceback(tmp_path, receiver, monkeypatch):
         assert lg.sanitize(run, by="alice")["passed"]
         before = payloads(lg, run)
     monkeypatch.setattr(sz, "scan", broken)
-    done = h("deliver", run, "--by", "alice", "--key", "v1", "--send", "--json", code=SanitizationRequired.exit_code)
+    done = h("deliver", run, "--by", "alice", "--delivery-key", "v1", "--send", "--json", code=SanitizationRequired.exit_code)
     assert json.loads(done.stdout or done.stderr)["error"]["type"] == "SanitizationRequired"
     assert "Traceback" not in done.stdout + done.stderr
     with h.ledger() as lg:

@@ -58,7 +58,7 @@ def test_the_cli_refuses_a_bad_token_with_exit_2_no_traceback_and_never_prints_i
         before = payloads(lg, run)
     monkeypatch.setenv("HANDOFF_TOKEN_HOOK", SECRET + "\n")  # the real process reads it from its environment
     for as_json in ((), ("--json",)):
-        done = run_exe("deliver", run, "--by", "alice", "--key", "v1", "--send", *as_json, db=db_path)
+        done = run_exe("deliver", run, "--by", "alice", "--delivery-key", "v1", "--send", *as_json, db=db_path)
         assert done.returncode == InvalidInput.exit_code, done.stderr
         shown = done.stdout + done.stderr
         assert "Traceback" not in shown and "s3cr3t" not in shown and "HANDOFF_TOKEN_HOOK" in shown
@@ -75,7 +75,7 @@ def test_a_key_a_header_cannot_carry_is_refused_before_it_is_recorded(lg, tmp_pa
     before = payloads(lg, run)
     with pytest.raises(InvalidInput, match="Idempotency-Key") as err:
         lg.deliver(run, key, send=True, by="alice")
-    assert err.value.field == "key"
+    assert err.value.field == "delivery_key"
     assert payloads(lg, run) == before and receiver.requests == []
     # Nothing is left open: another key is accepted at once.
     assert lg.deliver(run, "report-v1", send=True, by="alice").status == "confirmed"

@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def deliver(db: str, run: str, key: str = "v1", env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([*executable(), "--db", db, "deliver", run, "--by", "alice", "--key", key, "--send",
+    return subprocess.Popen([*executable(), "--db", db, "deliver", run, "--by", "alice", "--delivery-key", key, "--send",
                              "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
                             env={**os.environ, **(env or {})})
 

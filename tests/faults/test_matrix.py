@@ -215,7 +215,7 @@ def test_row3_replaced_worker_resumed_with_sigcont_writes_nothing(tmp_path, proc
     # Replaced by real CLI processes: an operator revokes, reconciles; w2 claims and goes on.
     steps = [
         ("revoke", run, "--reason", "worker paused for too long", "--by", "ops"),
-        ("effect-confirm", run, "--key", "deploy-42", "--outcome", "done", "--by", "ops",
+        ("effect-confirm", run, "--effect-key", "deploy-42", "--outcome", "done", "--by", "ops",
          "--note", "checked: v42 is live"),
         ("claim", run, "--worker", "w2"),
     ]
@@ -235,7 +235,7 @@ def test_row3_replaced_worker_resumed_with_sigcont_writes_nothing(tmp_path, proc
         cli_codes = collections.Counter()
         for args in (("progress", run, "--lease", str(lease), "--kind", "tool_outcome", "--detail", "late"),
                      ("heartbeat", run, "--lease", str(lease)),
-                     ("effect-confirm", run, "--key", "deploy-42", "--outcome", "absent", "--lease", str(lease))):
+                     ("effect-confirm", run, "--effect-key", "deploy-42", "--outcome", "absent", "--lease", str(lease))):
             r = handoff(*args, db=db)
             cli_codes[r.returncode] += 1
             assert "StaleLease" in r.stderr or "has ended" in r.stderr, r.stderr

@@ -22,6 +22,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from handoff import Ledger
+from handoff.integrations import mcp_http, mcp_session
 from handoff.integrations import mcp_server as ms
 from handoff.lease import fence_margin, heartbeat_interval
 from handoff.watchdog import watch_once
@@ -119,7 +120,7 @@ LOOPBACK = ["127.0.0.1", "127.0.0.2", "127.255.255.254", "localhost", "[::1]", "
 def test_a_page_brought_here_by_dns_rebinding_is_refused_on_every_loopback_spelling(tmp_path, address):
     db = str(tmp_path / "l.db")
     Ledger(db).close()
-    assert ms.is_loopback(address.strip("[]"))
+    assert mcp_http.is_loopback(address.strip("[]"))
     server = Served(db, address, "--as", "owner", "--name", "alice", tmp=tmp_path)
     try:
         port = server.port
@@ -166,7 +167,7 @@ def test_the_printed_url_of_an_ipv6_server_is_one_a_client_can_use(tmp_path):
 
 @pytest.mark.parametrize("address", ["[::1]", "127.0.0.2"])
 def test_host_forms_name_the_address_served_and_localhost_only(address):
-    forms = ms.host_forms(address.strip("[]"), 8766)
+    forms = mcp_http.host_forms(address.strip("[]"), 8766)
     assert "localhost:8766" in forms and f"{address}:8766" in forms
     assert not [f for f in forms if not f.endswith(":8766")]
     assert "attacker.example:8766" not in forms
@@ -239,10 +240,10 @@ def test_a_run_opened_elsewhere_with_a_command_target_is_not_sent_through_mcp(sh
 
     async def deliver(*args: str) -> tuple[str, Any]:
         async with stdio(db, "--as", "owner", "--name", "alice", *args) as owner:
-            text = refused(await owner.call_tool("deliver", {"run_id": run, "key": "v1"})) if not args else ""
+            text = refused(await owner.call_tool("deliver", {"run_id": run, "delivery_key": "v1"})) if not args else ""
             if not args:
                 return text, None
-            return text, ok(await owner.call_tool("deliver", {"run_id": run, "key": "v1"}))
+            return text, ok(await owner.call_tool("deliver", {"run_id": run, "delivery_key": "v1"}))
 
     text, _ = anyio.run(deliver)
     assert text.startswith("TargetNotAllowed: ") and "is a command" in text
@@ -264,7 +265,7 @@ def test_the_ledgers_own_list_holds_even_when_the_server_allows_the_target(share
 
     async def deliver() -> str:
         async with stdio(db, "--as", "owner", "--name", "alice", "--allow-target", "cmd:*") as owner:
-            return refused(await owner.call_tool("deliver", {"run_id": run, "key": "v1"}))
+            return refused(await owner.call_tool("deliver", {"run_id": run, "delivery_key": "v1"}))
 
     text = anyio.run(deliver)
     assert text.startswith("TargetNotAllowed: ") and "ledger's list" in text
@@ -290,7 +291,7 @@ def test_the_in_process_check_refuses_at_open_and_deliver_and_writes_nothing(bac
         async with AsyncLedger(backend.address()) as alg:
             server = ms.build(alg, ms.Config(role="owner", name="alice",
                                              allow_targets=("https://hooks.example.com/services/*",)),
-                              ms.Sessions(alg, single=ms.Session("t")))
+                              mcp_session.Sessions(alg, single=mcp_session.Session("t")))
             async with Client(server) as owner:
                 assert refused(await owner.call_tool("open", {"goal": "g", "target": target})).startswith(
                     "TargetNotAllowed: ")
@@ -298,11 +299,11 @@ def test_the_in_process_check_refuses_at_open_and_deliver_and_writes_nothing(bac
                 run = await alg.open(goal="g", target=target, owner="alice")
                 await alg.run(lambda lg: _submitted(lg, run, tmp_path))
                 before = [(r.seq, r.type) async for r in alg.log(run)]
-                assert refused(await owner.call_tool("deliver", {"run_id": run, "key": "v1"})).startswith(
+                assert refused(await owner.call_tool("deliver", {"run_id": run, "delivery_key": "v1"})).startswith(
                     "TargetNotAllowed: ")
                 assert [(r.seq, r.type) async for r in alg.log(run)] == before
                 # Recording a delivery sent by hand runs nothing: allowed.
-                assert ok(await owner.call_tool("deliver", {"run_id": run, "key": "v1", "send": False}))
+                assert ok(await owner.call_tool("deliver", {"run_id": run, "delivery_key": "v1", "send": False}))
                 ok(await owner.call_tool("open", {"goal": "g", "target": "https://hooks.example.com/services/T1"}))
 
     anyio.run(body)
@@ -319,7 +320,7 @@ def test_the_open_tool_tells_the_model_how_many_targets_are_allowed_never_which(
     async def body() -> str:
         async with AsyncLedger(str(tmp_path / "l.db")) as alg:
             server = ms.build(alg, ms.Config(role="owner", name="alice", allow_targets=(hook, "cmd:/bin/true *")),
-                              ms.Sessions(alg, single=ms.Session("t")))
+                              mcp_session.Sessions(alg, single=mcp_session.Session("t")))
             async with Client(server) as owner:
                 return str([t.model_dump() for t in (await owner.list_tools()).tools])
 
@@ -406,7 +407,7 @@ def test_a_worker_keeps_its_lease_through_a_locked_store_and_gives_it_back_when_
     assert not [r for r in log if r.type == "lease_revoked"]
     # Closing stdio ended the session: the lease was given back, saying why.
     [released] = [r for r in log if r.type == "lease_released"]
-    assert released.lease == 1 and released.event.reason == ms.SESSION_ENDED_STDIO
+    assert released.lease == 1 and released.event.reason == mcp_session.SESSION_ENDED_STDIO
 
 
 class WriteLock:
@@ -441,9 +442,9 @@ def test_a_store_that_stays_locked_past_the_margin_fences_the_lease_and_nothing_
 
     async def body() -> str:
         async with AsyncLedger(db, busy_timeout_s=0.05) as alg:
-            session = ms.Session("t")
+            session = mcp_session.Session("t")
             server = ms.build(alg, ms.Config(role="worker", name="w1", root=str(tmp_path)),
-                              ms.Sessions(alg, single=session))
+                              mcp_session.Sessions(alg, single=session))
             async with Client(server, mode="legacy") as client:
                 ok(await client.call_tool("claim", {"run_id": run}))
                 fence = session.held[run].fence

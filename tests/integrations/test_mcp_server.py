@@ -23,8 +23,11 @@ from mcp import Client, StdioServerParameters
 
 from handoff import Ledger
 from handoff.aio import AsyncLedger
+from handoff.integrations import mcp_http, mcp_session
 from handoff.integrations import mcp_server as ms
+from handoff.integrations.mcp_roles import tool_name, verb_tools
 from handoff.ledger.errors import InvalidInput
+from handoff.lease import heartbeat_interval
 from handoff.ledger.store import lease_digest
 from handoff.watchdog import watch_once
 
@@ -40,6 +43,11 @@ WRITE_TOOLS = {"open", "review", "sanitize", "deliver", "delivered", "delivery_f
                "transfer", "fork", "close", "claim", "heartbeat", "progress", "transition", "artifact",
                "withdraw_artifact", "evidence", "effect_start", "effect_confirm", "block", "unblock", "submit",
                "release"}
+
+
+def verb_names(role: str) -> set[str]:
+    """The verb tools the table of operations gives ``role``."""
+    return {tool_name(op) for op in verb_tools(role)}
 
 
 def env() -> dict[str, str]:
@@ -137,7 +145,7 @@ def test_a_handoff_walked_end_to_end_by_a_worker_and_an_owner_server(shared_back
             assert ok(seen.result(await worker.call_tool("submit", {"run_id": run, "summary": "done"})))[
                 "state"] == "ready_for_review"
             ok(seen.result(await owner.call_tool("review", {"run_id": run, "approve": True})))
-            sent = ok(seen.result(await owner.call_tool("deliver", {"run_id": run, "key": "d1"})))
+            sent = ok(seen.result(await owner.call_tool("deliver", {"run_id": run, "delivery_key": "d1"})))
             assert sent["status"] == "confirmed" and sent["state"] == "delivered"
             status = ok(seen.result(await owner.call_tool("status", {"run_id": run})))
             assert status["state"] == "delivered"
@@ -229,8 +237,8 @@ def test_the_second_claim_is_refused_while_the_first_session_holds_the_run(share
 
 async def _inprocess(address: str, config: ms.Config, body: Any, mode: str = "auto") -> Any:
     async with AsyncLedger(address) as alg:
-        session = ms.Session("test")
-        server = ms.build(alg, config, ms.Sessions(alg, single=session))
+        session = mcp_session.Session("test")
+        server = ms.build(alg, config, mcp_session.Sessions(alg, single=session))
         async with Client(server, mode=mode) as client:
             return await body(client, alg, session)
 
@@ -259,7 +267,7 @@ def test_the_worker_role_cannot_deliver(backend, tmp_path):
         names = {t.name for t in (await client.list_tools()).tools}
         assert "deliver" not in names and "review" not in names and "claim" in names
         before = [r.seq async for r in alg.log(run)]
-        assert refused(await client.call_tool("deliver", {"run_id": run, "key": "k"}))
+        assert refused(await client.call_tool("deliver", {"run_id": run, "delivery_key": "k"}))
         assert [r.seq async for r in alg.log(run)] == before
 
     anyio.run(_inprocess, backend.address(), ms.Config(role="worker", name="w1", root=str(tmp_path)), body)
@@ -294,7 +302,7 @@ def test_refusals_are_tool_errors_with_the_ledgers_message_and_write_nothing(bac
 
 def test_pings_heartbeat_a_held_lease_and_silence_does_not(tmp_path):
     timeout = 0.6
-    interval = ms.heartbeat_interval(timeout)
+    interval = heartbeat_interval(timeout)
 
     async def body(client: Client, alg: AsyncLedger, session: Any) -> None:
         run = await alg.open(goal="g", target="chat:#ops", owner="alice", heartbeat_timeout_s=timeout)
@@ -382,9 +390,9 @@ class HttpServer:
 
 def test_http_beyond_loopback_refuses_to_start_without_a_token(tmp_path):
     with pytest.raises(InvalidInput, match="--token-file"):
-        ms.check_http("0.0.0.0", None)
-    ms.check_http("127.0.0.1", None)
-    ms.check_http("::1", None)
+        mcp_http.check_http("0.0.0.0", None)
+    mcp_http.check_http("127.0.0.1", None)
+    mcp_http.check_http("::1", None)
     proc = subprocess.run([sys.executable, "-m", "handoff.cli", "--db", str(tmp_path / "l.db"), "mcp", "--http",
                            "0.0.0.0:0"], env=env(), capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)
@@ -456,7 +464,7 @@ async def _people(address: str, root: Path, body: Any, *roles: ms.Config) -> Any
     async with AsyncLedger(address) as alg, AsyncExitStack() as stack:
         clients = []
         for config in roles:
-            server = ms.build(alg, config, ms.Sessions(alg, single=ms.Session(config.role)))
+            server = ms.build(alg, config, mcp_session.Sessions(alg, single=mcp_session.Session(config.role)))
             clients.append(await stack.enter_async_context(Client(server)))
         return await body(alg, *clients)
 
@@ -494,7 +502,7 @@ def test_an_owner_finishes_a_public_delivery_through_the_gate_a_reopen_and_a_sen
         assert ok(await worker.call_tool("submit", {"run_id": run}))["state"] == "succeeded"
 
         before = await seqs(alg, run)
-        assert refused(await owner.call_tool("deliver", {"run_id": run, "key": "v1", "send": False})
+        assert refused(await owner.call_tool("deliver", {"run_id": run, "delivery_key": "v1", "send": False})
                        ).startswith("SanitizationRequired: ")
         assert await seqs(alg, run) == before
         checked = ok(await owner.call_tool("sanitize", {"run_id": run}))
@@ -512,10 +520,10 @@ def test_an_owner_finishes_a_public_delivery_through_the_gate_a_reopen_and_a_sen
         assert ok(await worker.call_tool("submit", {"run_id": run}))["state"] == "succeeded"
 
         assert ok(await owner.call_tool("sanitize", {"run_id": run}))["passed"] is True
-        ok(await owner.call_tool("deliver", {"run_id": run, "key": "v1", "send": False}))
-        ok(await owner.call_tool("delivery_failed", {"run_id": run, "key": "v1", "error": "the channel refused"}))
-        ok(await owner.call_tool("deliver", {"run_id": run, "key": "v2", "send": False}))
-        done = ok(await owner.call_tool("delivered", {"run_id": run, "key": "v2", "receipt": "msg-42"}))
+        ok(await owner.call_tool("deliver", {"run_id": run, "delivery_key": "v1", "send": False}))
+        ok(await owner.call_tool("delivery_failed", {"run_id": run, "delivery_key": "v1", "error": "the channel refused"}))
+        ok(await owner.call_tool("deliver", {"run_id": run, "delivery_key": "v2", "send": False}))
+        done = ok(await owner.call_tool("delivered", {"run_id": run, "delivery_key": "v2", "receipt": "msg-42"}))
         assert done["state"] == "delivered"
         packet = ok(await owner.call_tool("status", {"run_id": run}))
         assert packet["state"] == "delivered"
@@ -536,10 +544,10 @@ def test_an_owner_clears_a_blocker_reconciles_a_side_effect_and_forks_its_own_ru
                                             "next_action": "the owner grants it"}))
         assert ok(await owner.call_tool("unblock", {"run_id": run, "resolution": "granted"}))["state"] == "planning"
         ok(await worker.call_tool("transition", {"run_id": run, "to": "executing"}))
-        ok(await worker.call_tool("effect_start", {"run_id": run, "key": "deploy-1", "what": "POST /deploy"}))
+        ok(await worker.call_tool("effect_start", {"run_id": run, "effect_key": "deploy-1", "what": "POST /deploy"}))
         assert ok(await owner.call_tool("revoke", {"run_id": run, "reason": "the worker hung"}))["state"] == \
             "unknown"
-        ok(await owner.call_tool("effect_confirm", {"run_id": run, "key": "deploy-1", "outcome": "done",
+        ok(await owner.call_tool("effect_confirm", {"run_id": run, "effect_key": "deploy-1", "outcome": "done",
                                                     "note": "the deploy log shows v42"}))
         packet = ok(await owner.call_tool("status", {"run_id": run}))
         assert packet["pending_effects"] == [] and packet["health"]["action"] == "claim"
@@ -560,13 +568,13 @@ def test_an_owner_clears_a_blocker_reconciles_a_side_effect_and_forks_its_own_ru
 def test_an_operator_reconciles_forks_and_closes_with_a_reason(backend, tmp_path):
     async def body(alg: AsyncLedger, operator: Client, worker: Client) -> None:
         names = {t.name for t in (await operator.list_tools()).tools}
-        assert names >= set(ms.OPERATOR_TOOLS) and not names & {"open", "review", "deliver", "sanitize", "claim"}
+        assert names >= verb_names("operator") and not names & {"open", "review", "deliver", "sanitize", "claim"}
         run = await alg.open(goal="g", target="chat:#ops", owner="alice")
         ok(await worker.call_tool("claim", {"run_id": run}))
         ok(await worker.call_tool("transition", {"run_id": run, "to": "planning"}))
-        ok(await worker.call_tool("effect_start", {"run_id": run, "key": "k", "what": "charge the card"}))
+        ok(await worker.call_tool("effect_start", {"run_id": run, "effect_key": "k", "what": "charge the card"}))
         ok(await operator.call_tool("revoke", {"run_id": run, "reason": "stuck"}))
-        ok(await operator.call_tool("effect_confirm", {"run_id": run, "key": "k", "outcome": "absent"}))
+        ok(await operator.call_tool("effect_confirm", {"run_id": run, "effect_key": "k", "outcome": "absent"}))
         child = ok(await operator.call_tool("fork", {"run_id": run, "at_seq": 1}))["run_id"]
         assert [r.actor async for r in alg.log(child)][-1] == "operator:ops"
         before = await seqs(alg, run)
@@ -583,8 +591,8 @@ def test_an_operator_reconciles_forks_and_closes_with_a_reason(backend, tmp_path
 def test_a_worker_and_an_auditor_cannot_call_the_owners_or_the_operators_tools(backend, tmp_path):
     async def body(alg: AsyncLedger, worker: Client, auditor: Client) -> None:
         run = await alg.open(goal="g", target="chat:#ops", owner="w1")
-        people = set(ms.OWNER_TOOLS) | set(ms.OPERATOR_TOOLS)
-        args = {"run_id": run, "key": "k", "receipt": "r", "error": "e", "reason": "r", "at_seq": 1,
+        people = verb_names("owner") | verb_names("operator")
+        args = {"run_id": run, "delivery_key": "k", "effect_key": "k", "receipt": "r", "error": "e", "reason": "r", "at_seq": 1,
                 "goal": "g", "target": "chat:#x", "approve": True, "disposition": "cancelled", "action": "deliver",
                 "to": "w2", "resolution": "r", "outcome": "done"}
         for client, mine in ((worker, {"unblock", "effect_confirm"}), (auditor, set())):
@@ -628,28 +636,28 @@ def test_the_installed_sdk_still_keeps_the_connection_where_connection_of_reads_
     from mcp.server.session import ServerSession
 
     connection = Connection.for_loop(None, session_id="s-1")  # type: ignore[arg-type]
-    assert ms.connection_of(ServerSession(None, connection)) is connection  # type: ignore[arg-type]
+    assert mcp_session.connection_of(ServerSession(None, connection)) is connection  # type: ignore[arg-type]
     assert isinstance(connection.state, dict) and hasattr(connection.exit_stack, "push_async_callback")
 
     class Moved:
         pass
 
-    with pytest.raises(ms.SdkChanged, match="_connection"):
-        ms.connection_of(Moved())
+    with pytest.raises(mcp_session.SdkChanged, match="_connection"):
+        mcp_session.connection_of(Moved())
 
 
 def test_an_sdk_that_moved_the_connection_leaves_reads_working_and_refuses_claim(backend, tmp_path, monkeypatch):
     """What a user would meet if an SDK release moved the attribute before the server followed."""
 
     def moved(request_session: Any) -> Any:
-        raise ms.SdkChanged("moved")
+        raise mcp_session.SdkChanged("moved")
 
-    monkeypatch.setattr(ms, "connection_of", moved)
+    monkeypatch.setattr(mcp_session, "connection_of", moved)
 
     async def body() -> None:
         async with AsyncLedger(backend.address()) as alg:
             run = await alg.open(goal="g", target="chat:#ops", owner="alice")
-            server = ms.build(alg, worker_cfg(tmp_path), ms.Sessions(alg))  # the HTTP kind: no single session
+            server = ms.build(alg, worker_cfg(tmp_path), mcp_session.Sessions(alg))  # the HTTP kind: no single session
             async with Client(server, mode="legacy") as client:
                 assert ok(await client.call_tool("status", {"run_id": run}))["run_id"] == run
                 before = await seqs(alg, run)
@@ -703,7 +711,7 @@ def test_a_worker_over_http_claims_works_submits_and_its_lease_is_released_when_
 
         # The release follows the DELETE without any timer: the deadline only bounds a broken server.
         [rec] = wait_for("the release at session end", 60, released, 0.05)
-        assert rec.lease == 1 and rec.event.reason == ms.SESSION_ENDED_HTTP
+        assert rec.lease == 1 and rec.event.reason == mcp_session.SESSION_ENDED_HTTP
     finally:
         server.stop()
     with Ledger(db) as lg:
