@@ -102,7 +102,7 @@ def ledger_method(op: Operation) -> str:
         else:
             actor = 'Actor("owner", by)'
     elif op.caller == "person":
-        lines.append(f"{ind}actor = actor or self.person_actor(run_id, by)\n")
+        lines.append(f"{ind}actor = actor or self._person_actor(run_id, by)\n")
         actor = "actor"
     elif op.caller == "watchdog":
         actor = 'Actor("watchdog", watcher)'

@@ -199,7 +199,7 @@ class Verbs:
             return self.worker_actor(run_id, token, worker)
         return Actor("operator", operator_name(by))
 
-    def person_actor(self, run_id: str, by: str | None) -> Actor:
+    def _person_actor(self, run_id: str, by: str | None) -> Actor:
         """Who a person's write is logged as when the rule admits the owner and an operator
         alike (revoke): the run's owner when ``by`` (``operator_name``) names it, else an
         operator."""
@@ -328,7 +328,7 @@ class Verbs:
 
         Logged as the run's owner when by names it, else as an operator.
         """
-        actor = actor or self.person_actor(run_id, by)
+        actor = actor or self._person_actor(run_id, by)
         cmd = C.Revoke(reason=reason, lease=lease_number)
         return self.execute(run_id, cmd, actor=actor, key=key)
 

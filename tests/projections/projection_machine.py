@@ -140,9 +140,9 @@ class LedgerCommands(RuleBasedStateMachine):
         elif action == "submit":
             self.try_(lg.submit, run, lease, "done")
         elif action == "review":
-            self.try_(lg.review, run, cp.owner, data.draw(st.booleans(), label="approve"))
+            self.try_(lg.review, run, data.draw(st.booleans(), label="approve"), by=cp.owner)
         elif action == "deliver":
-            self.try_(lg.deliver, run, cp.owner, key)
+            self.try_(lg.deliver, run, key, by=cp.owner)
         elif action == "delivered":
             self.try_(lg.delivered, run, key, "receipt-" + key)
         elif action == "delivery_failed":
@@ -153,14 +153,14 @@ class LedgerCommands(RuleBasedStateMachine):
             self.try_(lg.revoke, run, "too slow", actor=Actor("watchdog", "wd"))
         elif action == "close":
             disp = data.draw(st.sampled_from(["no_op", "cancelled", "failed"]), label="disposition")
-            self.try_(lg.close_run, run, cp.owner, disp)
+            self.try_(lg.close_run, run, disp, by=cp.owner)
         elif action == "observe":
             cls = data.draw(st.sampled_from(["stalled", "healthy"]), label="classification")
             pseq = cp.progress_seq if data.draw(st.booleans(), label="same seq") else cp.progress_seq + 1
-            self.try_(lg.observe, run, "wd", cls, pseq, interval_s=30.0)
+            self.try_(lg.observe, run, cls, pseq, watcher="wd", interval_s=30.0)
         elif action == "recover":
             what = data.draw(st.sampled_from(sorted(T.RECOVERY_ACTIONS)), label="recovery")
-            self.try_(lg.recover, run, "wd", what, "stalled", cp.progress_seq)
+            self.try_(lg.recover, run, what, "stalled", cp.progress_seq, watcher="wd")
         elif action == "transfer":
             self.try_(lg.transfer, run, data.draw(st.sampled_from(["deliver", "close"]), label="what"),
                       "carol", by=cp.owner)
@@ -215,7 +215,7 @@ class LedgerCommands(RuleBasedStateMachine):
                 return self.try_(lg.evidence, run, "tests", "pass", lease=lease)
             return self.try_(lg.submit, run, lease, "done")
         if cp.state == T.READY_FOR_REVIEW:
-            return self.try_(lg.review, run, cp.owner, True)
+            return self.try_(lg.review, run, True, by=cp.owner)
         if cp.state == T.SUCCEEDED:
             pending = cp.delivery.pending
             if pending is not None:
@@ -228,4 +228,4 @@ class LedgerCommands(RuleBasedStateMachine):
             if not cp.evidence_ok:
                 return self.try_(lg.evidence, run, "tests", "pass", actor=op)
             self.keys += 1
-            return self.try_(lg.deliver, run, cp.owner, f"h{self.keys}")
+            return self.try_(lg.deliver, run, f"h{self.keys}", by=cp.owner)
