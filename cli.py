@@ -46,6 +46,7 @@ from handoff.clioptions import (attr_option, format_option, json_option, key_opt
                                 lease_option, open_kwargs, open_options, page_options, quiet_option,
                                 run_argument)
 from handoff.clitable import build  # noqa: E402
+from handoff.hookcli import hook as hook_command, hooks as hooks_group  # noqa: E402
 from handoff.clitypes import ISO_TIME, POSITION_OR_TIME, Seconds, attr_map  # noqa: E402
 from handoff.completion import (COMPLETE_HEALTH, COMPLETE_STATE, COMPLETE_VAR,  # noqa: E402
                                 complete_runs, completion_class)
@@ -1812,6 +1813,11 @@ def mcp(role: str, name: str | None, root: str | None, address: str | None, toke
     else:
         anyio.run(lambda: ms.serve_http(st.db, config, address, token_file=token_file,
                                         busy_timeout_s=st.busy_timeout))
+
+
+# The coding agents' hooks: a hook's stdout belongs to its harness (handoff/hookcli.py).
+main.add_command(hook_command)
+main.add_command(hooks_group)
 
 
 @main.command()

@@ -16,6 +16,8 @@ import string
 import click
 import pytest
 
+from tests.cli.test_docs import NOT_REPORTING
+
 from handoff import cli, clitable
 from handoff import operations as ops
 from handoff.clitypes import ATTR_HELP
@@ -61,7 +63,7 @@ def differences(op: ops.Operation, cmd: click.Command) -> dict[str, list[str]]:
 
 def test_the_common_options_are_on_every_command():
     for name, cmd in COMMANDS.items():
-        if name not in ("demo", "run", "mcp"):  # no report (tests/cli/test_docs.py says why)
+        if name not in NOT_REPORTING:  # no report (tests/cli/test_docs.py says why)
             assert set(COMMON) <= set(offered(cmd)), name
 
 
