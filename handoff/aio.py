@@ -37,7 +37,7 @@ from handoff.ledger.errors import InvalidInput, StaleLease, StoreUnavailable, Te
 from handoff.ledger.store import Recorded
 
 from .api import Ledger, Outcome
-from .lease import Effect, Fence, HeldLease, LeaseCore, start
+from .lease import EffectHandle, Fence, HeldLease, LeaseCore, start
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -435,10 +435,10 @@ class AsyncLease(HeldLease):
         return await self._do(self.core.confirm(key, outcome, note, **kw))
 
     @asynccontextmanager
-    async def effect(self, key: str, what: str, **kw: Any) -> AsyncIterator[Effect]:
+    async def effect(self, key: str, what: str, **kw: Any) -> AsyncIterator[EffectHandle]:
         """As ``Lease.effect``: the start recorded before, the outcome after."""
         await self._do(self.core.effect_start(key, what, **kw))
-        fx = Effect(key)
+        fx = EffectHandle(key)
         try:
             yield fx
         except BaseException:
