@@ -48,7 +48,7 @@ from handoff.completion import (COMPLETE_HEALTH, COMPLETE_KIND, COMPLETE_STATE, 
 from handoff.output import (TABLE_WINDOW, chosen_format, echo_write, emit, field_rows, listing,  # noqa: E402
                             more_line, one_document, printable, side_rows, stream_csv, stream_json,
                             stream_jsonl, stream_table)
-from handoff.progressbar import Progress  # noqa: E402
+from handoff.progressbar import ProgressBar  # noqa: E402
 
 EXIT_OK = 0  # every other code is an error class's exit_code (ledger.errors), never a literal here
 WIDTH = 88  # help and docs are rendered at this width so docs/cli.md is reproducible
@@ -1274,7 +1274,7 @@ def report(run: str, output: str | None, fmt: str, at_seq: int | None, as_of: in
     if as_json and to_stdout:
         raise click.UsageError("--json prints a summary of the file written; with -o - stdout carries the report itself")
     path = None if to_stdout else (output or f"{run}-report.{fmt}")
-    with _ledger() as lg, Progress("reading the run", quiet=quiet or as_json) as bar:
+    with _ledger() as lg, ProgressBar("reading the run", quiet=quiet or as_json) as bar:
         # The store names itself without any password its address may hold.
         hint = "" if st.db == "handoff.db" else f"--db {_quote_arg(lg.store.path)} "
         doc = lg.write_report(run, path, fmt=fmt, at_seq=at_seq, as_of_us=as_of, db_hint=hint, progress=bar)
@@ -1623,7 +1623,7 @@ def verify(run: str | None, expect_head: tuple[str, ...], quiet: bool, as_json: 
     """
     from handoff import render as R
 
-    with _ledger() as lg, Progress("verifying", quiet=quiet or as_json) as bar:
+    with _ledger() as lg, ProgressBar("verifying", quiet=quiet or as_json) as bar:
         doc = lg.verify_report(run, progress=bar, expect_head=expect_head)
     ok, probs, diffs, skipped = doc["ok"], doc["problems"], doc["projections"], doc["skipped"]
     events, runs = doc["events"], doc["streams"]
@@ -1706,7 +1706,7 @@ def check(name: str | None, quiet: bool, as_json: bool) -> None:
     """
     from handoff import render as R
 
-    with _ledger() as lg, Progress("checking", quiet=quiet or as_json) as bar:
+    with _ledger() as lg, ProgressBar("checking", quiet=quiet or as_json) as bar:
         diffs = lg.check(name, progress=bar)
     if as_json:
         emit({"ok": not diffs, "differences": diffs}, True, None)
@@ -1734,7 +1734,7 @@ def rebuild(name: str | None, quiet: bool, as_json: bool) -> None:
     """
     from handoff import render as R
 
-    with _ledger() as lg, Progress("rebuilding", quiet=quiet or as_json) as bar:
+    with _ledger() as lg, ProgressBar("rebuilding", quiet=quiet or as_json) as bar:
         counts = lg.rebuild(name, progress=bar)
     if as_json:
         emit({"rebuilt": counts}, True, None)
@@ -1828,7 +1828,7 @@ def export(runs: tuple[str, ...], all_runs: bool, output: str, redact: bool, sal
         if not value:
             raise click.UsageError(f"--salt-env {salt_env}: that environment variable is not set")
         salt = value.encode("utf-8", "surrogateescape")
-    with _ledger() as lg, Progress("exporting", quiet=quiet or as_json) as bar:
+    with _ledger() as lg, ProgressBar("exporting", quiet=quiet or as_json) as bar:
         if sqlite_out is not None:
             doc = lg.export_sqlite(sqlite_out, redact=redact, salt=salt, fields=redact_fields, progress=bar)
             emit(doc, as_json, f"exported {doc['events']} new events to {doc['output']} and wrote {doc['runs']} "
@@ -1872,7 +1872,7 @@ def import_(file: Any, quiet: bool, as_json: bool) -> None:
     from handoff.api import import_into
 
     st = _state()
-    with Progress("importing", quiet=quiet or as_json) as bar:
+    with ProgressBar("importing", quiet=quiet or as_json) as bar:
         counts = import_into(st.db, file, busy_timeout_s=st.busy_timeout, progress=bar)
     emit(counts, as_json, f"imported {counts['imported']} events of {counts['runs']} runs; "
                            f"{counts['skipped']} were already here")
@@ -1902,7 +1902,7 @@ def copy_(src: str, dst: str, runs: tuple[str, ...], quiet: bool, as_json: bool)
     """
     from handoff.api import copy_ledger
 
-    with Progress("copying", quiet=quiet or as_json) as bar:
+    with ProgressBar("copying", quiet=quiet or as_json) as bar:
         doc = copy_ledger(src, dst, run_ids=list(runs) or None, busy_timeout_s=_state().busy_timeout, progress=bar)
     emit(doc, as_json, f"copied {doc['imported']} events of {doc['runs']} runs from {doc['src']} to {doc['dst']} "
                         f"({doc['skipped']} were already there); {doc['checked']} runs fold the same on both")

@@ -38,7 +38,7 @@ from handoff.reducers import commands as C
 from handoff.reducers.checkpoint import AGGREGATE, Checkpoint
 from handoff.reducers.decide import Context, decide
 from handoff.projections import Projector, queries
-from handoff.projections.engine import Progress
+from handoff.projections.engine import OnProgress
 
 from .artifacts import ARTIFACT_MAX_BYTES, ARTIFACT_MAX_ENV, artifact_max_bytes, measure, parse_size
 from .audit import VERIFY_RUN_SKIPS, Audit
@@ -299,7 +299,7 @@ class Ledger(Verbs, Delivering, GraphValues, Reads, Audit, Copies, Incident):
         result, state = store.execute(run_id, AGGREGATE, _decide, actor=who, lease=token)
         return Outcome(result, state)
 
-    def import_lines(self, lines: Any, *, progress: Progress = None) -> dict[str, int]:
+    def import_lines(self, lines: Any, *, progress: OnProgress = None) -> dict[str, int]:
         """Import an export: all of it, or nothing of it.
 
         Every line's hash chain is verified, and every new event is admitted only if a live
@@ -382,7 +382,7 @@ def init_ledger(path: str | os.PathLike[str], *, busy_timeout_s: float = 5.0) ->
 
 
 def copy_ledger(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, run_ids: list[str] | None = None,
-                busy_timeout_s: float = 5.0, progress: Progress = None) -> dict[str, Any]:
+                busy_timeout_s: float = 5.0, progress: OnProgress = None) -> dict[str, Any]:
     """Copy runs (all by default) from the ledger at ``src`` to the one at ``dst``, any two
     addresses (a SQLite file and a PostgreSQL database, either way round), then prove it.
 
@@ -420,7 +420,7 @@ def copy_ledger(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, run
 
 def import_into(
     path: str | os.PathLike[str], lines: Any, *, synchronous: str | None = None, busy_timeout_s: float = 5.0,
-    progress: Progress = None,
+    progress: OnProgress = None,
 ) -> dict[str, int]:
     """Import an export into the ledger at ``path``, creating it if there is none.
 

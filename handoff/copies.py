@@ -22,7 +22,7 @@ from handoff.ledger import copies as stored
 from handoff.ledger import events as ev
 from handoff.ledger.errors import HistoryRefused, InvalidInput, UnknownRun
 from handoff.ledger.store import WATCHER_PREFIX, EventStore, Recorded, check_run_id
-from handoff.projections.engine import Progress
+from handoff.projections.engine import OnProgress
 
 from .verbs import WATCHER_BEAT_PERIOD_S
 
@@ -32,7 +32,7 @@ class Copies:
 
     store: EventStore
 
-    def export(self, run_ids: list[str] | None = None, *, progress: Progress = None) -> Iterator[bytes]:
+    def export(self, run_ids: list[str] | None = None, *, progress: OnProgress = None) -> Iterator[bytes]:
         """Each event as one JSON line (docs/cli.md), in global order; forks bring their parents.
 
         A forked run cannot be imported without the parent history it folds, so asking
@@ -90,7 +90,7 @@ class Copies:
         stored.refuse_the_ledger(self.store.path, target, given, field, verb)
 
     def export_redacted(self, run_ids: list[str] | None = None, *, salt: bytes | None = None,
-                        fields: Any = (), progress: Progress = None) -> Iterator[bytes]:
+                        fields: Any = (), progress: OnProgress = None) -> Iterator[bytes]:
         """``export`` made fit to share outside (handoff/redact.py): a header line saying it is
         redacted, then each event with only its structure as it is (types, seqs, times,
         states, outcomes, numbers, content digests: ``redact.KEPT``) and every other value a
@@ -115,7 +115,7 @@ class Copies:
         return redact.lines(self.export(run_ids, progress=progress), salt, chosen, fields=fields)
 
     def export_to(self, path: str | os.PathLike[str], run_ids: list[str] | None = None, *, redact: bool = False,
-                  salt: bytes | None = None, fields: Any = (), progress: Progress = None) -> dict[str, Any]:
+                  salt: bytes | None = None, fields: Any = (), progress: OnProgress = None) -> dict[str, Any]:
         """``export`` (or, with ``redact``, ``export_redacted``) into a file, atomically, with
         the ledger's mode (see ``ledger.files``).
 
@@ -146,7 +146,7 @@ class Copies:
         return doc
 
     def export_sqlite(self, path: str | os.PathLike[str], *, redact: bool = False, salt: bytes | None = None,
-                      fields: Any = (), progress: Progress = None) -> dict[str, Any]:
+                      fields: Any = (), progress: OnProgress = None) -> dict[str, Any]:
         """Write, or extend with what is new, a readable SQLite copy of the whole ledger at
         ``path``: plain tables (runs, events, leases, artifacts, deliveries) an analyst's SQL
         tool opens; ``redact`` shows only what the redacted JSON Lines export shows. See

@@ -22,7 +22,7 @@ from handoff.reducers.checkpoint import AGGREGATE, Checkpoint
 
 from . import views
 
-Progress = Callable[[int, int], None] | None
+OnProgress = Callable[[int, int], None] | None
 
 #: What ``check`` says of a view kept by another version of its fold.
 NEEDS_REBUILD = ("needs rebuild (fold rule changed): run 'handoff rebuild', or open the ledger "
@@ -257,7 +257,7 @@ class Projector:
 
     # --- catch-up --------------------------------------------------------------------
 
-    def catch_up(self, *, progress: Progress = None) -> int:
+    def catch_up(self, *, progress: OnProgress = None) -> int:
         """Bring any projection whose tracking position lags the log up to date.
 
         Returns how many runs were refolded. Safe to call at any time.
@@ -286,7 +286,7 @@ class Projector:
 
     # --- rebuild -----------------------------------------------------------------------
 
-    def rebuild(self, names: Iterable[str] | None = None, *, batch: int = 500, progress: Progress = None) -> dict[str, int]:
+    def rebuild(self, names: Iterable[str] | None = None, *, batch: int = 500, progress: OnProgress = None) -> dict[str, int]:
         """Drop and refold the named projections (all by default) from position 0.
 
         Builds into fresh shadow tables, one run at a time and in batches (memory stays
@@ -346,7 +346,7 @@ class Projector:
 
     # --- check -------------------------------------------------------------------------
 
-    def check(self, names: Iterable[str] | None = None, *, progress: Progress = None) -> list[dict[str, Any]]:
+    def check(self, names: Iterable[str] | None = None, *, progress: OnProgress = None) -> list[dict[str, Any]]:
         """Compare every kept row with a fresh fold of the log; return each difference.
 
         A difference is {projection, run_id, column, kept, folded}; kept or folded is
