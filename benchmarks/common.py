@@ -323,5 +323,5 @@ def fill_round_robin(store: SqliteStore, conn: sqlite3.Connection, bodies: dict[
                 RAW_INSERT, [(run_id, start + i + 1, raw_encoder.encode(e)) for i, e in enumerate(chunk)]
             )
             conn.execute("COMMIT")
-    store.checkpoint()
+    store.wal_checkpoint()
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")

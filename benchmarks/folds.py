@@ -96,7 +96,7 @@ def _lg_corpus(d: Path, bodies: dict[str, list[ev.Event]]) -> str:
             config = peers.lg_config(r)
             for e in bodies[r]:
                 state.apply(e)
-                ck, md, nv = state.checkpoint()
+                ck, md, nv = state.graph_checkpoint()
                 config = saver.put(config, ck, md, nv)
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:

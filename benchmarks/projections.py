@@ -51,7 +51,7 @@ def _append_runs(path: str, first: int, last: int, per_run: int) -> None:
                 if chunk:
                     clock.now_us += 1000
                     store.append(f"run-{r:06d}", chunk, actor=WORKER)
-        store.checkpoint()
+        store.wal_checkpoint()
     finally:
         store.close()
 
@@ -228,7 +228,7 @@ def _fleet(d: Path, params: dict[str, Any]) -> dict[str, Any]:
             clock.now_us = _NOW - (3 - i) * 10_000_000
             beat = ev.WatchdogObserved(watcher="wd-1", classification="alive", progress_seq=0, interval_s=10.0)
             store.append("watcher:wd-1", [beat], actor=Actor("watchdog", "wd-1"))
-        store.checkpoint()
+        store.wal_checkpoint()
     finally:
         store.close()
     Ledger(path).close()  # builds the projections (catch-up), untimed

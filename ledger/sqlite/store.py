@@ -3,7 +3,7 @@
 Durability first: ``synchronous=FULL`` unless the caller names ``NORMAL``. The events
 table refuses UPDATE and DELETE by trigger. Positions are assigned inside the write
 lock, so they become visible in order and a catch-up reader never skips one.
-Checkpoints run only under the writer lock (see docs/architecture.md, "WAL reset").
+WAL checkpoints run only under the writer lock (see docs/architecture.md, "WAL reset").
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ _RUNS_SINCE = (
     "SELECT run_id FROM heads WHERE run_id IN "
     "(SELECT run_id FROM events WHERE position > ?) ORDER BY first_position"
 )
-#: Checkpoint once the WAL file grows past this many bytes (checked after commits).
+#: Checkpoint the WAL once its file grows past this many bytes (checked after commits).
 WAL_CHECKPOINT_BYTES = 8 << 20
 
 Sync = Literal["FULL", "NORMAL"]
@@ -185,7 +185,7 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
             # (no file growth on every commit, which costs ext4 a journal commit per
             # fdatasync); this cap trims it back after an unusually large burst.
             conn.execute(f"PRAGMA journal_size_limit={WAL_CHECKPOINT_BYTES}")
-            # No automatic (passive) checkpoints: see _maybe_checkpoint.
+            # No automatic (passive) WAL checkpoints: see _maybe_wal_checkpoint.
             conn.execute("PRAGMA wal_autocheckpoint=0")
         except sqlite3.DatabaseError as exc:
             conn.close()
@@ -237,16 +237,16 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
                     ) from exc
                 raise _explain(exc, doing, self.path) from exc
             try:
-                self._maybe_checkpoint()
+                self._maybe_wal_checkpoint()
             except LedgerError:
-                # The commit stands; a checkpoint that could not run now is retried after
+                # The commit stands; a WAL checkpoint that could not run now is retried after
                 # a later commit. Reporting it would tell the caller "nothing was written".
                 pass
         elif conn.in_transaction:
             conn.execute("ROLLBACK")
 
-    def _maybe_checkpoint(self) -> None:
-        """Checkpoint only in RESTART mode, which takes the writer lock for its whole run.
+    def _maybe_wal_checkpoint(self) -> None:
+        """Checkpoint the WAL only in RESTART mode, which takes the writer lock for its whole run.
 
         Automatic checkpoints are off on every connection we open, so no checkpoint ever
         runs beside a commit: that closes the window of SQLite's WAL-reset bug (fixed in
@@ -264,14 +264,14 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
         except OSError:
             return
         if size >= WAL_CHECKPOINT_BYTES:
-            self.checkpoint(wait=False)
+            self.wal_checkpoint(wait=False)
 
-    def checkpoint(self, *, wait: bool = True) -> tuple[int, int, int]:
+    def wal_checkpoint(self, *, wait: bool = True) -> tuple[int, int, int]:
         """Copy the WAL into the database, holding the writer lock; the next writer restarts it.
 
         Returns SQLite's (busy, WAL frames, frames checkpointed).
         """
-        with self._reading("checkpointing"):
+        with self._reading("checkpointing the WAL"):
             conn = self.conn
             try:
                 if not wait:
