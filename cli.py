@@ -1688,7 +1688,7 @@ def head(write: str | None, as_json: bool) -> None:
         handoff head --write /mnt/audit/handoff.head     # e.g. from cron, every few minutes
     """
     with _ledger() as lg:
-        doc = lg.write_head(write) if write else {**lg.head(), "path": None, "previous": None}
+        doc = lg.write_head(write) if write else {**lg.ledger_head(), "path": None, "previous": None}
     emit(doc, as_json, doc["digest"])
 
 
