@@ -1,6 +1,6 @@
 """Keeping the views: inline with every append, rebuilt from the log, checked against it.
 
-A projection is a name, the rows it derives from a run's checkpoint (views.py), and the
+A projection is a name, the rows it derives from a run's checkpoint (view_rows.py), and the
 tables that hold them. Inline upkeep happens inside the append's own write transaction,
 so a reader never sees an event without its projection or the reverse; a tracking row
 (name, position) says where catch-up or a rebuild left each view, and the backend marks
@@ -17,10 +17,10 @@ import msgspec
 
 from handoff.ledger.errors import CorruptLedger, InvalidInput
 from handoff.ledger.store import EventStore, Hook, Transaction
-from handoff.ledger.views import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewWriter, columns
+from handoff.ledger.view_tables import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewWriter, columns
 from handoff.reducers.checkpoint import AGGREGATE, Checkpoint
 
-from . import views
+from . import view_rows
 
 OnProgress = Callable[[int, int], None] | None
 
@@ -56,19 +56,19 @@ class Projection(msgspec.Struct, frozen=True):
 
 
 def _ck_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
-    return [views.checkpoint_row(cp, last_position)]
+    return [view_rows.checkpoint_row(cp, last_position)]
 
 
 def _stall_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
-    return [views.stall_row(cp)]
+    return [view_rows.stall_row(cp)]
 
 
 def _delivery_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
-    return [views.delivery_row(cp)] if cp.opened else []
+    return [view_rows.delivery_row(cp)] if cp.opened else []
 
 
 def _owner_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
-    owner, active = views.owner_active(cp)
+    owner, active = view_rows.owner_active(cp)
     return [{"owner": owner, "run_id": cp.run_id, "lease": cp.lease}] if active else []
 
 
@@ -191,7 +191,7 @@ def _named(names: Iterable[str] | None) -> list[Projection]:
 class _Inline(Hook):
     """The hook a Projector attaches, declaring what the store may rely on: it keeps every
     projection when the projector has them all, and reads no position (no view row holds
-    one since views.py's version 3)."""
+    one since view_rows.py's version 3)."""
 
     reads_position = False
 
@@ -207,7 +207,7 @@ class Projector:
     """Attaches the projections to a store and keeps them inline with every append.
 
     Backend-neutral: it reads the log through the store's transactions and keeps its
-    tables through the store's view store (ledger/views.py), never through SQL."""
+    tables through the store's view store (ledger/view_tables.py), never through SQL."""
 
     def __init__(self, store: EventStore, names: Iterable[str] | None = None) -> None:
         self.store = store

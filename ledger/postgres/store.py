@@ -69,7 +69,7 @@ from .rows import (
     recorded_row,
 )
 from .blobs import PostgresValues
-from .sync import EXISTING, views_function
+from .view_functions import EXISTING, views_function
 from .writing import Writes
 from .schema import (
     CREATE_LOCK,
@@ -722,7 +722,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
     @property
     def views(self) -> Any:
         if self._views is None:
-            from .views import PostgresViewStore
+            from .postgres_view_store import PostgresViewStore
 
             self._views = PostgresViewStore(self)
         return self._views

@@ -33,7 +33,7 @@ from ..verify import not_stored
 from .blobs import VALUE_NOT_STORED, digest_in
 from .rows import as_bytes
 from .schema import ID_BLOCK, NOT_THE_HOLDER
-from .sync import as_json
+from .view_functions import as_json
 
 try:  # the driver is an optional extra: pip install '.[postgres]' from the checkout
     import psycopg

@@ -659,8 +659,8 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
 
     @functools.cached_property
     def views(self) -> Any:
-        """The view store on this file (ledger/sqlite/views.py), made on first use."""
-        from .views import SqliteViewStore
+        """The view store on this file (ledger/sqlite/sqlite_view_store.py), made on first use."""
+        from .sqlite_view_store import SqliteViewStore
 
         return SqliteViewStore(self)
 

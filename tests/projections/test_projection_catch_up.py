@@ -12,7 +12,7 @@ import pytest
 
 from handoff import Ledger
 from handoff import api
-from handoff.ledger.views import Index, TableSpec, columns
+from handoff.ledger.view_tables import Index, TableSpec, columns
 from handoff.projections import engine
 from handoff.reducers.checkpoint import AGGREGATE, Checkpoint
 from tests.support import Clock

@@ -14,8 +14,8 @@ import pytest
 
 from handoff import Ledger
 from handoff.ledger.sqlite import UNKEPT, SqliteStore
-from handoff.ledger.sqlite.views import Table
-from handoff.ledger.views import Index, TableSpec, columns
+from handoff.ledger.sqlite.sqlite_view_store import Table
+from handoff.ledger.view_tables import Index, TableSpec, columns
 from handoff.projections import engine, queries
 from handoff.reducers.checkpoint import Checkpoint
 from tests.support import S, Clock, working_run

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import viewsql
 from .schema import UNKEPT  # the file's table of writes that did not keep every projection
-from ..views import TRACKING, VERSIONS, Views
+from ..view_tables import TRACKING, VERSIONS, Views
 
 if TYPE_CHECKING:
     from ..folds import Reading
