@@ -214,7 +214,7 @@ def _state() -> State:
 
 
 def _ledger(*, create: bool = False) -> Any:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     st = _state()
     return Ledger(st.db, create=create, busy_timeout_s=st.busy_timeout)
@@ -239,7 +239,7 @@ def init(as_json: bool) -> None:
     Example:
         handoff --db work.db init
     """
-    from handoff.api import init_ledger
+    from handoff.facade import init_ledger
 
     st = _state()
     doc = init_ledger(st.db, busy_timeout_s=st.busy_timeout)
@@ -1155,7 +1155,7 @@ def log(run: str | None, after_seq: int | None, since: Any, until: Any, types: t
             return made
 
         if run is not None:
-            from handoff.api import actor_filter
+            from handoff.facade import actor_filter
 
             by = actor_filter(actors)
             source = (r for r in lg.log(run, after_seq=after_seq or 0)
@@ -1537,7 +1537,7 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, dry_ru
             "--now judges the runs at a time that is not the present, and the decisions would be recorded "
             "for real (a live worker's lease can be revoked). Add --dry-run to see what the watchdog would "
             "do and record nothing, or --commit to record the decisions anyway")
-    from handoff.api import check_seconds
+    from handoff.facade import check_seconds
 
     check_seconds(interval, "interval", low=0.05, high=86_400)  # nan slips past FloatRange
     name = name if name is not None else watchdog.default_name()
@@ -1869,7 +1869,7 @@ def import_(file: Any, quiet: bool, as_json: bool) -> None:
     Example:
         handoff --db restored.db import backup.jsonl
     """
-    from handoff.api import import_into
+    from handoff.facade import import_into
 
     st = _state()
     with ProgressBar("importing", quiet=quiet or as_json) as bar:
@@ -1900,7 +1900,7 @@ def copy_(src: str, dst: str, runs: tuple[str, ...], quiet: bool, as_json: bool)
     Example:
         handoff copy handoff.db postgresql://handoff@db.internal:5432/ledger
     """
-    from handoff.api import copy_ledger
+    from handoff.facade import copy_ledger
 
     with ProgressBar("copying", quiet=quiet or as_json) as bar:
         doc = copy_ledger(src, dst, run_ids=list(runs) or None, busy_timeout_s=_state().busy_timeout, progress=bar)
@@ -2158,7 +2158,7 @@ def mcp(role: str, name: str | None, root: str | None, address: str | None, toke
         raise click.UsageError(f"the MCP server needs the mcp extra: {install_hint('mcp')}") from None
     import anyio
 
-    from handoff.api import login_name
+    from handoff.facade import login_name
 
     st = _state()
     config = ms.Config(role=role, name=name or login_name(), root=root, allow_targets=allow_target)

@@ -77,7 +77,7 @@ def _python_startup(ctx: Ctx) -> Trial:
 
 
 def _progress_process(ctx: Ctx, bytecode: bool = True) -> Trial:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     from .commands import working_run
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger import events as ev
 
 from . import peers

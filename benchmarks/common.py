@@ -146,7 +146,7 @@ def path_in(d: Path, name: str) -> str:
 def _template_runs() -> dict[str, list[ev.Event]]:
     import tempfile
 
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     out: dict[str, list[ev.Event]] = {}
     with tempfile.TemporaryDirectory() as d:

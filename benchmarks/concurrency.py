@@ -126,7 +126,7 @@ def _threads(threads: int, group_commit: bool):
     def prepare(ctx: Ctx) -> Trial:
         import threading
 
-        from handoff.api import Ledger
+        from handoff.facade import Ledger
 
         from .commands import working_run
         from .common import SYNCHRONOUS, _check, expect

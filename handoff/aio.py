@@ -36,7 +36,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, over
 from handoff.ledger.errors import InvalidInput, StaleLease, StoreUnavailable, TerminalRun
 from handoff.ledger.store import Recorded
 
-from .api import Ledger, Outcome
+from .facade import Ledger, Outcome
 from .lease import EffectHandle, Fence, HeldLease, LeaseCore, start
 
 P = ParamSpec("P")

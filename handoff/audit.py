@@ -70,11 +70,11 @@ class Audit:
         return problems + value_problems, erased
 
     def _check_values(self, run_id: str | None) -> tuple[list[Any], list[dict[str, Any]]]:
-        """The values beside the log against the events that name them (handoff/values.py)."""
-        from handoff import values
+        """The values beside the log against the events that name them (handoff/verify_values.py)."""
+        from handoff import verify_values
 
         records = self.store.read_run(run_id) if run_id is not None else self.store.read_all()
-        return values.check(self.store, records)
+        return verify_values.check(self.store, records)
 
     def verify_report(self, run_id: str | None = None, *, progress: Any = None,
                       expect_head: str | list[str] | tuple[str, ...] | None = None) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The ledger's events leaving it: the JSON Lines export (whole, redacted, into a file),
 the readable SQLite copy, a backup of the ledger file, and the helpers ``import_lines``
-(handoff/api.py) uses to read an export back.
+(handoff/facade.py) uses to read an export back.
 
 What a copy does to files (where it is built, what it must never overwrite, SQLite's
 -wal, -shm and -journal beside a database) is storage work, in ledger/copies.py and
@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from handoff.ledger import anchor, files, portable
+from handoff.ledger import anchor, files, jsonl
 from handoff.ledger import copies as stored
 from handoff.ledger import events as ev
 from handoff.ledger.errors import HistoryRefused, InvalidInput, UnknownRun
@@ -75,7 +75,7 @@ class Copies:
             return
         roles = self.store.db_roles(page[0][0].position, page[-1][0].position)
         for rec, digest, size in page:
-            yield portable.to_line(rec, digest, size, roles.get(rec.position))
+            yield jsonl.to_line(rec, digest, size, roles.get(rec.position))
 
     # --- copies and head digests (docs/reliability.md, "Copies and anchors") ----------
 
@@ -150,11 +150,11 @@ class Copies:
         """Write, or extend with what is new, a readable SQLite copy of the whole ledger at
         ``path``: plain tables (runs, events, leases, artifacts, deliveries) an analyst's SQL
         tool opens; ``redact`` shows only what the redacted JSON Lines export shows. See
-        handoff/readable.py and docs/readable-copy.md. Returns ``{"output", "events",
+        handoff/sqlite_export.py and docs/readable-copy.md. Returns ``{"output", "events",
         "runs", "last_position", "redacted"}``."""
-        from handoff import readable
+        from handoff import sqlite_export
 
-        return readable.export_sqlite(self, path, redact=redact, salt=salt, fields=fields, progress=progress)
+        return sqlite_export.export_sqlite(self, path, redact=redact, salt=salt, fields=fields, progress=progress)
 
     def backup(self, dest: str | os.PathLike[str], *, replace: bool = False) -> dict[str, Any]:
         """A consistent copy of the whole ledger file, WAL included, taken while writers go on.

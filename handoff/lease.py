@@ -29,7 +29,7 @@ from handoff.ledger.store import Actor, LeaseToken
 from handoff.reducers import transitions as T
 
 if TYPE_CHECKING:
-    from .api import Ledger, Outcome
+    from .facade import Ledger, Outcome
 
 #: States in which a non-advancing "note" is accepted from the lease holder.
 NOTE_STATES = T.WORKING | {T.BLOCKED, T.UNKNOWN}

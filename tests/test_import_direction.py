@@ -142,7 +142,7 @@ def test_every_known_exception_names_a_module_that_exists():
 
 def test_the_parser_sees_every_form_of_import():
     src = (
-        "import handoff.api\n"
+        "import handoff.facade\n"
         "from handoff.projections import engine\n"
         "from .. import cli\n"
         "def later():\n"
@@ -154,7 +154,7 @@ def test_the_parser_sees_every_form_of_import():
         "    from handoff.reducers.checkpoint import Checkpoint\n"
     )
     got = {target for _, target in imports_of(src, "handoff.ledger.x")}
-    assert {"handoff.api", "handoff.projections", "handoff.projections.engine", "handoff.demo",
+    assert {"handoff.facade", "handoff.projections", "handoff.projections.engine", "handoff.demo",
             "handoff.projections.queries", "handoff.cli", "handoff.reducers.checkpoint"} <= got
     assert {layer_of(t) for t in got} - {None} == {"handoff", "projections", "cli", "reducers"}
     # ``from .. import x`` climbs one package per extra dot.
@@ -336,7 +336,7 @@ def test_no_module_imports_a_backends_private_names(path):
 
 
 def test_no_backend_name_is_tested_above_ledger():
-    """``api.py`` branched on ``backend != "sqlite"`` and ``cli.py``'s ``roles`` on
+    """``facade.py`` branched on ``backend != "sqlite"`` and ``cli.py``'s ``roles`` on
     ``!= "postgresql"``: both ask ``Capabilities`` now (``capabilities_of`` for an
     address, ``store.capabilities`` for an open store)."""
     found = [f"{p.relative_to(ROOT).as_posix()}:{n}: {line.strip()}"
@@ -346,7 +346,7 @@ def test_no_backend_name_is_tested_above_ledger():
 
 
 def test_no_store_attribute_is_read_with_getattr_above_ledger():
-    """``api.py`` read ``clock`` and ``enable_group_commit`` with ``getattr``: the ABC
+    """``facade.py`` read ``clock`` and ``enable_group_commit`` with ``getattr``: the ABC
     declares both now, and ``capabilities.own_clock`` says whose clock counts."""
     found = [f"{p.relative_to(ROOT).as_posix()}:{n}: {line.strip()}"
              for p in ABOVE_LEDGER for n, line in enumerate(p.read_text().splitlines(), 1)
@@ -387,7 +387,7 @@ def _backend_helpers() -> list[Path]:
 def _dialect_protocol() -> set[str]:
     """The underscored names the core declares for a dialect to fill in (``FoldingStore``'s):
     a helper may call those, as the core does."""
-    from handoff.ledger.folds import FoldingStore
+    from handoff.ledger.store_core import FoldingStore
 
     return {n for n in dir(FoldingStore) if n.startswith("_") and not n.startswith("__")}
 
@@ -439,7 +439,7 @@ def test_attach_takes_no_backend_knobs():
     the hook, and nothing in the library passes more."""
     import inspect
 
-    from handoff.ledger.folds import FoldingStore
+    from handoff.ledger.store_core import FoldingStore
     from handoff.ledger.postgres.store import PostgresStore
     from handoff.ledger.sqlite.store import SqliteStore
     from handoff.ledger.store import EventStore

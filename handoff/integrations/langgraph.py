@@ -47,7 +47,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.lease import HeldLease
 from handoff.ledger import events as ev
 from handoff.ledger.errors import (

@@ -23,7 +23,7 @@ from ..view_tables import TRACKING, VERSIONS, TableSpec, Views
 from .view_functions import EXISTING, PREFIX, as_json, hexed, sync_function, views_function
 
 if TYPE_CHECKING:
-    from ..folds import Reading
+    from ..store_core import Reading
     from .store import PostgresStore
 
 POSTGRES = viewsql.Dialect(

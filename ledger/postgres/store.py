@@ -27,8 +27,8 @@ from ..errors import (
     StoreUnavailable,
 )
 from ..copies import copy_to_file
-from ..folds import MISSING as _MISSING
-from ..folds import FoldingStore, StoreTransaction
+from ..store_core import MISSING as _MISSING
+from ..store_core import FoldingStore, StoreTransaction
 from ..importing import ImportHead, ImportRow
 from ..store import (
     DEFAULT_MAX_PAYLOAD,

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 from .. import events as ev
 from .. import plan
 from ..errors import LedgerError, StaleLease, StoreUnavailable
-from ..folds import MISSING as _MISSING
-from ..folds import decode_steps
+from ..store_core import MISSING as _MISSING
+from ..store_core import decode_steps
 from ..store import (
     GENESIS_HASH,
     Aggregate,

@@ -17,7 +17,7 @@ from .schema import UNKEPT  # the file's table of writes that did not keep every
 from ..view_tables import TRACKING, VERSIONS, Views
 
 if TYPE_CHECKING:
-    from ..folds import Reading
+    from ..store_core import Reading
     from .store import SqliteStore
 
 #: A tracking position meaning "never built over the log it has": catch-up folds from 0.

@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar
 from .. import events as ev
 from .. import plan, verify
 from ..errors import InvalidInput, LedgerError, OutcomeUnknown, StoreUnavailable
-from ..folds import FoldingStore, StoreTransaction
+from ..store_core import FoldingStore, StoreTransaction
 from ..importing import ImportHead, ImportRow
 from ..plan import LeaseState, Request
 from ..store import (DEFAULT_MAX_PAYLOAD, GENESIS_HASH, Aggregate, AppendResult, Capabilities, Decision, Folded,

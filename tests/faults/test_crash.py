@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger.errors import StoreUnavailable
 
 from .conftest import IS_ROOT, agent, read_jsonl, scale, wait_until
@@ -292,7 +292,7 @@ def test_io_errors_injected_by_libfiu(tmp_path, procs, evidence):
 
 FSYNC_WRITER = r"""
 import os, sys, time
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger.errors import LedgerError
 db, ready, go, failed, lease = sys.argv[1:6]
 lg = Ledger(db)
@@ -351,7 +351,7 @@ def test_failed_fsync_at_commit_then_crash_is_not_reported_as_nothing_written(tm
 
 SYNC_PROBE = r"""
 import json, os, sys, time
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger.errors import LedgerError
 db, sync, ready, go, out, lease = sys.argv[1:7]
 lg = Ledger(db, synchronous=sync)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger import events as ev
 from handoff.ledger.postgres import PostgresStore
 from handoff.ledger.store import Actor

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.projections import engine
 from handoff.testing import LedgerMachine
 from tests.pg import fresh_url

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from handoff.ledger import events as ev
-from handoff.ledger import portable
+from handoff.ledger import jsonl
 from handoff.ledger.backends import open_store
 from handoff.ledger.copies import built_beside
 from handoff.ledger.errors import DamageFound, HistoryRefused, InvalidInput, LedgerError, StaleLease, UnknownRun
@@ -54,7 +54,7 @@ from .reads import Reads
 from .results import DEFAULT_PAGE, Claimed, Outcome, Page, Preview, Sent
 from .verbs import POLICY, WATCHER_BEAT_PERIOD_S, Verbs
 
-#: What callers import from ``handoff.api``: the Ledger, its results, the whole-ledger
+#: What callers import from ``handoff.facade``: the Ledger, its results, the whole-ledger
 #: functions, and the checks and defaults the CLI and the integrations share with it.
 __all__ = [
     "ARTIFACT_MAX_BYTES", "ARTIFACT_MAX_ENV", "DEFAULT_PAGE", "MAX_BUSY_TIMEOUT_S", "MAX_RECORDED_FINDINGS",
@@ -320,7 +320,7 @@ class Ledger(Verbs, Delivering, GraphValues, Reads, Audit, Copies, Incident):
         total = count_lines(lines) if progress is not None else None
 
         def items() -> Iterator[tuple[Recorded, bytes | None, int]]:
-            for lineno, rec, digest, size in portable.parse_lines(lines, self.store.max_payload):
+            for lineno, rec, digest, size in jsonl.parse_lines(lines, self.store.max_payload):
                 where["line"] = lineno
                 if total and lineno % 1000 == 0:
                     progress(lineno, total)  # type: ignore[misc]

@@ -33,7 +33,7 @@ from typing import Any
 
 import msgspec
 
-from handoff.ledger import portable
+from handoff.ledger import jsonl
 from handoff.ledger.errors import InvalidInput, TargetAppeared
 from handoff.ledger.store import WATCHER_PREFIX
 from handoff.reducers import stall
@@ -123,7 +123,7 @@ class _Copy:
 
     def event_doc(self, rec: Any) -> dict[str, Any]:
         """The event as the JSON Lines export has it (redacted, when the copy is)."""
-        line = portable.to_line(rec)
+        line = jsonl.to_line(rec)
         if self.redactor is None:
             return msgspec.json.decode(line)  # type: ignore[no-any-return]
         self.teach(rec.run_id)
