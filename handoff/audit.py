@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from handoff.ledger import anchor, files
-from handoff.ledger.copies import read_small
+from handoff.ledger.file_copies import read_small
 from handoff.ledger.errors import HeadAnchorBroken, InvalidInput, UnknownRun
 from handoff.ledger.store import EventStore, check_run_id
 from handoff.projections import Projector

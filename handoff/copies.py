@@ -3,7 +3,7 @@ the readable SQLite copy, a backup of the ledger file, and the helpers ``import_
 (handoff/facade.py) uses to read an export back.
 
 What a copy does to files (where it is built, what it must never overwrite, SQLite's
--wal, -shm and -journal beside a database) is storage work, in ledger/copies.py and
+-wal, -shm and -journal beside a database) is storage work, in ledger/file_copies.py and
 ledger/files.py; these methods check the caller's arguments and say what came of it.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from handoff.ledger import anchor, files, jsonl
-from handoff.ledger import copies as stored
+from handoff.ledger import file_copies as stored
 from handoff.ledger import events as ev
 from handoff.ledger.errors import HistoryRefused, InvalidInput, UnknownRun
 from handoff.ledger.store import WATCHER_PREFIX, EventStore, Recorded, check_run_id
@@ -86,7 +86,7 @@ class Copies:
 
     def _not_the_ledger(self, target: str, given: object, field: str, verb: str) -> None:
         """Refuse to write a copy over the ledger itself or a file SQLite keeps beside it
-        (``ledger.copies.refuse_the_ledger``)."""
+        (``ledger.file_copies.refuse_the_ledger``)."""
         stored.refuse_the_ledger(self.store.path, target, given, field, verb)
 
     def export_redacted(self, run_ids: list[str] | None = None, *, salt: bytes | None = None,

@@ -15,7 +15,7 @@ and call one another through ``self`` only; none imports this module, so the imp
 has no cycle. Argument checks live in arguments.py, result structs in results.py, artifact
 measuring in artifacts.py; the names callers import from here stay importable from here.
 The whole-ledger functions (``init_ledger``, ``copy_ledger``, ``import_into``) open a
-``Ledger`` and so live beside it; their file work is ledger/copies.py's.
+``Ledger`` and so live beside it; their file work is ledger/file_copies.py's.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 from handoff.ledger import events as ev
 from handoff.ledger import jsonl
 from handoff.ledger.backends import open_store
-from handoff.ledger.copies import built_beside
+from handoff.ledger.file_copies import built_beside
 from handoff.ledger.errors import DamageFound, HistoryRefused, InvalidInput, LedgerError, StaleLease, UnknownRun
 from handoff.ledger.files import check_path
 from handoff.ledger.store import (
@@ -429,7 +429,7 @@ def import_into(
     directory (created exclusively, mode 0600) and linked into place only once the import
     succeeded; a file that appeared at ``path`` meanwhile is never replaced (the import is
     refused with ``TargetAppeared`` and nothing of it stays behind). A failed import
-    removes only the private file it made (``ledger.copies.built_beside``).
+    removes only the private file it made (``ledger.file_copies.built_beside``).
     """
     from handoff.ledger.backends import capabilities_of, parse
 

@@ -721,7 +721,7 @@ class EventStore(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
-    # --- values beside the log (ledger/sqlite/blobs.py, ledger/postgres/blobs.py) ------
+    # --- values beside the log (ledger/sqlite/sqlite_values.py, ledger/postgres/postgres_values.py) ------
     #
     # Large state (a graph's channel values) is kept out of the events: each value is
     # stored once per run under its sha256, and the event that uses it records that

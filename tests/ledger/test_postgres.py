@@ -10,7 +10,7 @@ from pathlib import Path
 
 from handoff.ledger.errors import StoreUnavailable
 from handoff.ledger.postgres import PG_SCHEMA_VERSION, PostgresStore
-from handoff.ledger.postgres.schema import SEAL_LOCK
+from handoff.ledger.postgres.postgres_schema import SEAL_LOCK
 from tests.pg import fresh_url
 
 
@@ -196,7 +196,7 @@ def test_a_schema_3_ledger_gets_the_seal_by_key_and_keeps_its_order():
 
     from handoff.facade import Ledger
     from handoff.ledger import events as ev
-    from handoff.ledger.postgres import schema as P
+    from handoff.ledger.postgres import postgres_schema as P
 
     url, schema, w = _four_sealed_two_queued()
     old = SEAL_V3.read_text().format(schema=P.ident(schema), ns=OLD_NS, seal=OLD_SEAL,
@@ -237,7 +237,7 @@ def test_a_schema_4_ledger_is_sealed_by_handoff_append_and_keeps_its_order():
 
     from handoff.facade import Ledger
     from handoff.ledger import events as ev
-    from handoff.ledger.postgres import schema as P
+    from handoff.ledger.postgres import postgres_schema as P
 
     url, schema, w = _four_sealed_two_queued()
     old = QUEUE_V4.read_text().format(schema=P.ident(schema), ns=OLD_NS, seal=OLD_SEAL,

@@ -22,7 +22,7 @@ import pytest
 
 from handoff.ledger.errors import StoreUnavailable
 from handoff.ledger.postgres.connection import _require_utf8
-from handoff.ledger.postgres.store import PostgresStore
+from handoff.ledger.postgres.postgres_store import PostgresStore
 from tests import pg
 from tests.support import executable
 

@@ -139,8 +139,8 @@ def test_a_batch_of_several_id_blocks_reports_its_own_positions(monkeypatch):
     import psycopg
 
     from handoff.ledger import events as ev
-    from handoff.ledger.postgres.schema import SEAL_LOCK
-    from handoff.ledger.postgres.store import PostgresStore
+    from handoff.ledger.postgres.postgres_schema import SEAL_LOCK
+    from handoff.ledger.postgres.postgres_store import PostgresStore
     from handoff.ledger.store import Actor
 
     w = Actor("worker", "w")

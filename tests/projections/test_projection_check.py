@@ -9,7 +9,7 @@ import sqlite3
 
 from handoff import Ledger
 from handoff.ledger import events as ev
-from handoff.ledger.sqlite import store as sqlite_store
+from handoff.ledger.sqlite import sqlite_store
 from handoff.ledger.store import Actor
 from handoff.projections.engine import BY_NAME, NEEDS_REBUILD
 from handoff.reducers.checkpoint import Evidence

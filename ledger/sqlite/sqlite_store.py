@@ -24,10 +24,10 @@ from ..importing import ImportHead, ImportRow
 from ..plan import LeaseState, Request
 from ..store import (DEFAULT_MAX_PAYLOAD, GENESIS_HASH, Aggregate, AppendResult, Capabilities, Decision, Folded,
                      Head, Problem, Recorded, check_run_id, check_seq, encode_events, global_link, now_us)
-from . import blobs, schema
+from . import sqlite_schema, sqlite_values
 from .driver import explain as _explain
-from .schema import MARK_UNKEPT
-from .group import GroupCommit
+from .sqlite_schema import MARK_UNKEPT
+from .group_commit import GroupCommit
 from .opening import sniff, unreadable_schema, unusable_path
 
 S = TypeVar("S")
@@ -69,7 +69,7 @@ _INSERT_FIRST = _INSERT + "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 _INSERT_REST = _INSERT + "(?,?,?,?,?,?,NULL,NULL,?,?,?,?,?,?,?)"
 
 
-class SqliteStore(blobs.SqliteValues, FoldingStore):
+class SqliteStore(sqlite_values.SqliteValues, FoldingStore):
     """An EventStore in one SQLite file (or ``:memory:`` for tests and scratch work).
 
     One store object owns one connection and may be shared by threads; open one per
@@ -106,12 +106,12 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
         self._commits_since_check = 0
         self._heads_indexed = False
         self._group: GroupCommit | None = None
-        #: The file's schema: an older one stays only on a read-only open (see schema.prepare).
-        self.file_schema = schema.STORE_SCHEMA_VERSION
+        #: The file's schema: an older one stays only on a read-only open (see sqlite_schema.prepare).
+        self.file_schema = sqlite_schema.STORE_SCHEMA_VERSION
         self.readonly = readonly
         self.conn = self._connect(create=create, readonly=readonly)
         try:
-            schema.prepare(self, create and not readonly, self._clock)
+            sqlite_schema.prepare(self, create and not readonly, self._clock)
             # Only once the file is known to be a ledger: switching a foreign database
             # to WAL would rewrite its header even though we then refuse it.
             if not self._memory and not readonly:
@@ -306,7 +306,7 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
         except sqlite3.OperationalError:
             # A file from before lease tokens, opened read-only (a writable open adds the
             # column): no lease of it has a digest.
-            if schema.has_lease_digest(self.conn):
+            if sqlite_schema.has_lease_digest(self.conn):
                 raise
             return None
         return None if row is None else row[0]
@@ -581,11 +581,11 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
                 return (*row, self._lease_digest_locked(rid))
 
             problems += verify.check_heads(found, heads, fence_of, "positions")
-            return problems + schema.append_only_problems(self.conn)
+            return problems + sqlite_schema.append_only_problems(self.conn)
 
     def append_only_problems(self) -> list[Problem]:
         with self._reading("reading the triggers"):
-            return schema.append_only_problems(self.conn)
+            return sqlite_schema.append_only_problems(self.conn)
 
     # --- heads of the whole ledger, and copies ---------------------------------------
 
@@ -684,7 +684,7 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
                 "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(pragma("synchronous")),
                 "wal_autocheckpoint": pragma("wal_autocheckpoint"),
                 "file_schema": self.file_schema,
-                **({"upgrade": note} if (note := schema.upgrade_note(self)) else {}),
+                **({"upgrade": note} if (note := sqlite_schema.upgrade_note(self)) else {}),
             }
 
     def integrity_check(self) -> str:

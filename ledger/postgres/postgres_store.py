@@ -26,7 +26,7 @@ from ..errors import (
     SchemaTooNew,
     StoreUnavailable,
 )
-from ..copies import copy_to_file
+from ..file_copies import copy_to_file
 from ..store_core import MISSING as _MISSING
 from ..store_core import FoldingStore, StoreTransaction
 from ..importing import ImportHead, ImportRow
@@ -68,10 +68,10 @@ from .rows import (
     head_of,
     recorded_row,
 )
-from .blobs import PostgresValues
+from .postgres_values import PostgresValues
 from .view_functions import EXISTING, views_function
 from .writing import Writes
-from .schema import (
+from .postgres_schema import (
     CREATE_LOCK,
     ID_BLOCK,
     MAINTENANCE_LOCK,
@@ -652,7 +652,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
     def verify(self, run_id: str | None = None, *, progress: Callable[[int, int], None] | None = None
                ) -> list[Problem]:
         """Walk the log under one snapshot; report what is damaged ([] when sound)."""
-        from .verify import verify_snapshot
+        from .postgres_verify import verify_snapshot
 
         with self.read_transaction():
             with self._reading("verifying"):

@@ -13,10 +13,10 @@ from typing import Any
 
 from ..store import GENESIS_HASH, LEASE_TOKEN_DOMAIN, Problem
 
-from .blobs import CREATE as VALUES_TABLE
-from .blobs import DELETE_FUNCTION as DELETE_VALUES
-from .blobs import PUT_FUNCTION as PUT_VALUES
-from .blobs import SIGNATURES as VALUES_SIGNATURES
+from .postgres_values import CREATE as VALUES_TABLE
+from .postgres_values import DELETE_FUNCTION as DELETE_VALUES
+from .postgres_values import PUT_FUNCTION as PUT_VALUES
+from .postgres_values import SIGNATURES as VALUES_SIGNATURES
 from .view_functions import views_function
 
 try:  # the driver is an optional extra: pip install '.[postgres]' from the checkout
