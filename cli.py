@@ -53,7 +53,7 @@ from handoff.completion import (COMPLETE_HEALTH, COMPLETE_STATE, COMPLETE_VAR,  
 from handoff.output import (TABLE_WINDOW, chosen_format, echo_write, emit, field_rows, listing,  # noqa: E402
                             more_line, one_document, printable, side_rows, stream_csv, stream_json,
                             stream_jsonl, stream_table)
-from handoff.progressbar import Progress  # noqa: E402
+from handoff.progressbar import ProgressBar  # noqa: E402
 
 EXIT_OK = 0  # every other code is an error class's exit_code (ledger.errors), never a literal here
 WIDTH = 88  # help and docs are rendered at this width so docs/cli.md is reproducible
@@ -219,7 +219,7 @@ def _state() -> State:
 
 
 def _ledger(*, create: bool = False) -> Any:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     st = _state()
     return Ledger(st.db, create=create, busy_timeout_s=st.busy_timeout)
@@ -251,7 +251,7 @@ def init(as_json: bool) -> None:
     Example:
         handoff --db work.db init
     """
-    from handoff.api import init_ledger
+    from handoff.facade import init_ledger
 
     st = _state()
     doc = init_ledger(st.db, busy_timeout_s=st.busy_timeout)
@@ -801,7 +801,7 @@ def log(run: str | None, after_seq: int | None, since: Any, until: Any, types: t
             return made
 
         if run is not None:
-            from handoff.api import actor_filter
+            from handoff.facade import actor_filter
 
             by = actor_filter(actors)
             source = (r for r in lg.log(run, after_seq=after_seq or 0)
@@ -920,7 +920,7 @@ def report(run: str, output: str | None, fmt: str, at_seq: int | None, as_of: in
     if as_json and to_stdout:
         raise click.UsageError("--json prints a summary of the file written; with -o - stdout carries the report itself")
     path = None if to_stdout else (output or f"{run}-report.{fmt}")
-    with _ledger() as lg, Progress("reading the run", quiet=quiet or as_json) as bar:
+    with _ledger() as lg, ProgressBar("reading the run", quiet=quiet or as_json) as bar:
         # The store names itself without any password its address may hold.
         hint = "" if st.db == "handoff.db" else f"--db {_quote_arg(lg.store.path)} "
         doc = lg.write_report(run, path, fmt=fmt, at_seq=at_seq, as_of_us=as_of, db_hint=hint, progress=bar)
@@ -1183,7 +1183,7 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, dry_ru
             "--now judges the runs at a time that is not the present, and the decisions would be recorded "
             "for real (a live worker's lease can be revoked). Add --dry-run to see what the watchdog would "
             "do and record nothing, or --commit to record the decisions anyway")
-    from handoff.api import check_seconds
+    from handoff.facade import check_seconds
 
     check_seconds(interval, "interval", low=0.05, high=86_400)  # nan slips past FloatRange
     name = name if name is not None else watchdog.default_name()
@@ -1269,7 +1269,7 @@ def verify(run: str | None, expect_head: tuple[str, ...], quiet: bool, as_json: 
     """
     from handoff import render as R
 
-    with _ledger() as lg, Progress("verifying", quiet=quiet or as_json) as bar:
+    with _ledger() as lg, ProgressBar("verifying", quiet=quiet or as_json) as bar:
         doc = lg.verify_report(run, progress=bar, expect_head=expect_head)
     ok, probs, diffs, skipped = doc["ok"], doc["problems"], doc["projections"], doc["skipped"]
     events, runs = doc["events"], doc["streams"]
@@ -1334,7 +1334,7 @@ def head(write: str | None, as_json: bool) -> None:
         handoff head --write /mnt/audit/handoff.head     # e.g. from cron, every few minutes
     """
     with _ledger() as lg:
-        doc = lg.write_head(write) if write else {**lg.head(), "path": None, "previous": None}
+        doc = lg.write_head(write) if write else {**lg.ledger_head(), "path": None, "previous": None}
     emit(doc, as_json, doc["digest"])
 
 
@@ -1352,7 +1352,7 @@ def check(name: str | None, quiet: bool, as_json: bool) -> None:
     """
     from handoff import render as R
 
-    with _ledger() as lg, Progress("checking", quiet=quiet or as_json) as bar:
+    with _ledger() as lg, ProgressBar("checking", quiet=quiet or as_json) as bar:
         diffs = lg.check(name, progress=bar)
     if as_json:
         emit({"ok": not diffs, "differences": diffs}, True, None)
@@ -1380,7 +1380,7 @@ def rebuild(name: str | None, quiet: bool, as_json: bool) -> None:
     """
     from handoff import render as R
 
-    with _ledger() as lg, Progress("rebuilding", quiet=quiet or as_json) as bar:
+    with _ledger() as lg, ProgressBar("rebuilding", quiet=quiet or as_json) as bar:
         counts = lg.rebuild(name, progress=bar)
     if as_json:
         emit({"rebuilt": counts}, True, None)
@@ -1474,7 +1474,7 @@ def export(runs: tuple[str, ...], all_runs: bool, output: str, redact: bool, sal
         if not value:
             raise click.UsageError(f"--salt-env {salt_env}: that environment variable is not set")
         salt = value.encode("utf-8", "surrogateescape")
-    with _ledger() as lg, Progress("exporting", quiet=quiet or as_json) as bar:
+    with _ledger() as lg, ProgressBar("exporting", quiet=quiet or as_json) as bar:
         if sqlite_out is not None:
             doc = lg.export_sqlite(sqlite_out, redact=redact, salt=salt, fields=redact_fields, progress=bar)
             emit(doc, as_json, f"exported {doc['events']} new events to {doc['output']} and wrote {doc['runs']} "
@@ -1515,10 +1515,10 @@ def import_(file: Any, quiet: bool, as_json: bool) -> None:
     Example:
         handoff --db restored.db import backup.jsonl
     """
-    from handoff.api import import_into
+    from handoff.facade import import_into
 
     st = _state()
-    with Progress("importing", quiet=quiet or as_json) as bar:
+    with ProgressBar("importing", quiet=quiet or as_json) as bar:
         counts = import_into(st.db, file, busy_timeout_s=st.busy_timeout, progress=bar)
     emit(counts, as_json, f"imported {counts['imported']} events of {counts['runs']} runs; "
                            f"{counts['skipped']} were already here")
@@ -1546,9 +1546,9 @@ def copy_(src: str, dst: str, runs: tuple[str, ...], quiet: bool, as_json: bool)
     Example:
         handoff copy handoff.db postgresql://handoff@db.internal:5432/ledger
     """
-    from handoff.api import copy_ledger
+    from handoff.facade import copy_ledger
 
-    with Progress("copying", quiet=quiet or as_json) as bar:
+    with ProgressBar("copying", quiet=quiet or as_json) as bar:
         doc = copy_ledger(src, dst, run_ids=list(runs) or None, busy_timeout_s=_state().busy_timeout, progress=bar)
     emit(doc, as_json, f"copied {doc['imported']} events of {doc['runs']} runs from {doc['src']} to {doc['dst']} "
                         f"({doc['skipped']} were already there); {doc['checked']} runs fold the same on both")
@@ -1804,7 +1804,7 @@ def mcp(role: str, name: str | None, root: str | None, address: str | None, toke
         raise click.UsageError(f"the MCP server needs the mcp extra: {install_hint('mcp')}") from None
     import anyio
 
-    from handoff.api import login_name
+    from handoff.facade import login_name
 
     st = _state()
     config = ms.Config(role=role, name=name or login_name(), root=root, allow_targets=allow_target)

@@ -37,7 +37,7 @@ def _rss_mb() -> float:
 
 
 def rebuild(args: dict[str, Any]) -> dict[str, Any]:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     with Ledger(args["db"]) as lg:
         before = _rss_mb()
@@ -75,7 +75,7 @@ def writer(args: dict[str, Any]) -> dict[str, Any]:
     tag: str = args["tag"]
     errors = 0
     if args["kind"] == "handoff":
-        from handoff.api import Ledger
+        from handoff.facade import Ledger
         from handoff.ledger.errors import StoreUnavailable
 
         lg = Ledger(args["db"], busy_timeout_s=args.get("busy_timeout_s", 5.0))

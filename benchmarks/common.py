@@ -146,7 +146,7 @@ def path_in(d: Path, name: str) -> str:
 def _template_runs() -> dict[str, list[ev.Event]]:
     import tempfile
 
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     out: dict[str, list[ev.Event]] = {}
     with tempfile.TemporaryDirectory() as d:
@@ -323,5 +323,5 @@ def fill_round_robin(store: SqliteStore, conn: sqlite3.Connection, bodies: dict[
                 RAW_INSERT, [(run_id, start + i + 1, raw_encoder.encode(e)) for i, e in enumerate(chunk)]
             )
             conn.execute("COMMIT")
-    store.checkpoint()
+    store.wal_checkpoint()
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -118,7 +118,7 @@ class Goal:
 @dataclasses.dataclass(frozen=True)
 class Scenario:
     name: str
-    area: str  # the module it comes from: store, reducers, projections, cli, ...
+    area: str  # the module it comes from, bench_<area>.py: store, commands, projections, cli, ...
     title: str  # one line: what is measured
     measures: str  # a paragraph for --list and the docs
     full: dict[str, Any]  # parameters; "n" is the number of units one trial does

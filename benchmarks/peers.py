@@ -188,8 +188,8 @@ class LgState:
             self.versions[c] = self.versions.get(c, 0) + 1
         return changed
 
-    def checkpoint(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, int]]:
-        """(checkpoint, metadata, new_versions) for SqliteSaver.put."""
+    def graph_checkpoint(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, int]]:
+        """(graph checkpoint, metadata, new_versions) for SqliteSaver.put."""
         from langgraph.checkpoint.base import LATEST_VERSION
         from langgraph.checkpoint.base.id import uuid6
 

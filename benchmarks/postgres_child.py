@@ -45,7 +45,7 @@ def writer(args: dict[str, Any]) -> dict[str, Any]:
     tag: str = args["tag"]
     errors = 0
     if args["kind"] == "handoff":
-        from handoff.api import Ledger
+        from handoff.facade import Ledger
         from handoff.ledger.errors import StoreUnavailable
 
         lg = Ledger(args["url"])

@@ -15,7 +15,7 @@ from handoff.ledger import errors as _errors
 from handoff.ledger.errors import *  # noqa: F401,F403  (pure: the typed errors only)
 
 _LAZY = {
-    "Ledger": "handoff.api", "Outcome": "handoff.results", "import_into": "handoff.api",
+    "Ledger": "handoff.facade", "Outcome": "handoff.results", "import_into": "handoff.facade",
     "measure": "handoff.artifacts", "Actor": "handoff.ledger.store", "Sent": "handoff.results",
     "AsyncLedger": "handoff.aio",
 }

@@ -36,8 +36,8 @@ from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, over
 from handoff.ledger.errors import InvalidInput, StaleLease, StoreUnavailable, TerminalRun
 from handoff.ledger.store import Recorded
 
-from .api import Ledger, Outcome
-from .lease import Effect, Fence, HeldLease, LeaseCore, start
+from .facade import Ledger, Outcome
+from .lease import EffectHandle, Fence, HeldLease, LeaseCore, start
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -298,8 +298,8 @@ class AsyncLedger:
     export_sqlite = _Call(Ledger.export_sqlite)
     backup = _Call(Ledger.backup)
     copy_mode = _Call(Ledger.copy_mode)
-    head = _Call(Ledger.head)
-    head_digest = _Call(Ledger.head_digest)
+    ledger_head = _Call(Ledger.ledger_head)
+    ledger_head_digest = _Call(Ledger.ledger_head_digest)
     check_anchor = _Call(Ledger.check_anchor)
     write_head = _Call(Ledger.write_head)
     import_lines = _Call(Ledger.import_lines)
@@ -496,10 +496,10 @@ class AsyncLease(HeldLease):
     # --- end of generated code (AsyncLease verbs) ---
 
     @asynccontextmanager
-    async def effect(self, key: str, what: str, **kw: Any) -> AsyncIterator[Effect]:
+    async def effect(self, key: str, what: str, **kw: Any) -> AsyncIterator[EffectHandle]:
         """As ``Lease.effect``: the start recorded before, the outcome after."""
         await self._do(self.core.effect_start(key, what, **kw))
-        fx = Effect(key)
+        fx = EffectHandle(key)
         try:
             yield fx
         except BaseException:

@@ -1,7 +1,7 @@
 """The checks every argument of the Python API passes, and the names an actor is given.
 
 A refusal is an ``InvalidInput`` naming the field, raised before anything is read or
-written; the parts of ``Ledger`` (handoff/api.py) and the CLI call these, so each rule has
+written; the parts of ``Ledger`` (handoff/facade.py) and the CLI call these, so each rule has
 this one home.
 """
 

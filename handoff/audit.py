@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from handoff.ledger import anchor, files
-from handoff.ledger.copies import read_small
+from handoff.ledger.file_copies import read_small
 from handoff.ledger.errors import HeadAnchorBroken, InvalidInput, UnknownRun
 from handoff.ledger.store import EventStore, check_run_id
 from handoff.projections import Projector
@@ -42,7 +42,7 @@ class Audit:
         """Hash chain, seq gaps, decodability and heads; an empty list means all is well.
 
         The ledger-wide checks (global chain, holes in positions, append-only triggers)
-        run with ``run_id`` too. ``expect_head``: head digests kept from ``head()``; each
+        run with ``run_id`` too. ``expect_head``: head digests kept from ``ledger_head()``; each
         must still be contained (a ``head_anchor`` problem otherwise). The values kept
         beside the log are checked against the events that name them: one missing or
         changed is a problem, unless a ``values_erased`` event recorded its deletion."""
@@ -70,11 +70,11 @@ class Audit:
         return problems + value_problems, erased
 
     def _check_values(self, run_id: str | None) -> tuple[list[Any], list[dict[str, Any]]]:
-        """The values beside the log against the events that name them (handoff/values.py)."""
-        from handoff import values
+        """The values beside the log against the events that name them (handoff/verify_values.py)."""
+        from handoff import verify_values
 
         records = self.store.read_run(run_id) if run_id is not None else self.store.read_all()
-        return values.check(self.store, records)
+        return verify_values.check(self.store, records)
 
     def verify_report(self, run_id: str | None = None, *, progress: Any = None,
                       expect_head: str | list[str] | tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -96,7 +96,7 @@ class Audit:
                 "skipped": list(VERIFY_RUN_SKIPS) if run_id is not None else [],
                 "db_roles": self.store.db_role_counts(run_id)}
 
-    def head(self) -> dict[str, Any]:
+    def ledger_head(self) -> dict[str, Any]:
         """Where the ledger ends: ``{"digest", "position", "global_hash"}``.
 
         Keep ``digest`` somewhere the ledger's writers cannot change; ``verify(expect_head=
@@ -105,8 +105,8 @@ class Audit:
         return {"digest": anchor.format_digest(position, ghash), "position": position,
                 "global_hash": ghash.hex()}
 
-    def head_digest(self) -> str:
-        return self.head()["digest"]
+    def ledger_head_digest(self) -> str:
+        return self.ledger_head()["digest"]
 
     def check_anchor(self, digest: str, *, field: str = "expect_head") -> Any:
         """The problem between a kept head digest and the ledger now, or None."""
@@ -119,7 +119,7 @@ class Audit:
         The digest already in the file must still hold first: a ledger whose tail was cut
         since the last record is refused (``HeadAnchorBroken``, exit 4) and the file is
         left as it was, so a scheduled job cannot launder a truncation into a new anchor.
-        Returns ``head()`` plus ``"path"`` and ``"previous"`` (the digest replaced, or None).
+        Returns ``ledger_head()`` plus ``"path"`` and ``"previous"`` (the digest replaced, or None).
         """
         target = files.check_target(path, "path")
         self._not_the_ledger(target, path, "path", "write the head digest")
@@ -144,7 +144,7 @@ class Audit:
                                            f"longer contains: {problem.message}. The file was left as it was",
                                            position=problem.position)
                 previous = text
-        doc = self.head()
+        doc = self.ledger_head()
         files.atomic_write(target, [doc["digest"].encode() + b"\n"], mode=self.copy_mode(), field="path")
         return {**doc, "path": target, "previous": previous}
 

@@ -1,9 +1,9 @@
 """The ledger's events leaving it: the JSON Lines export (whole, redacted, into a file),
 the readable SQLite copy, a backup of the ledger file, and the helpers ``import_lines``
-(handoff/api.py) uses to read an export back.
+(handoff/facade.py) uses to read an export back.
 
 What a copy does to files (where it is built, what it must never overwrite, SQLite's
--wal, -shm and -journal beside a database) is storage work, in ledger/copies.py and
+-wal, -shm and -journal beside a database) is storage work, in ledger/file_copies.py and
 ledger/files.py; these methods check the caller's arguments and say what came of it.
 """
 
@@ -17,12 +17,12 @@ from typing import Any
 
 import msgspec
 
-from handoff.ledger import anchor, files, portable
-from handoff.ledger import copies as stored
+from handoff.ledger import anchor, files, jsonl
+from handoff.ledger import file_copies as stored
 from handoff.ledger import events as ev
 from handoff.ledger.errors import HistoryRefused, InvalidInput, UnknownRun
 from handoff.ledger.store import WATCHER_PREFIX, EventStore, Recorded, check_run_id
-from handoff.projections.engine import Progress
+from handoff.projections.engine import OnProgress
 
 from .verbs import WATCHER_BEAT_PERIOD_S
 
@@ -32,7 +32,7 @@ class Copies:
 
     store: EventStore
 
-    def export(self, run_ids: list[str] | None = None, *, progress: Progress = None) -> Iterator[bytes]:
+    def export(self, run_ids: list[str] | None = None, *, progress: OnProgress = None) -> Iterator[bytes]:
         """Each event as one JSON line (docs/cli.md), in global order; forks bring their parents.
 
         A forked run cannot be imported without the parent history it folds, so asking
@@ -75,7 +75,7 @@ class Copies:
             return
         roles = self.store.db_roles(page[0][0].position, page[-1][0].position)
         for rec, digest, size in page:
-            yield portable.to_line(rec, digest, size, roles.get(rec.position))
+            yield jsonl.to_line(rec, digest, size, roles.get(rec.position))
 
     # --- copies and head digests (docs/reliability.md, "Copies and anchors") ----------
 
@@ -86,11 +86,11 @@ class Copies:
 
     def _not_the_ledger(self, target: str, given: object, field: str, verb: str) -> None:
         """Refuse to write a copy over the ledger itself or a file SQLite keeps beside it
-        (``ledger.copies.refuse_the_ledger``)."""
+        (``ledger.file_copies.refuse_the_ledger``)."""
         stored.refuse_the_ledger(self.store.path, target, given, field, verb)
 
     def export_redacted(self, run_ids: list[str] | None = None, *, salt: bytes | None = None,
-                        fields: Any = (), progress: Progress = None) -> Iterator[bytes]:
+                        fields: Any = (), progress: OnProgress = None) -> Iterator[bytes]:
         """``export`` made fit to share outside (handoff/redact.py): a header line saying it is
         redacted, then each event with only its structure as it is (types, seqs, times,
         states, outcomes, numbers, content digests: ``redact.KEPT``) and every other value a
@@ -115,7 +115,7 @@ class Copies:
         return redact.lines(self.export(run_ids, progress=progress), salt, chosen, fields=fields)
 
     def export_to(self, path: str | os.PathLike[str], run_ids: list[str] | None = None, *, redact: bool = False,
-                  salt: bytes | None = None, fields: Any = (), progress: Progress = None) -> dict[str, Any]:
+                  salt: bytes | None = None, fields: Any = (), progress: OnProgress = None) -> dict[str, Any]:
         """``export`` (or, with ``redact``, ``export_redacted``) into a file, atomically, with
         the ledger's mode (see ``ledger.files``).
 
@@ -146,15 +146,15 @@ class Copies:
         return doc
 
     def export_sqlite(self, path: str | os.PathLike[str], *, redact: bool = False, salt: bytes | None = None,
-                      fields: Any = (), progress: Progress = None) -> dict[str, Any]:
+                      fields: Any = (), progress: OnProgress = None) -> dict[str, Any]:
         """Write, or extend with what is new, a readable SQLite copy of the whole ledger at
         ``path``: plain tables (runs, events, leases, artifacts, deliveries) an analyst's SQL
         tool opens; ``redact`` shows only what the redacted JSON Lines export shows. See
-        handoff/readable.py and docs/readable-copy.md. Returns ``{"output", "events",
+        handoff/sqlite_export.py and docs/readable-copy.md. Returns ``{"output", "events",
         "runs", "last_position", "redacted"}``."""
-        from handoff import readable
+        from handoff import sqlite_export
 
-        return readable.export_sqlite(self, path, redact=redact, salt=salt, fields=fields, progress=progress)
+        return sqlite_export.export_sqlite(self, path, redact=redact, salt=salt, fields=fields, progress=progress)
 
     def backup(self, dest: str | os.PathLike[str], *, replace: bool = False) -> dict[str, Any]:
         """A consistent copy of the whole ledger file, WAL included, taken while writers go on.

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import render
-from .api import Ledger
+from .facade import Ledger
 from .watchdog import Action, watch_once
 
 MARK = ".handoff-demo"

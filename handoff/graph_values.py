@@ -2,8 +2,8 @@
 
 handoff.integrations.langgraph writes through these. A value is stored once per run
 under its sha256 (``EventStore.put_values``) and the event names the digest, so the log
-stays small while the state grows, and verify proves each value (handoff/values.py). The
-event and its values are written together by ``Ledger._with_values`` (handoff/api.py,
+stays small while the state grows, and verify proves each value (handoff/verify_values.py). The
+event and its values are written together by ``Ledger._with_values`` (handoff/facade.py,
 beside the one write path).
 """
 

@@ -106,7 +106,7 @@ def install(harness: str, project: str | None, user: bool, deny_revoked: bool, o
     Example:
         handoff --db ~/work/handoff.db hooks install claude-code --user --owner alice
     """
-    from handoff.api import init_ledger
+    from handoff.facade import init_ledger
     from handoff.hooks import settings
 
     if user and project:

@@ -12,7 +12,7 @@ from handoff.ledger import events as ev
 from handoff.ledger import files
 from handoff.ledger.errors import InvalidInput, UnknownRun
 from handoff.ledger.store import WATCHER_PREFIX, EventStore, check_run_id, check_seq
-from handoff.projections.engine import Progress
+from handoff.projections.engine import OnProgress
 from handoff.reducers.checkpoint import iso
 
 from .arguments import check_time_us
@@ -24,7 +24,7 @@ class Incident:
     store: EventStore
 
     def report(self, run_id: str, *, at_seq: int | None = None, as_of_us: int | None = None,
-               progress: Progress = None) -> Any:
+               progress: OnProgress = None) -> Any:
         """The run's timeline (``reducers.timeline.Timeline``), as the ledger stood at
         ``at_seq`` or ``as_of_us`` if given; ``handoff.report`` draws it as HTML or Markdown."""
         from handoff.reducers import timeline
@@ -54,7 +54,7 @@ class Incident:
 
     def write_report(self, run_id: str, path: str | os.PathLike[str] | None = None, *, fmt: str = "html",
                      at_seq: int | None = None, as_of_us: int | None = None, db_hint: str = "",
-                     progress: Progress = None) -> dict[str, Any]:
+                     progress: OnProgress = None) -> dict[str, Any]:
         """Draw ``report`` (``handoff.report``: "html" or "md") and write it to ``path``
         atomically, with the ledger's permission bits (a report holds what the ledger holds);
         a symbolic link there, or the ledger itself, is refused. Without ``path`` nothing is

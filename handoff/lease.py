@@ -29,7 +29,7 @@ from handoff.ledger.store import Actor, LeaseToken
 from handoff.reducers import transitions as T
 
 if TYPE_CHECKING:
-    from .api import Ledger, Outcome
+    from .facade import Ledger, Outcome
 
 #: States in which a non-advancing "note" is accepted from the lease holder.
 NOTE_STATES = T.WORKING | {T.BLOCKED, T.UNKNOWN}
@@ -282,7 +282,7 @@ def record_end(lg: Ledger, run_id: str, token: LeaseToken, worker: str, text: st
 # --- the block ---------------------------------------------------------------------------
 
 
-class Effect:
+class EffectHandle:
     """A side effect inside ``lease.effect(key, what)``: say its outcome with ``done`` or
     ``absent``; leaving the block normally says ``done``."""
 
@@ -422,7 +422,7 @@ class LeaseCore:
         t = self.token
         return lambda lg: lg.effect_start(self.run_id, t, key, what, worker=self.worker, **kw)
 
-    def effect_confirm(self, fx: Effect) -> Callable[[Ledger], Outcome]:
+    def effect_confirm(self, fx: EffectHandle) -> Callable[[Ledger], Outcome]:
         t = self.token
         return lambda lg: lg.effect_confirm(
             self.run_id, fx.key, fx.outcome or "done", note=bounded_text(fx.note, lg, self.run_id) if fx.note else "",
@@ -607,13 +607,13 @@ class Lease(HeldLease):
     # --- end of generated code (Lease verbs) ---
 
     @contextmanager
-    def effect(self, key: str, what: str, **kw: Any) -> Iterator[Effect]:
+    def effect(self, key: str, what: str, **kw: Any) -> Iterator[EffectHandle]:
         """Record the side effect's start, run the block, then its outcome: ``done`` when
         the block ends normally (or as ``fx.done()``/``fx.absent()`` said). An exception
         leaves the outcome unknown (the world may have changed before it was raised) and
         the run needs reconciling, unless ``fx.absent(why)`` was said first."""
         self._do(self.core.effect_start(key, what, **kw))
-        fx = Effect(key)
+        fx = EffectHandle(key)
         try:
             yield fx
         except BaseException:
@@ -639,5 +639,5 @@ def start(lg: Ledger, core: LeaseCore, key: str | None, on_lost: Callable[[Fence
                  margin_s=core.fence_margin_s, since=since, on_lost=on_lost)
 
 
-__all__ = ["Effect", "Fence", "Lease", "LeaseCore", "BeatThreads", "heartbeat_interval", "fence_margin",
+__all__ = ["EffectHandle", "Fence", "Lease", "LeaseCore", "BeatThreads", "heartbeat_interval", "fence_margin",
            "record_end", "bounded_text", "MAX_STOP_TEXT"]

@@ -20,7 +20,7 @@ def _progress_min() -> int:
     return int(text) if text.isdigit() else PROGRESS_MIN
 
 
-class Progress:
+class ProgressBar:
     """The progress bar of every long command (copy, import, export, backup, verify,
     rebuild, check, report): a callable ``progress(done, total)`` handed to the library.
 
@@ -60,7 +60,7 @@ class Progress:
             self.bar.__exit__(None, None, None)
             self.bar = None
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> ProgressBar:
         return self
 
     def __exit__(self, *exc: Any) -> None:

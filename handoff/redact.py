@@ -79,7 +79,7 @@ _PATTERN_DETECTOR = re.compile(r"pattern\[\d{1,2}\]")
 _DETECTOR_NAMES = frozenset({*sz.DETECTORS, sz.UNSCANNABLE, sz.MORE})
 
 
-#: The test a run id passes to be shown as it is (handoff/readable.py applies it too).
+#: The test a run id passes to be shown as it is (handoff/sqlite_export.py applies it too).
 RUN_ID_KEPT = _run_id
 
 

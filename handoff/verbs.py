@@ -2,7 +2,7 @@
 review, ending and forking a run, and the watchdog's records.
 
 Each verb builds its command (``reducers.commands``) and hands it to ``execute``, the one
-write path (handoff/api.py), which folds, decides and appends in one transaction; a verb
+write path (handoff/facade.py), which folds, decides and appends in one transaction; a verb
 only checks what it must check before that (a token's shape, a file to measure) and
 names the actor the write is logged as.
 """

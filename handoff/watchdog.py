@@ -22,7 +22,7 @@ from handoff.reducers.checkpoint import Checkpoint, iso
 from handoff.reducers.stall import Health
 from handoff.render import visible
 
-from .api import Ledger, check_seconds
+from .facade import Ledger, check_seconds
 
 #: classification -> what the watchdog does about it. Anything else: nothing.
 ACTS_ON = ("unavailable", "stalled", "needs_reconciliation", "delivery_ambiguous")

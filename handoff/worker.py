@@ -30,7 +30,7 @@ import msgspec
 from handoff.ledger.errors import InvalidInput, LedgerError, StaleLease, TerminalRun, UnknownRun
 from handoff.ledger.store import LeaseToken
 
-from .api import Ledger
+from .facade import Ledger
 from .lease import NOTE_STATES, BeatThreads, Fence, bounded_text, check_margin, fence_margin, heartbeat_interval, record_end
 
 #: How much of a failed child's stderr is recorded with its exit: its last lines, at most

@@ -125,7 +125,7 @@ def capabilities_of(target: object, field: str = "db") -> Capabilities:
     opening it: ``init`` and ``import`` ask whether an address is a file before one exists."""
     address = parse(target, field)
     if address.backend == "postgresql":
-        from .postgres.store import PostgresStore  # loads without the driver; opening needs it
+        from .postgres.postgres_store import PostgresStore  # loads without the driver; opening needs it
 
         return PostgresStore.capabilities
     from .sqlite import SqliteStore

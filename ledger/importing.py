@@ -142,7 +142,7 @@ def run_import(store: ImportTarget, items: Iterable[tuple[Recorded, bytes | None
     and the folds to remember once it commits.
 
     Each item is (record, idempotency digest, batch size), with chains already checked
-    by ledger.portable.parse_lines. Items are consumed as they come (a file is read line
+    by ledger.jsonl.parse_lines. Items are consumed as they come (a file is read line
     by line, rows go in by the thousand): any refusal raises, and the caller rolls all
     of it back. A run that exists must hold the same events up to its head (same
     hashes); the import may only extend it. Every new event's envelope is checked as a

@@ -25,7 +25,7 @@ from . import events as ev
 from .errors import CorruptLedger, InvalidInput, NotALedger, PayloadTooLarge, ReservedKey, SchemaTooNew, UnknownEventType
 
 if TYPE_CHECKING:
-    from .views import ViewStore, ViewWriter
+    from .view_tables import ViewStore, ViewWriter
 
 RUN_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 #: Run ids starting with this are the watchdogs' own streams (a watcher's beats), not runs.
@@ -721,7 +721,7 @@ class EventStore(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None: ...
 
-    # --- values beside the log (ledger/sqlite/blobs.py, ledger/postgres/blobs.py) ------
+    # --- values beside the log (ledger/sqlite/sqlite_values.py, ledger/postgres/postgres_values.py) ------
     #
     # Large state (a graph's channel values) is kept out of the events: each value is
     # stored once per run under its sha256, and the event that uses it records that
@@ -833,7 +833,7 @@ class EventStore(abc.ABC):
     @property
     @abc.abstractmethod
     def views(self) -> ViewStore:
-        """This backend's view store (see ledger/views.py)."""
+        """This backend's view store (see ledger/view_tables.py)."""
 
     @abc.abstractmethod
     def verify(

@@ -1,6 +1,6 @@
 """The SQL of the view tables, written once for every SQL backend.
 
-ledger/views.py says what a view table is in neutral words; this module turns those words
+ledger/view_tables.py says what a view table is in neutral words; this module turns those words
 into SQL, given a ``Dialect``: the few things two engines spell differently (parameters,
 type names, the ordinal column, null-safe comparison, how a list of values is bound, the
 statements that swap a rebuilt table in, an index hint). ``SqlViewStore`` is the view
@@ -21,7 +21,7 @@ from operator import itemgetter
 from typing import Any, ClassVar
 
 from .errors import InvalidInput
-from .views import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewStore, Views
+from .view_tables import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewStore, Views
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: A rebuild's table beside the live one, until the swap puts it in its place.
@@ -35,7 +35,7 @@ class Dialect:
     #: A positional parameter ("?", "%s") and a named one, as a format (":{}", "%({})s").
     param: str
     named: str
-    #: The neutral column types (ledger/views.py) in this engine's words.
+    #: The neutral column types (ledger/view_tables.py) in this engine's words.
     types: Mapping[str, str]
     #: The column ``ORDINAL`` reads, and what CREATE TABLE adds for it ("" where the
     #: engine keeps a row's creation order by itself).

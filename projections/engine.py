@@ -1,6 +1,6 @@
 """Keeping the views: inline with every append, rebuilt from the log, checked against it.
 
-A projection is a name, the rows it derives from a run's checkpoint (views.py), and the
+A projection is a name, the rows it derives from a run's checkpoint (view_rows.py), and the
 tables that hold them. Inline upkeep happens inside the append's own write transaction,
 so a reader never sees an event without its projection or the reverse; a tracking row
 (name, position) says where catch-up or a rebuild left each view, and the backend marks
@@ -17,12 +17,12 @@ import msgspec
 
 from handoff.ledger.errors import CorruptLedger, InvalidInput
 from handoff.ledger.store import EventStore, Hook, Transaction
-from handoff.ledger.views import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewWriter, columns
+from handoff.ledger.view_tables import NOT_NULL, ORDINAL, TRACKING, VERSIONS, Index, TableSpec, ViewWriter, columns
 from handoff.reducers.checkpoint import AGGREGATE, Checkpoint
 
-from . import views
+from . import view_rows
 
-Progress = Callable[[int, int], None] | None
+OnProgress = Callable[[int, int], None] | None
 
 #: What ``check`` says of a view kept by another version of its fold.
 NEEDS_REBUILD = ("needs rebuild (fold rule changed): run 'handoff rebuild', or open the ledger "
@@ -56,19 +56,19 @@ class Projection(msgspec.Struct, frozen=True):
 
 
 def _ck_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
-    return [views.checkpoint_row(cp, last_position)]
+    return [view_rows.checkpoint_row(cp, last_position)]
 
 
 def _stall_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
-    return [views.stall_row(cp)]
+    return [view_rows.stall_row(cp)]
 
 
 def _delivery_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
-    return [views.delivery_row(cp)] if cp.opened else []
+    return [view_rows.delivery_row(cp)] if cp.opened else []
 
 
 def _owner_rows(cp: Checkpoint, last_position: int) -> list[dict[str, Any]]:
-    owner, active = views.owner_active(cp)
+    owner, active = view_rows.owner_active(cp)
     return [{"owner": owner, "run_id": cp.run_id, "lease": cp.lease}] if active else []
 
 
@@ -191,7 +191,7 @@ def _named(names: Iterable[str] | None) -> list[Projection]:
 class _Inline(Hook):
     """The hook a Projector attaches, declaring what the store may rely on: it keeps every
     projection when the projector has them all, and reads no position (no view row holds
-    one since views.py's version 3)."""
+    one since view_rows.py's version 3)."""
 
     reads_position = False
 
@@ -207,7 +207,7 @@ class Projector:
     """Attaches the projections to a store and keeps them inline with every append.
 
     Backend-neutral: it reads the log through the store's transactions and keeps its
-    tables through the store's view store (ledger/views.py), never through SQL."""
+    tables through the store's view store (ledger/view_tables.py), never through SQL."""
 
     def __init__(self, store: EventStore, names: Iterable[str] | None = None) -> None:
         self.store = store
@@ -257,7 +257,7 @@ class Projector:
 
     # --- catch-up --------------------------------------------------------------------
 
-    def catch_up(self, *, progress: Progress = None) -> int:
+    def catch_up(self, *, progress: OnProgress = None) -> int:
         """Bring any projection whose tracking position lags the log up to date.
 
         Returns how many runs were refolded. Safe to call at any time.
@@ -286,7 +286,7 @@ class Projector:
 
     # --- rebuild -----------------------------------------------------------------------
 
-    def rebuild(self, names: Iterable[str] | None = None, *, batch: int = 500, progress: Progress = None) -> dict[str, int]:
+    def rebuild(self, names: Iterable[str] | None = None, *, batch: int = 500, progress: OnProgress = None) -> dict[str, int]:
         """Drop and refold the named projections (all by default) from position 0.
 
         Builds into fresh shadow tables, one run at a time and in batches (memory stays
@@ -346,7 +346,7 @@ class Projector:
 
     # --- check -------------------------------------------------------------------------
 
-    def check(self, names: Iterable[str] | None = None, *, progress: Progress = None) -> list[dict[str, Any]]:
+    def check(self, names: Iterable[str] | None = None, *, progress: OnProgress = None) -> list[dict[str, Any]]:
         """Compare every kept row with a fresh fold of the log; return each difference.
 
         A difference is {projection, run_id, column, kept, folded}; kept or folded is

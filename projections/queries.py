@@ -1,6 +1,6 @@
 """The reads the CLI and the watchdog need, answered from the views without replaying logs.
 
-Backend-neutral: every read goes through the store's view store (ledger/views.py).
+Backend-neutral: every read goes through the store's view store (ledger/view_tables.py).
 """
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from handoff.ledger.store import EventStore
-from handoff.ledger.views import NOT_NULL, ORDINAL
+from handoff.ledger.view_tables import NOT_NULL, ORDINAL
 from handoff.reducers import stall
 from handoff.reducers.checkpoint import Checkpoint
 from handoff.reducers.stall import Health
 
-from .views import decode_checkpoint
+from .view_rows import decode_checkpoint
 
 _PACKET = ("packet",)
 

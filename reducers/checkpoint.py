@@ -50,7 +50,7 @@ class Evidence(msgspec.Struct, frozen=True):
     seq: int
 
 
-class Effect(msgspec.Struct, frozen=True):
+class SideEffect(msgspec.Struct, frozen=True):
     key: str
     what: str
     lease: int | None
@@ -91,7 +91,7 @@ class Checkpoint(msgspec.Struct, frozen=True):
     blockers_raised: int = 0
     artifacts: tuple[Artifact, ...] = ()
     evidence: tuple[Evidence, ...] = ()  # the latest record of each kind, as artifacts by path
-    pending_effects: tuple[Effect, ...] = ()
+    pending_effects: tuple[SideEffect, ...] = ()
     settled_effects: tuple[tuple[str, str], ...] = ()
     result: Result | None = None
     review: Review | None = None
@@ -250,7 +250,7 @@ def _unblocked(d: _Draft, rec: Any, e: ev.BlockerCleared) -> None:
 
 @_on(ev.SideEffectStarted)
 def _effect_started(d: _Draft, rec: Any, e: ev.SideEffectStarted) -> None:
-    d.pending_effects = d.pending_effects + (Effect(e.key, e.what, d.lease, rec.seq),)
+    d.pending_effects = d.pending_effects + (SideEffect(e.key, e.what, d.lease, rec.seq),)
 
 
 @_on(ev.SideEffectConfirmed, ev.ReconciliationRecorded)

@@ -201,7 +201,7 @@ def ambiguous_from_us(d: Delivery, timeout_s: float, over: Callable[[float], int
     An attempt left without an outcome for longer than ``timeout_s`` is; so is, at once,
     a send recorded unanswered to a target that does not honour keys, where only a person
     can find out what happened. ``over(s)`` is the fewest µs strictly longer than ``s``
-    (projections.views._over), so the views and ``status`` agree to the µs.
+    (projections.view_rows._over), so the views and ``status`` agree to the µs.
     """
     pending = d.pending
     if pending is None or d.confirmed_key is not None:

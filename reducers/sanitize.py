@@ -255,7 +255,7 @@ _NEWLINE = re.compile("\n")
 #: that is not UTF-16): failing closed.
 UNSCANNABLE = "unscannable"
 #: The detector name of the one finding that stands for the findings past those a check
-#: records (handoff/api.py, ``sanitize``).
+#: records (handoff/facade.py, ``sanitize``).
 MORE = "more"
 
 #: Control characters no text holds (whitespace aside): a UTF-16 reading that has them is

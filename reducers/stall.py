@@ -267,7 +267,7 @@ def needs_packet(cp) -> bool:
     reads: the checks that come before the lease (an unopened, finished or blocked run, a
     side effect or a state of unknown outcome, a delivery) read the rest of the packet.
     The stall view keeps this beside the signals, so the stall scan judges a run from its
-    view row alone unless it says so (projections/views.py, stall_row)."""
+    view row alone unless it says so (projections/view_rows.py, stall_row)."""
     return (not cp.opened or cp.state in T.TERMINAL or cp.state in _NEEDS_PACKET or bool(cp.pending_effects)
             or cp.delivery.pending is not None)
 

@@ -10,7 +10,7 @@ Three suites are written once and run on every entry here, through the ``backend
 - the Ledger/CLI suite, tests/test_ledger_conformance.py: every verb through
   ``Ledger(store=...)``, and the ``handoff`` command through ``--db <address>``.
 
-A new backend (as ``ledger/postgres/store.py`` did) adds one ``Backend`` to ``BACKENDS``: its
+A new backend (as ``ledger/postgres/postgres_store.py`` did) adds one ``Backend`` to ``BACKENDS``: its
 name, a function from a per-test temporary directory to the address of a fresh, empty
 ledger (what a user would pass to ``Ledger(...)`` or ``--db``), and whether another
 process can open that same address (the CLI tests need that; an in-memory store cannot).

@@ -87,7 +87,7 @@ def append_call(conn, run_id: str, event, *, actor: str = "worker:w", lease: int
     import json
 
     from handoff.ledger import events as ev
-    from handoff.ledger.postgres.schema import APPEND_SIGNATURE
+    from handoff.ledger.postgres.postgres_schema import APPEND_SIGNATURE
     from handoff.ledger.store import GENESIS_HASH, chain_hash, encode_events
 
     head = conn.execute("SELECT last_seq, last_hash, lease, lease_holder, max_lease, last_position "

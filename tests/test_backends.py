@@ -156,12 +156,12 @@ def test_only_the_ledger_writes_to_the_store():
             if WRITES_OUTSIDE.search(line):
                 offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     allowed = {"Ledger.execute", "Ledger.preview", "Ledger.append_stream", "Ledger.import_lines"}
-    api = (ROOT / "handoff" / "api.py").read_text()
+    facade = (ROOT / "handoff" / "facade.py").read_text()
     where = {}
     for o in offenders:
-        assert o.startswith("handoff/api.py:"), f"a write that bypasses the Ledger: {o}"
+        assert o.startswith("handoff/facade.py:"), f"a write that bypasses the Ledger: {o}"
         lineno = int(o.split(":")[1])
-        defs = [m for m in re.finditer(r"^    def (\w+)", api, re.M) if api[:m.start()].count("\n") < lineno]
+        defs = [m for m in re.finditer(r"^    def (\w+)", facade, re.M) if facade[:m.start()].count("\n") < lineno]
         where[o] = f"Ledger.{defs[-1].group(1)}"
     assert set(where.values()) <= allowed, where
 
@@ -173,7 +173,7 @@ SQLITE_BACKEND = {p.relative_to(ROOT).as_posix() for p in (ROOT / "ledger" / "sq
 POSTGRES_BACKEND = {p.relative_to(ROOT).as_posix() for p in (ROOT / "ledger" / "postgres").rglob("*.py")}
 #: The backend-neutral core the dialects fill in: it speaks no SQL, but it is where the
 #: store's transaction-bound reads (``_head_locked``, ``_state_locked``) are declared.
-CORE = {"ledger/folds.py", "ledger/importing.py"}
+CORE = {"ledger/store_core.py", "ledger/importing.py"}
 SPEAKS_SQL = (r"sqlite3|PRAGMA|sqlite_master|INDEXED BY|\browid\b|IS NOT \?|INSERT OR REPLACE|ALTER TABLE"
               r"|\._conn\b|\._lock\b|\._begin\b|\._finish\b|\b_explain\b"
               # what a dialect's own modules share with its store, public within its package only
@@ -185,7 +185,7 @@ CORE_FORBIDDEN = re.compile(SPEAKS_SQL.replace("conn|lock|begin|finish|", "conn|
 #: The readable copy (``export --sqlite``) writes a plain SQLite file of its own for people
 #: and SQL tools, through sqlite-utils: it may speak SQLite to that file, but never reach
 #: into the ledger's store.
-READABLE_COPY = {"handoff/readable.py"}
+READABLE_COPY = {"handoff/sqlite_export.py"}
 STORE_PRIVATE = re.compile(r"\._conn\b|\._lock\b|\._begin\b|\._finish\b|\b_explain\b|_head_locked|_state_locked"
                            r"|\bstore\.(?:conn|lock|begin|finish|x|gather|fast|mapped|ready|writing|exclusive|lock_views)\b")
 
@@ -224,7 +224,7 @@ def test_the_grep_would_catch_what_it_looks_for():
 
 def test_importing_the_reducers_loads_no_database_driver():
     code = ("import sys, handoff.ledger, handoff.reducers.checkpoint, handoff.reducers.decide, "
-            "handoff.projections.views; "
+            "handoff.projections.view_rows; "
             "print(sorted(m for m in ('sqlite3', '_sqlite3', 'handoff.ledger.sqlite') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 0, out.stderr

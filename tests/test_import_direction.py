@@ -120,7 +120,7 @@ def test_imports_go_downward(path):
 
 def test_the_parser_sees_every_form_of_import():
     src = (
-        "import handoff.api\n"
+        "import handoff.facade\n"
         "from handoff.projections import engine\n"
         "from .. import cli\n"
         "def later():\n"
@@ -132,7 +132,7 @@ def test_the_parser_sees_every_form_of_import():
         "    from handoff.reducers.checkpoint import Checkpoint\n"
     )
     got = {target for _, target in imports_of(src, "handoff.ledger.x")}
-    assert {"handoff.api", "handoff.projections", "handoff.projections.engine", "handoff.demo",
+    assert {"handoff.facade", "handoff.projections", "handoff.projections.engine", "handoff.demo",
             "handoff.projections.queries", "handoff.cli", "handoff.reducers.checkpoint"} <= got
     assert {layer_of(t) for t in got} - {None} == {"handoff", "projections", "cli", "reducers"}
     # ``from .. import x`` climbs one package per extra dot.
@@ -262,19 +262,19 @@ def test_no_import_cycle_lazy_imports_included():
 def test_the_cycle_check_would_catch_what_it_looks_for():
     sources = {
         "handoff.ledger": ("from . import store\n", True),
-        "handoff.ledger.store": ("from .errors import X\nfrom . import copies\n", False),
+        "handoff.ledger.store": ("from .errors import X\nfrom . import file_copies\n", False),
         "handoff.ledger.errors": ("X = 1\n", False),
-        "handoff.ledger.copies": ("def f():\n    from .backends import open_store\n", False),
+        "handoff.ledger.file_copies": ("def f():\n    from .backends import open_store\n", False),
         "handoff.ledger.backends": ("def g():\n    import importlib\n"
                                     "    importlib.import_module('handoff.ledger.store')\n", False),
         "handoff.ledger.typed": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
                                  "    from .store import S\n", False),
     }
     graph = import_graph(sources)
-    assert graph["handoff.ledger.store"] == {"handoff.ledger.errors": 1, "handoff.ledger.copies": 2}
+    assert graph["handoff.ledger.store"] == {"handoff.ledger.errors": 1, "handoff.ledger.file_copies": 2}
     assert graph["handoff.ledger.typed"] == {}  # never run
     assert graph["handoff.ledger"] == {"handoff.ledger.store": 1}  # a package's own name is no edge
-    assert import_cycles(graph) == [["handoff.ledger.store", "handoff.ledger.copies", "handoff.ledger.backends",
+    assert import_cycles(graph) == [["handoff.ledger.store", "handoff.ledger.file_copies", "handoff.ledger.backends",
                                      "handoff.ledger.store"]]
     sources["handoff.ledger.backends"] = ("def g():\n    import importlib\n", False)
     assert import_cycles(import_graph(sources)) == []
@@ -314,7 +314,7 @@ def test_no_module_imports_a_backends_private_names(path):
 
 
 def test_no_backend_name_is_tested_above_ledger():
-    """``api.py`` branched on ``backend != "sqlite"`` and ``cli.py``'s ``roles`` on
+    """``facade.py`` branched on ``backend != "sqlite"`` and ``cli.py``'s ``roles`` on
     ``!= "postgresql"``: both ask ``Capabilities`` now (``capabilities_of`` for an
     address, ``store.capabilities`` for an open store)."""
     found = [f"{p.relative_to(ROOT).as_posix()}:{n}: {line.strip()}"
@@ -324,7 +324,7 @@ def test_no_backend_name_is_tested_above_ledger():
 
 
 def test_no_store_attribute_is_read_with_getattr_above_ledger():
-    """``api.py`` read ``clock`` and ``enable_group_commit`` with ``getattr``: the ABC
+    """``facade.py`` read ``clock`` and ``enable_group_commit`` with ``getattr``: the ABC
     declares both now, and ``capabilities.own_clock`` says whose clock counts."""
     found = [f"{p.relative_to(ROOT).as_posix()}:{n}: {line.strip()}"
              for p in ABOVE_LEDGER for n, line in enumerate(p.read_text().splitlines(), 1)
@@ -349,23 +349,23 @@ def test_the_leak_checks_would_catch_what_they_look_for():
     assert not BACKEND_TEST.search("if lg.store.capabilities.is_file:")
     assert STORE_GETATTR.search('enable = getattr(self.store, "enable_group_commit", None)')
     assert STORE_GETATTR.search('getattr(store, "clock", None)')
-    src = "from handoff.ledger.postgres import roles_sql\nfrom handoff.ledger.postgres.store import _send\n"
+    src = "from handoff.ledger.postgres import roles_sql\nfrom handoff.ledger.postgres.postgres_store import _send\n"
     got = [t for _, t in imports_of(src, "handoff.cli")]
     assert [t for t in got if _in_backend(t) and any(p.startswith("_") for p in t.split("."))] == [
-        "handoff.ledger.postgres.store._send"]
+        "handoff.ledger.postgres.postgres_store._send"]
 
 
 # --- a backend package's own modules, and the hooks the core attaches (issue 26) -----------
 
 def _backend_helpers() -> list[Path]:
     """The modules of a backend package beside its store (views, verify, group commit...)."""
-    return [p for p in library_modules() if _in_backend(module_name(p)) and p.name not in ("store.py", "__init__.py")]
+    return [p for p in library_modules() if _in_backend(module_name(p)) and p.name not in ("sqlite_store.py", "postgres_store.py", "__init__.py")]
 
 
 def _dialect_protocol() -> set[str]:
     """The underscored names the core declares for a dialect to fill in (``FoldingStore``'s):
     a helper may call those, as the core does."""
-    from handoff.ledger.folds import FoldingStore
+    from handoff.ledger.store_core import FoldingStore
 
     return {n for n in dir(FoldingStore) if n.startswith("_") and not n.startswith("__")}
 
@@ -417,9 +417,9 @@ def test_attach_takes_no_backend_knobs():
     the hook, and nothing in the library passes more."""
     import inspect
 
-    from handoff.ledger.folds import FoldingStore
-    from handoff.ledger.postgres.store import PostgresStore
-    from handoff.ledger.sqlite.store import SqliteStore
+    from handoff.ledger.store_core import FoldingStore
+    from handoff.ledger.postgres.postgres_store import PostgresStore
+    from handoff.ledger.sqlite.sqlite_store import SqliteStore
     from handoff.ledger.store import EventStore
 
     for cls in (EventStore, FoldingStore, SqliteStore, PostgresStore):

@@ -116,7 +116,7 @@ def test_a_postgresql_address_without_the_driver_prints_the_hint():
     assert proc.returncode == 0, proc.stderr
     assert extras.install_hint("postgres") in proc.stdout and "handoff-ledger[" not in proc.stdout
     # The store itself, reached without open_store, says the same.
-    code = ("from handoff.ledger.postgres.store import PostgresStore\n"
+    code = ("from handoff.ledger.postgres.postgres_store import PostgresStore\n"
             "from handoff.ledger.errors import BackendUnavailable\n"
             "try:\n    PostgresStore('postgresql://127.0.0.1:1/nowhere')\nexcept BackendUnavailable as exc:\n"
             "    print(exc)\n")

@@ -21,7 +21,7 @@ import msgspec
 from handoff import render
 from handoff.ledger import events as ev
 from handoff.ledger.store import Recorded
-from handoff.projections import views
+from handoff.projections import view_rows
 from handoff.reducers import checkpoint, delivery
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,13 +159,13 @@ def test_every_reader_of_delivery_status_agrees(steps, later_s):
     cp = msgspec.structs.replace(checkpoint.initial("r1"), delivery=d)
     stage = delivery.stage(d, ready=cp.delivery_ready)
     assert stage in delivery.STAGES and stage != "ambiguous"
-    assert views.delivery_row(cp)["status"] == stage
+    assert view_rows.delivery_row(cp)["status"] == stage
     assert render.delivery_doc(cp)["delivery"]["status"] == stage
     now = (len(steps) + later_s) * 1_000_000
     judged, _ = delivery.status(d, ready=cp.delivery_ready, now_us=now, timeout_s=600.0)
     assert judged == stage or (stage, judged) == ("attempted", "ambiguous")
     assert checkpoint.packet(cp, now_us=now)["delivery"]["status"] == judged
-    assert render.delivery_doc(cp)["delivery"]["key"] == views.delivery_row(cp)["key"] == d.latest_key
+    assert render.delivery_doc(cp)["delivery"]["key"] == view_rows.delivery_row(cp)["key"] == d.latest_key
 
 
 def test_no_module_outside_reducers_delivery_decides_a_delivery_status():

@@ -39,7 +39,7 @@ from handoff.ledger.errors import InvalidInput
 from handoff.reducers import targets
 
 from .bundle import Bundle
-from .group import Group
+from .process_group import Group
 
 
 class SendResult(msgspec.Struct, frozen=True):

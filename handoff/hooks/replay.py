@@ -42,7 +42,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.arguments import login_name
 from handoff.lease import NOTE_STATES, bounded_text
 from handoff.ledger.errors import (ClaimAlreadyMade, InvalidInput, LeaseLost, LedgerError, RunExists, StaleLease,

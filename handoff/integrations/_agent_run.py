@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from handoff.aio import AsyncLease, AsyncLedger
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.lease import bounded_text
 from handoff.ledger.errors import Refused
 from handoff.reducers import transitions as T

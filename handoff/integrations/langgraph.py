@@ -3,7 +3,7 @@
 One LangGraph thread is one run. Each ``put`` and ``put_writes`` is an event in the run's
 log (``graph_checkpoint_saved``, ``graph_writes_saved``) naming its values by sha256; the
 values themselves are stored beside the log, once per run and digest; a list that grows
-is stored as the items appended since the parent checkpoint (the event's ``extends``
+is stored as the items appended since the parent graph checkpoint (the event's ``extends``
 names the version they continue), so a state that grows by a message a step writes a
 message's worth a step. Deleting (``delete_thread``, ``delete_for_runs``, ``prune``) is
 recorded first (``values_erased``), then done, so ``verify`` tells an erasure from
@@ -17,7 +17,7 @@ or a later claim its ``put`` and ``put_writes`` raise ``StaleLease`` and write n
 while a lease is held, a saver without it is refused (``LeaseHeld``), deleting too, unless
 the owner names the lease to end in the same write (``delete_thread(thread, end_lease=N)``).
 Without a lease the saver writes as the run's owner: one writer by convention, as
-LangGraph's own savers. Either way a checkpoint is never stored as the tail of a value the
+LangGraph's own savers. Either way a graph checkpoint is never stored as the tail of a value the
 run no longer stores: the ledger refuses it in the write's transaction (``ValueNotStored``)
 and the saver reads the run again and stores the value whole.
 """
@@ -47,7 +47,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.lease import HeldLease
 from handoff.ledger import events as ev
 from handoff.ledger.errors import (
@@ -68,7 +68,7 @@ DEFAULT_OWNER = "langgraph"
 INTERRUPT_BLOCKER = "LangGraph interrupt"
 #: A run id made from a thread id that is not one (too long, other characters).
 DERIVED_PREFIX = "lg-"
-#: Values and checkpoints per ``values_erased`` event: far under the payload limit.
+#: Values and graph checkpoints per ``values_erased`` event: far under the payload limit.
 ERASE_CHUNK = 2000
 #: The serialization a stored list can be continued in: msgpack, whose array is a
 #: header and then its items, each encoded on its own.
@@ -165,7 +165,7 @@ def _plain(value: Any, what: str) -> Any:
     try:
         return msgspec.to_builtins(value)
     except (TypeError, msgspec.EncodeError) as exc:
-        raise InvalidInput(f"the checkpoint's {what} holds a value the ledger cannot store as JSON ({exc}); "
+        raise InvalidInput(f"the graph checkpoint's {what} holds a value the ledger cannot store as JSON ({exc}); "
                            "keep metadata to text, numbers, lists and maps", field=what) from None
 
 
@@ -181,7 +181,7 @@ class _Saved:
 
 @dataclass
 class _Stored:
-    """How one checkpoint's values are stored."""
+    """How one graph checkpoint's values are stored."""
 
     digests: dict[str, str]  # channel -> sha256 of the value stored for it
     extends: dict[str, str]  # channel -> the version its stored value continues
@@ -193,7 +193,7 @@ class _Stored:
 
 @dataclass
 class _Index:
-    """One run's saved checkpoints and writes, folded from its log up to ``seq``."""
+    """One run's saved graph checkpoints and writes, folded from its log up to ``seq``."""
 
     seq: int = 0
     owner: str = ""
@@ -233,7 +233,7 @@ class _Index:
             self.versions = {k: d for k, d in self.versions.items() if d[0] not in erased}
 
     def chain(self, s: _Saved, channel: str) -> list[str] | None:
-        """The digests a checkpoint's channel value is stored under, newest first: its own,
+        """The digests a graph checkpoint's channel value is stored under, newest first: its own,
         then each version it continues back to one stored whole; None when a link is gone."""
         e = s.event
         out, base, seen = [e.values[channel]], _extends(e).get(channel), set()
@@ -407,14 +407,14 @@ class LedgerSaver(BaseCheckpointSaver[str]):
         blobs = self.lg.values(run, digests)
         values = {ch: self.serde.loads_typed(typed) for ch in e.values
                   if (typed := self._value(s, ch, index, blobs)) is not None}
-        checkpoint: Checkpoint = {**e.checkpoint, "channel_values": values}  # type: ignore[typeddict-item]
+        graph_checkpoint: Checkpoint = {**e.checkpoint, "channel_values": values}  # type: ignore[typeddict-item]
         order = sorted(s.writes.items(), key=lambda kv: (kv[1][2], kv[0][0], kv[0][1]))
         writes = [(task, ch, self.serde.loads_typed(_unframe(blobs[d]))) for (task, _), (ch, d, _) in order
                   if d in blobs]
         conf = {"thread_id": s.thread_id, "checkpoint_ns": s.namespace, "checkpoint_id": e.checkpoint_id}
         parent = ({"configurable": {"thread_id": s.thread_id, "checkpoint_ns": s.namespace,
                                     "checkpoint_id": e.parent_id}} if e.parent_id else None)
-        return CheckpointTuple({"configurable": conf}, checkpoint, e.metadata, parent, writes)  # type: ignore[arg-type]
+        return CheckpointTuple({"configurable": conf}, graph_checkpoint, e.metadata, parent, writes)  # type: ignore[arg-type]
 
     # --- reading -------------------------------------------------------------------------
 
@@ -500,12 +500,12 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                 self._held.popitem(last=False)
         return {"configurable": {"thread_id": thread, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
 
-    def _stored(self, run: str, thread: str, ns: str, index: _Index, checkpoint: Checkpoint,
+    def _stored(self, run: str, thread: str, ns: str, index: _Index, graph_checkpoint: Checkpoint,
                 new_versions: ChannelVersions, parent_id: str, *, whole: bool) -> _Stored:
-        """How a checkpoint's values are stored. ``whole``: every value stored whole, none
+        """How a graph checkpoint's values are stored. ``whole``: every value stored whole, none
         named again (after the ledger said one this saver named is gone)."""
-        values = checkpoint.get("channel_values", {})
-        versions = checkpoint.get("channel_versions", {})
+        values = graph_checkpoint.get("channel_values", {})
+        versions = graph_checkpoint.get("channel_versions", {})
         parent = index.saved.get((thread, ns, parent_id)) if parent_id else None
         before = parent.event.checkpoint.get("channel_versions", {}) if parent is not None else {}
         digests: dict[str, str] = {}
@@ -539,15 +539,15 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                 extends[channel] = known[1]
         return _Stored(digests, extends, bases, new, held)
 
-    def _save(self, run: str, thread: str, ns: str, index: _Index, checkpoint: Checkpoint, body: Any, md: Any,
+    def _save(self, run: str, thread: str, ns: str, index: _Index, graph_checkpoint: Checkpoint, body: Any, md: Any,
               parent_id: str, stored: _Stored) -> Any:
         return self._fenced(lambda: self.lg.save_graph_checkpoint(
-            run, thread_id=thread, checkpoint_id=checkpoint["id"], checkpoint=body, metadata=md,
+            run, thread_id=thread, checkpoint_id=graph_checkpoint["id"], checkpoint=body, metadata=md,
             values=stored.digests, new_values=stored.new, namespace=ns, parent_id=parent_id,
             extends=stored.extends, bases=stored.bases, **self._writer(run, index)))
 
     def _base(self, key: tuple[str, str, str, str], version: Any, index: _Index) -> tuple[str, tuple[str, bytes]] | None:
-        """What a channel's new value may be stored as the tail of: the parent checkpoint's
+        """What a channel's new value may be stored as the tail of: the parent graph checkpoint's
         version of it, when this saver stored that version and still holds it serialized."""
         if version is None:
             return None
@@ -603,7 +603,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
     def _clear_interrupt(self, run: str, index: _Index, resumed: bool) -> None:
         if not resumed:
             return
-        with self._lock:  # the resume's writes and the next checkpoint may come from two threads
+        with self._lock:  # the resume's writes and the next graph checkpoint may come from two threads
             for b in self.lg.checkpoint(run).blockers:
                 if b.reason.startswith(INTERRUPT_BLOCKER):
                     self._fenced(lambda b=b: self.lg.unblock(run, "the graph was resumed", blocker_id=b.id,
@@ -613,7 +613,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
 
     def _erase(self, run: str, index: _Index, doomed: set[tuple[str, str, str]], reason: str,
                end_lease: int | None = None) -> None:
-        """Record, then delete, the values only ``doomed`` checkpoints use. While a worker
+        """Record, then delete, the values only ``doomed`` graph checkpoints use. While a worker
         holds the run's lease only a saver under it may (else LeaseHeld, nothing erased),
         or the owner naming the lease (``end_lease``), which ends it in the first write."""
         if not doomed:
@@ -636,7 +636,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
                 del self._held[key]
 
     def delete_thread(self, thread_id: str, *, end_lease: int | None = None) -> None:
-        """Erase the thread's checkpoints, writes and values (recorded first). While a
+        """Erase the thread's graph checkpoints, writes and values (recorded first). While a
         worker holds the run's lease: a saver under that lease, or the run's owner naming
         the lease (``end_lease``, its number in ``handoff status``), which ends it in the
         same write so the holder's next write is refused as stale; else LeaseHeld."""
@@ -673,7 +673,7 @@ class LedgerSaver(BaseCheckpointSaver[str]):
             self._erase(run, index, mine, "prune")
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """Every saved checkpoint of the source thread, with its writes, onto the target
+        """Every saved graph checkpoint of the source thread, with its writes, onto the target
         thread (its own run, opened as for a first ``put``), values copied beside it."""
         src, s_thread, _ = self._run_of({"configurable": {"thread_id": source_thread_id}})
         index = self._index(src)

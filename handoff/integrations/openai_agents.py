@@ -51,7 +51,7 @@ from agents.tracing import (
 from agents.tracing.spans import NoOpSpan
 
 from handoff.aio import AsyncLedger
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger.errors import LedgerError, Refused
 
 from ._agent_run import AgentRun, Reconcile, as_async, tool_attrs, usage_attrs

@@ -38,7 +38,7 @@ from handoff.ledger.errors import CollectorUnavailable, InvalidInput, UnknownRun
 from handoff.reducers import trace as tr
 
 if TYPE_CHECKING:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
 #: Where an OpenTelemetry collector listens for OTLP over HTTP on this machine.
 DEFAULT_ENDPOINT = "http://localhost:4318"

@@ -33,7 +33,7 @@ from typing import Any
 from pydantic_ai.capabilities import AbstractCapability
 
 from handoff.aio import AsyncLedger
-from handoff.api import Ledger
+from handoff.facade import Ledger
 
 from ._agent_run import AgentRun, Reconcile, as_async, tool_attrs, usage_attrs
 

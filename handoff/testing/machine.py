@@ -22,7 +22,7 @@ from hypothesis.stateful import (
     RULE_MARKER, Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule,
 )
 
-from handoff.api import Ledger, measure
+from handoff.facade import Ledger, measure
 from handoff.ledger import errors as E
 from handoff.ledger import events as ev
 from handoff.ledger.store import Actor, Recorded, lease_digest

@@ -7,9 +7,9 @@ every backend shares live one level up, in ledger/ (plan, folds, importing, veri
 """
 
 from .roles import roles_sql
-from .schema import PG_SCHEMA_VERSION, notify_channel
+from .postgres_schema import PG_SCHEMA_VERSION, notify_channel
 from .connection import is_driver_error, redact
-from .store import PostgresStore, PostgresTransaction
+from .postgres_store import PostgresStore, PostgresTransaction
 
 __all__ = ["PG_SCHEMA_VERSION", "PostgresStore", "PostgresTransaction", "is_driver_error", "notify_channel",
            "redact", "roles_sql"]

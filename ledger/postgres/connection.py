@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from ..errors import LedgerError, StoreUnavailable
-from .schema import ident
+from .postgres_schema import ident
 
 try:  # the driver is an optional extra: pip install '.[postgres]' from the checkout
     import psycopg

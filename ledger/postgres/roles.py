@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from ..errors import InvalidInput
-from .blobs import SIGNATURES as VALUES_SIGNATURES
-from .schema import APPEND_SIGNATURE, ident
+from .postgres_values import SIGNATURES as VALUES_SIGNATURES
+from .postgres_schema import APPEND_SIGNATURE, ident
 
 _ROLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 

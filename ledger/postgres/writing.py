@@ -2,7 +2,7 @@
 last knew it (or as a read with no lock finds it), and sent as one message to
 ``handoff_append``, which writes it only onto that head (docs/architecture.md,
 "PostgreSQL: what a write does"). ``Writes`` is the part of PostgresStore that writes;
-the rest of the store (connection, transactions, reads) is in ledger/postgres/store.py."""
+the rest of the store (connection, transactions, reads) is in ledger/postgres/postgres_store.py."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 from .. import events as ev
 from .. import plan
 from ..errors import LedgerError, StaleLease, StoreUnavailable
-from ..folds import MISSING as _MISSING
-from ..folds import decode_steps
+from ..store_core import MISSING as _MISSING
+from ..store_core import decode_steps
 from ..store import (
     GENESIS_HASH,
     Aggregate,
@@ -30,10 +30,10 @@ from ..store import (
     encode_events,
 )
 from ..verify import not_stored
-from .blobs import VALUE_NOT_STORED, digest_in
+from .postgres_values import VALUE_NOT_STORED, digest_in
 from .rows import as_bytes
-from .schema import ID_BLOCK, NOT_THE_HOLDER
-from .sync import as_json
+from .postgres_schema import ID_BLOCK, NOT_THE_HOLDER
+from .view_functions import as_json
 
 try:  # the driver is an optional extra: pip install '.[postgres]' from the checkout
     import psycopg

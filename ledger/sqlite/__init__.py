@@ -9,8 +9,8 @@ folds, importing, verify).
 
 from ..store import global_link
 from .driver import is_driver_error
-from .schema import APPEND_ONLY_TRIGGERS, STORE_SCHEMA_VERSION, UNKEPT
-from .store import WAL_CHECKPOINT_BYTES, SqliteStore, SqliteTransaction
+from .sqlite_schema import APPEND_ONLY_TRIGGERS, STORE_SCHEMA_VERSION, UNKEPT
+from .sqlite_store import WAL_CHECKPOINT_BYTES, SqliteStore, SqliteTransaction
 
 __all__ = ["APPEND_ONLY_TRIGGERS", "STORE_SCHEMA_VERSION", "UNKEPT", "WAL_CHECKPOINT_BYTES", "SqliteStore",
            "SqliteTransaction", "global_link", "is_driver_error"]

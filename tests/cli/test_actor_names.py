@@ -15,8 +15,8 @@ import subprocess
 
 import pytest
 
-from handoff import api
-from handoff.api import Ledger
+from handoff import facade
+from handoff.facade import Ledger
 from handoff.ledger.errors import InvalidInput
 from tests.support import executable, working_run
 
@@ -101,8 +101,8 @@ def test_a_uid_without_a_name_is_logged_by_number(monkeypatch):
         raise KeyError(uid)
 
     monkeypatch.setattr(pwd, "getpwuid", no_entry)
-    assert api.login_name() == f"uid-{os.getuid()}"
-    assert api.operator_name() == f"uid-{os.getuid()}"
+    assert facade.login_name() == f"uid-{os.getuid()}"
+    assert facade.operator_name() == f"uid-{os.getuid()}"
 
 
 def test_a_cli_worker_without_handoff_worker_is_logged_as_the_holder(db):

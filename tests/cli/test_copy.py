@@ -7,7 +7,7 @@ import json
 import pytest
 
 from handoff import Ledger
-from handoff.api import copy_ledger
+from handoff.facade import copy_ledger
 from handoff.ledger import errors as E
 from handoff.reducers.checkpoint import AGGREGATE
 

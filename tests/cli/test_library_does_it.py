@@ -7,7 +7,7 @@ import json
 import os
 
 from handoff import Ledger
-from handoff.api import init_ledger
+from handoff.facade import init_ledger
 
 from tests.support import Handoff, working_run
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from handoff import cli, output
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger import events as ev
 from handoff.ledger.errors import InvalidInput
 from handoff.ledger.sqlite import SqliteStore

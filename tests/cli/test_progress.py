@@ -96,7 +96,7 @@ def test_import_and_copy_show_their_bars(tmp_path):
     assert code == 0, shown
     _assert_bar(shown, "copying")
     with Ledger(str(tmp_path / "copy.db")) as a, Ledger(str(tmp_path / "new.db")) as b:
-        assert a.head() == b.head()
+        assert a.ledger_head() == b.ledger_head()
 
 
 def test_an_export_to_stdout_keeps_stdout_the_data(tmp_path):

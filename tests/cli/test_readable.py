@@ -1,4 +1,4 @@
-"""'handoff export --sqlite' (Ledger.export_sqlite, handoff/readable.py): a readable copy.
+"""'handoff export --sqlite' (Ledger.export_sqlite, handoff/sqlite_export.py): a readable copy.
 
 An analyst's questions are asked of the copy in plain SQL and checked against the
 ledger's own answers: stalled runs by owner, deliveries per target, the events of one

@@ -1,4 +1,4 @@
-"""An interrupted 'handoff export --sqlite' (handoff/readable.py): nothing half-written.
+"""An interrupted 'handoff export --sqlite' (handoff/sqlite_export.py): nothing half-written.
 
 A new copy is built under a private name and appears at its own name only when complete,
 so an export stopped part-way (an exception, Ctrl-C, SIGKILL) leaves no file there. An
@@ -19,7 +19,7 @@ import pytest
 from handoff import Ledger
 from handoff.ledger import events as ev
 from handoff.ledger.store import Actor
-from handoff.readable import BATCH
+from handoff.sqlite_export import BATCH
 
 WORKER = Actor("worker", "w1")
 

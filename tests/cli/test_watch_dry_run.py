@@ -17,7 +17,7 @@ import subprocess
 import pytest
 
 from handoff.render import iso as _iso
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.watchdog import watch_once
 from tests.support import executable, working_run
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from handoff.api import WATCHER_BEAT_PERIOD_S
+from handoff.facade import WATCHER_BEAT_PERIOD_S
 from handoff.watchdog import _act, _plan, watch_once
 from handoff.reducers.stall import classify
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 
 from .server import Receiver
 

@@ -11,7 +11,7 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.delivery.bundle import _names, build
 
 from .conftest import log_types, outbox

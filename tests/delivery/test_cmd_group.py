@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger.events import SendPolicy
 
 from .conftest import log_types, ready_run

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.delivery.adapters import file_name
 from handoff.ledger.errors import InvalidInput, ResendRefused
 from handoff.ledger.events import SendPolicy

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger.errors import DeliveryRefused, IllegalTransition, InvalidInput, SanitizationRequired
 
 from .conftest import ready_run
@@ -232,7 +232,7 @@ def test_a_detector_that_fails_refuses_the_check(lg, tmp_path, receiver, monkeyp
 
 
 def test_many_findings_are_all_returned_and_the_log_keeps_the_first_ones(lg, tmp_path, receiver):
-    from handoff.api import MAX_RECORDED_FINDINGS
+    from handoff.facade import MAX_RECORDED_FINDINGS
 
     content = "".join(f"host{i}.internal\n" for i in range(MAX_RECORDED_FINDINGS + 50))
     run = ready_run(lg, tmp_path, receiver.url, content=content, public=True)

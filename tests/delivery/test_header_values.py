@@ -50,7 +50,7 @@ def test_a_token_a_header_cannot_carry_is_refused_unseen_before_anything_is_reco
 
 
 def test_the_cli_refuses_a_bad_token_with_exit_2_no_traceback_and_never_prints_it(tmp_path, receiver, monkeypatch):
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     db_path = str(tmp_path / "ledger.db")
     with Ledger(db_path) as lg:

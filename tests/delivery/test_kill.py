@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger.events import SendPolicy
 from handoff.watchdog import watch_once
 from tests.support import executable

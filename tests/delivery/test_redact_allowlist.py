@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from handoff import redact
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger import events as ev
 from handoff.reducers import stall
 from handoff.watchdog import watch_once

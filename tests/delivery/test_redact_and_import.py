@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger.errors import RedactedExportRefused
 
 from .conftest import outbox, ready_run

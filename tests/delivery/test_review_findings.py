@@ -34,7 +34,7 @@ SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
 def _everything(lg: Ledger) -> tuple[bytes, object]:
     """The whole ledger as its export, and its head: equal before and after means nothing
     was written."""
-    return b"".join(lg.export()), lg.head()
+    return b"".join(lg.export()), lg.ledger_head()
 
 
 def _cli(db: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

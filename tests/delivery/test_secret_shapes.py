@@ -15,7 +15,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger.errors import SanitizationRequired
 from handoff.reducers import sanitize as sz
 from tests.support import Handoff

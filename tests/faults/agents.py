@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from handoff.api import Ledger  # noqa: E402
+from handoff.facade import Ledger  # noqa: E402
 from handoff.ledger.errors import LedgerError, StaleLease, TerminalRun  # noqa: E402
 from handoff.ledger.store import Actor  # noqa: E402
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from handoff import api
-from handoff.api import Ledger
+from handoff import facade
+from handoff.facade import Ledger
 from handoff.ledger.errors import InvalidInput
 from tests.support import Handoff, working_run
 from tests.ledger.conformance import assert_unchanged, snapshot
@@ -70,7 +70,7 @@ def _swap_after_stat(monkeypatch, target: str, swap: Any) -> None:
             swap(target)
         return st
 
-    monkeypatch.setattr(api.os, "stat", stat)
+    monkeypatch.setattr(facade.os, "stat", stat)
 
 
 def _refused(box: dict[str, Any], *words: str) -> InvalidInput:
@@ -137,7 +137,7 @@ def test_a_file_over_the_limit_is_refused_naming_the_limit_and_how_to_raise_it(l
     with pytest.raises(InvalidInput) as info:
         lg.artifact("r1", lease, str(path), max_bytes="1K", worker="w1")
     msg = info.value.message
-    assert "4096 bytes" in msg and "1 KiB limit" in msg and "--max-bytes" in msg and api.ARTIFACT_MAX_ENV in msg
+    assert "4096 bytes" in msg and "1 KiB limit" in msg and "--max-bytes" in msg and facade.ARTIFACT_MAX_ENV in msg
     assert info.value.details["limit"] == 1024 and info.value.details["size"] == 4096
     assert_unchanged(lg.store, before)
     out = lg.artifact("r1", lease, str(path), max_bytes=4096, worker="w1")  # at the limit: read
@@ -146,7 +146,7 @@ def test_a_file_over_the_limit_is_refused_naming_the_limit_and_how_to_raise_it(l
 
 def test_the_default_limit_is_one_gib_and_refuses_without_reading(ledger, tmp_path, monkeypatch):
     lg, lease = ledger
-    monkeypatch.delenv(api.ARTIFACT_MAX_ENV, raising=False)
+    monkeypatch.delenv(facade.ARTIFACT_MAX_ENV, raising=False)
     path = tmp_path / "sparse.img"
     with open(path, "wb") as f:
         f.truncate((1 << 30) + 1)  # sparse: no disk used, but reading it all took seconds
@@ -166,12 +166,12 @@ def test_the_limit_from_the_cli_option_and_the_environment(tmp_path):
     path.write_bytes(b"y" * 2048)
     r = h("artifact", "r1", str(path), "--lease", lease, "--max-bytes", "1K", code=2)
     assert "1 KiB limit" in r.stderr
-    r = h("artifact", "r1", str(path), "--lease", lease, code=2, env={api.ARTIFACT_MAX_ENV: "2047"})
+    r = h("artifact", "r1", str(path), "--lease", lease, code=2, env={facade.ARTIFACT_MAX_ENV: "2047"})
     assert "2047 bytes limit" in r.stderr
     r = h("artifact", "r1", str(path), "--lease", lease, "--max-bytes", "lots", code=2)
     assert "max_bytes must be a number of bytes" in r.stderr
-    r = h("artifact", "r1", str(path), "--lease", lease, code=2, env={api.ARTIFACT_MAX_ENV: "-5"})
-    assert api.ARTIFACT_MAX_ENV in r.stderr
+    r = h("artifact", "r1", str(path), "--lease", lease, code=2, env={facade.ARTIFACT_MAX_ENV: "-5"})
+    assert facade.ARTIFACT_MAX_ENV in r.stderr
     with h.ledger() as lg:
         assert_unchanged(lg.store, before)
     doc = h.json("artifact", "r1", str(path), "--lease", lease, "--max-bytes", "2K")
@@ -211,7 +211,7 @@ def test_a_file_growing_while_read_is_refused(ledger, tmp_path, monkeypatch, evi
 
     try:
         assert writer.stdout.readline().strip() == "ready"
-        monkeypatch.setattr(api.os, "read", read)
+        monkeypatch.setattr(facade.os, "read", read)
         before = snapshot(lg.store)
         refusals = []
         for _ in range(3):
@@ -239,10 +239,10 @@ def test_a_missing_file_is_still_recorded_as_missing(ledger, tmp_path):
 @pytest.mark.parametrize("value,want", [(0, 0), ("1048576", 1 << 20), ("512K", 512 << 10), ("64M", 64 << 20),
                                         ("2G", 2 << 30), ("2GiB", 2 << 30), (" 3 kb ", 3 << 10)])
 def test_sizes_are_read_in_binary_units(value, want):
-    assert api.parse_size(value) == want
+    assert facade.parse_size(value) == want
 
 
 @pytest.mark.parametrize("value", [-1, True, 1.5, "", "K", "1.5G", "12Q", "١٢", None])
 def test_malformed_sizes_are_refused(value):
     with pytest.raises(InvalidInput, match="number of bytes"):
-        api.parse_size(value)
+        facade.parse_size(value)

@@ -184,7 +184,7 @@ def test_commits_still_in_the_wal_are_in_the_backup_but_not_in_a_file_copy(tmp_p
         res = invoke("--db", db, "backup", str(tmp_path / "b.db"), "--json")
         assert res.exit_code == 0, res.output
         doc = json.loads(res.stdout)
-        head = lg.head_digest()
+        head = lg.ledger_head_digest()
     assert doc["positions"] == last and doc["head"] == head and doc["runs"] == 5
     assert doc["path"] == str(tmp_path / "b.db") and doc["bytes"] == os.path.getsize(tmp_path / "b.db")
     assert stat.S_IMODE(os.stat(tmp_path / "b.db").st_mode) == stat.S_IMODE(os.stat(db).st_mode)
@@ -258,7 +258,7 @@ def test_a_backup_taken_while_a_writer_process_appends_is_consistent(tmp_path, e
     with Ledger(db) as lg:  # each backup is a prefix of the ledger as it grew
         for i in range(4):
             with Ledger(str(tmp_path / f"b{i}.db"), readonly=True) as b:
-                assert lg.verify(expect_head=b.head_digest()) == []
+                assert lg.verify(expect_head=b.ledger_head_digest()) == []
     evidence.add("copies.backup_under_writer", positions_backed_up=seen)
 
 
@@ -340,7 +340,7 @@ def test_a_cut_tail_passes_verify_alone_and_is_caught_by_expect_head(tmp_path, e
     assert [(p["kind"], p["position"]) for p in doc["problems"]] == [("head_anchor", 9)]
     with Ledger(db) as lg:
         assert [p.kind for p in lg.verify(expect_head=digest)] == ["head_anchor"]
-        assert lg.verify(expect_head=lg.head_digest()) == []
+        assert lg.verify(expect_head=lg.ledger_head_digest()) == []
     assert _events(db) == before
     evidence.add("copies.cut_tail", verify_alone_exit=alone.exit_code, with_anchor_exit=res.exit_code)
 
@@ -349,7 +349,7 @@ def test_expect_head_accepts_growth_and_catches_rewritten_history(tmp_path):
     db = str(tmp_path / "l.db")
     _ledger_with_runs(db, 2)
     with Ledger(db) as lg:
-        digest = lg.head_digest()
+        digest = lg.ledger_head_digest()
         lg.open(run_id="later", goal="g", target="t", owner="alice")
         assert lg.verify(expect_head=digest) == []
         assert lg.verify("r0", expect_head=digest) == []

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger.errors import StoreUnavailable
 
 from .conftest import IS_ROOT, agent, read_jsonl, scale, wait_until
@@ -292,7 +292,7 @@ def test_io_errors_injected_by_libfiu(tmp_path, procs, evidence):
 
 FSYNC_WRITER = r"""
 import os, sys, time
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger.errors import LedgerError
 db, ready, go, failed, lease = sys.argv[1:6]
 lg = Ledger(db)
@@ -351,7 +351,7 @@ def test_failed_fsync_at_commit_then_crash_is_not_reported_as_nothing_written(tm
 
 SYNC_PROBE = r"""
 import json, os, sys, time
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger.errors import LedgerError
 db, sync, ready, go, out, lease = sys.argv[1:7]
 lg = Ledger(db, synchronous=sync)
@@ -412,7 +412,7 @@ def test_which_setting_syncs_at_commit(tmp_path, procs, evidence, synchronous):
 
 def test_wal_growth_per_command(tmp_path, evidence):
     """How much WAL one command writes, and so how much free space a ledger needs: the
-    store checkpoints (TRUNCATE) only past WAL_CHECKPOINT_BYTES, checked every 64 commits."""
+    store checkpoints the WAL (RESTART) only past WAL_CHECKPOINT_BYTES, checked every 64 commits."""
     from handoff.ledger.sqlite import WAL_CHECKPOINT_BYTES
 
     db = str(tmp_path / "l.db")
@@ -429,7 +429,7 @@ def test_wal_growth_per_command(tmp_path, evidence):
     headroom = WAL_CHECKPOINT_BYTES + 64 * per
     assert per >= page
     evidence.add("durability.wal_growth", wal_bytes_per_command=round(per), pages_per_command=round(per / page, 1),
-                 checkpoint_at_bytes=WAL_CHECKPOINT_BYTES, wal_can_reach_bytes=round(headroom))
+                 wal_checkpoint_at_bytes=WAL_CHECKPOINT_BYTES, wal_can_reach_bytes=round(headroom))
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="mounting a tmpfs needs root")

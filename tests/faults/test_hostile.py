@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from handoff import cli
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger import events as ev
-from handoff.ledger import portable
+from handoff.ledger import jsonl
 from handoff.ledger.errors import InvalidInput, LedgerError
 from handoff.ledger.store import Actor, lease_digest
 from handoff.reducers import commands as C
@@ -787,6 +787,6 @@ def test_fuzz_export_lines_parse_or_raise_invalid_input(template, data):
     if data.draw(st.booleans()):
         lines.append(data.draw(st.binary(max_size=80)))
     try:
-        list(portable.parse_lines(lines))
+        list(jsonl.parse_lines(lines))
     except ALLOWED:
         pass

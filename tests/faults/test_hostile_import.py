@@ -11,7 +11,7 @@ import pytest
 
 from handoff import Ledger
 from handoff.ledger import events as ev
-from handoff.ledger import portable
+from handoff.ledger import jsonl
 from handoff.ledger.store import GENESIS_HASH, Recorded, chain_hash
 
 from .conftest import ROOT, child_env
@@ -26,7 +26,7 @@ def line(run: str, seq: int, prev: bytes, event: ev.Event | bytes, *, actor: str
     tag = ev.decode(payload).__struct_config__.tag if not isinstance(event, bytes) else "handoff_opened"
     h = chain_hash(prev, run, seq, tag, actor, lease, key, at, ev.SCHEMA_VERSION, payload)
     rec = Recorded(run, seq, 0, tag, actor, lease, key, at, ev.SCHEMA_VERSION, payload, prev, h)
-    return portable.to_line(rec) + b"\n", h
+    return jsonl.to_line(rec) + b"\n", h
 
 
 OPEN = ev.HandoffOpened(goal="g", target="t", owner="a")

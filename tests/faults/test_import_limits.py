@@ -20,7 +20,7 @@ import pytest
 
 from handoff import Ledger
 from handoff.ledger import events as ev
-from handoff.ledger import portable
+from handoff.ledger import jsonl
 from handoff.ledger.errors import InvalidInput
 from handoff.ledger.store import DEFAULT_MAX_PAYLOAD, GENESIS_HASH, Recorded
 
@@ -97,7 +97,7 @@ def ledger_with_a_run(tmp_path) -> str:
 
 
 def _limit() -> int:
-    return portable.line_limit(DEFAULT_MAX_PAYLOAD)
+    return jsonl.line_limit(DEFAULT_MAX_PAYLOAD)
 
 
 def test_a_200_mb_stream_of_zeros_is_refused_with_flat_memory(ledger_with_a_run, evidence):
@@ -175,8 +175,8 @@ def test_the_envelope_room_holds_the_largest_envelope():
                    actor="operator:" + wide, lease=-(2**63), idempotency_key='"' * 64 + wide[:64],
                    recorded_us=-(2**63), schema_version=-(2**63), payload=b"{}",
                    prev_hash=b"\xff" * 32, hash=b"\xff" * 32)
-    encoded = portable.to_line(rec, b"\xff" * 32, batch_size=-(2**63), db_role='"' * 63 + "\x01" * 63)
-    assert len(encoded) - len(rec.payload) <= portable.ENVELOPE_BYTES, len(encoded)
+    encoded = jsonl.to_line(rec, b"\xff" * 32, batch_size=-(2**63), db_role='"' * 63 + "\x01" * 63)
+    assert len(encoded) - len(rec.payload) <= jsonl.ENVELOPE_BYTES, len(encoded)
     assert msgspec.json.decode(encoded)["payload"] == {}
 
 

@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.watchdog import watch_once
 from handoff.ledger import events as ev
 from handoff.ledger.errors import IdempotencyConflict, IllegalTransition, SeqConflict, StoreUnavailable

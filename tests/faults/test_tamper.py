@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger.sqlite import APPEND_ONLY_TRIGGERS
 from handoff.ledger.store import GENESIS_HASH, chain_hash
 

@@ -339,7 +339,7 @@ def test_a_postgresql_ledger_of_schema_10_checks_needed_values_after_its_upgrade
     import psycopg
 
     from handoff.ledger.postgres import PG_SCHEMA_VERSION
-    from handoff.ledger.postgres import schema as P
+    from handoff.ledger.postgres import postgres_schema as P
     from tests.pg import fresh_url
 
     url = fresh_url()

@@ -223,14 +223,14 @@ def test_an_unreachable_collector_is_exit_3_and_the_ledger_is_untouched(db, coll
     server.shutdown()
     server.server_close()  # nothing listens there now
     with Ledger(db, readonly=True) as lg:
-        before = lg.head_digest()
+        before = lg.ledger_head_digest()
     env = dict(os.environ, OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="2")
     proc = subprocess.run([sys.executable, "-m", "handoff.cli", "--db", db, "otel", "r1", "--endpoint",
                            f"http://127.0.0.1:{port}"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert proc.returncode == CollectorUnavailable.exit_code == 3
     assert "Traceback" not in proc.stderr and "did not take the traces" in proc.stderr
     with Ledger(db, readonly=True) as lg:
-        assert lg.head_digest() == before
+        assert lg.ledger_head_digest() == before
 
 
 def test_the_trace_tells_the_story_of_the_report(db):

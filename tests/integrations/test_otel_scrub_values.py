@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.delivery.adapters import file_name
 from handoff.reducers import trace as tr
 from tests.support import Handoff

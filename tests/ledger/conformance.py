@@ -57,7 +57,7 @@ from handoff.ledger.store import (
     lease_digest,
     value_digest,
 )
-from handoff.ledger.views import TableSpec, columns
+from handoff.ledger.view_tables import TableSpec, columns
 
 def token_secret(run: str, number: int) -> str:
     """A fixed, well-formed lease secret per (run, number), so tests can forge and replay."""

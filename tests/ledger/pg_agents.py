@@ -74,7 +74,7 @@ def staller(url: str, run: str, stalled: str, go: str) -> None:
     the seal, and so stands for a write that commits late."""
     import psycopg
 
-    from handoff.ledger.postgres.schema import SEAL_LOCK
+    from handoff.ledger.postgres.postgres_schema import SEAL_LOCK
     from tests.pg import append_call
 
     PostgresStore(url).close()  # the schema

@@ -18,7 +18,7 @@ import pytest
 from handoff import Ledger
 from handoff.ledger import errors as E
 from handoff.ledger import events as ev
-from handoff.ledger import portable
+from handoff.ledger import jsonl
 from handoff.ledger.store import chain_hash
 from tests.support import file_from_dump
 
@@ -95,7 +95,7 @@ def test_a_reformatted_schema_3_payload_is_still_refused(old_file, tmp_path):
                                first["lease"], first["idempotency_key"], first["recorded_us"], 3, spaced).hex()
     line = (json.dumps({k: v for k, v in first.items() if k != "payload"})[:-1]
             + ', "payload": ' + spaced.decode() + "}").encode()
-    assert next(portable.parse_lines([line]))[1].payload == spaced  # the chain itself is valid
+    assert next(jsonl.parse_lines([line]))[1].payload == spaced  # the chain itself is valid
     with Ledger(str(tmp_path / "target.db")) as target:
         with pytest.raises(E.InvalidInput, match="not in the form this library writes"):
             target.import_lines([line])

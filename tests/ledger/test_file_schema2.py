@@ -4,7 +4,7 @@ The fixture (fixtures/ledger_file1.sql, made by fixtures/make_ledger_file1.py on
 that wrote schema 1) holds runs in every shape the views tell apart and ends with one
 event a bare store wrote, so its views lag the log by one position, as an older tool
 could leave them. Under schema 2 an inline write that keeps every projection writes no
-tracking row; a write that does not is marked in views_unkept (ledger/sqlite/store.py).
+tracking row; a write that does not is marked in views_unkept (ledger/sqlite/sqlite_store.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from handoff import Ledger
 from handoff.ledger import errors as E
 from handoff.ledger import events as ev
-from handoff.ledger.sqlite import schema as sq
+from handoff.ledger.sqlite import sqlite_schema as sq
 from handoff.ledger.sqlite import UNKEPT, SqliteStore
 from handoff.ledger.store import Actor
 from handoff.projections import engine

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger.errors import CorruptLedger, NotALedger
 from tests.support import executable
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from handoff.api import Ledger, lease_token
+from handoff.facade import Ledger, lease_token
 from handoff.ledger.errors import IdempotencyConflict, InvalidInput, StaleLease, StoreUnavailable
 from handoff.ledger.store import Actor
 from handoff.reducers import commands as C

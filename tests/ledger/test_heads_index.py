@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sqlite3
 
-from handoff.ledger.sqlite import store as sqlite_store
+from handoff.ledger.sqlite import sqlite_store
 from handoff.ledger.sqlite import SqliteStore
 from tests.ledger.conformance import W1, step
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from handoff import Ledger
 from handoff.ledger import errors as E
 from handoff.ledger import events as ev
-from handoff.ledger import portable
+from handoff.ledger import jsonl
 from handoff.ledger.store import GENESIS_HASH, Recorded, chain_hash, request_digest
 from handoff.testing import issued
 
@@ -37,7 +37,7 @@ def forge(run_id: str, steps: list[tuple[str, int | None, ev.Event]], *, t0: int
         key, digest = (keys or {}).get(seq, (None, None))
         h = chain_hash(prev, run_id, seq, tag, actor, lease, key, at, ev.SCHEMA_VERSION, payload)
         rec = Recorded(run_id, seq, 0, tag, actor, lease, key, at, ev.SCHEMA_VERSION, payload, prev, h)
-        out.append(portable.to_line(rec, digest))
+        out.append(jsonl.to_line(rec, digest))
         prev = h
     return out
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from handoff.ledger import events as ev
-from handoff.ledger.sqlite import store as sqlite_store
+from handoff.ledger.sqlite import sqlite_store
 from handoff.ledger.errors import CorruptLedger
 from handoff.ledger.sqlite import SqliteStore
 from handoff.ledger.store import Aggregate, EventStore, Recorded, Step

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from handoff.ledger.errors import StoreUnavailable
 from handoff.ledger.postgres import PG_SCHEMA_VERSION, PostgresStore
-from handoff.ledger.postgres.schema import SEAL_LOCK
+from handoff.ledger.postgres.postgres_schema import SEAL_LOCK
 from tests.pg import fresh_url
 
 
@@ -126,7 +126,7 @@ def test_an_older_ledger_is_migrated_and_keeps_every_position_and_hash(version):
     every fold stay, the views need no refold, and new writes continue the order."""
     import psycopg
 
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     url = _load_schema2(drop_stamp=version == 1)
     with pytest.raises(StoreUnavailable, match="handoff --db URL init"):  # read-only: no migration
@@ -194,9 +194,9 @@ def test_a_schema_3_ledger_gets_the_seal_by_key_and_keeps_its_order():
     the chain unbroken, and verify accepts the new body (and would report the old one)."""
     import psycopg
 
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
     from handoff.ledger import events as ev
-    from handoff.ledger.postgres import schema as P
+    from handoff.ledger.postgres import postgres_schema as P
 
     url, schema, w = _four_sealed_two_queued()
     old = SEAL_V3.read_text().format(schema=P.ident(schema), ns=OLD_NS, seal=OLD_SEAL,
@@ -235,9 +235,9 @@ def test_a_schema_4_ledger_is_sealed_by_handoff_append_and_keeps_its_order():
     is unbroken; verify accepts the new bodies and would report the old queue function."""
     import psycopg
 
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
     from handoff.ledger import events as ev
-    from handoff.ledger.postgres import schema as P
+    from handoff.ledger.postgres import postgres_schema as P
 
     url, schema, w = _four_sealed_two_queued()
     old = QUEUE_V4.read_text().format(schema=P.ident(schema), ns=OLD_NS, seal=OLD_SEAL,
@@ -270,7 +270,7 @@ def test_a_schema_4_ledger_is_sealed_by_handoff_append_and_keeps_its_order():
 def test_a_write_whose_hooks_kept_only_some_views_leaves_them_to_catch_up():
     """events.viewed says a write kept every projection; a store with another hook (or a
     projector of a few projections) marks nothing, and the next Ledger refolds the run."""
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
     from handoff.ledger import events as ev
     from handoff.ledger.store import Actor
     from handoff.projections.engine import BY_NAME, Projector
@@ -297,7 +297,7 @@ def test_a_write_sends_only_the_view_rows_that_changed_and_the_views_stay_those_
     every view equal to a fresh fold of the log (Ledger.check)."""
     import psycopg
 
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     url = fresh_url()
     tables = ("checkpoints", "stall_watch", "deliveries", "owner_load")
@@ -349,7 +349,7 @@ def test_a_schema_7_ledger_gets_handoff_views_that_holds_each_tables_upsert():
     makes it anew from those functions' bodies, and writes keep every view as before."""
     import psycopg
 
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     url = fresh_url()
     with Ledger(url) as lg:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 
-from handoff.api import Ledger
-from handoff.ledger import portable
+from handoff.facade import Ledger
+from handoff.ledger import jsonl
 from tests.pg import fresh_url
 from tests.support import invoke
 
@@ -47,7 +47,7 @@ def test_sqlite_exports_read_as_before_and_claim_no_role(tmp_path):
         lines = list(lg.export())
         assert all(b"db_role" not in x for x in lines)
         assert lg.verify_report()["db_roles"] == {}
-    parsed = list(portable.parse_lines(lines))
+    parsed = list(jsonl.parse_lines(lines))
     assert len(parsed) == len(lines)
 
 

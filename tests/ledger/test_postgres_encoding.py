@@ -22,7 +22,7 @@ import pytest
 
 from handoff.ledger.errors import StoreUnavailable
 from handoff.ledger.postgres.connection import _require_utf8
-from handoff.ledger.postgres.store import PostgresStore
+from handoff.ledger.postgres.postgres_store import PostgresStore
 from tests import pg
 from tests.support import executable
 
@@ -90,7 +90,7 @@ def assert_refusal(exc: BaseException | str, name: str) -> None:
 
 @pytest.mark.parametrize("how", ["store", "ledger"])
 def test_init_on_a_sql_ascii_database_is_refused_typed_and_creates_nothing(ascii_db, how):
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     name, url = ascii_db
     before = snapshot(url)
@@ -126,7 +126,7 @@ def test_the_cli_init_exits_3_with_the_message_on_stderr_and_creates_nothing(asc
 def restored(ascii_db):
     """A ledger with a run, made in a UTF8 database and restored (pg_dump | psql) into the
     SQL_ASCII one, as a backup restored into a wrongly created database would be."""
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     tools = [shutil.which("pg_dump"), shutil.which("psql")]
     if None in tools:
@@ -150,7 +150,7 @@ def restored(ascii_db):
 
 @pytest.mark.parametrize("how", ["writable", "no-create", "readonly", "ledger"])
 def test_opening_an_existing_ledger_on_sql_ascii_is_refused_typed_and_changes_nothing(restored, how):
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     name, url = restored
     before = snapshot(url)
@@ -189,7 +189,7 @@ def test_text_round_trips_on_utf8_whatever_client_encoding_the_user_asks_for(mon
     """PGCLIENTENCODING (or client_encoding in the address) used to reach the store's
     session: LATIN1 failed a write with a raw UnicodeEncodeError, SQL_ASCII any open with
     a TypeError. The store now asks for UTF8 itself, which wins over both."""
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     url = base = pg.fresh_url()
     where, encoding = setting.split()

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from handoff.ledger.postgres import store as P
+from handoff.ledger.postgres import postgres_store as P
 from handoff.ledger import events as ev
 from handoff.ledger.postgres import PostgresStore
-from handoff.ledger.postgres.schema import SEAL_LOCK
+from handoff.ledger.postgres.postgres_schema import SEAL_LOCK
 from handoff.ledger.store import Actor
 from tests.pg import fresh_url
 

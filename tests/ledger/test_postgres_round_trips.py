@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger import events as ev
 from handoff.ledger.postgres import PostgresStore
 from handoff.ledger.store import Actor
@@ -160,7 +160,7 @@ def test_a_write_that_finds_another_session_sealing_costs_one_round_trip_more(pr
 
     import psycopg
 
-    from handoff.ledger.postgres.schema import SEAL_LOCK
+    from handoff.ledger.postgres.postgres_schema import SEAL_LOCK
 
     proxy, url = proxied
     w = Actor("worker", "w")
@@ -185,7 +185,7 @@ def test_a_write_whose_seal_finds_the_server_gone_after_its_commit_is_reported_c
     next reader seals it."""
     import psycopg
 
-    from handoff.ledger.postgres.schema import SEAL_LOCK
+    from handoff.ledger.postgres.postgres_schema import SEAL_LOCK
 
     proxy, url = proxied
     direct = url.replace(f"127.0.0.1:{proxy.port}", "127.0.0.1:5432")

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, rule
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.projections import engine
 from handoff.testing import LedgerMachine
 from tests.pg import fresh_url
@@ -139,8 +139,8 @@ def test_a_batch_of_several_id_blocks_reports_its_own_positions(monkeypatch):
     import psycopg
 
     from handoff.ledger import events as ev
-    from handoff.ledger.postgres.schema import SEAL_LOCK
-    from handoff.ledger.postgres.store import PostgresStore
+    from handoff.ledger.postgres.postgres_schema import SEAL_LOCK
+    from handoff.ledger.postgres.postgres_store import PostgresStore
     from handoff.ledger.store import Actor
 
     w = Actor("worker", "w")

@@ -14,7 +14,7 @@ from contextlib import closing
 
 import pytest
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger.errors import StoreUnavailable
 from tests.pg import fresh_url
 

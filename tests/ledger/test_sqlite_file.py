@@ -425,7 +425,7 @@ def test_wal_is_checkpointed_under_the_writer_lock(db_path):
         reader.execute("ROLLBACK")
         reader.close()
     assert s.head("w").last_seq == 140
-    busy, frames, copied = s.checkpoint()
+    busy, frames, copied = s.wal_checkpoint()
     assert busy == 0 and frames == copied
     assert s.verify() == [] and s.integrity_check() == "ok"
     s.close()

@@ -19,8 +19,8 @@ def test_automatic_checkpoints_are_off(store):
     assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
-def test_our_checkpoint_needs_the_writer_lock(db_path):
-    """While another connection holds the write lock, a checkpoint cannot start.
+def test_our_wal_checkpoint_needs_the_writer_lock(db_path):
+    """While another connection holds the write lock, a WAL checkpoint cannot start.
 
     That is the property that closes the bug's window: the bug needs a commit to land
     while a second checkpoint is running, and our checkpoints hold the writer lock.
@@ -30,12 +30,12 @@ def test_our_checkpoint_needs_the_writer_lock(db_path):
     other = sqlite3.connect(db_path, isolation_level=None, timeout=0.1)
     other.execute("BEGIN IMMEDIATE")
     try:
-        busy, _, _ = store.checkpoint(wait=False)
+        busy, _, _ = store.wal_checkpoint(wait=False)
         assert busy == 1
     finally:
         other.execute("ROLLBACK")
         other.close()
-    busy, frames, copied = store.checkpoint(wait=False)
+    busy, frames, copied = store.wal_checkpoint(wait=False)
     assert busy == 0 and frames == copied  # every frame copied back (RESTART mode)
     store.close()
 

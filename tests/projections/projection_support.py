@@ -29,7 +29,7 @@ def table_names() -> list[str]:
 def effective_positions(path: str) -> list[tuple[str, int]]:
     """Each projection's position as the store reads it (name order): how far it is current.
     Since file schema 2 inline writes move no tracking row, so the rows themselves say only
-    where the last catch-up or rebuild left each view (ledger/sqlite/views.py, _effective)."""
+    where the last catch-up or rebuild left each view (ledger/sqlite/sqlite_view_store.py, _effective)."""
     from handoff.ledger.sqlite import SqliteStore
 
     store = SqliteStore(path, readonly=True)

@@ -4,7 +4,7 @@ Nothing here names SQL or a private attribute: rebuild equals incremental upkeep
 finds and inline upkeep repairs a damaged row, catch-up brings views level with a log
 written without them (and with a second handle writing behind the projector, where the
 backend can open one ledger twice), and the view store's read vocabulary answers as
-documented (ledger/views.py). A new backend runs this file by adding its entry to
+documented (ledger/view_tables.py). A new backend runs this file by adding its entry to
 tests/backends.py.
 """
 
@@ -17,7 +17,7 @@ import pytest
 from handoff import Ledger
 from handoff.ledger.errors import InvalidInput
 from handoff.ledger.store import Actor
-from handoff.ledger.views import NOT_NULL, ORDINAL, Index, TableSpec, columns
+from handoff.ledger.view_tables import NOT_NULL, ORDINAL, Index, TableSpec, columns
 from handoff.projections import engine, queries
 from tests.support import S, Clock
 

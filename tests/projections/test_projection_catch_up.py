@@ -11,8 +11,8 @@ import sqlite3
 import pytest
 
 from handoff import Ledger
-from handoff import api
-from handoff.ledger.views import Index, TableSpec, columns
+from handoff import facade
+from handoff.ledger.view_tables import Index, TableSpec, columns
 from handoff.projections import engine
 from handoff.reducers.checkpoint import AGGREGATE, Checkpoint
 from tests.support import Clock
@@ -96,7 +96,7 @@ def test_lagging_projections_catch_up_from_their_position(ledger_copy, catch_ups
     clock = Clock(2_000_000_000_000_000, step_us=0)
     # A ledger that keeps only the checkpoints view inline (as an older version might).
     with monkeypatch.context() as m:
-        m.setattr(api, "Projector", lambda store: engine.Projector(store, ["checkpoints"]))
+        m.setattr(facade, "Projector", lambda store: engine.Projector(store, ["checkpoints"]))
         with Ledger(path, clock=clock) as lg:
             lagging_from = lg.store.last_position()
             for i in range(10):

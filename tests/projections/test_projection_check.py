@@ -9,7 +9,7 @@ import sqlite3
 
 from handoff import Ledger
 from handoff.ledger import events as ev
-from handoff.ledger.sqlite import store as sqlite_store
+from handoff.ledger.sqlite import sqlite_store
 from handoff.ledger.store import Actor
 from handoff.projections.engine import BY_NAME, NEEDS_REBUILD
 from handoff.reducers.checkpoint import Evidence
@@ -78,7 +78,7 @@ def test_views_kept_by_an_older_fold_are_refolded_on_the_next_writable_open(tmp_
     its views are refolded to the current version by the first writable open."""
     import msgspec
 
-    from handoff.projections import queries, views
+    from handoff.projections import queries, view_rows
 
     path = str(tmp_path / "ledger.db")
     result = tmp_path / "report.md"
@@ -103,7 +103,7 @@ def test_views_kept_by_an_older_fold_are_refolded_on_the_next_writable_open(tmp_
             for r in ro.store.read_run("r1") if r.type == "evidence_recorded"
         )
     assert [e.outcome for e in every] == ["fail", "pass"] and len(current.evidence) == 1
-    old_packet = views.encode_checkpoint(msgspec.structs.replace(current, evidence=every))
+    old_packet = view_rows.encode_checkpoint(msgspec.structs.replace(current, evidence=every))
     _tamper(path, "DROP TABLE projection_versions")
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("UPDATE checkpoints SET packet = ? WHERE run_id = 'r1'", (old_packet,))

@@ -1,6 +1,6 @@
 """The stall index agrees with the watchdog's judgement, at every instant that matters.
 
-``views.next_deadline`` is stored in stall_watch and the stall scan reads only that
+``view_rows.next_deadline`` is stored in stall_watch and the stall scan reads only that
 index, so for any history and any ``now``:
 
 * ``stall.classify(cp, now).needs_attention``  implies  ``next_deadline <= now``
@@ -16,7 +16,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import invariant
 
-from handoff.projections import queries, views
+from handoff.projections import queries, view_rows
 from handoff.reducers import delivery as dl
 from handoff.reducers import stall
 from handoff.reducers.checkpoint import Checkpoint
@@ -30,7 +30,7 @@ def instants(cp: Checkpoint, now: int) -> set[int]:
     pending = cp.delivery.pending
     bases = {now, cp.last_event_us, w.last_heartbeat_us, w.lease_since_us,
              w.last_progress.at_us if w.last_progress else None,
-             pending.at_us if pending else None, views.next_deadline(cp)}
+             pending.at_us if pending else None, view_rows.next_deadline(cp)}
     out = {0, 2**62}
     for b in bases - {None}:
         out.update((b - 1, b, b + 1))  # type: ignore[operator]
@@ -46,7 +46,7 @@ class DeadlineAgreement(LedgerCommands):
         store = self.lg.store
         for run in self.runs:
             cp = self.fold(run)
-            nd = views.next_deadline(cp)
+            nd = view_rows.next_deadline(cp)
             for now in sorted(instants(cp, self.clock())):
                 h = stall.classify(cp, now_us=now)
                 if h.needs_attention:

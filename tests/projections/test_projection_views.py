@@ -8,7 +8,7 @@ import pytest
 
 from handoff import Ledger
 from handoff.ledger.errors import CapacityExceeded, LedgerError
-from handoff.projections import queries, views
+from handoff.projections import queries, view_rows
 from handoff.reducers import delivery as dl
 from handoff.reducers.checkpoint import AGGREGATE
 
@@ -50,8 +50,8 @@ def assert_checkpoint_row(clocked_lg: Ledger, run_id: str) -> dict:
     head = clocked_lg.store.head(run_id)
     r = row(clocked_lg, "checkpoints", run_id)
     assert r is not None
-    assert views.decode_checkpoint(r["packet"]) == cp
-    assert r["packet"] == views.encode_checkpoint(cp)
+    assert view_rows.decode_checkpoint(r["packet"]) == cp
+    assert r["packet"] == view_rows.encode_checkpoint(cp)
     assert (r["state"], r["owner"], r["target"], r["worker"], r["lease"]) == (
         cp.state, cp.owner, cp.target, cp.worker, cp.lease)
     assert r["terminal"] == int(cp.terminal)
@@ -163,7 +163,7 @@ def stall_row(clocked_lg: Ledger, run_id: str) -> dict:
     r = row(clocked_lg, "stall_watch", run_id)
     assert r is not None
     cp = clocked_lg.store.fold(run_id, AGGREGATE)
-    assert r == views.stall_row(cp)
+    assert r == view_rows.stall_row(cp)
     return r
 
 
@@ -253,7 +253,7 @@ def test_unclaimed_working_run_is_due_at_once(clocked_lg, clock):
 
 def delivery_row(clocked_lg: Ledger, run_id: str) -> dict:
     [r] = rows(clocked_lg, "deliveries", run_id)
-    assert r == views.delivery_row(clocked_lg.store.fold(run_id, AGGREGATE))
+    assert r == view_rows.delivery_row(clocked_lg.store.fold(run_id, AGGREGATE))
     return r
 
 

@@ -14,8 +14,8 @@ import pytest
 
 from handoff import Ledger
 from handoff.ledger.sqlite import UNKEPT, SqliteStore
-from handoff.ledger.sqlite.views import Table
-from handoff.ledger.views import Index, TableSpec, columns
+from handoff.ledger.sqlite.sqlite_view_store import Table
+from handoff.ledger.view_tables import Index, TableSpec, columns
 from handoff.projections import engine, queries
 from handoff.reducers.checkpoint import Checkpoint
 from tests.support import S, Clock, working_run
@@ -442,7 +442,7 @@ def test_a_rebuild_ends_however_fast_new_runs_arrive(path, monkeypatch):
     folded once, by the swap. A writer that opens a full page of runs per batch used to
     keep the walk going for ever."""
     from handoff.ledger import events as ev
-    from handoff.ledger.sqlite import store as sqlite_store
+    from handoff.ledger.sqlite import sqlite_store
     from handoff.ledger.store import Actor
 
     monkeypatch.setattr(sqlite_store, "PAGE", 5)

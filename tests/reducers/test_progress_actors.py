@@ -164,16 +164,16 @@ def _as_the_old_rule_kept_it(path: str, run_id: str, old_versions: bool) -> None
 
     from msgspec.structs import replace
 
-    from handoff.projections import views
+    from handoff.projections import view_rows
 
     conn = sqlite3.connect(path, isolation_level=None)
     (blob,) = conn.execute("SELECT packet FROM checkpoints WHERE run_id=?", (run_id,)).fetchone()
-    cp = views.decode_checkpoint(blob)
+    cp = view_rows.decode_checkpoint(blob)
     seq = cp.progress_seq + 1
     last = stall.LastProgress(seq, "state:unknown", cp.last_event_us, cp.last_seq)
     old = replace(cp, watch=replace(cp.watch, progress_seq=seq, last_progress=last))
     conn.execute("UPDATE checkpoints SET progress_seq=?, packet=? WHERE run_id=?",
-                 (seq, views.encode_checkpoint(old), run_id))
+                 (seq, view_rows.encode_checkpoint(old), run_id))
     conn.execute("UPDATE stall_watch SET progress_seq=?, last_progress_kind=?, last_progress_us=? WHERE run_id=?",
                  (seq, last.kind, last.at_us, run_id))
     if old_versions:

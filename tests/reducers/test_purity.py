@@ -133,7 +133,7 @@ def test_every_reducer_module_is_checked() -> None:
         "from handoff import Ledger",
         "import handoff",
         "from handoff.projections import queries",
-        "import handoff.api as api",
+        "import handoff.facade as facade",
         "from ledger import events",
         "from datetime import datetime\nx = datetime.now()",
         "import datetime\nx = datetime.datetime.utcnow()",

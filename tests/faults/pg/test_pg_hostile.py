@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger.errors import InvalidInput, LedgerError
 from handoff.ledger.store import Actor, lease_digest
 from handoff.reducers import commands as C

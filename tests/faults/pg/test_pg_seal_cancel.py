@@ -15,8 +15,8 @@ import time
 import psycopg
 
 from handoff.ledger import events as ev
-from handoff.ledger.postgres.schema import SEAL_LOCK
-from handoff.ledger.postgres.store import PostgresStore
+from handoff.ledger.postgres.postgres_schema import SEAL_LOCK
+from handoff.ledger.postgres.postgres_store import PostgresStore
 from handoff.ledger.store import Actor
 
 from tests.faults.conftest import scale

@@ -1,4 +1,4 @@
-# watchdog.py: one watchdog pass over a ledger whose worker has gone quiet.
+# watchdog_pass.py: one watchdog pass over a ledger whose worker has gone quiet.
 from handoff import Ledger
 from handoff.watchdog import watch_once
 

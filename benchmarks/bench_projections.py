@@ -51,7 +51,7 @@ def _append_runs(path: str, first: int, last: int, per_run: int) -> None:
                 if chunk:
                     clock.now_us += 1000
                     store.append(f"run-{r:06d}", chunk, actor=WORKER)
-        store.checkpoint()
+        store.wal_checkpoint()
     finally:
         store.close()
 
@@ -74,7 +74,7 @@ def _raw_copy(path: str, raw: str, after_position: int) -> None:
 
 
 def _big_log(d: Path, params: dict[str, Any]) -> dict[str, Any]:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     runs, per_run = params["runs"], params["per_run"]
     path, raw = path_in(d, "ledger.db"), path_in(d, "raw.db")
@@ -102,7 +102,7 @@ def _rebuild_handoff(ctx: Ctx) -> Trial:
 
     def run() -> Measured:
         if ctx.profiling:  # in-process, so the profiler sees it
-            from handoff.api import Ledger
+            from handoff.facade import Ledger
 
             with Ledger(ctx.fixture["ledger"]) as lg:
                 t0 = time.perf_counter()
@@ -199,7 +199,7 @@ _NOW = _T0 + 10 * 86_400 * 1_000_000
 
 
 def _fleet(d: Path, params: dict[str, Any]) -> dict[str, Any]:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     runs = params["runs"]
     stalled_every = params["stalled_every"]
@@ -228,7 +228,7 @@ def _fleet(d: Path, params: dict[str, Any]) -> dict[str, Any]:
             clock.now_us = _NOW - (3 - i) * 10_000_000
             beat = ev.WatchdogObserved(watcher="wd-1", classification="alive", progress_seq=0, interval_s=10.0)
             store.append("watcher:wd-1", [beat], actor=Actor("watchdog", "wd-1"))
-        store.checkpoint()
+        store.wal_checkpoint()
     finally:
         store.close()
     Ledger(path).close()  # builds the projections (catch-up), untimed
@@ -255,7 +255,7 @@ def _time_ops(params: dict[str, Any], op: Any, items: list[Any]) -> Measured:
 
 
 def _status_handoff(ctx: Ctx) -> Trial:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     lg = Ledger(ctx.fixture["ledger"])
     seen: list[Any] = []
@@ -272,7 +272,7 @@ def _status_handoff(ctx: Ctx) -> Trial:
 
 
 def _status_view(ctx: Ctx) -> Trial:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
     from handoff.projections import queries
     from handoff.reducers.checkpoint import packet
 
@@ -352,7 +352,7 @@ register(
 
 
 def _stalls_handoff(ctx: Ctx) -> Trial:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     lg = Ledger(ctx.fixture["ledger"])
     found: list[int] = []
@@ -370,7 +370,7 @@ def _stalls_handoff(ctx: Ctx) -> Trial:
 
 
 def _stalls_index(ctx: Ctx) -> Trial:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
     from handoff.projections import queries
 
     lg = Ledger(ctx.fixture["ledger"])

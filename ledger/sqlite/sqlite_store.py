@@ -3,7 +3,7 @@
 Durability first: ``synchronous=FULL`` unless the caller names ``NORMAL``. The events
 table refuses UPDATE and DELETE by trigger. Positions are assigned inside the write
 lock, so they become visible in order and a catch-up reader never skips one.
-Checkpoints run only under the writer lock (see docs/architecture.md, "WAL reset").
+WAL checkpoints run only under the writer lock (see docs/architecture.md, "WAL reset").
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from typing import Any, Literal, TypeVar
 from .. import events as ev
 from .. import plan, verify
 from ..errors import InvalidInput, LedgerError, OutcomeUnknown, StoreUnavailable
-from ..folds import FoldingStore, StoreTransaction
+from ..store_core import FoldingStore, StoreTransaction
 from ..importing import ImportHead, ImportRow
 from ..plan import LeaseState, Request
 from ..store import (DEFAULT_MAX_PAYLOAD, GENESIS_HASH, Aggregate, AppendResult, Capabilities, Decision, Folded,
                      Head, Problem, Recorded, check_run_id, check_seq, encode_events, global_link, now_us)
-from . import blobs, schema
+from . import sqlite_schema, sqlite_values
 from .driver import explain as _explain
-from .schema import MARK_UNKEPT
-from .group import GroupCommit
+from .sqlite_schema import MARK_UNKEPT
+from .group_commit import GroupCommit
 from .opening import sniff, unreadable_schema, unusable_path
 
 S = TypeVar("S")
@@ -39,7 +39,7 @@ _RUNS_SINCE = (
     "SELECT run_id FROM heads WHERE run_id IN "
     "(SELECT run_id FROM events WHERE position > ?) ORDER BY first_position"
 )
-#: Checkpoint once the WAL file grows past this many bytes (checked after commits).
+#: Checkpoint the WAL once its file grows past this many bytes (checked after commits).
 WAL_CHECKPOINT_BYTES = 8 << 20
 
 Sync = Literal["FULL", "NORMAL"]
@@ -69,7 +69,7 @@ _INSERT_FIRST = _INSERT + "(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 _INSERT_REST = _INSERT + "(?,?,?,?,?,?,NULL,NULL,?,?,?,?,?,?,?)"
 
 
-class SqliteStore(blobs.SqliteValues, FoldingStore):
+class SqliteStore(sqlite_values.SqliteValues, FoldingStore):
     """An EventStore in one SQLite file (or ``:memory:`` for tests and scratch work).
 
     One store object owns one connection and may be shared by threads; open one per
@@ -106,12 +106,12 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
         self._commits_since_check = 0
         self._heads_indexed = False
         self._group: GroupCommit | None = None
-        #: The file's schema: an older one stays only on a read-only open (see schema.prepare).
-        self.file_schema = schema.STORE_SCHEMA_VERSION
+        #: The file's schema: an older one stays only on a read-only open (see sqlite_schema.prepare).
+        self.file_schema = sqlite_schema.STORE_SCHEMA_VERSION
         self.readonly = readonly
         self.conn = self._connect(create=create, readonly=readonly)
         try:
-            schema.prepare(self, create and not readonly, self._clock)
+            sqlite_schema.prepare(self, create and not readonly, self._clock)
             # Only once the file is known to be a ledger: switching a foreign database
             # to WAL would rewrite its header even though we then refuse it.
             if not self._memory and not readonly:
@@ -185,7 +185,7 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
             # (no file growth on every commit, which costs ext4 a journal commit per
             # fdatasync); this cap trims it back after an unusually large burst.
             conn.execute(f"PRAGMA journal_size_limit={WAL_CHECKPOINT_BYTES}")
-            # No automatic (passive) checkpoints: see _maybe_checkpoint.
+            # No automatic (passive) WAL checkpoints: see _maybe_wal_checkpoint.
             conn.execute("PRAGMA wal_autocheckpoint=0")
         except sqlite3.DatabaseError as exc:
             conn.close()
@@ -237,16 +237,16 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
                     ) from exc
                 raise _explain(exc, doing, self.path) from exc
             try:
-                self._maybe_checkpoint()
+                self._maybe_wal_checkpoint()
             except LedgerError:
-                # The commit stands; a checkpoint that could not run now is retried after
+                # The commit stands; a WAL checkpoint that could not run now is retried after
                 # a later commit. Reporting it would tell the caller "nothing was written".
                 pass
         elif conn.in_transaction:
             conn.execute("ROLLBACK")
 
-    def _maybe_checkpoint(self) -> None:
-        """Checkpoint only in RESTART mode, which takes the writer lock for its whole run.
+    def _maybe_wal_checkpoint(self) -> None:
+        """Checkpoint the WAL only in RESTART mode, which takes the writer lock for its whole run.
 
         Automatic checkpoints are off on every connection we open, so no checkpoint ever
         runs beside a commit: that closes the window of SQLite's WAL-reset bug (fixed in
@@ -264,14 +264,14 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
         except OSError:
             return
         if size >= WAL_CHECKPOINT_BYTES:
-            self.checkpoint(wait=False)
+            self.wal_checkpoint(wait=False)
 
-    def checkpoint(self, *, wait: bool = True) -> tuple[int, int, int]:
+    def wal_checkpoint(self, *, wait: bool = True) -> tuple[int, int, int]:
         """Copy the WAL into the database, holding the writer lock; the next writer restarts it.
 
         Returns SQLite's (busy, WAL frames, frames checkpointed).
         """
-        with self._reading("checkpointing"):
+        with self._reading("checkpointing the WAL"):
             conn = self.conn
             try:
                 if not wait:
@@ -306,7 +306,7 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
         except sqlite3.OperationalError:
             # A file from before lease tokens, opened read-only (a writable open adds the
             # column): no lease of it has a digest.
-            if schema.has_lease_digest(self.conn):
+            if sqlite_schema.has_lease_digest(self.conn):
                 raise
             return None
         return None if row is None else row[0]
@@ -581,11 +581,11 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
                 return (*row, self._lease_digest_locked(rid))
 
             problems += verify.check_heads(found, heads, fence_of, "positions")
-            return problems + schema.append_only_problems(self.conn)
+            return problems + sqlite_schema.append_only_problems(self.conn)
 
     def append_only_problems(self) -> list[Problem]:
         with self._reading("reading the triggers"):
-            return schema.append_only_problems(self.conn)
+            return sqlite_schema.append_only_problems(self.conn)
 
     # --- heads of the whole ledger, and copies ---------------------------------------
 
@@ -659,8 +659,8 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
 
     @functools.cached_property
     def views(self) -> Any:
-        """The view store on this file (ledger/sqlite/views.py), made on first use."""
-        from .views import SqliteViewStore
+        """The view store on this file (ledger/sqlite/sqlite_view_store.py), made on first use."""
+        from .sqlite_view_store import SqliteViewStore
 
         return SqliteViewStore(self)
 
@@ -684,7 +684,7 @@ class SqliteStore(blobs.SqliteValues, FoldingStore):
                 "synchronous": {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(pragma("synchronous")),
                 "wal_autocheckpoint": pragma("wal_autocheckpoint"),
                 "file_schema": self.file_schema,
-                **({"upgrade": note} if (note := schema.upgrade_note(self)) else {}),
+                **({"upgrade": note} if (note := sqlite_schema.upgrade_note(self)) else {}),
             }
 
     def integrity_check(self) -> str:

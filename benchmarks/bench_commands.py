@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from handoff.api import Ledger
+from handoff.facade import Ledger
 from handoff.ledger import events as ev
 
 from . import peers
@@ -126,7 +126,7 @@ def _cmd_lg(ctx: Ctx) -> Trial:
     cfg: dict[str, Any] = {"c": peers.lg_config("run-cmd")}
 
     def run() -> None:
-        put, apply, snap = saver.put, state.apply, state.checkpoint
+        put, apply, snap = saver.put, state.apply, state.graph_checkpoint
         config = cfg["c"]
         for e in events:
             apply(e)

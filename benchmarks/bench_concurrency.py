@@ -21,7 +21,7 @@ WRITERS = 8
 
 
 def _ledger_with_runs(db: str, count: int) -> list[list[Any]]:
-    from .commands import open_ledger, working_run
+    from .bench_commands import open_ledger, working_run
 
     runs = []
     with open_ledger(db) as lg:
@@ -126,9 +126,9 @@ def _threads(threads: int, group_commit: bool):
     def prepare(ctx: Ctx) -> Trial:
         import threading
 
-        from handoff.api import Ledger
+        from handoff.facade import Ledger
 
-        from .commands import working_run
+        from .bench_commands import working_run
         from .common import SYNCHRONOUS, _check, expect
 
         total = ctx.params["n"]

@@ -81,7 +81,7 @@ def _closing(*parts: Any):
 
 
 def _ledger(schema: Schema) -> Any:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     return Ledger(schema.url)
 
@@ -482,7 +482,7 @@ def _catch_up_fixture(_d: Any, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _catch_up_handoff(ctx: Ctx) -> Trial:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     fx = ctx.fixture
     lg = Ledger(fx["ours"])
@@ -547,7 +547,7 @@ register(
 
 
 def _rt_handoff(ctx: Ctx) -> Trial:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     each = ctx.params["each"]
     schema = Schema()

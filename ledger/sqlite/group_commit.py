@@ -11,7 +11,7 @@ from ..errors import StoreUnavailable
 from .driver import explain
 
 if TYPE_CHECKING:
-    from .store import SqliteStore
+    from .sqlite_store import SqliteStore
 
 
 class _Request:

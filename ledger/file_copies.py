@@ -7,7 +7,7 @@ file is an SQLite ledger, opened here, in the core, with the SQLite backend: no 
 package imports another, and opening by address (``ledger.backends``, which reaches every
 backend) is not needed, so no import leads back to the PostgreSQL store.
 
-The rest is the file work of the facade's copies (handoff/copies.py, handoff/api.py):
+The rest is the file work of the facade's copies (handoff/copies.py, handoff/facade.py):
 SQLite keeps a -wal, -shm or -journal file beside a database, so a copy written over one
 of the ledger's would drop commits, a backup placed where one lies would have SQLite apply
 a stranger's journal to it, and a new ledger is published only once its WAL is merged.

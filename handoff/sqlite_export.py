@@ -33,7 +33,7 @@ from typing import Any
 
 import msgspec
 
-from handoff.ledger import portable
+from handoff.ledger import jsonl
 from handoff.ledger.errors import InvalidInput, TargetAppeared
 from handoff.ledger.store import WATCHER_PREFIX
 from handoff.reducers import stall
@@ -46,7 +46,7 @@ BATCH = 2_000
 DETAIL_FIELDS = ("detail", "reason", "summary", "notes", "note", "what", "error", "resolution", "next_action",
                  "goal", "receipt")
 
-Progress = Callable[[int, int], None] | None
+OnProgress = Callable[[int, int], None] | None
 
 #: The events table's columns, in the order ``_Copy.event_row`` gives them.
 EVENT_COLUMNS = ("position", "run_id", "seq", "at", "recorded_us", "actor", "lease", "type", "idempotency_key",
@@ -123,7 +123,7 @@ class _Copy:
 
     def event_doc(self, rec: Any) -> dict[str, Any]:
         """The event as the JSON Lines export has it (redacted, when the copy is)."""
-        line = portable.to_line(rec)
+        line = jsonl.to_line(rec)
         if self.redactor is None:
             return msgspec.json.decode(line)  # type: ignore[no-any-return]
         self.teach(rec.run_id)
@@ -164,7 +164,7 @@ class _Copy:
                               p["key"])
         return None
 
-    def load(self, records: Iterator[Any], total: int, last: int, progress: Progress) -> tuple[int, set[str]]:
+    def load(self, records: Iterator[Any], total: int, last: int, progress: OnProgress) -> tuple[int, set[str]]:
         """Insert ``records`` (those after position ``last``) into the open transaction,
         ``BATCH`` at a time: the events with one ``executemany``, the lease, artifact and
         delivery statements in the log's order (consecutive ones of a kind together).
@@ -316,7 +316,7 @@ _STRUCTURE = frozenset({
 
 
 def export_sqlite(lg: Any, path: str | os.PathLike[str], *, redact: bool = False, salt: bytes | None = None,
-                  fields: Any = (), progress: Progress = None) -> dict[str, Any]:
+                  fields: Any = (), progress: OnProgress = None) -> dict[str, Any]:
     """Write (or extend) the readable copy of ``lg`` at ``path``; ``Ledger.export_sqlite``.
 
     Returns ``{"output", "events", "runs", "last_position", "redacted"}``: the events added
@@ -366,7 +366,7 @@ def export_sqlite(lg: Any, path: str | os.PathLike[str], *, redact: bool = False
 
 
 def _write(lg: Any, path: str, target: str, *, salt: bytes | None, salt_id: str | None, fields: tuple[str, ...],
-           progress: Progress, fresh: bool) -> dict[str, Any]:
+           progress: OnProgress, fresh: bool) -> dict[str, Any]:
     """The export proper, into ``path``: a new private file (``fresh``) that nobody reads
     until it is complete, or the existing copy at ``target``, changed in one transaction."""
     copy = _Copy(lg, path, salt=salt, fields=fields)

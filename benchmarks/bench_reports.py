@@ -44,7 +44,7 @@ def _long_run(d: Path, params: dict[str, Any]) -> dict[str, Any]:
                          actor=worker, lease=token)
     finally:
         store.close()
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     Ledger(path).close()  # projections caught up, untimed
     return {"ledger": path, "events": 3 + params["events"] // 1000 * 1000}
@@ -60,7 +60,7 @@ def _timed(n: int, op: Any) -> Measured:
 
 
 def _report(ctx: Ctx) -> Trial:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     lg = Ledger(ctx.fixture["ledger"])
     out: list[dict[str, Any]] = []
@@ -78,7 +78,7 @@ def _report(ctx: Ctx) -> Trial:
 
 
 def _fold(ctx: Ctx) -> Trial:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     lg = Ledger(ctx.fixture["ledger"])
     out: list[Any] = []

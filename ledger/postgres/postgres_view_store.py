@@ -6,9 +6,9 @@ a row in place, so a row keeps its ordinal. The partial "due" index is a real pa
 index. A rebuild fills shadow tables and swaps them in (drop, rename, index) inside one
 transaction. Every method runs on the store's connection under its lock. A write's rows
 go to the server with its batch and are kept by the table's sync function
-(ledger/postgres/sync.py); a count a write's decision reads is counted again by the
+(ledger/postgres/view_functions.py); a count a write's decision reads is counted again by the
 server under the views lock (PostgresStore.view_read), so a decision that reads a view
-(an owner's load) cannot race another write that changes it. Positions here are write ids (ledger/postgres/store.py): the tracking rows and a view row's
+(an owner's load) cannot race another write that changes it. Positions here are write ids (ledger/postgres/postgres_store.py): the tracking rows and a view row's
 ``last_position`` hold them.
 """
 
@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from .. import viewsql
 from ..errors import InvalidInput
-from ..views import TRACKING, VERSIONS, TableSpec, Views
-from .sync import EXISTING, PREFIX, as_json, hexed, sync_function, views_function
+from ..view_tables import TRACKING, VERSIONS, TableSpec, Views
+from .view_functions import EXISTING, PREFIX, as_json, hexed, sync_function, views_function
 
 if TYPE_CHECKING:
-    from ..folds import Reading
-    from .store import PostgresStore
+    from ..store_core import Reading
+    from .postgres_store import PostgresStore
 
 POSTGRES = viewsql.Dialect(
     param="%s", named="%({})s",
@@ -118,7 +118,7 @@ class PostgresViewStore(viewsql.SqlViewStore):
         self._exec(views_function(self._exec(EXISTING).fetchall()))
 
     def _bookkeeping(self) -> None:
-        # id_mark: the last write id when the position was set (ledger/postgres/store.py: every
+        # id_mark: the last write id when the position was set (ledger/postgres/postgres_store.py: every
         # write below it had committed), the point from which lagging() looks for writes
         # that did not keep the views.
         self._exec(f"CREATE TABLE IF NOT EXISTS {TRACKING} (name text PRIMARY KEY, position bigint NOT NULL,"

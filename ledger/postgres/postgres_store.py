@@ -26,9 +26,9 @@ from ..errors import (
     SchemaTooNew,
     StoreUnavailable,
 )
-from ..copies import copy_to_file
-from ..folds import MISSING as _MISSING
-from ..folds import FoldingStore, StoreTransaction
+from ..file_copies import copy_to_file
+from ..store_core import MISSING as _MISSING
+from ..store_core import FoldingStore, StoreTransaction
 from ..importing import ImportHead, ImportRow
 from ..store import (
     DEFAULT_MAX_PAYLOAD,
@@ -68,10 +68,10 @@ from .rows import (
     head_of,
     recorded_row,
 )
-from .blobs import PostgresValues
-from .sync import EXISTING, views_function
+from .postgres_values import PostgresValues
+from .view_functions import EXISTING, views_function
 from .writing import Writes
-from .schema import (
+from .postgres_schema import (
     CREATE_LOCK,
     ID_BLOCK,
     MAINTENANCE_LOCK,
@@ -652,7 +652,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
     def verify(self, run_id: str | None = None, *, progress: Callable[[int, int], None] | None = None
                ) -> list[Problem]:
         """Walk the log under one snapshot; report what is damaged ([] when sound)."""
-        from .verify import verify_snapshot
+        from .postgres_verify import verify_snapshot
 
         with self.read_transaction():
             with self._reading("verifying"):
@@ -722,7 +722,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
     @property
     def views(self) -> Any:
         if self._views is None:
-            from .views import PostgresViewStore
+            from .postgres_view_store import PostgresViewStore
 
             self._views = PostgresViewStore(self)
         return self._views

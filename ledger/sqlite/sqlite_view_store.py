@@ -1,6 +1,6 @@
 """The SQLite store's view store: projection tables in the same file as the log.
 
-Part of the SQLite backend (with ledger/sqlite/store.py): SQLite's words for the view SQL
+Part of the SQLite backend (with ledger/sqlite/sqlite_store.py): SQLite's words for the view SQL
 that ledger/viewsql.py builds, its tracking rows and marks, and its inline upkeep. Every
 method runs on the store's one connection under its lock; writes run inside a
 transaction the store opened (``write_transaction``, or an append for inline upkeep).
@@ -13,12 +13,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import viewsql
-from .schema import UNKEPT  # the file's table of writes that did not keep every projection
-from ..views import TRACKING, VERSIONS, Views
+from .sqlite_schema import UNKEPT  # the file's table of writes that did not keep every projection
+from ..view_tables import TRACKING, VERSIONS, Views
 
 if TYPE_CHECKING:
-    from ..folds import Reading
-    from .store import SqliteStore
+    from ..store_core import Reading
+    from .sqlite_store import SqliteStore
 
 #: A tracking position meaning "never built over the log it has": catch-up folds from 0.
 UNBUILT = -1
@@ -95,7 +95,7 @@ class SqliteViewStore(viewsql.SqlViewStore):
         catch-up must refold it from there.
 
         A tracking row says where a catch-up or rebuild left the projection; every write
-        since kept it unless a mark in views_unkept (ledger/sqlite/store.py) says the write did not:
+        since kept it unless a mark in views_unkept (ledger/sqlite/sqlite_store.py) says the write did not:
         the projection is current up to just before the first such mark, or to the log's
         end. A file of schema 1 read as it is (read-only, never upgraded) has no marks:
         there every inline write moved the rows, and a row behind the log's end is behind."""

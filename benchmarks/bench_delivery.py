@@ -85,7 +85,7 @@ register(Scenario(
 
 
 def _ready_runs(ctx: Ctx, target_of: Any) -> tuple[Any, list[str]]:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     lg = Ledger(str(ctx.dir / "ledger.db"))
     art = ctx.dir / "report.md"

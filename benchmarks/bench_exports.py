@@ -2,7 +2,7 @@
 
 The handoff-ledger side is ``Ledger.export_sqlite(path)`` into a new file: every event as
 a row (summary, detail, payload as JSON), the lease, artifact and delivery rows they
-start and end, the runs' packets, indexes and full-text search (handoff/readable.py).
+start and end, the runs' packets, indexes and full-text search (handoff/sqlite_export.py).
 The reference is ``Ledger.export_to(path)``, the JSON Lines export of the same events
 that moves a ledger: the ratio says what the readable tables cost on top of reading and
 writing each event once. The ledger is 100,500 events in 2,010 runs of 50 (a third each
@@ -22,7 +22,7 @@ _ENDINGS = (None, "delivered", "cancelled")
 
 
 def _ledger(d: Path, params: dict[str, Any]) -> dict[str, Any]:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     path = path_in(d, "ledger.db")
     runs, per_run = params["runs"], params["per_run"]
@@ -35,7 +35,7 @@ def _ledger(d: Path, params: dict[str, Any]) -> dict[str, Any]:
 
 def _side(export: str):
     def prepare(ctx: Ctx) -> Trial:
-        from handoff.api import Ledger
+        from handoff.facade import Ledger
 
         lg = Ledger(ctx.fixture["ledger"])
         out = path_in(ctx.dir, "copy")

@@ -7,8 +7,8 @@ talk to the backend's ``ViewStore`` through a small vocabulary: write a run's ro
 (only what changed is written), keep tracking positions and versions, build shadow
 tables for a rebuild and swap them in, and read by key, by equality filters, by a range
 on one column, in order, a page at a time. No SQL crosses this line: ledger/viewsql.py
-turns it into SQL for both backends, whose view stores (``ledger/sqlite/views.py``,
-``ledger/postgres/views.py``) give only their dialect.
+turns it into SQL for both backends, whose view stores (``ledger/sqlite/sqlite_view_store.py``,
+``ledger/postgres/postgres_view_store.py``) give only their dialect.
 
 Every view table keeps the order its rows were first written in: ``ORDINAL`` names that
 order as a pseudo-column (SQLite tables keep it implicitly; a PostgreSQL table holds an

@@ -21,7 +21,7 @@ from .driver import explain
 
 TABLE = "run_values"
 #: Made with the ledger and added to an older file by its first writable open
-#: (ledger/sqlite/schema.py): an additive table, so the file schema version stays.
+#: (ledger/sqlite/sqlite_schema.py): an additive table, so the file schema version stays.
 CREATE = (f"CREATE TABLE IF NOT EXISTS {TABLE} (run_id TEXT NOT NULL, sha256 TEXT NOT NULL, "
           "value BLOB NOT NULL, PRIMARY KEY (run_id, sha256))")
 #: The run's erasures found without reading its other events: every write that continues

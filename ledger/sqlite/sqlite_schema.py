@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 from ..errors import NotALedger, SchemaTooNew
 from ..store import FORMAT_NAME, Problem, meta_schema_version
-from .blobs import CREATE as VALUES_TABLE
-from .blobs import ERASURES_INDEX
+from .sqlite_values import CREATE as VALUES_TABLE
+from .sqlite_values import ERASURES_INDEX
 from .driver import explain
 from .opening import unreadable_schema
 
 if TYPE_CHECKING:
-    from .store import SqliteStore
+    from .sqlite_store import SqliteStore
 
 #: Layout version of the file itself (tables, indexes, triggers). 2: the views_unkept
 #: table (writes that did not keep every projection inline), and inline writes no longer

@@ -77,9 +77,9 @@ def _python_startup(ctx: Ctx) -> Trial:
 
 
 def _progress_process(ctx: Ctx, bytecode: bool = True) -> Trial:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
-    from .commands import working_run
+    from .bench_commands import working_run
 
     db = path_in(ctx.dir, "ledger.db")
     with Ledger(db) as lg:

@@ -48,7 +48,7 @@ def _corpus(d: Path, params: dict[str, Any]) -> dict[str, Any]:
         store.close()
         conn.close()
     # Open it once as a Ledger so the projections exist and are caught up (untimed).
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
 
     Ledger(ledger_path).close()
     out: dict[str, Any] = {"ledger": ledger_path, "raw": raw_path, "sizes": sizes}
@@ -96,7 +96,7 @@ def _lg_corpus(d: Path, bodies: dict[str, list[ev.Event]]) -> str:
             config = peers.lg_config(r)
             for e in bodies[r]:
                 state.apply(e)
-                ck, md, nv = state.checkpoint()
+                ck, md, nv = state.graph_checkpoint()
                 config = saver.put(config, ck, md, nv)
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:
@@ -116,7 +116,7 @@ def _timed(n: int, op: Any) -> Measured:
 
 def _fold_handoff(which: str):
     def prepare(ctx: Ctx) -> Trial:
-        from handoff.api import Ledger
+        from handoff.facade import Ledger
 
         lg = Ledger(ctx.fixture["ledger"])
         last = lg.store.head(which).last_seq  # type: ignore[union-attr]

@@ -84,7 +84,7 @@ def _prepare(ctx: Ctx, argv_of: Any, event: str, *, interleave: bool) -> Trial:
         return Measured(seconds=sum(hooks), latencies=hooks, metrics=metrics)
 
     def check() -> None:
-        from handoff.api import Ledger
+        from handoff.facade import Ledger
 
         with Ledger(db) as lg:
             [cp] = list(lg.runs(include_terminal=True))

@@ -17,7 +17,7 @@ from ..store import Problem, Recorded
 from .rows import RUN_COLUMNS, as_bytes, recorded_row
 
 if TYPE_CHECKING:
-    from .store import PostgresStore
+    from .postgres_store import PostgresStore
 
 PAGE = 10_000
 

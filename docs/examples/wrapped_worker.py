@@ -1,4 +1,4 @@
-# worker.py: run an agent under the worker wrapper, which claims, heartbeats and releases.
+# wrapped_worker.py: run an agent under the worker wrapper, which claims, heartbeats and releases.
 import sys
 
 from handoff.worker import run_wrapped

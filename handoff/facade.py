@@ -15,7 +15,7 @@ and call one another through ``self`` only; none imports this module, so the imp
 has no cycle. Argument checks live in arguments.py, result structs in results.py, artifact
 measuring in artifacts.py; the names callers import from here stay importable from here.
 The whole-ledger functions (``init_ledger``, ``copy_ledger``, ``import_into``) open a
-``Ledger`` and so live beside it; their file work is ledger/copies.py's.
+``Ledger`` and so live beside it; their file work is ledger/file_copies.py's.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from handoff.ledger import events as ev
-from handoff.ledger import portable
+from handoff.ledger import jsonl
 from handoff.ledger.backends import open_store
-from handoff.ledger.copies import built_beside
+from handoff.ledger.file_copies import built_beside
 from handoff.ledger.errors import DamageFound, HistoryRefused, InvalidInput, LedgerError, StaleLease, UnknownRun
 from handoff.ledger.files import check_path
 from handoff.ledger.store import (
@@ -38,7 +38,7 @@ from handoff.reducers import commands as C
 from handoff.reducers.checkpoint import AGGREGATE, Checkpoint
 from handoff.reducers.decide import Context, decide
 from handoff.projections import Projector, queries
-from handoff.projections.engine import Progress
+from handoff.projections.engine import OnProgress
 
 from .artifacts import ARTIFACT_MAX_BYTES, ARTIFACT_MAX_ENV, artifact_max_bytes, measure, parse_size
 from .audit import VERIFY_RUN_SKIPS, Audit
@@ -54,7 +54,7 @@ from .reads import Reads
 from .results import DEFAULT_PAGE, Claimed, Outcome, Page, Preview, Sent
 from .verbs import POLICY, WATCHER_BEAT_PERIOD_S, Verbs
 
-#: What callers import from ``handoff.api``: the Ledger, its results, the whole-ledger
+#: What callers import from ``handoff.facade``: the Ledger, its results, the whole-ledger
 #: functions, and the checks and defaults the CLI and the integrations share with it.
 __all__ = [
     "ARTIFACT_MAX_BYTES", "ARTIFACT_MAX_ENV", "DEFAULT_PAGE", "MAX_BUSY_TIMEOUT_S", "MAX_RECORDED_FINDINGS",
@@ -299,7 +299,7 @@ class Ledger(Verbs, Delivering, GraphValues, Reads, Audit, Copies, Incident):
         result, state = store.execute(run_id, AGGREGATE, _decide, actor=who, lease=token)
         return Outcome(result, state)
 
-    def import_lines(self, lines: Any, *, progress: Progress = None) -> dict[str, int]:
+    def import_lines(self, lines: Any, *, progress: OnProgress = None) -> dict[str, int]:
         """Import an export: all of it, or nothing of it.
 
         Every line's hash chain is verified, and every new event is admitted only if a live
@@ -320,7 +320,7 @@ class Ledger(Verbs, Delivering, GraphValues, Reads, Audit, Copies, Incident):
         total = count_lines(lines) if progress is not None else None
 
         def items() -> Iterator[tuple[Recorded, bytes | None, int]]:
-            for lineno, rec, digest, size in portable.parse_lines(lines, self.store.max_payload):
+            for lineno, rec, digest, size in jsonl.parse_lines(lines, self.store.max_payload):
                 where["line"] = lineno
                 if total and lineno % 1000 == 0:
                     progress(lineno, total)  # type: ignore[misc]
@@ -382,7 +382,7 @@ def init_ledger(path: str | os.PathLike[str], *, busy_timeout_s: float = 5.0) ->
 
 
 def copy_ledger(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, run_ids: list[str] | None = None,
-                busy_timeout_s: float = 5.0, progress: Progress = None) -> dict[str, Any]:
+                busy_timeout_s: float = 5.0, progress: OnProgress = None) -> dict[str, Any]:
     """Copy runs (all by default) from the ledger at ``src`` to the one at ``dst``, any two
     addresses (a SQLite file and a PostgreSQL database, either way round), then prove it.
 
@@ -420,7 +420,7 @@ def copy_ledger(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, run
 
 def import_into(
     path: str | os.PathLike[str], lines: Any, *, synchronous: str | None = None, busy_timeout_s: float = 5.0,
-    progress: Progress = None,
+    progress: OnProgress = None,
 ) -> dict[str, int]:
     """Import an export into the ledger at ``path``, creating it if there is none.
 
@@ -429,7 +429,7 @@ def import_into(
     directory (created exclusively, mode 0600) and linked into place only once the import
     succeeded; a file that appeared at ``path`` meanwhile is never replaced (the import is
     refused with ``TargetAppeared`` and nothing of it stays behind). A failed import
-    removes only the private file it made (``ledger.copies.built_beside``).
+    removes only the private file it made (``ledger.file_copies.built_beside``).
     """
     from handoff.ledger.backends import capabilities_of, parse
 

@@ -6,7 +6,7 @@ owner), which keeps them through ``handoff_views`` in the same transaction: it h
 body of each table's ``handoff_sync_<table>`` (which a catch-up calls on its own). So a
 role can change a run's view rows only by appending to that run, as the inline
 projections would, and never blind the watchdog by editing one.
-The functions are made by the owner with the tables (ledger/postgres/views.py), have
+The functions are made by the owner with the tables (ledger/postgres/postgres_view_store.py), have
 static SQL (their plans are cached per session), and are executable by nobody else.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from ..views import TableSpec
+from ..view_tables import TableSpec
 
 PREFIX = "handoff_sync_"
 #: The tables a ledger's handoff_sync_ functions keep (those whose table still exists),

@@ -13,11 +13,11 @@ from typing import Any
 
 from ..store import GENESIS_HASH, LEASE_TOKEN_DOMAIN, Problem
 
-from .blobs import CREATE as VALUES_TABLE
-from .blobs import DELETE_FUNCTION as DELETE_VALUES
-from .blobs import PUT_FUNCTION as PUT_VALUES
-from .blobs import SIGNATURES as VALUES_SIGNATURES
-from .sync import views_function
+from .postgres_values import CREATE as VALUES_TABLE
+from .postgres_values import DELETE_FUNCTION as DELETE_VALUES
+from .postgres_values import PUT_FUNCTION as PUT_VALUES
+from .postgres_values import SIGNATURES as VALUES_SIGNATURES
+from .view_functions import views_function
 
 try:  # the driver is an optional extra: pip install '.[postgres]' from the checkout
     from psycopg import sql as _sql
@@ -387,7 +387,7 @@ REVOKED = [
     *(f"REVOKE ALL ON FUNCTION {sig} FROM PUBLIC" for sig in VALUES_SIGNATURES),
 ]
 #: The view writes of an append (handoff_views), made anew from the view tables there are
-#: (ledger/postgres/views.py makes each table's handoff_sync_<table>) whenever one is made.
+#: (ledger/postgres/postgres_view_store.py makes each table's handoff_sync_<table>) whenever one is made.
 VIEWS_FUNCTION_EMPTY = views_function(())
 
 

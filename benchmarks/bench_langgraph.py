@@ -104,7 +104,7 @@ LG_PG_SIZES = ("SELECT sum(pg_column_size(checkpoint) + pg_column_size(metadata)
 
 
 def _ledger_sqlite(ctx: Ctx) -> Trial:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
     from handoff.integrations.langgraph import LedgerSaver
 
     path = str(ctx.dir / "ledger.db")
@@ -123,7 +123,7 @@ def _sqlite_saver(ctx: Ctx) -> Trial:
 
 
 def _ledger_pg(ctx: Ctx) -> Trial:
-    from handoff.api import Ledger
+    from handoff.facade import Ledger
     from handoff.integrations.langgraph import LedgerSaver
 
     schema = Schema("lg")
