@@ -801,7 +801,7 @@ def log(run: str | None, after_seq: int | None, since: Any, until: Any, types: t
             return made
 
         if run is not None:
-            from handoff.facade import actor_filter
+            from handoff.names import actor_filter
 
             by = actor_filter(actors)
             source = (r for r in lg.log(run, after_seq=after_seq or 0)
@@ -1183,7 +1183,7 @@ def watch(once: bool, interval: float, name: str | None, now: int | None, dry_ru
             "--now judges the runs at a time that is not the present, and the decisions would be recorded "
             "for real (a live worker's lease can be revoked). Add --dry-run to see what the watchdog would "
             "do and record nothing, or --commit to record the decisions anyway")
-    from handoff.facade import check_seconds
+    from handoff.ledger.inputs import check_seconds
 
     check_seconds(interval, "interval", low=0.05, high=86_400)  # nan slips past FloatRange
     name = name if name is not None else watchdog.default_name()
@@ -1804,7 +1804,7 @@ def mcp(role: str, name: str | None, root: str | None, address: str | None, toke
         raise click.UsageError(f"the MCP server needs the mcp extra: {install_hint('mcp')}") from None
     import anyio
 
-    from handoff.facade import login_name
+    from handoff.names import login_name
 
     st = _state()
     config = ms.Config(role=role, name=name or login_name(), root=root, allow_targets=allow_target)

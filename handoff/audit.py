@@ -13,7 +13,8 @@ import msgspec
 from handoff.ledger import anchor, files
 from handoff.ledger.file_copies import read_small
 from handoff.ledger.errors import HeadAnchorBroken, InvalidInput, UnknownRun
-from handoff.ledger.store import EventStore, check_run_id
+from handoff.ledger.inputs import check_run_id
+from handoff.ledger.store import EventStore
 from handoff.projections import Projector
 
 #: What ``verify(run_id)`` does not look at (reported by ``handoff verify RUN``).

@@ -92,7 +92,7 @@ def attr_value(text: str) -> Any:
     if len(text) >= 2 and text[0] == text[-1] == '"':
         return text[1:-1]
     if _ATTR_INT.fullmatch(text) and text != "-0":
-        from handoff.reducers.decide import ATTR_INT_RANGE
+        from handoff.ledger.inputs import ATTR_INT_RANGE
 
         low, high = ATTR_INT_RANGE
         if len(text) > 20 or not low <= int(text) <= high:

@@ -17,8 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from handoff.ledger.errors import InvalidInput
 from handoff.ledger.events import Policy as _StoredPolicy
 from handoff.ledger.events import SendPolicy as _StoredSend
-from handoff.ledger.store import CONTROL_RE, DEFAULT_MAX_PAYLOAD
-from handoff.reducers.decide import MAX_DECLARED_KINDS, check_progress_kinds
+from handoff.ledger.inputs import CONTROL_RE
+from handoff.ledger.store import DEFAULT_MAX_PAYLOAD
+from handoff.reducers.transitions import MAX_DECLARED_KINDS, check_progress_kinds
 
 #: The largest contract file read: a contract becomes one event, whose payload is at most
 #: the store's limit, and a file may spell each of its characters as a six-byte \\u
@@ -32,7 +33,7 @@ _SEND = _StoredSend()
 
 
 def _printable(value: str) -> str:
-    # The store's one rule (store.CONTROL_CHARS), said before decide would say it, so a
+    # The store's one rule (inputs.CONTROL_CHARS), said before decide would say it, so a
     # contract's every bad field is named at once.
     m = CONTROL_RE.search(value)
     if m is not None:

@@ -21,7 +21,8 @@ from handoff.ledger import anchor, files, jsonl
 from handoff.ledger import file_copies as stored
 from handoff.ledger import events as ev
 from handoff.ledger.errors import HistoryRefused, InvalidInput, UnknownRun
-from handoff.ledger.store import WATCHER_PREFIX, EventStore, Recorded, check_run_id
+from handoff.ledger.inputs import check_run_id
+from handoff.ledger.store import WATCHER_PREFIX, EventStore, Recorded
 from handoff.projections.engine import OnProgress
 
 from .verbs import WATCHER_BEAT_PERIOD_S

@@ -14,11 +14,11 @@ import msgspec
 
 from handoff.ledger import events as ev
 from handoff.ledger.errors import InvalidInput, ResendRefused, SanitizationRequired
-from handoff.ledger.store import Actor, EventStore, check_seq
+from handoff.ledger.inputs import check_seconds, check_seq
+from handoff.ledger.store import Actor, EventStore
 from handoff.reducers import commands as C
 from handoff.reducers.checkpoint import Checkpoint
 
-from .arguments import check_seconds
 from .results import Outcome, Sent
 
 #: A sanitization check records at most this many findings (then one that counts the rest);
@@ -99,7 +99,7 @@ class Delivering:
                     "delivery-failed'", key=delivery_key)
 
         refuse_resend(cp)
-        from handoff.reducers.decide import authorize
+        from handoff.reducers.authority import authorize
 
         for record in (C.ConfirmDelivery(key=delivery_key, receipt="-"), C.FailDelivery(key=delivery_key, error="-"),
                        C.RecordUnanswered(key=delivery_key, reason="-")):

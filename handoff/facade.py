@@ -12,8 +12,8 @@ store (``execute``, ``preview``, ``append_stream``, ``_with_values``, ``import_l
 the one place that writes to the store stays one module (tests/test_backends.py holds it
 to that). The parts share no state but the Ledger's ``store``, ``clock`` and ``projector``
 and call one another through ``self`` only; none imports this module, so the import graph
-has no cycle. Argument checks live in arguments.py, result structs in results.py, artifact
-measuring in artifacts.py; the names callers import from here stay importable from here.
+has no cycle. Argument checks live in ledger/inputs.py, the names given to actors and runs
+in names.py, result structs in results.py, artifact measuring in artifacts.py.
 The whole-ledger functions (``init_ledger``, ``copy_ledger``, ``import_into``) open a
 ``Ledger`` and so live beside it; their file work is ledger/file_copies.py's.
 """
@@ -29,9 +29,9 @@ from handoff.ledger import jsonl
 from handoff.ledger.backends import open_store
 from handoff.ledger.file_copies import built_beside
 from handoff.ledger.errors import DamageFound, HistoryRefused, InvalidInput, LedgerError, StaleLease, UnknownRun
-from handoff.ledger.files import check_path
+from handoff.ledger.inputs import check_path, check_run_id, check_seconds, check_text
 from handoff.ledger.store import (
-    WATCHER_PREFIX, Actor, AppendResult, Decision, EventStore, Head, LeaseToken, Recorded, check_run_id,
+    WATCHER_PREFIX, Actor, AppendResult, Decision, EventStore, Head, LeaseToken, Recorded, now_us,
 )
 from handoff.reducers import admit as admission
 from handoff.reducers import commands as C
@@ -42,26 +42,22 @@ from handoff.projections.engine import OnProgress
 
 from .artifacts import ARTIFACT_MAX_BYTES, ARTIFACT_MAX_ENV, artifact_max_bytes, measure, parse_size
 from .audit import VERIFY_RUN_SKIPS, Audit
-from .arguments import (
-    MAX_BUSY_TIMEOUT_S, MAX_TIME_US, MIN_TIME_US, actor_filter, check_filter, check_limit, check_seconds, check_text,
-    check_texts, check_time_us, keyed_id, lease_token, login_name, new_run_id, now_us, operator_name,
-)
 from .copies import Copies, admit_watcher_beat, count_lines
 from .delivering import MAX_RECORDED_FINDINGS, Delivering
 from .graph_values import GraphValues
 from .incident import Incident
+from .names import lease_token
 from .reads import Reads
 from .results import DEFAULT_PAGE, Claimed, Outcome, Page, Preview, Sent
 from .verbs import POLICY, WATCHER_BEAT_PERIOD_S, Verbs
 
-#: What callers import from ``handoff.facade``: the Ledger, its results, the whole-ledger
-#: functions, and the checks and defaults the CLI and the integrations share with it.
+#: What callers import from ``handoff.facade``: the Ledger, its results and the whole-ledger
+#: functions. The checks of its arguments are handoff/ledger/inputs.py's, the names it
+#: gives actors and runs handoff/names.py's: import them from there.
 __all__ = [
-    "ARTIFACT_MAX_BYTES", "ARTIFACT_MAX_ENV", "DEFAULT_PAGE", "MAX_BUSY_TIMEOUT_S", "MAX_RECORDED_FINDINGS",
-    "MAX_TIME_US", "MIN_TIME_US", "POLICY", "VERIFY_RUN_SKIPS", "WATCHER_BEAT_PERIOD_S", "Claimed", "Ledger",
-    "Outcome", "Page", "Preview", "Sent", "actor_filter", "artifact_max_bytes", "check_filter", "check_limit",
-    "check_seconds", "check_text", "check_texts", "check_time_us", "copy_ledger", "import_into", "init_ledger",
-    "keyed_id", "lease_token", "login_name", "measure", "new_run_id", "now_us", "operator_name", "parse_size",
+    "ARTIFACT_MAX_BYTES", "ARTIFACT_MAX_ENV", "DEFAULT_PAGE", "MAX_RECORDED_FINDINGS", "POLICY", "VERIFY_RUN_SKIPS",
+    "WATCHER_BEAT_PERIOD_S", "Claimed", "Ledger", "Outcome", "Page", "Preview", "Sent", "artifact_max_bytes",
+    "copy_ledger", "import_into", "init_ledger", "measure", "parse_size",
 ]
 
 

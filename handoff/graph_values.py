@@ -16,10 +16,11 @@ import msgspec
 
 from handoff.ledger import events as ev
 from handoff.ledger.errors import InvalidInput
-from handoff.ledger.store import Actor, EventStore, LeaseToken, check_run_id, value_digest
+from handoff.ledger.inputs import check_run_id
+from handoff.ledger.store import Actor, EventStore, LeaseToken, value_digest
 from handoff.reducers import commands as C
 
-from .arguments import lease_token
+from .names import lease_token
 from .results import Outcome
 
 

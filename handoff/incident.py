@@ -11,11 +11,11 @@ from typing import Any
 from handoff.ledger import events as ev
 from handoff.ledger import files
 from handoff.ledger.errors import InvalidInput, UnknownRun
-from handoff.ledger.store import WATCHER_PREFIX, EventStore, check_run_id, check_seq
+from handoff.ledger.inputs import check_run_id, check_seq, check_time_us
+from handoff.ledger.store import WATCHER_PREFIX, EventStore
 from handoff.projections.engine import OnProgress
 from handoff.reducers.checkpoint import iso
 
-from .arguments import check_time_us
 
 
 class Incident:

@@ -13,14 +13,16 @@ from typing import Any
 
 from handoff.ledger import events as ev
 from handoff.ledger.errors import InvalidInput, UnknownRun
-from handoff.ledger.store import WATCHER_PREFIX, EventStore, Recorded, check_run_id, check_seq
+from handoff.ledger.inputs import (
+    MAX_TIME_US, MIN_TIME_US, check_filter, check_limit, check_run_id, check_seconds, check_seq, check_texts,
+    check_time_us,
+)
+from handoff.ledger.store import WATCHER_PREFIX, EventStore, Recorded
 from handoff.projections import Projector, queries
 from handoff.reducers import stall
 from handoff.reducers.checkpoint import AGGREGATE, Checkpoint, packet
 
-from .arguments import (
-    MAX_TIME_US, MIN_TIME_US, actor_filter, check_filter, check_limit, check_seconds, check_texts, check_time_us,
-)
+from .names import actor_filter
 from .results import DEFAULT_PAGE, Outcome, Page
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 
 from handoff.ledger import events as ev
-from handoff.ledger.store import ACTOR_KINDS, RUN_ID_RE
+from handoff.ledger.inputs import ACTOR_KINDS, RUN_ID_RE
 from handoff.reducers import sanitize as sz
 from handoff.reducers import stall
 from handoff.reducers import transitions as T

@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from handoff.ledger.store import CONTROL_CHARS
+from handoff.ledger.inputs import CONTROL_CHARS
 from handoff.reducers import delivery as dl
 from handoff.reducers.checkpoint import iso
 
@@ -37,7 +37,7 @@ __all__ = [
 # --- text pieces -------------------------------------------------------------------------
 
 
-#: What ``visible`` escapes: what the ledger refuses on input (store.CONTROL_CHARS, which
+#: What ``visible`` escapes: what the ledger refuses on input (inputs.CONTROL_CHARS, which
 #: an older log or an imported one may still hold), tab and newline, the Unicode line and
 #: paragraph separators, and lone surrogates (an undecodable byte of a file name or of
 #: the environment, as Python reads them).

@@ -15,15 +15,13 @@ from typing import Any
 
 from handoff.ledger import events as ev
 from handoff.ledger.errors import ClaimAlreadyMade, InvalidInput, LedgerError
-from handoff.ledger.store import (
-    WATCHER_PREFIX, Actor, AppendResult, EventStore, LeaseToken, check_idempotency_key, check_run_id, check_seq,
-    new_lease_secret,
-)
+from handoff.ledger.inputs import check_attrs, check_idempotency_key, check_run_id, check_seconds, check_seq
+from handoff.ledger.store import WATCHER_PREFIX, Actor, AppendResult, EventStore, LeaseToken, new_lease_secret
 from handoff.reducers import commands as C
-from handoff.reducers.decide import check_attrs, check_progress_kinds
+from handoff.reducers.transitions import check_progress_kinds
 
 from .artifacts import measure
-from .arguments import check_seconds, keyed_id, lease_token, login_name, new_run_id, operator_name
+from .names import keyed_id, lease_token, login_name, new_run_id, operator_name
 from .results import Claimed, Outcome
 
 #: The policy defaults; their one home is ``ledger.events.Policy`` (a contract that omits a
@@ -210,7 +208,7 @@ class Verbs:
 
     # ``attrs``, where a record takes them: a few facts about the step (model, tokens in and
     # out, cost, tool, trace and span ids) as {name: text, number or bool}; the bounds are
-    # reducers.decide.check_attrs'. They show in the log, the report and the export.
+    # handoff.ledger.inputs.check_attrs'. They show in the log, the report and the export.
 
     # --- generated from handoff/operations.py (Ledger verbs): python -m handoff.codegen --write ---
     def heartbeat(self, run_id: str, lease: str, *, attrs: Mapping[str, Any] | None = None,

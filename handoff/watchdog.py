@@ -16,13 +16,14 @@ from typing import Any
 import msgspec
 
 from handoff.ledger.errors import IdempotencyConflict, InvalidInput, LedgerError, Refused
+from handoff.ledger.inputs import check_seconds
 from handoff.ledger.store import WATCHER_PREFIX
 from handoff.reducers import commands as C
 from handoff.reducers.checkpoint import Checkpoint, iso
 from handoff.reducers.stall import Health
 from handoff.render import visible
 
-from .facade import Ledger, check_seconds
+from .facade import Ledger
 
 #: classification -> what the watchdog does about it. Anything else: nothing.
 ACTS_ON = ("unavailable", "stalled", "needs_reconciliation", "delivery_ambiguous")
@@ -352,7 +353,7 @@ def watch_forever(
     The name and interval are checked before the first pass: a bad one would fail every
     pass alike (and a nan interval would never wait), so it is refused, not retried.
     """
-    from handoff.ledger.store import check_run_id
+    from handoff.ledger.inputs import check_run_id
 
     check_seconds(interval_s, "interval", high=1e7, low_open=True)
     if not isinstance(name, str):

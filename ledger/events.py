@@ -27,9 +27,9 @@ CANONICAL_SINCE = 3
 
 #: What a worker may attach to a record: model, tokens, cost, tool, trace and span ids.
 #: String keys; text, whole or decimal numbers, or booleans. The bounds are rules, kept in
-#: reducers/decide.py (``check_attrs``); here is only the shape a payload may have.
+#: ledger/inputs.py (``check_attrs``); here is only the shape a payload may have.
 Attrs = dict[str, str | int | float | bool]
-#: A contract's own progress kinds, by working state (reducers/decide.py checks them).
+#: A contract's own progress kinds, by working state (reducers/transitions.py checks them).
 DeclaredKinds = dict[str, tuple[str, ...]]
 
 

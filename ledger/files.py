@@ -15,6 +15,7 @@ import stat
 from collections.abc import Iterable, Iterator
 
 from .errors import InvalidInput, StoreUnavailable
+from .inputs import check_path
 
 #: The mode of a copy whose source has no file (an in-memory or server-side store).
 PRIVATE_MODE = 0o600
@@ -61,19 +62,6 @@ def copy_mode(source: str | None) -> int:
     except OSError:
         return PRIVATE_MODE
     return stat.S_IMODE(st.st_mode) & 0o666
-
-
-def check_path(path: object, field: str = "path") -> str:
-    """A file name as given: text or a path object, not empty, without NUL bytes."""
-    try:
-        p = os.fspath(path)  # type: ignore[arg-type]
-    except TypeError:
-        raise InvalidInput(f"{field} must be a file path, got {type(path).__name__}", field=field) from None
-    if isinstance(p, bytes):
-        p = os.fsdecode(p)
-    if not p or "\x00" in p:
-        raise InvalidInput(f"{field} must be a non-empty file path without NUL bytes", field=field)
-    return p
 
 
 def check_target(path: object, field: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from . import events as ev
 from .errors import InvalidInput, PayloadTooLarge, StaleLease
 from .plan import LeaseState, check_fork
+from .inputs import check_actor, check_idempotency_key
 from .store import (
     GENESIS_HASH,
     Actor,
@@ -22,8 +23,6 @@ from .store import (
     Head,
     Recorded,
     Step,
-    check_actor,
-    check_idempotency_key,
     global_link,
 )
 

@@ -13,7 +13,8 @@ import msgspec
 
 from . import events as ev
 from .errors import InvalidInput, RedactedExportRefused
-from .store import DEFAULT_MAX_PAYLOAD, GENESIS_HASH, Recorded, chain_hash, check_run_id
+from .inputs import check_run_id
+from .store import DEFAULT_MAX_PAYLOAD, GENESIS_HASH, Recorded, chain_hash
 
 
 #: Every integer of a line fits SQLite's INTEGER (and the msgpack header the hash covers):

@@ -16,6 +16,7 @@ from typing import Any
 
 from . import events as ev
 from .errors import IdempotencyConflict, InvalidInput, SeqConflict, StaleLease
+from .inputs import check_actor, check_idempotency_key, check_run_id
 from .store import (
     GENESIS_HASH,
     Actor,
@@ -24,9 +25,6 @@ from .store import (
     Head,
     LeaseToken,
     chain_hash,
-    check_actor,
-    check_idempotency_key,
-    check_run_id,
     encode_events,
     request_digest,
 )

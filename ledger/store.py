@@ -22,23 +22,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar
 import msgspec
 
 from . import events as ev
-from .errors import CorruptLedger, InvalidInput, NotALedger, PayloadTooLarge, ReservedKey, SchemaTooNew, UnknownEventType
+from .errors import CorruptLedger, InvalidInput, NotALedger, PayloadTooLarge, SchemaTooNew, UnknownEventType
 
 if TYPE_CHECKING:
     from .view_tables import ViewStore, ViewWriter
 
-RUN_ID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 #: Run ids starting with this are the watchdogs' own streams (a watcher's beats), not runs.
 WATCHER_PREFIX = "watcher:"
-ACTOR_KINDS = ("worker", "owner", "watchdog", "operator")
-#: The characters no text in the ledger may hold (tab and newline aside, which free text
-#: may): C0 controls and DEL, the C1 controls (U+0080-U+009F, which some terminals obey
-#: as escapes), and the bidirectional embeddings, overrides and isolates (U+202A-U+202E,
-#: U+2066-U+2069), which make a terminal or a page show text in another order than the
-#: one stored. ``check_chars`` applies it; names, keys and ``render.visible`` build on it.
-CONTROL_CHARS = "\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069"
-CONTROL_RE = re.compile(f"[{CONTROL_CHARS}]")
-ACTOR_NAME_RE = re.compile(f"[^\t\n{CONTROL_CHARS}]{{1,128}}")
 DEFAULT_MAX_PAYLOAD = 1 << 20
 GENESIS_HASH = b"\x00" * 32
 #: The ``format`` row of every ledger's handoff_meta table: what tells a ledger from any
@@ -217,47 +207,6 @@ class Decision(msgspec.Struct, frozen=True):
 # --- helpers every backend shares --------------------------------------------------
 
 
-def check_run_id(run_id: object, field: str = "run_id") -> str:
-    if not isinstance(run_id, str) or not RUN_ID_RE.fullmatch(run_id):
-        shown = repr(run_id)[:60]
-        raise InvalidInput(
-            f"{field} {shown} is not a valid run id: use 1 to 128 characters from "
-            "letters, digits and . _ : -",
-            field=field,
-        )
-    return run_id
-
-
-def check_utf8(value: str, field: str) -> str:
-    """Refuse text that cannot be stored as UTF-8: lone surrogates, which is what Python
-    makes of invalid UTF-8 bytes in argv, the environment or a file name."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInput(
-            f"{field} is not valid UTF-8 text (an undecodable byte or lone surrogate at "
-            f"character {exc.start}); pass it as UTF-8",
-            field=field,
-        ) from None
-    return value
-
-
-def check_chars(value: str, field: str) -> str:
-    """Refuse text holding a character of ``CONTROL_CHARS``, naming the field, the
-    character and where it is: such text could rewrite the lines or the order in which
-    a terminal, a report or a chat shows it."""
-    m = CONTROL_RE.search(value)
-    if m is not None:
-        kind = ("a bidirectional text control" if m.group() >= "\u202a" else
-                "a C1 control character" if m.group() >= "\x80" else "a NUL or control character")
-        raise InvalidInput(
-            f"{field} contains {kind} (U+{ord(m.group()):04X} at character {m.start()}); only "
-            "printable text, tabs and newlines are accepted",
-            field=field,
-        )
-    return value
-
-
 def now_us() -> int:
     """This host's clock, in UTC µs: what a store stamps events with unless given its own."""
     return time.time_ns() // 1000
@@ -275,56 +224,6 @@ def meta_schema_version(meta: dict[str, str], where: str, newest: int, what: str
             f"version reads up to {newest}); upgrade handoff-ledger"
         )
     return version
-
-
-def check_seq(value: object, field: str, *, low: int = 0, high: int = 2**53) -> int:
-    """A seq or position argument: a whole number (not a bool) from ``low`` to ``high``."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        shown = repr(value)[:60]
-        raise InvalidInput(f"{field} must be a whole number from {low} to {high}, got {shown}", field=field)
-    return value
-
-
-def check_actor(actor: Actor) -> Actor:
-    if not isinstance(actor, Actor) or actor.kind not in ACTOR_KINDS:
-        raise InvalidInput(
-            f"actor kind must be one of {', '.join(ACTOR_KINDS)}, got {getattr(actor, 'kind', actor)!r}",
-            field="actor",
-        )
-    if not isinstance(actor.name, str) or not ACTOR_NAME_RE.fullmatch(actor.name):
-        raise InvalidInput(
-            "actor name must be 1 to 128 printable characters", field="actor.name"
-        )
-    check_utf8(actor.name, "actor.name")
-    return actor
-
-
-def check_idempotency_key(key: str | None, actor: Actor | None = None) -> str | None:
-    """A well-formed key; with ``actor``, also one that actor's kind may use (see
-    ``RESERVED_KEY_PREFIXES``)."""
-    if key is None:
-        return None
-    if not isinstance(key, str) or not ACTOR_NAME_RE.fullmatch(key) or len(key) > 200:
-        raise InvalidInput(
-            "idempotency key must be 1 to 128 printable characters", field="idempotency_key"
-        )
-    check_utf8(key, "idempotency_key")
-    if actor is not None:
-        for prefix, kind in RESERVED_KEY_PREFIXES.items():
-            if key.startswith(prefix) and actor.kind != kind:
-                raise ReservedKey(
-                    f"idempotency keys starting with {prefix!r} belong to the {kind} (it records "
-                    f"its own decisions under them); a {actor.kind} may not use {key!r}. Choose "
-                    "a key without that prefix",
-                    field="idempotency_key",
-                )
-    return key
-
-
-#: Key prefixes only one actor kind may write under, so nobody can take a key another
-#: actor will need: a worker that recorded anything under the watchdog's key for a
-#: revocation would turn that revocation into a no-op.
-RESERVED_KEY_PREFIXES = {"watch:": "watchdog"}
 
 
 # --- lease tokens ------------------------------------------------------------------

@@ -26,8 +26,9 @@ from . import plan
 from .plan import Request
 from .errors import LedgerError
 from .importing import run_import
+from .inputs import check_run_id, check_seq
 from .store import (Actor, Aggregate, AppendResult, Decision, EventStore, Folded, Head, Recorded, Step,
-                    Transaction, check_run_id, check_seq, keeps_views)
+                    Transaction, keeps_views)
 
 S = TypeVar("S")
 T = TypeVar("T")

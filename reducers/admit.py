@@ -15,7 +15,8 @@ import msgspec
 
 from handoff.ledger import events as ev
 from handoff.ledger.errors import HistoryRefused, InvalidInput
-from handoff.ledger.store import Actor, check_actor
+from handoff.ledger.inputs import check_actor
+from handoff.ledger.store import Actor
 
 from . import commands as C
 from .checkpoint import Checkpoint

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import msgspec
 
+from handoff.ledger import inputs
 from handoff.ledger.errors import NotAuthorized, StaleLease
 from handoff.ledger.store import Actor
 
-from . import checks
 from . import commands as C
 from . import transitions as T
 from .checkpoint import Checkpoint
@@ -54,7 +54,7 @@ def check(cp: Checkpoint, name: str, cmd: C.Command, actor: Actor) -> None:
     rule = RULES[name]
     lease = getattr(cmd, "lease", None)
     if lease is not None:
-        checks.count("lease", lease, low=1)
+        inputs.count("lease", lease, low=1)
     if actor.kind == T.WORKER and rule.lease:
         if lease is None:
             raise NotAuthorized(f"a worker must pass its lease to {name} run {cp.run_id}", field="lease")

@@ -7,7 +7,7 @@ by another writer.
 
 This module holds the checks every command shares (the run exists and has not ended, the
 actor may issue it: authority.py) and the dispatch to one handler per command (the
-handle_*.py modules); the argument checks the handlers use are checks.py's.
+handle_*.py modules); the argument checks the handlers use are handoff/ledger/inputs.py's.
 """
 
 from __future__ import annotations
@@ -25,25 +25,7 @@ from . import transitions as T
 from .checkpoint import Checkpoint
 from .handler import Context, Handler
 
-# The names the API, the CLI, the MCP server and their tests import from here; they live
-# in authority.py, checks.py and handler.py.
-from .authority import authorize
-from .checks import (
-    ATTR_INT_RANGE,
-    ATTR_KEY,
-    MAX_ATTR_KEY,
-    MAX_ATTR_TEXT,
-    MAX_ATTRS,
-    MAX_DECLARED_KINDS,
-    MAX_TEXT,
-    check_attrs,
-    check_progress_kinds,
-)
-
-__all__ = [
-    "ATTR_INT_RANGE", "ATTR_KEY", "HANDLERS", "MAX_ATTRS", "MAX_ATTR_KEY", "MAX_ATTR_TEXT", "MAX_DECLARED_KINDS",
-    "MAX_TEXT", "Context", "authorize", "check_attrs", "check_progress_kinds", "decide",
-]
+__all__ = ["HANDLERS", "Context", "decide"]
 
 #: The handler of each command.
 HANDLERS: dict[type[C.Command], Handler] = {

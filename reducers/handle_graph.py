@@ -11,9 +11,9 @@ from __future__ import annotations
 from msgspec import UNSET, UnsetType
 
 from handoff.ledger import events as ev
+from handoff.ledger import inputs
 from handoff.ledger.errors import InvalidInput, LeaseHeld, StaleLease
 
-from . import checks
 from . import commands as C
 from . import handle_leases as leases
 from . import transitions as T
@@ -37,31 +37,31 @@ def _graph_writer(cp: Checkpoint, ctx: Context, what: str) -> None:
 
 
 def _graph_ids(c: C.SaveGraphCheckpoint | C.SaveGraphWrites) -> tuple[str, str, str]:
-    return (checks.text("thread_id", c.thread_id, max_len=MAX_GRAPH_TEXT, empty=False),
-            checks.line("namespace", c.namespace, MAX_GRAPH_TEXT),
-            checks.name("checkpoint_id", c.checkpoint_id))
+    return (inputs.text("thread_id", c.thread_id, max_len=MAX_GRAPH_TEXT, empty=False),
+            inputs.line("namespace", c.namespace, MAX_GRAPH_TEXT),
+            inputs.name("checkpoint_id", c.checkpoint_id))
 
 
 def save_graph_checkpoint(cp: Checkpoint, c: C.SaveGraphCheckpoint, ctx: Context) -> list[ev.Event]:
     _graph_writer(cp, ctx, "saving a graph checkpoint")
     thread, ns, cid = _graph_ids(c)
-    parent = checks.line("parent_id", c.parent_id, checks.MAX_NAME)
-    values = {checks.name("values channel", k): checks.digest(f"values[{k[:60]}]", v) for k, v in checks.text_map("values", c.values).items()}
-    metadata = checks.text_map("metadata", c.metadata)
-    checks.plain("metadata", metadata)
+    parent = inputs.line("parent_id", c.parent_id, inputs.MAX_NAME)
+    values = {inputs.name("values channel", k): inputs.digest(f"values[{k[:60]}]", v) for k, v in inputs.text_map("values", c.values).items()}
+    metadata = inputs.text_map("metadata", c.metadata)
+    inputs.plain("metadata", metadata)
     extends: dict[str, str] | UnsetType = UNSET
     if c.extends is not UNSET and c.extends:
         extends = {}
-        for k, v in checks.text_map("extends", c.extends).items():
+        for k, v in inputs.text_map("extends", c.extends).items():
             if k not in values:
                 raise InvalidInput(f"extends names channel {k[:60]!r}, which values does not: a value can only "
                                    "continue its parent's when the checkpoint stores it", field="extends")
             if not parent:
                 raise InvalidInput("extends needs parent_id: a value continues its parent checkpoint's",
                                    field="extends")
-            extends[k] = checks.name(f"extends[{k[:60]}]", v)
+            extends[k] = inputs.name(f"extends[{k[:60]}]", v)
     out: list[ev.Event] = [ev.GraphCheckpointSaved(
-        thread_id=thread, checkpoint_id=cid, checkpoint=checks.text_map("checkpoint", c.checkpoint), metadata=metadata,
+        thread_id=thread, checkpoint_id=cid, checkpoint=inputs.text_map("checkpoint", c.checkpoint), metadata=metadata,
         values=values, namespace=ns, parent_id=parent, extends=extends,
     )]
     # A checkpoint that ends a step of the graph is progress, where the contract declares it.
@@ -76,29 +76,29 @@ def save_graph_checkpoint(cp: Checkpoint, c: C.SaveGraphCheckpoint, ctx: Context
 def save_graph_writes(cp: Checkpoint, c: C.SaveGraphWrites, ctx: Context) -> list[ev.Event]:
     _graph_writer(cp, ctx, "saving a graph task's writes")
     thread, ns, cid = _graph_ids(c)
-    task = checks.text("task_id", c.task_id, max_len=MAX_GRAPH_TEXT, empty=False)
+    task = inputs.text("task_id", c.task_id, max_len=MAX_GRAPH_TEXT, empty=False)
     if not isinstance(c.writes, (tuple, list)) or not c.writes:
         raise InvalidInput("writes must be a non-empty list of (idx, channel, sha256)", field="writes")
     writes = []
     for i, w in enumerate(c.writes):
         if not isinstance(w, ev.GraphWrite):
             raise InvalidInput(f"writes[{i}] must be a GraphWrite", field="writes")
-        writes.append(ev.GraphWrite(idx=checks.count(f"writes[{i}].idx", w.idx, low=-(2**31), high=2**31),
-                                    channel=checks.text(f"writes[{i}].channel", w.channel, max_len=checks.MAX_NAME, empty=False),
-                                    sha256=checks.digest(f"writes[{i}].sha256", w.sha256)))
+        writes.append(ev.GraphWrite(idx=inputs.count(f"writes[{i}].idx", w.idx, low=-(2**31), high=2**31),
+                                    channel=inputs.text(f"writes[{i}].channel", w.channel, max_len=inputs.MAX_NAME, empty=False),
+                                    sha256=inputs.digest(f"writes[{i}].sha256", w.sha256)))
     return [ev.GraphWritesSaved(thread_id=thread, checkpoint_id=cid, task_id=task, writes=tuple(writes),
-                                namespace=ns, task_path=checks.text("task_path", c.task_path, max_len=MAX_GRAPH_TEXT))]
+                                namespace=ns, task_path=inputs.text("task_path", c.task_path, max_len=MAX_GRAPH_TEXT))]
 
 
 def erase_values(cp: Checkpoint, c: C.EraseValues, ctx: Context) -> list[ev.Event]:
-    reason = checks.name("reason", c.reason)
-    values = tuple(checks.digest(f"values[{i}]", v) for i, v in enumerate(c.values))
+    reason = inputs.name("reason", c.reason)
+    values = tuple(inputs.digest(f"values[{i}]", v) for i, v in enumerate(c.values))
     refs = []
     for i, r in enumerate(c.checkpoints):
         if not isinstance(r, ev.GraphRef):
             raise InvalidInput(f"checkpoints[{i}] must be a GraphRef", field="checkpoints")
-        refs.append(ev.GraphRef(namespace=checks.text(f"checkpoints[{i}].namespace", r.namespace, max_len=MAX_GRAPH_TEXT),
-                                checkpoint_id=checks.name(f"checkpoints[{i}].checkpoint_id", r.checkpoint_id)))
+        refs.append(ev.GraphRef(namespace=inputs.text(f"checkpoints[{i}].namespace", r.namespace, max_len=MAX_GRAPH_TEXT),
+                                checkpoint_id=inputs.name(f"checkpoints[{i}].checkpoint_id", r.checkpoint_id)))
     ending = _erase_ends_lease(cp, c, ctx)
     if not (values or refs or c.everything):
         return []  # nothing to erase: nothing recorded (and no lease ended)

@@ -8,9 +8,9 @@ however it leaves (``lost_lease_events``, also used by an erasure that ends a le
 from __future__ import annotations
 
 from handoff.ledger import events as ev
+from handoff.ledger import inputs
 from handoff.ledger.errors import CapacityExceeded, InvalidInput, LeaseHeld, NotAuthorized, StaleLease
 
-from . import checks
 from . import commands as C
 from . import handle_work as work
 from . import transitions as T
@@ -20,7 +20,7 @@ from .stall import CLASSIFICATIONS
 
 
 def claim(cp: Checkpoint, c: C.Claim, ctx: Context) -> list[ev.Event]:
-    worker = checks.name("worker", c.worker)
+    worker = inputs.name("worker", c.worker)
     if ctx.actor.name != worker:
         raise NotAuthorized(f"worker {ctx.actor.name} cannot claim run {cp.run_id} on behalf of {worker}")
     if cp.lease is not None and cp.worker == worker:
@@ -38,7 +38,7 @@ def claim(cp: Checkpoint, c: C.Claim, ctx: Context) -> list[ev.Event]:
             "revoke another worker's lease; that is for the run's owner or an operator",
             lease=cp.lease,
         )
-    if not isinstance(c.token_digest, str) or not checks.HEX_DIGEST.fullmatch(c.token_digest):
+    if not isinstance(c.token_digest, str) or not inputs.HEX_DIGEST.fullmatch(c.token_digest):
         raise InvalidInput(
             "a claim must carry token_digest, the hex sha256 of a fresh secret "
             "(ledger.store.new_lease_secret); Ledger.claim draws one for you",
@@ -53,7 +53,7 @@ def claim(cp: Checkpoint, c: C.Claim, ctx: Context) -> list[ev.Event]:
 
 
 def release(cp: Checkpoint, c: C.Release, ctx: Context) -> list[ev.Event]:
-    released = ev.LeaseReleased(lease=c.lease, reason=checks.text("reason", c.reason))
+    released = ev.LeaseReleased(lease=c.lease, reason=inputs.text("reason", c.reason))
     return [released, *_orphaned_effects(cp, "released the lease", "release")]
 
 
@@ -72,7 +72,7 @@ def lost_lease_events(cp: Checkpoint, reason: str, via: str) -> list[ev.Event]:
 
 
 def revoke(cp: Checkpoint, c: C.Revoke, ctx: Context) -> list[ev.Event]:
-    reason = checks.text("reason", c.reason, empty=False)
+    reason = inputs.text("reason", c.reason, empty=False)
     if cp.lease is None:
         raise StaleLease(f"run {cp.run_id} has no lease to revoke")
     if c.lease is not None and c.lease != cp.lease:
@@ -82,18 +82,18 @@ def revoke(cp: Checkpoint, c: C.Revoke, ctx: Context) -> list[ev.Event]:
 
 def observe(cp: Checkpoint, c: C.Observe, ctx: Context) -> list[ev.Event]:
     return [ev.WatchdogObserved(
-        watcher=ctx.actor.name, classification=checks.choice("classification", c.classification, CLASSIFICATIONS),
-        progress_seq=checks.count("progress_seq", c.progress_seq), reason=checks.text("reason", c.reason),
+        watcher=ctx.actor.name, classification=inputs.choice("classification", c.classification, CLASSIFICATIONS),
+        progress_seq=inputs.count("progress_seq", c.progress_seq), reason=inputs.text("reason", c.reason),
         interval_s=float(c.interval_s),
     )]
 
 
 def recover(cp: Checkpoint, c: C.Recover, ctx: Context) -> list[ev.Event]:
-    action = checks.choice("action", c.action, T.RECOVERY_ACTIONS)
-    reason = checks.text("reason", c.reason)
+    action = inputs.choice("action", c.action, T.RECOVERY_ACTIONS)
+    reason = inputs.text("reason", c.reason)
     decided = ev.RecoveryDecided(
-        watcher=ctx.actor.name, action=action, classification=checks.choice("classification", c.classification, CLASSIFICATIONS),
-        progress_seq=checks.count("progress_seq", c.progress_seq), reason=reason,
+        watcher=ctx.actor.name, action=action, classification=inputs.choice("classification", c.classification, CLASSIFICATIONS),
+        progress_seq=inputs.count("progress_seq", c.progress_seq), reason=reason,
     )
     if action == "revoke_lease":
         if cp.lease is None:

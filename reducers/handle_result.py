@@ -6,9 +6,9 @@ unanswered), sending it back (reopen) and closing the run without delivery.
 from __future__ import annotations
 
 from handoff.ledger import events as ev
+from handoff.ledger import inputs
 from handoff.ledger.errors import DeliveryRefused, IllegalTransition, InvalidInput, LedgerError, SanitizationRequired
 
-from . import checks
 from . import commands as C
 from . import sanitize as sz
 from . import transitions as T
@@ -19,12 +19,12 @@ from .handler import Context, state_change
 def review(cp: Checkpoint, c: C.ReviewResult, ctx: Context) -> list[ev.Event]:
     to = T.SUCCEEDED if c.approve else T.EXECUTING
     move = state_change(cp, to, "review", "approved" if c.approve else "rejected")
-    return [ev.ReviewDecided(by=ctx.actor.name, approved=bool(c.approve), notes=checks.text("notes", c.notes)), move]
+    return [ev.ReviewDecided(by=ctx.actor.name, approved=bool(c.approve), notes=inputs.text("notes", c.notes)), move]
 
 
 def transfer(cp: Checkpoint, c: C.TransferAuthority, ctx: Context) -> list[ev.Event]:
-    action = checks.choice("action", c.action, T.TRANSFERABLE)
-    return [ev.AuthorityTransferred(action=action, to=checks.name("to", c.to))]
+    action = inputs.choice("action", c.action, T.TRANSFERABLE)
+    return [ev.AuthorityTransferred(action=action, to=inputs.name("to", c.to))]
 
 
 def sanitize(cp: Checkpoint, c: C.Sanitize, ctx: Context) -> list[ev.Event]:
@@ -32,18 +32,18 @@ def sanitize(cp: Checkpoint, c: C.Sanitize, ctx: Context) -> list[ev.Event]:
         raise IllegalTransition(
             f"run {cp.run_id} is {cp.state}; a sanitization check reads a submitted result, so it is "
             "recorded once the run is ready_for_review or succeeded", state=cp.state)
-    if not isinstance(c.bundle_sha256, str) or not checks.HEX_DIGEST.fullmatch(c.bundle_sha256):
+    if not isinstance(c.bundle_sha256, str) or not inputs.HEX_DIGEST.fullmatch(c.bundle_sha256):
         raise InvalidInput("bundle_sha256 must be the hex sha256 of what was scanned", field="bundle_sha256")
     if not isinstance(c.items, (tuple, list)) or not isinstance(c.findings, (tuple, list)):
         raise InvalidInput("items and findings must be lists", field="items")
     for i, item in enumerate(c.items):
-        if not isinstance(item, ev.ScannedItem) or not checks.HEX_DIGEST.fullmatch(item.sha256):
+        if not isinstance(item, ev.ScannedItem) or not inputs.HEX_DIGEST.fullmatch(item.sha256):
             raise InvalidInput(f"items[{i}] must name a part with its hex sha256", field="items")
-        checks.text(f"items[{i}].name", item.name, max_len=4096, empty=False)
+        inputs.text(f"items[{i}].name", item.name, max_len=4096, empty=False)
     for i, f in enumerate(c.findings):
         if not isinstance(f, ev.Finding):
             raise InvalidInput(f"findings[{i}] must be a Finding", field="findings")
-        checks.name(f"findings[{i}].detector", f.detector)
+        inputs.name(f"findings[{i}].detector", f.detector)
     if bool(c.passed) != (not c.findings):
         raise InvalidInput("a check passes exactly when it has no findings", field="passed")
     rules = sz.rules_digest(cp.delivery.patterns)
@@ -56,7 +56,7 @@ def sanitize(cp: Checkpoint, c: C.Sanitize, ctx: Context) -> list[ev.Event]:
 
 
 def deliver(cp: Checkpoint, c: C.Deliver, ctx: Context) -> list[ev.Event]:
-    key = checks.name("delivery_key", c.key)
+    key = inputs.name("delivery_key", c.key)
     d = cp.delivery
     if d.confirmed_key is not None:
         if d.confirmed_key == key:
@@ -66,7 +66,7 @@ def deliver(cp: Checkpoint, c: C.Deliver, ctx: Context) -> list[ev.Event]:
             "second delivery would be a double send"
         )
     bundle = c.bundle_sha256
-    if not isinstance(bundle, str) or (bundle and not checks.HEX_DIGEST.fullmatch(bundle)):
+    if not isinstance(bundle, str) or (bundle and not inputs.HEX_DIGEST.fullmatch(bundle)):
         raise InvalidInput("bundle_sha256 must be a hex sha256 or empty", field="bundle_sha256")
     # A public target's gate applies to every send, a repeat under an open key included.
     try:
@@ -103,8 +103,8 @@ def deliver(cp: Checkpoint, c: C.Deliver, ctx: Context) -> list[ev.Event]:
 
 
 def delivered(cp: Checkpoint, c: C.ConfirmDelivery, ctx: Context) -> list[ev.Event]:
-    key = checks.name("delivery_key", c.key)
-    receipt = checks.text("receipt", c.receipt, empty=False)
+    key = inputs.name("delivery_key", c.key)
+    receipt = inputs.text("receipt", c.receipt, empty=False)
     d = cp.delivery
     attempt = d.attempt(key)
     if attempt is None:
@@ -124,17 +124,17 @@ def delivered(cp: Checkpoint, c: C.ConfirmDelivery, ctx: Context) -> list[ev.Eve
 
 
 def delivery_failed(cp: Checkpoint, c: C.FailDelivery, ctx: Context) -> list[ev.Event]:
-    key = checks.name("delivery_key", c.key)
+    key = inputs.name("delivery_key", c.key)
     attempt = cp.delivery.attempt(key)
     if attempt is None or not attempt.open:
         state = "was never attempted" if attempt is None else f"is already {attempt.outcome}"
         raise DeliveryRefused(f"delivery {key!r} of run {cp.run_id} {state}; nothing to mark failed")
-    return [ev.DeliveryFailed(key=key, error=checks.text("error", c.error, empty=False))]
+    return [ev.DeliveryFailed(key=key, error=inputs.text("error", c.error, empty=False))]
 
 
 def unanswered(cp: Checkpoint, c: C.RecordUnanswered, ctx: Context) -> list[ev.Event]:
-    key = checks.name("delivery_key", c.key)
-    reason = checks.text("reason", c.reason, empty=False)
+    key = inputs.name("delivery_key", c.key)
+    reason = inputs.text("reason", c.reason, empty=False)
     attempt = cp.delivery.attempt(key)
     if attempt is None or not attempt.open:
         state = "was never attempted" if attempt is None else f"is already {attempt.outcome}"
@@ -147,7 +147,7 @@ def unanswered(cp: Checkpoint, c: C.RecordUnanswered, ctx: Context) -> list[ev.E
 def reopen(cp: Checkpoint, c: C.Reopen, ctx: Context) -> list[ev.Event]:
     """Back to verifying, only for a result that cannot leave as it is: succeeded, its
     latest sanitization check failed, and no send of it is under way."""
-    reason = checks.text("reason", c.reason, empty=False)
+    reason = inputs.text("reason", c.reason, empty=False)
     if cp.state == T.READY_FOR_REVIEW:
         raise IllegalTransition(
             f"run {cp.run_id} is ready_for_review: it waits for its review, and reopen is for a succeeded result. Reject the review "
@@ -171,7 +171,7 @@ def reopen(cp: Checkpoint, c: C.Reopen, ctx: Context) -> list[ev.Event]:
 
 
 def close(cp: Checkpoint, c: C.Close, ctx: Context) -> list[ev.Event]:
-    disposition = checks.choice("disposition", c.disposition, set(T.CLOSE_DISPOSITIONS))
+    disposition = inputs.choice("disposition", c.disposition, set(T.CLOSE_DISPOSITIONS))
     pending = cp.delivery.pending
     if pending is not None:
         raise DeliveryRefused(
@@ -179,7 +179,7 @@ def close(cp: Checkpoint, c: C.Close, ctx: Context) -> list[ev.Event]:
             "closing, or the run could end with a send nobody accounted for"
         )
     move = state_change(cp, disposition, "close", c.reason)
-    out: list[ev.Event] = [ev.RunClosed(disposition=disposition, by=ctx.actor.name, reason=checks.text("reason", c.reason)), move]  # type: ignore[arg-type]
+    out: list[ev.Event] = [ev.RunClosed(disposition=disposition, by=ctx.actor.name, reason=inputs.text("reason", c.reason)), move]  # type: ignore[arg-type]
     if cp.lease is not None:
         out.append(ev.LeaseReleased(lease=cp.lease, reason=f"closed as {disposition}"))
     return out

@@ -12,6 +12,7 @@ import math
 import re
 
 from handoff.ledger import events as ev
+from handoff.ledger import inputs
 from handoff.ledger.errors import (
     EvidenceMissing,
     IdempotencyConflict,
@@ -24,7 +25,6 @@ from handoff.ledger.errors import (
     UnknownRun,
 )
 
-from . import checks
 from . import commands as C
 from . import sanitize as sz
 from . import targets
@@ -36,30 +36,30 @@ from .handler import Context, state_change
 def open_run(cp: Checkpoint, c: C.Open, ctx: Context) -> list[ev.Event]:
     p = c.policy
     policy = ev.Policy(
-        heartbeat_timeout_s=checks.seconds("heartbeat_timeout", p.heartbeat_timeout_s),
-        progress_timeout_s=checks.seconds("progress_timeout", p.progress_timeout_s),
-        retry_budget=checks.count("retry_budget", p.retry_budget, high=1000),
-        delivery_timeout_s=checks.seconds("delivery_timeout", p.delivery_timeout_s),
-        owner_cap=checks.count("owner_cap", p.owner_cap, low=1, high=100_000),
+        heartbeat_timeout_s=inputs.seconds("heartbeat_timeout", p.heartbeat_timeout_s),
+        progress_timeout_s=inputs.seconds("progress_timeout", p.progress_timeout_s),
+        retry_budget=inputs.count("retry_budget", p.retry_budget, high=1000),
+        delivery_timeout_s=inputs.seconds("delivery_timeout", p.delivery_timeout_s),
+        owner_cap=inputs.count("owner_cap", p.owner_cap, low=1, high=100_000),
     )
     if not isinstance(c.stop_rules, (tuple, list)):
         raise InvalidInput("stop_rules must be a list of text", field="stop_rules")
-    target = checks.name("target", c.target)
+    target = inputs.name("target", c.target)
     send = _send_policy(c.send, target)
     return [
         ev.HandoffOpened(
-            goal=checks.text("goal", c.goal, empty=False),
+            goal=inputs.text("goal", c.goal, empty=False),
             target=target,
-            owner=checks.name("owner", c.owner),
-            origin=checks.text("origin", c.origin, max_len=checks.MAX_NAME),
-            result_path=None if c.result_path is None else checks.text("result_path", c.result_path, max_len=4096, empty=False),
-            stop_rules=tuple(checks.text(f"stop_rules[{i}]", r, empty=False) for i, r in enumerate(c.stop_rules)),
+            owner=inputs.name("owner", c.owner),
+            origin=inputs.text("origin", c.origin, max_len=inputs.MAX_NAME),
+            result_path=None if c.result_path is None else inputs.text("result_path", c.result_path, max_len=4096, empty=False),
+            stop_rules=tuple(inputs.text(f"stop_rules[{i}]", r, empty=False) for i, r in enumerate(c.stop_rules)),
             require_review=bool(c.require_review),
             policy=policy,
             public=bool(c.public),
             sanitize_patterns=sz.check_patterns(c.sanitize_patterns),
             send=send,
-            progress_kinds=checks.check_progress_kinds(c.progress_kinds),
+            progress_kinds=T.check_progress_kinds(c.progress_kinds),
         )
     ]
 
@@ -85,10 +85,10 @@ def _send_policy(p: object, target: str) -> ev.SendPolicy:
     if not isinstance(p.inline, bool):
         raise InvalidInput("send.inline must be true or false", field="inline")
     return ev.SendPolicy(
-        timeout_s=checks.seconds("send.timeout_s", p.timeout_s),
-        retries=checks.count("send.retries", p.retries, high=20),
+        timeout_s=inputs.seconds("send.timeout_s", p.timeout_s),
+        retries=inputs.count("send.retries", p.retries, high=20),
         backoff_s=_backoff(p.backoff_s),
-        max_bytes=checks.count("send.max_bytes", p.max_bytes, low=1, high=2**40),
+        max_bytes=inputs.count("send.max_bytes", p.max_bytes, low=1, high=2**40),
         inline=p.inline,
         token_env=p.token_env,
     )
@@ -102,7 +102,7 @@ def _backoff(value: object) -> float:
 
 def fork(cp: Checkpoint, c: C.Fork, ctx: Context) -> list[ev.Event]:
     parent = ctx.parent
-    at = checks.count("at_seq", c.at_seq, low=1)
+    at = inputs.count("at_seq", c.at_seq, low=1)
     if parent is None or not parent.opened:
         raise UnknownRun(f"cannot fork: run {c.parent} does not exist")
     if at > parent.last_seq:
@@ -113,24 +113,24 @@ def fork(cp: Checkpoint, c: C.Fork, ctx: Context) -> list[ev.Event]:
 
 
 def heartbeat(cp: Checkpoint, c: C.Heartbeat, ctx: Context) -> list[ev.Event]:
-    return [ev.HeartbeatRecorded(attrs=checks.check_attrs(c.attrs))]
+    return [ev.HeartbeatRecorded(attrs=inputs.check_attrs(c.attrs))]
 
 
 def transition(cp: Checkpoint, c: C.Transition, ctx: Context) -> list[ev.Event]:
-    to = checks.choice("to", c.to, T.STATES)
+    to = inputs.choice("to", c.to, T.STATES)
     if cp.state == T.UNKNOWN and cp.pending_effects:
         keys = ", ".join(e.key for e in cp.pending_effects)
         raise IllegalTransition(
             f"run {cp.run_id} has side effects of unknown outcome ({keys}); record what happened "
             "with 'handoff effect-confirm' before moving on, never retry blindly"
         )
-    return [state_change(cp, to, "transition", checks.text("reason", c.reason))]
+    return [state_change(cp, to, "transition", inputs.text("reason", c.reason))]
 
 
 def progress(cp: Checkpoint, c: C.Progress, ctx: Context) -> list[ev.Event]:
-    kind = checks.name("kind", c.kind)
-    detail = checks.text("detail", c.detail)
-    attrs = checks.check_attrs(c.attrs)
+    kind = inputs.name("kind", c.kind)
+    detail = inputs.text("detail", c.detail)
+    attrs = inputs.check_attrs(c.attrs)
     declared = cp.progress_kinds
     if kind in T.NOT_PROGRESS:
         if cp.state not in T.WORKING | {T.BLOCKED, T.UNKNOWN}:
@@ -156,25 +156,25 @@ def progress(cp: Checkpoint, c: C.Progress, ctx: Context) -> list[ev.Event]:
 
 
 def artifact(cp: Checkpoint, c: C.RecordArtifact, ctx: Context) -> list[ev.Event]:
-    sha = checks.text("sha256", c.sha256, max_len=64)
-    if c.exists and not checks.HEX_DIGEST.fullmatch(sha):
+    sha = inputs.text("sha256", c.sha256, max_len=64)
+    if c.exists and not inputs.HEX_DIGEST.fullmatch(sha):
         raise InvalidInput("sha256 must be 64 lowercase hex digits", field="sha256")
     return [ev.ArtifactRecorded(
-        path=checks.text("path", c.path, max_len=4096, empty=False), kind=checks.name("kind", c.kind),
-        bytes=checks.count("bytes", c.bytes), sha256=sha, exists=bool(c.exists), attrs=checks.check_attrs(c.attrs),
+        path=inputs.text("path", c.path, max_len=4096, empty=False), kind=inputs.name("kind", c.kind),
+        bytes=inputs.count("bytes", c.bytes), sha256=sha, exists=bool(c.exists), attrs=inputs.check_attrs(c.attrs),
     )]
 
 
 def evidence(cp: Checkpoint, c: C.RecordEvidence, ctx: Context) -> list[ev.Event]:
     return [ev.EvidenceRecorded(
-        kind=checks.name("kind", c.kind), outcome=checks.choice("outcome", c.outcome, {"pass", "fail", "skipped"}),  # type: ignore[arg-type]
-        detail=checks.text("detail", c.detail), attrs=checks.check_attrs(c.attrs),
+        kind=inputs.name("kind", c.kind), outcome=inputs.choice("outcome", c.outcome, {"pass", "fail", "skipped"}),  # type: ignore[arg-type]
+        detail=inputs.text("detail", c.detail), attrs=inputs.check_attrs(c.attrs),
     )]
 
 
 def block(cp: Checkpoint, c: C.Block, ctx: Context, *, via: str = "block") -> list[ev.Event]:
-    reason = checks.text("reason", c.reason, empty=False)
-    nxt = checks.text("next_action", c.next_action, empty=False)
+    reason = inputs.text("reason", c.reason, empty=False)
+    nxt = inputs.text("next_action", c.next_action, empty=False)
     out: list[ev.Event] = [ev.BlockerRaised(blocker_id=cp.blockers_raised + 1, reason=reason, next_action=nxt)]
     if cp.state != T.BLOCKED:
         out.append(state_change(cp, T.BLOCKED, via, reason))
@@ -182,7 +182,7 @@ def block(cp: Checkpoint, c: C.Block, ctx: Context, *, via: str = "block") -> li
 
 
 def unblock(cp: Checkpoint, c: C.Unblock, ctx: Context) -> list[ev.Event]:
-    resolution = checks.text("resolution", c.resolution, empty=False)
+    resolution = inputs.text("resolution", c.resolution, empty=False)
     if cp.state != T.BLOCKED or not cp.blockers:
         raise IllegalTransition(f"run {cp.run_id} is {cp.state}, not blocked; nothing to unblock")
     if c.blocker_id is None:
@@ -199,9 +199,9 @@ def unblock(cp: Checkpoint, c: C.Unblock, ctx: Context) -> list[ev.Event]:
 
 
 def effect_start(cp: Checkpoint, c: C.StartEffect, ctx: Context) -> list[ev.Event]:
-    key = checks.name("effect_key", c.key)
-    what = checks.text("what", c.what, empty=False)
-    attrs = checks.check_attrs(c.attrs)
+    key = inputs.name("effect_key", c.key)
+    what = inputs.text("what", c.what, empty=False)
+    attrs = inputs.check_attrs(c.attrs)
     if cp.state not in T.WORKING:
         raise IllegalTransition(f"run {cp.run_id} is {cp.state}; side effects start only while planning, executing or verifying")
     for e in cp.pending_effects:
@@ -215,9 +215,9 @@ def effect_start(cp: Checkpoint, c: C.StartEffect, ctx: Context) -> list[ev.Even
 
 
 def effect_confirm(cp: Checkpoint, c: C.ConfirmEffect, ctx: Context) -> list[ev.Event]:
-    key = checks.name("effect_key", c.key)
-    outcome = checks.choice("outcome", c.outcome, {"done", "absent"})
-    attrs = checks.check_attrs(c.attrs)
+    key = inputs.name("effect_key", c.key)
+    outcome = inputs.choice("outcome", c.outcome, {"done", "absent"})
+    attrs = inputs.check_attrs(c.attrs)
     pending = next((e for e in cp.pending_effects if e.key == key), None)
     if pending is None:
         if (key, outcome) in cp.settled_effects:
@@ -225,7 +225,7 @@ def effect_confirm(cp: Checkpoint, c: C.ConfirmEffect, ctx: Context) -> list[ev.
         if any(k == key for k, _ in cp.settled_effects):
             raise IdempotencyConflict(f"side effect {key!r} on run {cp.run_id} was already settled with another outcome")
         raise UnknownEffect(f"no side effect with key {key!r} was started on run {cp.run_id}; check 'handoff status {cp.run_id}'")
-    note = checks.text("note", c.note)  # checked whoever confirms, though a worker's own confirm keeps no note
+    note = inputs.text("note", c.note)  # checked whoever confirms, though a worker's own confirm keeps no note
     if ctx.actor.kind == T.WORKER and pending.lease == cp.lease:
         return [ev.SideEffectConfirmed(key=key, outcome=outcome, attrs=attrs)]  # type: ignore[arg-type]
     return [ev.ReconciliationRecorded(key=key, outcome=outcome, note=note, attrs=attrs)]  # type: ignore[arg-type]
@@ -256,12 +256,12 @@ def submit(cp: Checkpoint, c: C.Submit, ctx: Context) -> list[ev.Event]:
         )
     if cp.result_path is not None and not any(a.path == cp.result_path for a in cp.artifacts):
         raise EvidenceMissing(f"the contract names the result file {cp.result_path}, but no artifact was recorded at that path")
-    return [ev.ResultSubmitted(summary=checks.text("summary", c.summary), artifacts=tuple(a.path for a in cp.artifacts)), move]
+    return [ev.ResultSubmitted(summary=inputs.text("summary", c.summary), artifacts=tuple(a.path for a in cp.artifacts)), move]
 
 
 def withdraw_artifact(cp: Checkpoint, c: C.WithdrawArtifact, ctx: Context) -> list[ev.Event]:
-    path = checks.text("path", c.path, max_len=4096, empty=False)
-    reason = checks.text("reason", c.reason, empty=False)
+    path = inputs.text("path", c.path, max_len=4096, empty=False)
+    reason = inputs.text("reason", c.reason, empty=False)
     if cp.state not in T.WITHDRAWABLE:
         raise IllegalTransition(
             f"run {cp.run_id} is {cp.state}: its submitted result names its artifacts, so none can be "

@@ -14,6 +14,14 @@ generated from ``MOVES`` (a test fails when it is stale).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
+from msgspec import UNSET, UnsetType
+
+from handoff.ledger import events as ev
+from handoff.ledger.errors import InvalidInput
+
 QUEUED = "queued"
 PLANNING = "planning"
 EXECUTING = "executing"
@@ -109,6 +117,51 @@ def progress_command_kinds(declared: dict[str, tuple[str, ...]]) -> frozenset[st
 def states_of_kind(kind: str, declared: dict[str, tuple[str, ...]]) -> list[str]:
     """The states in which ``kind`` counts as progress for such a run, in lifecycle order."""
     return [s for s in STATES if kind in progress_kinds_in(s, declared)]
+
+
+#: The bounds of a contract's own progress kinds (``progress_kinds``).
+MAX_DECLARED_KINDS = 32
+KIND_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+def check_progress_kinds(value: object, field: str = "progress_kinds") -> ev.DeclaredKinds | UnsetType:
+    """A contract's own progress kinds by working state, checked when the run opens.
+
+    Only new names: a built-in kind keeps the state the table gives it, and activity that
+    never counts (``note``, ``waiting``, ...) cannot be declared progress, so noise stays
+    noise. The result lists states in lifecycle order, each state's kinds in the order
+    given and once; none at all is ``UNSET``."""
+    if value is UNSET or value is None:
+        return UNSET
+    if not isinstance(value, Mapping):
+        raise InvalidInput(f"{field} must map working states to lists of kind names", field=field)
+    declarable = ", ".join(s for s in STATES if s in DECLARABLE)
+    out: dict[str, list[str]] = {}
+    for state, kinds in value.items():
+        if state not in DECLARABLE:
+            raise InvalidInput(f"{field}: {str(state)[:60]!r} is not a working state; kinds may be declared "
+                               f"for {declarable}", field=field)
+        if isinstance(kinds, str) or not isinstance(kinds, (list, tuple)):
+            raise InvalidInput(f"{field}.{state} must be a list of kind names", field=field)
+        own = out.setdefault(state, [])
+        for kind in kinds:
+            if not isinstance(kind, str) or not KIND_NAME.fullmatch(kind):
+                raise InvalidInput(f"{field}.{state}: {repr(kind)[:80]} is not a kind name (a lowercase letter, "
+                                   "then up to 63 lowercase letters, digits or _)", field=field)
+            if kind in NOT_PROGRESS:
+                raise InvalidInput(f"{field}.{state}: {kind} is activity that never counts as progress; it "
+                                   "cannot be declared progress", field=field)
+            if kind in ALL_PROGRESS_KINDS:
+                where = ", ".join(s for s, ks in PROGRESS_KINDS.items() if kind in ks)
+                raise InvalidInput(f"{field}.{state}: {kind} is a built-in progress kind (of {where}); declare "
+                                   "a name of your own", field=field)
+            if kind not in own:
+                own.append(kind)
+    total = sum(len(k) for k in out.values())
+    if total > MAX_DECLARED_KINDS:
+        raise InvalidInput(f"{field} declares {total} kinds, over the limit of {MAX_DECLARED_KINDS}", field=field)
+    ordered = {s: tuple(out[s]) for s in STATES if out.get(s)}
+    return ordered or UNSET
 
 
 #: Event types whose arrival advances progress_seq. Heartbeats, leases, watchdog

@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from handoff.facade import Ledger
-from handoff.arguments import login_name
+from handoff.names import login_name
 from handoff.lease import NOTE_STATES, bounded_text
 from handoff.ledger.errors import (ClaimAlreadyMade, InvalidInput, LeaseLost, LedgerError, RunExists, StaleLease,
                                    StoreError)

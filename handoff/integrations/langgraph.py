@@ -59,7 +59,8 @@ from handoff.ledger.errors import (
     UnknownRun,
     ValueNotStored,
 )
-from handoff.ledger.store import RUN_ID_RE, Actor, check_chars, value_digest
+from handoff.ledger.inputs import RUN_ID_RE, check_chars
+from handoff.ledger.store import Actor, value_digest
 from handoff.reducers import transitions as T
 
 #: What a run opened by the saver is for, unless the saver or the config says otherwise.

@@ -55,13 +55,13 @@ from handoff.integrations.mcp_http import Guard, check_http, is_loopback, listen
     security, url_host
 from handoff.integrations.mcp_roles import READ_TOOLS, describe, tool_name, verb_tools
 from handoff.integrations.mcp_session import SESSION_ENDED_STDIO, Held, SdkChanged, Session, Sessions
+from handoff.ledger import inputs
 from handoff.ledger.errors import InvalidInput, LedgerError, StaleLease, TerminalRun
+from handoff.ledger.inputs import CONTROL_RE, MAX_TEXT, check_run_id
 from handoff.lease import Fence, bounded_text
-from handoff.ledger.store import CONTROL_RE, check_run_id
 from handoff.operations import MCP_ROLES
-from handoff.reducers import checks, stall
+from handoff.reducers import stall
 from handoff.reducers import transitions as T
-from handoff.reducers.decide import MAX_TEXT
 
 log = logging.getLogger("handoff.mcp")
 
@@ -106,7 +106,7 @@ Key = Annotated[str | None, Field(min_length=1)]  # an idempotency key, when giv
 def named(field: str, value: str) -> str:
     """A side effect's or a delivery's key checked by the ledger's own rule under the name the
     model sent it as: the ledger names the command's field (``key``), which no tool takes."""
-    return checks.name(field, value)
+    return inputs.name(field, value)
 
 
 def _ledger_text(exc: LedgerError) -> str:

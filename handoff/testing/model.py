@@ -15,7 +15,8 @@ from typing import Any
 
 from handoff.ledger import errors as E
 from handoff.ledger import events as ev
-from handoff.ledger.store import CONTROL_RE, Actor
+from handoff.ledger.inputs import CONTROL_RE
+from handoff.ledger.store import Actor
 from handoff.reducers import commands as C
 from handoff.reducers import transitions as T
 from handoff.reducers.checkpoint import Checkpoint

@@ -30,6 +30,7 @@ from ..file_copies import copy_to_file
 from ..store_core import MISSING as _MISSING
 from ..store_core import FoldingStore, StoreTransaction
 from ..importing import ImportHead, ImportRow
+from ..inputs import check_run_id, check_seq
 from ..store import (
     DEFAULT_MAX_PAYLOAD,
     FORMAT_NAME,
@@ -39,8 +40,6 @@ from ..store import (
     Head,
     Problem,
     Recorded,
-    check_run_id,
-    check_seq,
     meta_schema_version,
     now_us,
 )

@@ -22,8 +22,9 @@ from ..errors import InvalidInput, LedgerError, OutcomeUnknown, StoreUnavailable
 from ..store_core import FoldingStore, StoreTransaction
 from ..importing import ImportHead, ImportRow
 from ..plan import LeaseState, Request
+from ..inputs import check_run_id, check_seq
 from ..store import (DEFAULT_MAX_PAYLOAD, GENESIS_HASH, Aggregate, AppendResult, Capabilities, Decision, Folded,
-                     Head, Problem, Recorded, check_run_id, check_seq, encode_events, global_link, now_us)
+                     Head, Problem, Recorded, encode_events, global_link, now_us)
 from . import sqlite_schema, sqlite_values
 from .driver import explain as _explain
 from .sqlite_schema import MARK_UNKEPT

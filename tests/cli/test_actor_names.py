@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from handoff import facade
+from handoff import names
 from handoff.facade import Ledger
 from handoff.ledger.errors import InvalidInput
 from tests.support import executable, working_run
@@ -101,8 +101,8 @@ def test_a_uid_without_a_name_is_logged_by_number(monkeypatch):
         raise KeyError(uid)
 
     monkeypatch.setattr(pwd, "getpwuid", no_entry)
-    assert facade.login_name() == f"uid-{os.getuid()}"
-    assert facade.operator_name() == f"uid-{os.getuid()}"
+    assert names.login_name() == f"uid-{os.getuid()}"
+    assert names.operator_name() == f"uid-{os.getuid()}"
 
 
 def test_a_cli_worker_without_handoff_worker_is_logged_as_the_holder(db):

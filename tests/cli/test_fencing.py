@@ -15,7 +15,7 @@ import pytest
 from handoff import Ledger
 from handoff.watchdog import action_key, watch_once
 from handoff.ledger import errors as E
-from handoff.ledger import store as S
+from handoff.ledger import inputs
 from handoff.ledger.store import Actor, LeaseToken
 
 from tests.support import working_run
@@ -231,7 +231,7 @@ def test_a_key_taken_before_the_reservation_is_a_failed_action_not_done(tmp_path
         token = working_run(lg, "r1", heartbeat_timeout_s=1)
         key = action_key("r1", "revoke_lease", lg.checkpoint("r1").progress_seq, 1)
         with monkeypatch.context() as m:  # a ledger written before watch: keys were reserved
-            m.setattr(S, "RESERVED_KEY_PREFIXES", {})
+            m.setattr(inputs, "RESERVED_KEY_PREFIXES", {})
             lg.progress("r1", token, "note", "blinding the watchdog", key=key, worker="w1")
         lines = []
         actions = watch_once(lg, name="wd", now_us=lg.clock() + 5_000_000, on_action=lambda a: lines.append(a.line()))
@@ -246,7 +246,7 @@ def test_the_cli_prints_a_failed_watchdog_action(h, monkeypatch):
     with h.ledger() as lg:
         token = working_run(lg, "r1", heartbeat_timeout_s=1)
         with monkeypatch.context() as m:
-            m.setattr(S, "RESERVED_KEY_PREFIXES", {})
+            m.setattr(inputs, "RESERVED_KEY_PREFIXES", {})
             lg.progress("r1", token, "note", "x", key=action_key("r1", "revoke_lease", 2, 1))
     out = h("watch", "--once", "--name", "wd", "--now", "2100-01-01T00:00:00Z", "--commit").stdout
     assert "r1 unavailable -> FAILED revoke_lease" in out and "this decision was not recorded" in out

@@ -632,7 +632,7 @@ def test_empty_run_id_on_open_is_refused(world):
 ], ids=["at_seq str", "at_seq float", "now str", "now 10^30", "after_seq 10^30", "NUL in path", "fork at 'abc'"])
 def test_api_number_and_path_arguments_are_validated(world, call):
     """Numbers (ints, not bools, within range; times within years 1..9999) and the ledger
-    path are checked like decide._count does, with InvalidInput naming the field."""
+    path are checked like handoff.ledger.inputs.count does, with InvalidInput naming the field."""
     with Ledger(world["db"]) as lg, pytest.raises(InvalidInput):
         call(lg)
 

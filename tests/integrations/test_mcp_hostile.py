@@ -24,8 +24,7 @@ import pytest
 from mcp import Client
 
 from handoff import Ledger
-from handoff.ledger.store import CONTROL_RE
-from handoff.reducers.decide import MAX_TEXT
+from handoff.ledger.inputs import CONTROL_RE, MAX_TEXT
 from tests.support import Handoff
 from tests.delivery.test_secret_shapes import _EXAMPLES
 

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from handoff.facade import Ledger, lease_token
+from handoff.facade import Ledger
+from handoff.names import lease_token
 from handoff.ledger.errors import IdempotencyConflict, InvalidInput, StaleLease, StoreUnavailable
 from handoff.ledger.store import Actor
 from handoff.reducers import commands as C

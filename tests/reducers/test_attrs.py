@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from handoff import Ledger
 from handoff.ledger import errors as E
 from handoff.ledger import events as ev
-from handoff.ledger.store import CONTROL_RE
-from handoff.reducers import decide as D
+from handoff.ledger import inputs
+from handoff.ledger.inputs import CONTROL_RE
 from handoff.reducers import transitions as T
 
 from .helpers import OPERATOR, OWNER, bring, log, new_ledger, refused
@@ -74,12 +74,12 @@ def test_no_attrs_writes_the_event_as_before(tmp_path):
 # --- the bounds ----------------------------------------------------------------------------
 
 BAD = {
-    "too many entries": ({f"k{i}": i for i in range(D.MAX_ATTRS + 1)}, "over the limit"),
+    "too many entries": ({f"k{i}": i for i in range(inputs.MAX_ATTRS + 1)}, "over the limit"),
     "a key with a space": ({"bad key": 1}, "bad key"),
     "an empty key": ({"": 1}, "''"),
-    "a key too long": ({"k" * (D.MAX_ATTR_KEY + 1): 1}, "k" * 20),
+    "a key too long": ({"k" * (inputs.MAX_ATTR_KEY + 1): 1}, "k" * 20),
     "a key that is not text": ({7: 1}, "7"),
-    "text too long": ({"note": "x" * (D.MAX_ATTR_TEXT + 1)}, "attrs[note]"),
+    "text too long": ({"note": "x" * (inputs.MAX_ATTR_TEXT + 1)}, "attrs[note]"),
     "a control character": ({"note": "a\x1bb"}, "attrs[note]"),
     "a NUL": ({"note": "a\x00b"}, "attrs[note]"),
     "a lone surrogate": ({"note": "a\udcffb"}, "attrs[note]"),
@@ -113,10 +113,10 @@ def test_attrs_past_the_bounds_are_refused_naming_the_key(tmp_path, bad, named):
 def test_the_bounds_themselves_are_accepted(tmp_path):
     lg = new_ledger(tmp_path)
     run = bring(lg, tmp_path, T.EXECUTING)
-    edge = {f"k{i}": i for i in range(D.MAX_ATTRS - 6)}
-    edge.update({"k" * D.MAX_ATTR_KEY: "x" * D.MAX_ATTR_TEXT, "big": 2**63 - 1, "small": -(2**63),
+    edge = {f"k{i}": i for i in range(inputs.MAX_ATTRS - 6)}
+    edge.update({"k" * inputs.MAX_ATTR_KEY: "x" * inputs.MAX_ATTR_TEXT, "big": 2**63 - 1, "small": -(2**63),
                  "tiny": 5e-324, "multi": "line one\n\tline two", "dotted.name:with-all_chars": True})
-    assert len(edge) == D.MAX_ATTRS
+    assert len(edge) == inputs.MAX_ATTRS
     lg.progress(run.id, run.lease, "tool_outcome", worker=run.worker, attrs=edge)
     assert ev.attrs_of(_last(lg, run.id)) == edge
 
@@ -165,7 +165,7 @@ DECLARATIONS = {
     "a name with capitals": ({"executing": ["LLMStep"]}, "kind name"),
     "a name too long": ({"executing": ["k" * 65]}, "kind name"),
     "a bare string instead of a list": ({"executing": "llm_step"}, "list"),
-    "too many": ({"executing": [f"k{i}" for i in range(D.MAX_DECLARED_KINDS + 1)]}, "over the limit"),
+    "too many": ({"executing": [f"k{i}" for i in range(T.MAX_DECLARED_KINDS + 1)]}, "over the limit"),
     "not a map": (["executing:llm_step"], "map"),
 }
 
@@ -213,8 +213,8 @@ def _forge_with(event: ev.Event) -> list[bytes]:
                             ("worker:w1", 1, event)])
 
 
-@pytest.mark.parametrize("attrs", [{"bad key": 1}, {"n": 2**63}, {"note": "x" * (D.MAX_ATTR_TEXT + 1)},
-                                   {f"k{i}": i for i in range(D.MAX_ATTRS + 1)}, {"note": "a\x07"}],
+@pytest.mark.parametrize("attrs", [{"bad key": 1}, {"n": 2**63}, {"note": "x" * (inputs.MAX_ATTR_TEXT + 1)},
+                                   {f"k{i}": i for i in range(inputs.MAX_ATTRS + 1)}, {"note": "a\x07"}],
                          ids=["key", "int64", "long text", "count", "control"])
 def test_an_imported_event_with_a_bad_map_is_refused(tmp_path, attrs):
     lg = new_ledger(tmp_path)
@@ -242,17 +242,17 @@ def test_an_imported_undeclared_kind_is_refused(tmp_path):
 
 # --- property: within bounds round-trips, past them writes nothing ---------------------------
 
-_KEY = st.from_regex(D.ATTR_KEY, fullmatch=True)
+_KEY = st.from_regex(inputs.ATTR_KEY, fullmatch=True)
 # Any text the ledger accepts: no surrogate, none of its one set of control characters.
 _TEXT = st.text(st.characters(blacklist_categories=("Cs",)).filter(lambda c: not CONTROL_RE.match(c)),
                 max_size=40)
 _VALUE = st.one_of(_TEXT, st.booleans(), st.integers(-(2**63), 2**63 - 1),
                    st.floats(allow_nan=False, allow_infinity=False))
-GOOD_MAPS = st.dictionaries(_KEY, _VALUE, max_size=D.MAX_ATTRS)
+GOOD_MAPS = st.dictionaries(_KEY, _VALUE, max_size=inputs.MAX_ATTRS)
 BAD_MAPS = st.one_of(
-    st.dictionaries(_KEY, _VALUE, min_size=D.MAX_ATTRS + 1, max_size=D.MAX_ATTRS + 4),
+    st.dictionaries(_KEY, _VALUE, min_size=inputs.MAX_ATTRS + 1, max_size=inputs.MAX_ATTRS + 4),
     st.builds(lambda m, k, v: {**m, k: v}, GOOD_MAPS.map(lambda m: dict(list(m.items())[:5])),
-              st.text(max_size=3).filter(lambda k: not D.ATTR_KEY.fullmatch(k)), _VALUE),
+              st.text(max_size=3).filter(lambda k: not inputs.ATTR_KEY.fullmatch(k)), _VALUE),
     st.builds(lambda m, v: {**m, "bad": v}, GOOD_MAPS.map(lambda m: dict(list(m.items())[:5])),
               st.one_of(st.just(math.nan), st.just(math.inf), st.integers(min_value=2**63, max_value=2**70),
                         st.text(min_size=1, max_size=3).map(lambda t: t + "\x01"), st.lists(st.integers()))),

@@ -33,9 +33,10 @@ FORBIDDEN_MODULES = frozenset({
     "ledger", "reducers", "projections", "cli",
 })
 #: The project's own modules (installed under ``handoff``) a reducer may import: the event
-#: types, the errors, the envelopes, and the reducers themselves. Every other ``handoff.``
+#: types, the errors, the envelopes, the input checks, and the reducers themselves. Every other ``handoff.``
 #: module (the storage backends, the views, the API facade, the kit, the CLI) is above them.
-PROJECT_IMPORTABLE = ("handoff.ledger.events", "handoff.ledger.errors", "handoff.ledger.store", "handoff.reducers")
+PROJECT_IMPORTABLE = ("handoff.ledger.events", "handoff.ledger.errors", "handoff.ledger.store", "handoff.ledger.inputs",
+                      "handoff.reducers")
 #: The namespace packages a ``from X import name`` may name, the names then judged alone.
 NAMESPACES = ("handoff", "handoff.ledger")
 #: Calls that read the clock, by the last two parts of their dotted name.
@@ -195,10 +196,11 @@ LOADED_FORBIDDEN = frozenset({
     "tempfile", "shutil", "glob",                             # files
 })
 #: The project's own modules a reducer may load: the namespace packages (whose
-#: ``__init__`` loads only the errors), the event types, the errors and the envelopes
-#: (``handoff.ledger.store`` holds the interface and the hash chain, not a backend).
+#: ``__init__`` loads only the errors), the event types, the errors, the envelopes
+#: (``handoff.ledger.store`` holds the interface and the hash chain, not a backend) and the
+#: input checks (``handoff.ledger.inputs``: pure functions of their values).
 PROJECT_ALLOWED = frozenset({"handoff", "handoff.ledger", "handoff.ledger.errors", "handoff.ledger.events",
-                             "handoff.ledger.store"})
+                             "handoff.ledger.inputs", "handoff.ledger.store"})
 #: Installed (third-party) packages a reducer may load: the event codec and what it needs.
 THIRD_PARTY_ALLOWED = frozenset({"msgspec", "typing_extensions"})
 

@@ -120,7 +120,7 @@ def watchloop(url: str, name: str, out: str, seconds: str, interval: str) -> Non
 def beat(url: str, run: str, token: str, seconds: str, interval: str, out: str, clock: str = "store") -> None:
     """Heartbeats; ``clock=host`` stamps them with this host's wall clock (the old way)."""
     from handoff import Ledger
-    from handoff.facade import now_us
+    from handoff.ledger.store import now_us
     from handoff.ledger.errors import LedgerError
 
     lg = Ledger(url, clock=now_us) if clock == "host" else _ledger(url)
