@@ -42,6 +42,14 @@ def _printable(value: str) -> str:
     return value
 
 
+def _finite_seconds(value: float) -> float:
+    # Every duration of a contract (the watchdog's limits, a send's timing) is a real
+    # number of seconds: infinity or NaN would never expire, or never compare.
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number of seconds")
+    return value
+
+
 class Policy(BaseModel):
     """Limits the watchdog applies to the run."""
 
@@ -53,12 +61,9 @@ class Policy(BaseModel):
     delivery_timeout_s: float = Field(_DEFAULT.delivery_timeout_s, gt=0, le=1e7, description="Seconds a delivery attempt may lack an outcome before it is ambiguous.")
     owner_cap: int = Field(_DEFAULT.owner_cap, ge=1, le=100_000, description="Most runs of this owner that may hold a lease at once.")
 
-    @field_validator("heartbeat_timeout_s", "progress_timeout_s", "delivery_timeout_s")
-    @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("must be a finite number of seconds")
-        return v
+    _finite = field_validator("heartbeat_timeout_s", "progress_timeout_s", "delivery_timeout_s")(
+        classmethod(lambda cls, v: _finite_seconds(v))
+    )
 
 
 class Send(BaseModel):
@@ -73,12 +78,7 @@ class Send(BaseModel):
     inline: bool = Field(_SEND.inline, description="Send artifacts' content; false sends their metadata and sha256 only.")
     token_env: str = Field(_SEND.token_env, pattern=r"^([A-Za-z_][A-Za-z0-9_]{0,127})?$", description="Environment variable holding a bearer token for a webhook, named HANDOFF_TOKEN_... (no other variable is sent); the token itself is never stored.")
 
-    @field_validator("timeout_s", "backoff_s")
-    @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("must be a finite number of seconds")
-        return v
+    _finite = field_validator("timeout_s", "backoff_s")(classmethod(lambda cls, v: _finite_seconds(v)))
 
 
 class HandoffContract(BaseModel):

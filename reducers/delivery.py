@@ -7,7 +7,7 @@ passed in. Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -15,6 +15,8 @@ from msgspec.structs import replace
 
 from handoff.ledger import events as ev
 from handoff.ledger.store import Recorded
+
+from .subfold import SubFold
 
 
 #: Target schemes whose receiver honours a delivery key, so a send of unknown outcome may
@@ -164,17 +166,10 @@ def rule_for(cls: type[ev.Event]) -> Callable[[Delivery, Recorded, Any], Deliver
     return _RULES.get(cls)
 
 
-def evolve(d: Delivery, rec: Recorded, event: ev.Event) -> Delivery:
-    """Apply one event; returns ``d`` itself when the event does not concern delivery."""
-    rule = _RULES.get(type(event))
-    return d if rule is None else rule(d, rec, event)
-
-
-def fold(records: Iterable[Recorded]) -> Delivery:
-    d = initial()
-    for rec in records:
-        d = evolve(d, rec, rec.event)
-    return d
+_FOLD = SubFold(initial, rule_for)
+#: ``evolve(d, rec, event)`` applies one event (``d`` itself when it does not concern the
+#: delivery); ``fold(records)`` folds a run's delivery alone.
+evolve, fold = _FOLD.evolve, _FOLD.fold
 
 
 #: Every stage a delivery can be at. ``ambiguous`` is the one that needs a clock.

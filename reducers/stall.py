@@ -8,7 +8,7 @@ advance it: reducers/transitions.py, ``advances``). Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -19,6 +19,7 @@ from handoff.ledger.store import Recorded
 
 from . import transitions as T
 from .delivery import status as delivery_status
+from .subfold import SubFold
 
 
 class LastProgress(msgspec.Struct, frozen=True):
@@ -161,20 +162,10 @@ def rule_for(cls: type[ev.Event]) -> Callable[[Watch, Recorded, Any], Watch] | N
     return _RULES.get(cls)
 
 
-_BY_TYPE = {cls: rule_for(cls) for cls in ev.EVENT_TYPES.values()}
-
-
-def evolve(w: Watch, rec: Recorded, event: ev.Event) -> Watch:
-    """Apply one event; returns ``w`` itself when the event changes nothing the watch holds."""
-    rule = _BY_TYPE.get(type(event))
-    return w if rule is None else rule(w, rec, event)
-
-
-def fold(records: Iterable[Recorded]) -> Watch:
-    w = initial()
-    for rec in records:
-        w = evolve(w, rec, rec.event)
-    return w
+_FOLD = SubFold(initial, rule_for)
+#: ``evolve(w, rec, event)`` applies one event (``w`` itself when it changes nothing the
+#: watch holds); ``fold(records)`` folds a run's watch alone.
+evolve, fold = _FOLD.evolve, _FOLD.fold
 
 
 _DELIVERING = frozenset((T.READY_FOR_REVIEW, T.SUCCEEDED))

@@ -81,6 +81,24 @@ def _fatal(text: str) -> str:
     return text.split("FATAL:", 1)[-1].strip()
 
 
+def _refused(where: str, detail: str, *, cause: str) -> StoreUnavailable:
+    """The server would not let this address in, whether it said so by SQLSTATE or in text."""
+    return StoreUnavailable(
+        f"PostgreSQL refused the connection to {where} ({detail}); check the database name, "
+        "the user and the password in the address",
+        cause=cause,
+    )
+
+
+def _out_of_resources(where: str, detail: str, doing: str, *, cause: str, setting: str = "") -> StoreUnavailable:
+    """The server is full (disk, memory, connections), whether it said so by SQLSTATE or in text."""
+    return StoreUnavailable(
+        f"the PostgreSQL server at {where} is out of resources ({detail}) while {doing}; "
+        f"nothing was written. Retry later, or ask its operator{setting}",
+        cause=cause,
+    )
+
+
 def explain(exc: BaseException, doing: str, where: str) -> LedgerError:
     """Map a driver error to the library's own, in one place."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -105,30 +123,14 @@ def explain(exc: BaseException, doing: str, where: str) -> LedgerError:
         )
     if isinstance(exc, (pgerr.InvalidCatalogName, pgerr.InvalidAuthorizationSpecification,
                         pgerr.InvalidPassword)):
-        return StoreUnavailable(
-            f"PostgreSQL refused the connection to {where} ({text}); check the database name, "
-            "the user and the password in the address",
-            cause=text,
-        )
+        return _refused(where, text, cause=text)
     if isinstance(exc, (pgerr.DiskFull, pgerr.OutOfMemory, pgerr.TooManyConnections)):
-        return StoreUnavailable(
-            f"the PostgreSQL server at {where} is out of resources ({text}) while {doing}; "
-            "nothing was written. Retry later, or ask its operator",
-            cause=text,
-        )
+        return _out_of_resources(where, text, doing, cause=text)
+    # libpq reports these two at connect without an SQLSTATE: only the server's text says.
     if isinstance(exc, psycopg.OperationalError) and _REFUSED_AT_CONNECT.search(text):
-        # libpq reports these at connect without an SQLSTATE: only the server's text says.
-        return StoreUnavailable(
-            f"PostgreSQL refused the connection to {where} ({_fatal(text)}); check the database name, "
-            "the user and the password in the address",
-            cause=text,
-        )
+        return _refused(where, _fatal(text), cause=text)
     if isinstance(exc, psycopg.OperationalError) and _FULL_AT_CONNECT.search(text):
-        return StoreUnavailable(
-            f"the PostgreSQL server at {where} is out of resources ({_fatal(text)}) while {doing}; "
-            "nothing was written. Retry later, or ask its operator (max_connections)",
-            cause=text,
-        )
+        return _out_of_resources(where, _fatal(text), doing, cause=text, setting=" (max_connections)")
     if isinstance(exc, psycopg.OperationalError):
         return StoreUnavailable(
             f"cannot reach the PostgreSQL server at {where} while {doing} ({text}); nothing was "

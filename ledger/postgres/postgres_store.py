@@ -44,14 +44,7 @@ from ..store import (
     now_us,
 )
 
-try:  # the driver is an optional extra: pip install '.[postgres]' from the checkout
-    import psycopg
-    from psycopg import errors as pgerr
-except ImportError:  # pragma: no cover - exercised only without the extra
-    psycopg = None  # type: ignore[assignment]
-    pgerr = None  # type: ignore[assignment]
-
-from .connection import DEFAULT_REPLY_TIMEOUT_S, connect, explain, redact
+from .connection import DEFAULT_REPLY_TIMEOUT_S, connect, explain, pgerr, psycopg, redact  # psycopg None without the extra
 from .rows import (
     PAGE_SQL,
     POSITION,

@@ -34,13 +34,7 @@ from .postgres_values import VALUE_NOT_STORED, digest_in
 from .rows import as_bytes
 from .postgres_schema import ID_BLOCK, NOT_THE_HOLDER
 from .view_functions import as_json
-
-try:  # the driver is an optional extra: pip install '.[postgres]' from the checkout
-    import psycopg
-    from psycopg import errors as pgerr
-except ImportError:  # pragma: no cover - exercised only without the extra
-    psycopg = None  # type: ignore[assignment]
-    pgerr = None  # type: ignore[assignment]
+from .connection import psycopg  # None without the extra: pip install '.[postgres]'
 
 S = TypeVar("S")
 
