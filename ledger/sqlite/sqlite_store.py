@@ -120,6 +120,7 @@ class SqliteStore(sqlite_values.SqliteValues, FoldingStore):
         except BaseException:
             self.conn.close()
             raise
+        self._file = None if self._memory else _OPEN.add(self.path)
 
     @classmethod
     def memory(cls, **kw: Any) -> SqliteStore:
@@ -134,7 +135,10 @@ class SqliteStore(sqlite_values.SqliteValues, FoldingStore):
             if refusal is not None:
                 raise refusal
             exists = os.path.exists(path)
-            if exists:
+            if exists and not _OPEN.holds(path):
+                # Read the header only of a file no connection of this process holds: closing
+                # any descriptor of a file drops every POSIX lock the process holds on it,
+                # SQLite's included, and another process could then reset the WAL under them.
                 refusal = sniff(path)
                 if refusal is not None:
                     raise refusal
@@ -708,6 +712,56 @@ class SqliteStore(sqlite_values.SqliteValues, FoldingStore):
                 self.conn.close()
             except sqlite3.Error:
                 pass
+            key, self._file = getattr(self, "_file", None), None
+            if key is not None:
+                _OPEN.discard(key)
+
+
+class _OpenFiles:
+    """The ledger files this process holds a connection to, by (device, inode), counted.
+
+    SQLite keeps its POSIX locks per process and per file, and ``close()`` of any
+    descriptor of that file drops them all (sqlite.org/howtocorrupt.html, 2.2). A second
+    store opening a file the process already holds must not read its header with a plain
+    ``open``: the first store's locks would be gone, and another process closing its own
+    connection could then checkpoint and delete the WAL the first store still writes to."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._count: dict[tuple[int, int], int] = {}
+
+    @staticmethod
+    def _key(path: str) -> tuple[int, int] | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def holds(self, path: str) -> bool:
+        key = self._key(path)
+        with self._lock:
+            return key is not None and key in self._count
+
+    def add(self, path: str) -> tuple[int, int] | None:
+        key = self._key(path)
+        if key is not None:
+            with self._lock:
+                self._count[key] = self._count.get(key, 0) + 1
+        return key
+
+    def discard(self, key: tuple[int, int]) -> None:
+        with self._lock:
+            left = self._count.get(key, 0) - 1
+            if left > 0:
+                self._count[key] = left
+            else:
+                self._count.pop(key, None)
+
+
+_OPEN = _OpenFiles()
 
 
 class SqliteTransaction(StoreTransaction):
