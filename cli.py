@@ -47,6 +47,7 @@ from handoff.clioptions import (attr_option, format_option, json_option, key_opt
                                 run_argument)
 from handoff.clitable import build  # noqa: E402
 from handoff.hookcli import hook as hook_command, hooks as hooks_group  # noqa: E402
+from handoff.servecli import serve as serve_command  # noqa: E402
 from handoff.clitypes import ISO_TIME, POSITION_OR_TIME, Seconds, attr_map  # noqa: E402
 from handoff.completion import (COMPLETE_HEALTH, COMPLETE_STATE, COMPLETE_VAR,  # noqa: E402
                                 complete_runs, completion_class)
@@ -1818,6 +1819,8 @@ def mcp(role: str, name: str | None, root: str | None, address: str | None, toke
 # The coding agents' hooks: a hook's stdout belongs to its harness (handoff/hookcli.py).
 main.add_command(hook_command)
 main.add_command(hooks_group)
+# The fleet in a browser (handoff/servecli.py, handoff/serve/).
+main.add_command(serve_command)
 
 
 @main.command()

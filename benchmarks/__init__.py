@@ -7,7 +7,8 @@ batched appends, beside eventsourcing and LangGraph), ``folds`` (one run's state
 log), ``reports`` (an incident report of a 100,000-event run), ``exports`` (the readable
 SQLite copy of a 100,500-event ledger beside its JSON Lines export), ``projections``
 (full rebuild with peak RSS, status lookup and stall scan at
-100,000 runs), ``cli`` (``handoff progress`` as a process), ``hooks`` (one coding agent's hook process beside ``python -c pass``) and
+100,000 runs), ``cli`` (``handoff progress`` as a process), ``hooks`` (one coding agent's hook process beside ``python -c pass``), ``serve`` (the fleet page at
+100,000 runs; 50 SSE clients following one run) and
 ``concurrency`` (8 writer processes) and ``postgres`` (the PostgreSQL backend beside raw
 psycopg and eventsourcing.postgres, in a database of the run's own; ``no server`` when
 there is none) and ``delivery`` (the sanitization scan; a send to
@@ -37,6 +38,7 @@ AREAS: tuple[str, ...] = (
     "benchmarks.bench_projections",
     "benchmarks.bench_cli",
     "benchmarks.bench_hooks",
+    "benchmarks.bench_serve",
     "benchmarks.bench_concurrency",
     "benchmarks.bench_postgres",
     "benchmarks.bench_delivery",

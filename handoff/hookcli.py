@@ -41,7 +41,7 @@ def _open_options(fn: Any) -> Any:
     return fn
 
 
-@click.command("hook", context_settings={"ignore_unknown_options": False})
+@click.command("hook", context_settings={"ignore_unknown_options": False, "help_option_names": ["-h", "--help"]})
 @click.argument("harness", type=HARNESS)
 @_open_options
 def hook(harness: str, deny_revoked: bool, owner: str | None, target: str | None,
@@ -72,7 +72,7 @@ def hook(harness: str, deny_revoked: bool, owner: str | None, target: str | None
         click.echo(f"handoff hook: nothing recorded ({type(exc).__name__}: {exc})", err=True)
 
 
-@click.group("hooks")
+@click.group("hooks", context_settings={"help_option_names": ["-h", "--help"]})
 def hooks() -> None:
     """Install coding agents' hooks (Claude Code, Codex, OpenHands, Goose) so that every
     session is a run of this ledger; remove them; write what their journal holds.

@@ -40,7 +40,7 @@ def test_help_runs(name):
 
 
 #: Commands that report nothing: a walkthrough, a wrapper and a server (its stdout speaks MCP).
-NOT_REPORTING = ("demo", "run", "mcp", "hook", "hooks")
+NOT_REPORTING = ("demo", "run", "mcp", "hook", "hooks", "serve")
 
 
 @pytest.mark.parametrize("name", [n for n in COMMANDS if n not in NOT_REPORTING])
