@@ -29,7 +29,7 @@ import asyncio
 import concurrent.futures
 import functools
 import itertools
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 

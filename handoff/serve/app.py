@@ -20,7 +20,7 @@ import threading
 from typing import Any
 from urllib.parse import quote
 
-from handoff.ledger.errors import InvalidInput, LedgerError
+from handoff.ledger.errors import LedgerError, StoreUnavailable
 from handoff.reducers import stall
 from handoff.reducers.transitions import STATES, TERMINAL
 
@@ -208,6 +208,17 @@ def make_app(config: Config) -> Any:
         return html(pg.page("Refused", f"<main><h1>Refused</h1><p class=\"flash refused\">{pg.e(message)}</p></main>",
                             here="", who=server.who), status)
 
+    async def render(work: Any) -> Any:
+        """A page drawn on the ledger's thread, or the refusal of what the request asked:
+        404 for a run that does not exist, 503 while the store cannot be reached (try
+        again), 400 for any other input the ledger refused."""
+        try:
+            return html(await call(work))
+        except StoreUnavailable as exc:
+            return refused(exc.message, 503)
+        except LedgerError as exc:
+            return refused(exc.message, 404 if exc.type == "UnknownRun" else 400)
+
     async def call(fn: Any, *a: Any, **kw: Any) -> Any:
         return await run_in_threadpool(server.read, fn, *a, **kw)
 
@@ -232,10 +243,7 @@ def make_app(config: Config) -> Any:
                       "Sorting orders this page; pages follow the order runs were opened.</p></main>")
             return pg.page("Fleet", body, here="fleet", who=server.who, refresh_s=config.refresh_s)
 
-        try:
-            return html(await call(work))
-        except InvalidInput as exc:
-            return refused(exc.message, 400)
+        return await render(work)
 
     async def attention(request: Any) -> Any:
         after = _params(request, ("s", "b", "r"))
@@ -254,10 +262,7 @@ def make_app(config: Config) -> Any:
                     + f'<div class="pager">{more}</div></main>')
             return pg.page("Needs attention", body, here="attention", who=server.who, refresh_s=config.refresh_s)
 
-        try:
-            return html(await call(work))
-        except InvalidInput as exc:
-            return refused(exc.message, 400)
+        return await render(work)
 
     async def run_page(request: Any) -> Any:
         run_id = request.path_params["run_id"]
@@ -287,10 +292,7 @@ def make_app(config: Config) -> Any:
                       f'title="incident report of {pg.e(run_id)}"></iframe></main>')
             return pg.page(f"Run {run_id}", body, here="", who=server.who)
 
-        try:
-            return html(await call(work))
-        except LedgerError as exc:
-            return refused(exc.message, 404 if exc.type == "UnknownRun" else 400)
+        return await render(work)
 
     async def run_report(request: Any) -> Any:
         run_id = request.path_params["run_id"]
@@ -356,12 +358,19 @@ def make_app(config: Config) -> Any:
     def _action(request: Any) -> act.Action | None:
         return act.BY_ID.get(request.path_params["action"])
 
-    async def confirm(request: Any) -> Any:
-        if not config.operator:
-            return refused("this server is read-only; start it with 'handoff serve --as operator' to act", 403)
+    def acting(request: Any) -> tuple[str, act.Action | None, Any]:
+        """The run and the action a request names, or the refusal to answer it with: a
+        read-only server acts on nothing, and an action must be one of the table's."""
         run_id, a = request.path_params["run_id"], _action(request)
-        if a is None:
-            return refused("no such action", 404)
+        if not config.operator:
+            return run_id, a, refused("this server is read-only; start it with 'handoff serve --as operator' "
+                                      "to act", 403)
+        return run_id, a, (refused("no such action", 404) if a is None else None)
+
+    async def confirm(request: Any) -> Any:
+        run_id, a, refusal = acting(request)
+        if refusal is not None or a is None:
+            return refusal
         try:
             args = act.arguments(a, dict(request.query_params))
             await call(lambda lg: lg.checkpoint(run_id))
@@ -371,11 +380,9 @@ def make_app(config: Config) -> Any:
                                                                    server.csrf), here="", who=server.who))
 
     async def do(request: Any) -> Any:
-        if not config.operator:
-            return refused("this server is read-only; start it with 'handoff serve --as operator' to act", 403)
-        run_id, a = request.path_params["run_id"], _action(request)
-        if a is None:
-            return refused("no such action", 404)
+        run_id, a, refusal = acting(request)
+        if refusal is not None or a is None:
+            return refusal
         form = {k: str(v) for k, v in (await request.form()).items()}
         if not hmac.compare_digest(form.get("csrf", "").encode(), server.csrf.encode()):
             return refused("the form's CSRF token is missing or not this server's; open the run page again and "

@@ -83,9 +83,11 @@ def find_chromium() -> str | None:
     return "/usr/bin/chromium" if os.access("/usr/bin/chromium", os.X_OK) else None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def chromium() -> Iterator[Any]:
-    """A headless Chromium under Playwright."""
+    """A headless Chromium under Playwright, for this directory's tests only: Playwright's
+    sync API runs an event loop in the main thread until it is stopped, and a test after
+    these that starts its own loop (asyncio.run) must not find one running."""
     exe = find_chromium()
     why = None
     if exe is None:
