@@ -92,7 +92,8 @@ def start_replay(db: str, directory: str) -> None:
         if not free:
             return
     null = os.devnull
-    os.posix_spawn(sys.executable, [sys.executable, "-m", "handoff.hooks", "--replay", "--db", db], os.environ,
+    # -P: not the hook's working directory (the agent's project) before the package.
+    os.posix_spawn(sys.executable, [sys.executable, "-P", "-m", "handoff.hooks", "--replay", "--db", db], os.environ,
                    file_actions=[(os.POSIX_SPAWN_OPEN, 0, null, os.O_RDONLY, 0),
                                  (os.POSIX_SPAWN_OPEN, 1, null, os.O_WRONLY, 0),
                                  (os.POSIX_SPAWN_OPEN, 2, null, os.O_WRONLY, 0)],

@@ -63,7 +63,9 @@ def command(harness: str, db: str, *, deny_revoked: bool = False, owner: str | N
             target: str | None = None, heartbeat_timeout: float | None = None,
             progress_timeout: float | None = None, python: str | None = None) -> str:
     """The hook's command line: this interpreter running the lean entry point."""
-    parts = [python or sys.executable, "-m", "handoff.hooks", harness, "--db", db if "://" in db else os.path.abspath(db)]
+    # -P: the harness runs hooks in the project's directory, which must not shadow the
+    # package (a repository holding handoff/hooks/__main__.py would run its own code).
+    parts = [python or sys.executable, "-P", "-m", "handoff.hooks", harness, "--db", db if "://" in db else os.path.abspath(db)]
     if deny_revoked:
         parts.append("--deny-revoked")
     for flag, value in (("--owner", owner), ("--target", target), ("--heartbeat-timeout", heartbeat_timeout),
@@ -74,7 +76,17 @@ def command(harness: str, db: str, *, deny_revoked: bool = False, owner: str | N
 
 
 def _ours(handler: Any) -> bool:
-    return isinstance(handler, dict) and MARK in str(handler.get("command", ""))
+    """A handler this module wrote: its command runs ``python [-P] -m handoff.hooks``, not
+    merely mentions it."""
+    if not isinstance(handler, dict) or MARK not in str(handler.get("command", "")):
+        return False
+    try:
+        words = shlex.split(str(handler["command"]))
+    except ValueError:
+        return False
+    if not words or not os.path.basename(words[0]).startswith("python"):
+        return False
+    return words[1:4] == ["-P", "-m", "handoff.hooks"] or words[1:3] == ["-m", "handoff.hooks"]
 
 
 def _load(path: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 import time
 
 TYPE_CHECKING = False  # not typing's: a hook does not pay for importing typing
@@ -47,12 +48,47 @@ def state_dir(db: str) -> str:
 
 
 def ensure_dir(path: str) -> str:
+    """The hooks' directory, private to this user: created 0700 with a .gitignore (it
+    holds a lease token, prompts and tool inputs, and usually sits in the agent's own
+    repository); an existing one is used only when it is a real directory of this user's
+    that no one else may enter, else another local user could forge the journal."""
     os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(
+            f"the hooks' directory {path} is not a private directory of this user (mode "
+            f"{stat.S_IMODE(st.st_mode):o}, owner uid {st.st_uid}); nothing was recorded. Remove it, or "
+            f"make it yours with 'chmod 700 {path}'")
+    ignore = os.path.join(path, ".gitignore")
+    if not os.path.lexists(ignore):
+        try:
+            fd = os.open(ignore, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0),
+                         0o600)
+        except FileExistsError:
+            pass
+        else:
+            try:
+                os.write(fd, b"# handoff's hooks: a lease token, prompts and tool inputs; never commit them\n*\n")
+            finally:
+                os.close(fd)
     return path
 
 
 def _open(path: str, flags: int) -> int:
-    return os.open(path, flags | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    """A file of the hooks' directory: never through a link, never a FIFO or a device,
+    never a file another user owns or that has another name (a hard link), and 0600."""
+    fd = os.open(path, flags | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_nlink != 1:
+            raise PermissionError(f"{path} is not a private regular file of this user; nothing was recorded. "
+                                  "Remove it")
+        if stat.S_IMODE(st.st_mode) != 0o600:
+            os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class locked:
@@ -170,13 +206,25 @@ def load_state(directory: str) -> dict[str, Any]:
 def save_state(directory: str, state: dict[str, Any]) -> None:
     """Replace the state file whole: a private 0600 file, fsynced, renamed into place."""
     tmp = os.path.join(directory, f".{STATE}.{os.getpid()}")
-    fd = _open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with contextlib_suppress_missing():
+        os.unlink(tmp)  # a crashed earlier process of this pid's: O_EXCL creates ours afresh
+    fd = _open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         os.write(fd, json.dumps(state, sort_keys=True).encode())
         os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, os.path.join(directory, STATE))
+
+
+class contextlib_suppress_missing:
+    """``contextlib.suppress(FileNotFoundError)`` without importing contextlib in a hook."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> bool:
+        return kind is not None and isinstance(exc, FileNotFoundError)
 
 
 def log(directory: str, line: str) -> None:

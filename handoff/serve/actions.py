@@ -93,7 +93,7 @@ def arguments(action: Action, form: dict[str, str]) -> dict[str, Any]:
                                    field=f.name)
             continue
         if f.kind == "int":
-            if not raw.isdigit():
+            if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
                 raise InvalidInput(f"{f.name.replace('_', ' ')} must be a whole number, got {raw[:40]!r}",
                                    field=f.name)
             out[f.name] = int(raw)

@@ -104,7 +104,8 @@ class BrowserGuard:
             # Trade the address's token for a cookie, and drop it from the address bar and history.
             rest = urlencode([(k, v) for k, v in parse_qsl(scope.get("query_string", b"").decode("latin-1"))
                               if k != "token"])
-            target = scope.get("path", "/") + (f"?{rest}" if rest else "")
+            # One leading slash: '//host/x' would send the browser to another site.
+            target = "/" + scope.get("path", "/").lstrip("/") + (f"?{rest}" if rest else "")
             response = RedirectResponse(target, status_code=303)
             response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict", path="/")
             await response(scope, receive, send)

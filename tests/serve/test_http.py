@@ -195,6 +195,23 @@ def test_token_is_asked_and_traded_for_a_cookie(tmp_path: Path, served: Any) -> 
         assert "HttpOnly" in r.headers["set-cookie"] and "SameSite=strict" in r.headers["set-cookie"]
         assert c.get(s.base + "/").status_code == 200  # the cookie now
         assert c.get(s.base + "/", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+        # The trade never sends the browser to another site ('//host/x' is another host).
+        r = c.get(s.base + f"//evil.example/x?token={token}")
+        assert r.status_code == 303 and r.headers["location"] == "/evil.example/x"
+
+
+def test_numbers_in_the_address_that_are_not_plain_digits_are_refused_not_a_crash(tmp_path: Path, served: Any
+                                                                                   ) -> None:
+    db = str(tmp_path / "s.db")
+    _populate(db)
+    run = "h1"
+    s = served(db, "--as", "operator", "--name", "ops")
+    with httpx.Client(timeout=10, headers={"Origin": s.base}) as c:
+        for bad in ("\u00b2", "9" * 5000):
+            r = c.get(s.base + f"/runs/{run}/confirm/unblock", params={"resolution": "x", "blocker_id": bad})
+            assert r.status_code == 400 and "whole number" in r.text
+        with c.stream("GET", s.base + f"/runs/{run}/feed", params={"after": "\u00b2"}) as r:
+            assert r.status_code == 200  # read from the start, not a server error
 
 
 def test_missing_ledger_exits_3(tmp_path: Path) -> None:
