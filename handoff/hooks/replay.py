@@ -71,8 +71,19 @@ def safe(text: str, limit: int = 100) -> str:
     return _UNSAFE.sub("-", text)[:limit] or "-"
 
 
+def _distinct(text: str, limit: int) -> str:
+    """``safe(text)``, with a digest of ``text`` when making it safe changed it, so two ids
+    that differ only in characters a run id cannot hold (or past the limit) stay apart."""
+    plain = safe(text, limit)
+    if plain == text:
+        return plain
+    import hashlib
+
+    return f"{safe(text, limit - 11)}-{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:10]}"
+
+
 def run_id_for(harness: str, session: str) -> str:
-    return f"{harness}-{safe(session, 100)}"
+    return f"{harness}-{_distinct(session, 100)}"
 
 
 def worker_for(harness: str, session: str) -> str:
@@ -259,7 +270,7 @@ class Session:
     def _claim(self) -> None:
         n = self.s.get("n", 1)
         try:
-            token = self.lg.claim(self.run, self.worker, key=f"hook-claim:{safe(self.run)}:{n}:{self.s.get('claims', 0)}")
+            token = self.lg.claim(self.run, self.worker, key=f"hook-claim:{safe(self.run, 128)}:{n}:{self.s.get('claims', 0)}")
         except ClaimAlreadyMade:
             raise
         self.s["token"] = str(token)
@@ -279,7 +290,7 @@ class Session:
                          owner=opts.get("owner") or login_name(), require_review=True,
                          heartbeat_timeout_s=float(opts.get("heartbeat_timeout") or HEARTBEAT_TIMEOUT_S),
                          progress_timeout_s=float(opts.get("progress_timeout") or PROGRESS_TIMEOUT_S),
-                         key=f"hook-open:{safe(run)}")
+                         key=f"hook-open:{safe(run, 128)}")
         except RunExists:
             pass  # opened before (a state file lost, a replay cut short): claim it
         self.s["run"] = run
@@ -334,8 +345,8 @@ class Session:
         calls = self.s.setdefault("calls", {})
         ident = self.hook.call_id or self.hook.tool
         if self.hook.event == "pre_tool":
-            calls[ident] = f"tool:{safe(self.hook.call_id or str(self.rec.get('id')), 120)}"
-        return calls.get(ident) or f"tool:{safe(self.hook.call_id or str(self.rec.get('id')), 120)}"
+            calls[ident] = f"tool:{_distinct(self.hook.call_id or str(self.rec.get('id')), 120)}"
+        return calls.get(ident) or f"tool:{_distinct(self.hook.call_id or str(self.rec.get('id')), 120)}"
 
     def _session_start(self) -> None:
         if self.hook.source == "resume" and self.s.get("run") and not self.s.get("token") and not self.s.get("wrapped"):

@@ -102,17 +102,30 @@ def _load(path: str) -> dict[str, Any]:
                            field="settings") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("hooks", {}), dict):
         raise InvalidInput(f"{path} is not a settings file with a 'hooks' table; it is left as it is", field="settings")
+    for event, groups in doc.get("hooks", {}).items():
+        if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+            raise InvalidInput(f"{path}: hooks.{event} is not a list of hook groups; fix it by hand, then install "
+                               "again: it is left as it is", field="settings")
     return doc
 
 
+def _target(path: str) -> str:
+    """The file a settings path stands for: a link (to a dotfiles repository, say) is
+    followed, so the file it names is updated and the link stays a link."""
+    return os.path.realpath(path) if os.path.islink(path) else path
+
+
 def _write(path: str, doc: dict[str, Any]) -> None:
+    path = _target(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     try:
         mode = os.stat(path).st_mode & 0o777
     except FileNotFoundError:
         mode = 0o600
     tmp = f"{path}.handoff-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    if os.path.lexists(tmp):
+        os.unlink(tmp)  # a crashed earlier install of this pid's; never written through a link
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")

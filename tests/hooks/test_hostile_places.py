@@ -72,3 +72,50 @@ def test_uninstall_removes_only_commands_that_run_the_hook(tmp_path):
     ours = {"type": "command", "command": settings.command("claude-code", str(tmp_path / "l.db"))}
     assert settings._ours(ours) is True
     assert settings._ours({"type": "command", "command": "python3 -m handoff.hooks codex --db x"}) is True
+
+
+def test_two_sessions_whose_ids_differ_only_in_unsafe_characters_are_two_runs(tmp_path):
+    db, cwd = tmp_path / "ledger.db", tmp_path / "work"
+    cwd.mkdir()
+    with Ledger(str(db)):
+        pass
+    for sid in ("a/b", "a-b", "x" * 150 + "1", "x" * 150 + "2"):
+        for doc in session("claude-code", cwd, session_id=sid)[:2]:
+            proc = run_hook("claude-code", db, doc)
+            assert proc.returncode == 0, proc.stderr
+    from handoff.hooks.replay import flush
+
+    flush(str(db), wait_s=60)
+    with Ledger(str(db)) as lg:
+        runs = list(lg.runs(include_terminal=True))
+    assert len(runs) == 4 and len({cp.run_id for cp in runs}) == 4
+    assert "claude-code-a-b" in {cp.run_id for cp in runs}  # a safe id is kept as it is
+
+
+def test_a_settings_table_of_the_wrong_shape_is_refused_and_left_alone(tmp_path):
+    from tests.hooks.agents import handoff
+
+    project = tmp_path / "proj"
+    path = project / ".claude" / "settings.json"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"hooks": {"Stop": "oops"}}')
+    proc = handoff("--db", str(tmp_path / "l.db"), "hooks", "install", "claude-code", "--project", str(project),
+                   check=False)
+    assert proc.returncode == 2 and "hooks.Stop is not a list" in proc.stderr and "Traceback" not in proc.stderr
+    assert path.read_text() == '{"hooks": {"Stop": "oops"}}'
+
+
+def test_a_linked_settings_file_stays_a_link_and_its_file_gets_the_hook(tmp_path):
+    from tests.hooks.agents import handoff
+
+    project, dotfiles = tmp_path / "proj", tmp_path / "dotfiles"
+    (project / ".claude").mkdir(parents=True)
+    dotfiles.mkdir()
+    real = dotfiles / "claude-settings.json"
+    real.write_text('{"theme": "dark"}')
+    link = project / ".claude" / "settings.json"
+    link.symlink_to(real)
+    handoff("--db", str(tmp_path / "l.db"), "hooks", "install", "claude-code", "--project", str(project))
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    doc = json.loads(real.read_text())
+    assert doc["theme"] == "dark" and "Stop" in doc["hooks"]
