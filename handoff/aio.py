@@ -496,10 +496,10 @@ class AsyncLease(HeldLease):
     # --- end of generated code (AsyncLease verbs) ---
 
     @asynccontextmanager
-    async def effect(self, key: str, what: str, **kw: Any) -> AsyncIterator[EffectHandle]:
+    async def effect(self, effect_key: str, what: str, **kw: Any) -> AsyncIterator[EffectHandle]:
         """As ``Lease.effect``: the start recorded before, the outcome after."""
-        await self._do(self.core.effect_start(key, what, **kw))
-        fx = EffectHandle(key)
+        await self._do(self.core.effect_start(effect_key, what, **kw))
+        fx = EffectHandle(effect_key)
         try:
             yield fx
         except BaseException:

@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -418,9 +418,9 @@ class LeaseCore:
         return lambda lg: lg.effect_outcome(self.run_id, effect_key)
     # --- end of generated code (LeaseCore verbs) ---
 
-    def effect_start(self, key: str, what: str, **kw: Any) -> Callable[[Ledger], Outcome]:
+    def effect_start(self, effect_key: str, what: str, **kw: Any) -> Callable[[Ledger], Outcome]:
         t = self.token
-        return lambda lg: lg.effect_start(self.run_id, t, key, what, worker=self.worker, **kw)
+        return lambda lg: lg.effect_start(self.run_id, t, effect_key, what, worker=self.worker, **kw)
 
     def effect_confirm(self, fx: EffectHandle) -> Callable[[Ledger], Outcome]:
         t = self.token
@@ -607,13 +607,13 @@ class Lease(HeldLease):
     # --- end of generated code (Lease verbs) ---
 
     @contextmanager
-    def effect(self, key: str, what: str, **kw: Any) -> Iterator[EffectHandle]:
+    def effect(self, effect_key: str, what: str, **kw: Any) -> Iterator[EffectHandle]:
         """Record the side effect's start, run the block, then its outcome: ``done`` when
         the block ends normally (or as ``fx.done()``/``fx.absent()`` said). An exception
         leaves the outcome unknown (the world may have changed before it was raised) and
         the run needs reconciling, unless ``fx.absent(why)`` was said first."""
-        self._do(self.core.effect_start(key, what, **kw))
-        fx = EffectHandle(key)
+        self._do(self.core.effect_start(effect_key, what, **kw))
+        fx = EffectHandle(effect_key)
         try:
             yield fx
         except BaseException:
