@@ -32,9 +32,12 @@ def _root_param(name: str) -> Any:
               help="Who the operator's actions are recorded as (default: $HANDOFF_ACTOR, else your login name).")
 @click.option("--refresh", default=5.0, show_default=True, type=click.FloatRange(1, 3600),
               help="Seconds between reloads of the fleet and needs-attention pages.")
+@click.option("--max-feeds", default=None, type=click.IntRange(1, 100_000), metavar="N",
+              help="Run pages that may follow their run live at once (default 100); one more is answered "
+                   "503 with the reason until one closes.")
 @click.option("--db", "db_here", default=None, envvar="HANDOFF_DB", hidden=True)
 def serve(address: str, token_file: str | None, role: str, name: str | None, refresh: float,
-          db_here: str | None) -> None:
+          max_feeds: int | None, db_here: str | None) -> None:
     """Serve the ledger to a browser: the fleet, what needs attention, each run live.
 
     The fleet page lists runs with their state, health, liveness (last heartbeat) and
@@ -65,6 +68,8 @@ def serve(address: str, token_file: str | None, role: str, name: str | None, ref
     busy = _root_param("busy_timeout") or 5.0
     config = Config(db=str(db), name=operator_name(name), operator=role == "operator", refresh_s=refresh,
                     busy_timeout_s=float(busy))
+    if max_feeds is not None:
+        config.max_feeds = max_feeds
     try:
         run_server(config, address, token_file=token_file)
     except LedgerError as exc:

@@ -1,9 +1,11 @@
 """``handoff serve``: the fleet in a browser, live, with liveness and progress as two columns.
 
-Server-rendered pages (handoff/serve/pages.py) from the ledger's listings a page at a time,
-a run page that follows the run over server-sent events (handoff/serve/feed.py), and, for a
-server started as an operator, the actions of the table of operations after a confirmation
-with a CSRF token (handoff/serve/actions.py). Who may reach it is the MCP HTTP mode's rule
+Server-rendered pages (handoff/serve/pages.py) from the ledger's listings a page at a time
+(handoff/serve/listing.py: the orders an index keeps, and how far a search reads), a run
+page that follows the run over server-sent events (handoff/serve/feed.py, bounded), and,
+for a server started as an operator, the actions of the table of operations after a
+confirmation with a CSRF token (handoff/serve/actions.py), whose outcome the run page shows
+only as this server signed it (handoff/serve/flash.py). Who may reach it is the MCP HTTP mode's rule
 (handoff/serve/guard.py): loopback by default, anything else only with a token, Host and
 Origin checked. docs/serve.md is the user's guide. Needs the ``serve`` extra (Starlette,
 uvicorn, sse-starlette).

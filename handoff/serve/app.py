@@ -17,28 +17,28 @@ import json
 import re
 import secrets
 import threading
+import time
 from typing import Any
 from urllib.parse import quote
 
 from handoff.ledger.errors import LedgerError, StoreUnavailable
 from handoff.reducers import stall
-from handoff.reducers.transitions import STATES, TERMINAL
+from handoff.reducers.transitions import STATES
 
 from . import actions as act
 from . import pages as pg
-from .feed import Feed, event_row
+from .feed import DROPPED, MAX_FOLLOWERS, QUEUE, Feed, FeedFull, event_row
+from .flash import Signer
+from .listing import PAGE, SCAN_CAP, SORT_LABELS, SORTS
+from .listing import counts as health_counts
+from .listing import fleet as fleet_listing
 from .static import CSS, JS
 
-#: Rows on a page of the fleet and of needs attention.
-PAGE = 100
-#: Runs a filtered fleet page examines at most before it offers to search on (the goal's
-#: text and the health classes the stall index does not hold are judged run by run).
-SCAN_CAP = 5000
 #: Events the run page lists when it opens (newest first); older ones are in the report.
 RECENT = 200
-#: Health classes the stall index holds: a filter on one of them reads only those runs.
-INDEXED_HEALTH = ("unavailable", "stalled", "needs_reconciliation", "needs_worker", "delivery_ambiguous",
-                  "unopened")
+#: Longest a send to a live feed's browser may take before the connection is closed (a
+#: tab that stopped reading frees its slot; its queue is bounded meanwhile, see feed.py).
+SEND_TIMEOUT_S = 30.0
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src data:; connect-src 'self'; "
        "frame-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'self'")
@@ -48,7 +48,9 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src data:; 
 class Config:
     """How the server was started: the ledger's address, who acts and whether it may write
     (``operator``), how often the fleet pages reload (seconds); ``clock`` is the ledger's
-    (UTC µs; default the system clock), the moment liveness and progress are judged at."""
+    (UTC µs; default the system clock), the moment liveness and progress are judged at;
+    ``max_feeds``: live feeds served at once; ``feed_queue``: batches one feed may have
+    waiting before it is dropped (handoff/serve/feed.py)."""
 
     db: str
     name: str
@@ -56,10 +58,13 @@ class Config:
     refresh_s: float = 5.0
     busy_timeout_s: float = 5.0
     clock: Any = None
+    max_feeds: int = MAX_FOLLOWERS
+    feed_queue: int = QUEUE
 
 
 class Server:
-    """The state the endpoints share: the request ledger, the feed, the CSRF secret."""
+    """The state the endpoints share: the request ledger, the feed, the CSRF secret, the
+    flash signer, and the fleet's health counts of the last refresh period."""
 
     def __init__(self, config: Config) -> None:
         from handoff.facade import Ledger
@@ -67,8 +72,10 @@ class Server:
         self.config = config
         self.ledger = Ledger(config.db, create=False, busy_timeout_s=config.busy_timeout_s, clock=config.clock)
         self.lock = threading.Lock()  # one request at a time on the request ledger's connection
-        self.feed = Feed(self.ledger)
+        self.feed = Feed(self.ledger, max_followers=config.max_feeds, queue=config.feed_queue)
         self.csrf = secrets.token_urlsafe(32)
+        self.flash = Signer()
+        self._counts: tuple[float, Any] | None = None
         #: The last reports drawn, by (run, last seq): fifty pages following a busy run
         #: reload the report together, and share one drawing of each version.
         self.reports: dict[tuple[str, int], str] = {}
@@ -79,59 +86,25 @@ class Server:
         with self.lock:
             return fn(self.ledger, *args, **kw)
 
+    def counts(self, lg: Any) -> tuple[dict[str, int], int, str, int]:
+        """The fleet's health counts and the moment they were judged, kept for one refresh
+        period: every open fleet page reloads once a period, so however many are open the
+        stall index is scanned at most once a period under the request lock, and a count is
+        never more than one period old. Called holding the lock."""
+        t = time.monotonic()
+        if self._counts is not None and t - self._counts[0] < self.config.refresh_s:
+            return self._counts[1]
+        now = lg.clock()
+        value = (*health_counts(lg, now), now)
+        self._counts = (t, value)
+        return value
+
 
 def _params(request: Any, names: tuple[str, ...]) -> dict[str, str]:
     return {k: v for k in names if (v := request.query_params.get(k, "").strip())}
 
 
 # --- what each page reads ------------------------------------------------------------------
-
-
-def counts(lg: Any, now: int) -> tuple[dict[str, int], int, str]:
-    """Runs per health class at the top of the fleet: the stall index's classes (judged at
-    ``now``), blocked and awaiting review from the state column, the rest healthy or waiting."""
-    from handoff.projections import queries
-
-    total = queries.count_runs_after(lg.store, None)
-    out: dict[str, int] = {}
-    for _, h in lg.iter_stalls(now=now):
-        out[h.classification] = out.get(h.classification, 0) + 1
-    out["blocked"] = queries.count_runs_after(lg.store, None, states=("blocked",))
-    out["awaiting_owner"] = queries.count_runs_after(lg.store, None, states=("ready_for_review", "succeeded"))
-    rest = max(0, total - sum(out.values()))
-    return out, total, (f"{rest} more are healthy, unclaimed in the queue or delivering; "
-                        "ended runs are listed with state filters")
-
-
-def fleet_rows(lg: Any, p: dict[str, str], now: int) -> tuple[list[dict[str, Any]], str | None, int | None, str | None]:
-    """One page of the fleet with its filters: (rows, next cursor, how many follow or None
-    when not counted, the run a capped search stopped at)."""
-    states = (p["state"],) if p.get("state") else ()
-    health = p.get("health")
-    text = p.get("q", "").casefold()
-    after = p.get("after")
-    sel = dict(owner=p.get("owner"), target=p.get("queue"), worker=p.get("worker"))
-    include_terminal = any(s in TERMINAL for s in states)
-    if not health and not text:
-        page = lg.runs_page(limit=PAGE, after=after, states=states, include_terminal=include_terminal, **sel)
-        rows = [pg.fleet_row(cp, stall.classify(cp, now_us=now), now) for cp in page.items]
-        return rows, page.next, page.more, None
-    if health in INDEXED_HEALTH and not states and not any(sel.values()):
-        stream: Any = ((cp, h) for cp, h in lg.iter_stalls(now=now, after=after) if h.classification == health)
-    else:
-        stream = ((cp, stall.classify(cp, now_us=now))
-                  for cp in lg.iter_runs(after=after, states=states, include_terminal=include_terminal, **sel))
-    rows, last, scanned = [], None, 0
-    for cp, h in stream:
-        scanned += 1
-        last = cp.run_id
-        if (not health or h.classification == health) and (not text or text in cp.goal.casefold()):
-            rows.append(pg.fleet_row(cp, h, now))
-            if len(rows) == PAGE:
-                return rows, last, None, None
-        if scanned >= SCAN_CAP:
-            return rows, last, None, last
-    return rows, None, 0, None
 
 
 def _needed(cp: Any, h: Any) -> tuple[str, str]:
@@ -223,24 +196,36 @@ def make_app(config: Config) -> Any:
         return await run_in_threadpool(server.read, fn, *a, **kw)
 
     async def fleet(request: Any) -> Any:
-        p = _params(request, ("state", "health", "owner", "worker", "queue", "q", "after", "sort"))
+        p = _params(request, ("state", "health", "owner", "worker", "queue", "q", "after", "at", "sort"))
         if p.get("state") and p["state"] not in STATES:
             return refused(f"no state {p['state'][:40]!r}; it is one of: {', '.join(STATES)}", 400)
         if p.get("health") and p["health"] not in stall.CLASSIFICATIONS:
             return refused(f"no health {p['health'][:40]!r}; it is one of: {', '.join(sorted(stall.CLASSIFICATIONS))}", 400)
 
         def work(lg: Any) -> str:
+            c, total, note, counted = server.counts(lg)
             now = lg.clock()
-            c, total, note = counts(lg, now)
-            rows, nxt, more, scanned = fleet_rows(lg, p, now)
-            rows = pg.sort_rows(rows, p.get("sort"), now)
+            page = fleet_listing(lg, p, now)
+            rows = page.rows
+            searching = page.searched is not None
+            empty = "No run matches." if not searching or not (page.capped or page.next) else \
+                "No run matches among the runs this page searched."
+            sort = p.get("sort") or "opened"
             body = ("<main><h1>Fleet</h1>" + pg.counts_list(c, total, note)
+                    + f'<p class="note" id="counted">Counted at {pg.e(pg.iso_ms(pg.iso(counted)))}; the counts are '
+                      f"kept for {config.refresh_s:g}s (the refresh period), the rows below are read afresh.</p>"
                     + pg.filters_form(p, STATES, sorted(stall.CLASSIFICATIONS))
-                    + (pg.fleet_table(rows, p) if rows else '<p id="empty">No run matches.</p>')
-                    + pg.pager({k: v for k, v in p.items()}, nxt, more, scanned)
+                    + (pg.search_note(page.searched, page.capped, page.left, page.next is not None, SCAN_CAP,
+                                      bool(p.get("after"))) if searching else "")
+                    + (pg.fleet_table(rows, p, SORTS) if rows else f'<p id="empty">{empty}</p>')
+                    + pg.pager(p, page.next, page.more)
                     + f'<p class="note">Liveness (last beat, worker) and progress (last step, progress_seq) are '
                       f"judged at {pg.e(pg.iso_ms(pg.iso(now)))}; the page reloads every {config.refresh_s:g}s. "
-                      "Sorting orders this page; pages follow the order runs were opened.</p></main>")
+                      f'<span id="sorted" data-sort="{pg.e(sort)}">Sorted by {pg.e(SORT_LABELS[sort])}, across '
+                      "every page</span>" + ("" if sort == "opened" else ' (<a href="/">the order runs were '
+                                                                          "opened</a>)") + ". Text in the goal "
+                      f"and health are judged run by run: a page reads at most {SCAN_CAP:,} runs and says how far "
+                      "it read.</p></main>")
             return pg.page("Fleet", body, here="fleet", who=server.who, refresh_s=config.refresh_s)
 
         return await render(work)
@@ -266,8 +251,7 @@ def make_app(config: Config) -> Any:
 
     async def run_page(request: Any) -> Any:
         run_id = request.path_params["run_id"]
-        flash = request.query_params.get("done", "")
-        error = request.query_params.get("refused", "")
+        said = server.flash.read(run_id, request.query_params.get("flash", ""))
 
         def work(lg: Any) -> str:
             now = lg.clock()
@@ -276,10 +260,9 @@ def make_app(config: Config) -> Any:
             recent = list(lg.log(run_id, after_seq=max(0, cp.last_seq - RECENT)))
             rows = [event_row(r) for r in reversed(recent)]
             note = ""
-            if flash:
-                note = f'<p class="flash ok" id="flash">{pg.e(flash)}</p>'
-            elif error:
-                note = f'<p class="flash refused" id="flash">{pg.e(error)}</p>'
+            if said is not None:  # only what this server signed for this run (flash.py)
+                kind, text = said
+                note = f'<p class="flash {"ok" if kind == "done" else "refused"}" id="flash">{pg.e(text)}</p>'
             forms = pg.action_forms(run_id, cp, act.offered(cp)) if config.operator else ""
             url = pg.run_url(run_id)
             body = (f'<main data-run="{pg.e(run_id)}" data-last-seq="{cp.last_seq}" data-feed="{pg.e(url)}/feed">'
@@ -326,7 +309,11 @@ def make_app(config: Config) -> Any:
             await call(lambda lg: lg.checkpoint(run_id))
         except LedgerError as exc:
             return PlainTextResponse(exc.message, status_code=404 if exc.type == "UnknownRun" else 400)
-        q = server.feed.follow(run_id)
+        try:
+            q = server.feed.follow(run_id)
+        except FeedFull as exc:
+            return PlainTextResponse(exc.message, status_code=503,
+                                     headers={"Retry-After": str(max(1, int(config.refresh_s)))})
 
         def status(lg: Any) -> dict[str, str]:
             now = lg.clock()
@@ -346,6 +333,11 @@ def make_app(config: Config) -> Any:
                     except asyncio.TimeoutError:
                         yield {"event": "status", "data": json.dumps(await call(status))}
                         continue
+                    if rows is DROPPED:
+                        yield {"event": "dropped", "data": json.dumps(
+                            f"this page fell more than {server.feed.queue} batches of events behind the run and "
+                            "stopped following it; reload the page to catch up (the log has every event)")}
+                        return
                     rows = [r for r in rows if r["seq"] > after]
                     if rows:
                         after = rows[-1]["seq"]
@@ -354,7 +346,8 @@ def make_app(config: Config) -> Any:
             finally:
                 server.feed.unfollow(run_id, q)
 
-        return EventSourceResponse(stream(), ping=15, headers={"Cache-Control": "no-store"})
+        return EventSourceResponse(stream(), ping=15, send_timeout=SEND_TIMEOUT_S,
+                                   headers={"Cache-Control": "no-store"})
 
     def _action(request: Any) -> act.Action | None:
         return act.BY_ID.get(request.path_params["action"])
@@ -392,11 +385,13 @@ def make_app(config: Config) -> Any:
         try:
             out = await call(act.perform, a, run_id, config.name, form)
         except LedgerError as exc:
-            return RedirectResponse(f"{url}?refused={quote(f'{exc.type}: {exc.message}')}", status_code=303)
+            flash = server.flash.sign(run_id, "refused", f"{exc.type}: {exc.message}")
+            return RedirectResponse(f"{url}?flash={flash}", status_code=303)
         said = f"{a.label}: recorded at seq {out.result.last_seq} as {config.name}"
         if out.duplicate:
             said = f"{a.label}: nothing new to record"
-        return RedirectResponse(f"{url}?done={quote(said)}#seq-{out.result.last_seq}", status_code=303)
+        flash = server.flash.sign(run_id, "done", said)
+        return RedirectResponse(f"{url}?flash={flash}#seq-{out.result.last_seq}", status_code=303)
 
     async def css(request: Any) -> Any:
         return Response(CSS, media_type="text/css", headers=_headers(CSP))

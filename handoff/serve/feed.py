@@ -8,6 +8,13 @@ read of the tail, not fifty.
 
 What a follower receives is what ``handoff log`` shows of an event (seq, time, actor,
 type, one-line summary), without the idempotency key: nothing here carries a secret.
+
+Both ends are bounded, so a browser cannot make the server hold more than it chose to:
+at most ``max_followers`` feeds at once (one more is refused, and the page answers 503
+with the reason), and at most ``queue`` batches waiting for one follower. A follower that
+falls further behind (a stalled tab, a slow link) is dropped: its waiting batches are
+discarded and it receives ``DROPPED``, which the page turns into a ``dropped`` event
+saying to reload. What it missed is still in the log; a reload reads it from there.
 """
 
 from __future__ import annotations
@@ -21,6 +28,22 @@ from handoff.reducers.checkpoint import iso
 
 #: How long the tail waits in one call before it looks at whether to stop.
 WAIT_S = 0.5
+#: Batches one follower may have waiting before it is dropped (each batch is what one
+#: read of the tail brought for its run: at least 50 ms of the run's events on SQLite).
+QUEUE = 64
+#: Feeds a server serves at once, unless started with another ``--max-feeds``.
+MAX_FOLLOWERS = 100
+#: What a dropped follower's queue holds: the page says so and stops following.
+DROPPED = None
+
+
+class FeedFull(Exception):
+    """Every live feed this server serves is taken: the page answers 503 with this message."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"this server follows at most {limit} live feeds at once (handoff serve --max-feeds); "
+                         "close another run page, or try again when one is closed")
+        self.message = str(self)
 
 
 def event_row(rec: Any) -> dict[str, Any]:
@@ -36,9 +59,12 @@ class Feed:
     close() drops every POSIX lock the process holds on that file, the other
     connection's included (SQLite's "How To Corrupt", 2.2)."""
 
-    def __init__(self, ledger: Any) -> None:
+    def __init__(self, ledger: Any, *, max_followers: int = MAX_FOLLOWERS, queue: int = QUEUE) -> None:
         self.ledger = ledger
-        self.followers: dict[str, set[asyncio.Queue[list[dict[str, Any]]]]] = {}
+        self.max_followers, self.queue = max_followers, queue
+        self.followers: dict[str, set[asyncio.Queue[list[dict[str, Any]] | None]]] = {}
+        self.following = 0  # followers of every run together
+        self.dropped = 0  # followers dropped for falling behind, since the server started
         self.position = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -56,23 +82,41 @@ class Feed:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def follow(self, run_id: str) -> asyncio.Queue[list[dict[str, Any]]]:
-        q: asyncio.Queue[list[dict[str, Any]]] = asyncio.Queue()
+    def follow(self, run_id: str) -> asyncio.Queue[list[dict[str, Any]] | None]:
+        """A new follower's queue (on the event loop's thread); FeedFull past the limit."""
+        if self.following >= self.max_followers:
+            raise FeedFull(self.max_followers)
+        q: asyncio.Queue[list[dict[str, Any]] | None] = asyncio.Queue(maxsize=self.queue)
         self.followers.setdefault(run_id, set()).add(q)
+        self.following += 1
         return q
 
-    def unfollow(self, run_id: str, q: asyncio.Queue[list[dict[str, Any]]]) -> None:
+    def unfollow(self, run_id: str, q: asyncio.Queue[list[dict[str, Any]] | None]) -> None:
         qs = self.followers.get(run_id)
-        if qs is not None:
+        if qs is not None and q in qs:
             qs.discard(q)
+            self.following -= 1
             if not qs:
                 self.followers.pop(run_id, None)
 
-    def _hand_out(self, batch: dict[str, list[dict[str, Any]]], position: int) -> None:
+    def _drop(self, run_id: str, q: asyncio.Queue[list[dict[str, Any]] | None]) -> None:
+        """A follower that fell ``queue`` batches behind: what it had waiting is discarded
+        (the log keeps it), its slot freed, and ``DROPPED`` is all it reads next."""
+        self.unfollow(run_id, q)
+        while not q.empty():
+            q.get_nowait()
+        q.put_nowait(DROPPED)
+        self.dropped += 1
+
+    def hand_out(self, batch: dict[str, list[dict[str, Any]]], position: int) -> None:
+        """Give each follower its run's new events (on the event loop's thread)."""
         self.position = position
         for run_id, rows in batch.items():
             for q in list(self.followers.get(run_id, ())):
-                q.put_nowait(rows)
+                try:
+                    q.put_nowait(rows)
+                except asyncio.QueueFull:
+                    self._drop(run_id, q)
 
     def _tail(self) -> None:
         lg = self.ledger
@@ -90,6 +134,6 @@ class Feed:
                         batch.setdefault(rec.run_id, []).append(event_row(rec))
                 last = now
                 if self._loop is not None and not self._loop.is_closed():
-                    self._loop.call_soon_threadsafe(self._hand_out, batch, now)
+                    self._loop.call_soon_threadsafe(self.hand_out, batch, now)
         finally:
             self.ready.set()

@@ -8,8 +8,13 @@ is made (``listen``). What differs is the client: an MCP host sends a bearer hea
 ``Origin`` with every form it posts. So here:
 
 - a token (required beyond loopback, allowed on loopback) is taken from
-  ``Authorization: Bearer``, or from the cookie the page sets when it is opened once with
-  ``?token=...`` (HttpOnly, SameSite=Strict, so another site's page never sends it);
+  ``Authorization: Bearer``; a browser opens the address once with ``?token=...`` and
+  trades it for a session cookie (HttpOnly, SameSite=Strict, so another site's page never
+  sends it). The cookie holds a random value drawn when the process started, never the
+  token: a cookie read off a disk or a proxy's log dies with the server, and the
+  long-lived token stays in its file. Its name carries the port, because browsers keep
+  cookies per host, not per port: two servers on one host would otherwise overwrite (and
+  be sent) each other's;
 - on loopback, a ``Host`` that is not one of ``host_forms`` is refused (421): a page that
   DNS rebinding brought here names its own host;
 - an ``Origin``, when sent, must be this server's own page, and every request that writes
@@ -19,13 +24,19 @@ is made (``listen``). What differs is the client: an MCP host sends a bearer hea
 from __future__ import annotations
 
 import hmac
+import secrets
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from handoff.integrations.mcp_http import host_forms, is_loopback
 
-#: The cookie that carries the token after ``?token=`` (beyond loopback).
-TOKEN_COOKIE = "handoff_serve_token"
+#: The session cookie a browser gets for the token (``?token=``), followed by the port.
+SESSION_COOKIE = "handoff_serve_session_"
+
+
+def cookie_name(port: int) -> str:
+    """The session cookie of the server on ``port``."""
+    return f"{SESSION_COOKIE}{port}"
 
 
 def _headers(scope: Any) -> dict[str, str]:
@@ -46,6 +57,9 @@ class BrowserGuard:
 
     def __init__(self, app: Any, *, host: str, port: int, token: str | None) -> None:
         self.app, self.token = app, token
+        self.cookie = cookie_name(port)
+        #: What the cookie holds: drawn once per process, so a restart signs every browser out.
+        self.session = secrets.token_urlsafe(32)
         self.loopback = is_loopback(host)
         self.hosts = set(host_forms(host, port)) if self.loopback else None
 
@@ -81,8 +95,8 @@ class BrowserGuard:
         given = h.get("authorization", "")
         if given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), want):
             return True
-        cookie = _cookies(h.get("cookie", "")).get(TOKEN_COOKIE, "")
-        return bool(cookie) and hmac.compare_digest(cookie.encode(), want)
+        cookie = _cookies(h.get("cookie", "")).get(self.cookie, "")
+        return bool(cookie) and hmac.compare_digest(cookie.encode(), self.session.encode())
 
     def _token_in_query(self, scope: Any) -> str | None:
         if self.token is None or scope.get("method") != "GET":
@@ -101,13 +115,14 @@ class BrowserGuard:
         token = self._token_in_query(scope)
         if token is not None and self.refusal({**scope, "headers": [
                 *scope.get("headers", []), (b"authorization", f"Bearer {token}".encode())]}) is None:
-            # Trade the address's token for a cookie, and drop it from the address bar and history.
+            # Trade the address's token for the session cookie, and drop it from the address
+            # bar and history.
             rest = urlencode([(k, v) for k, v in parse_qsl(scope.get("query_string", b"").decode("latin-1"))
                               if k != "token"])
             # One leading slash: '//host/x' would send the browser to another site.
             target = "/" + scope.get("path", "/").lstrip("/") + (f"?{rest}" if rest else "")
             response = RedirectResponse(target, status_code=303)
-            response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict", path="/")
+            response.set_cookie(self.cookie, self.session, httponly=True, samesite="strict", path="/")
             await response(scope, receive, send)
             return
         refused = self.refusal(scope)

@@ -82,26 +82,6 @@ def fleet_row(cp: Any, health: Any, now_us: int) -> dict[str, Any]:
     }
 
 
-SORTS = ("run", "state", "health", "beat", "progress", "owner", "worker")
-
-
-def _sort_key(col: str, now_us: int) -> Any:
-    if col in ("beat", "progress"):
-        at = "beat_at" if col == "beat" else "progress_at"
-        return lambda r: r[at] or ""
-    return lambda r: str(r[col])
-
-
-def sort_rows(rows: list[dict[str, Any]], sort: str | None, now_us: int) -> list[dict[str, Any]]:
-    if not sort:
-        return rows
-    desc = sort.startswith("-")
-    col = sort.lstrip("-")
-    if col not in SORTS:
-        return rows
-    return sorted(rows, key=_sort_key(col, now_us), reverse=desc)
-
-
 def _cells(r: dict[str, Any]) -> str:
     out = [f'<td><a href="{e(run_url(r["run"]))}">{e(r["run"])}</a></td>', f'<td>{e(r["state"])}</td>',
            f'<td class="h-{e(r["health"])}" title="{e(r["reason"])}">{e(r["health"])}</td>',
@@ -112,14 +92,16 @@ def _cells(r: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def fleet_table(rows: Sequence[dict[str, Any]], params: dict[str, str]) -> str:
+def fleet_table(rows: Sequence[dict[str, Any]], params: dict[str, str], sortable: Iterable[str]) -> str:
+    """The fleet's rows; the headings of the ``sortable`` columns link to the whole
+    listing in their order (from its first page: a cursor belongs to one order)."""
     head = []
+    sortable = set(sortable)
     for key, label in FLEET_COLUMNS:
-        if key in SORTS:
-            cur = params.get("sort", "")
-            nxt = f"-{key}" if cur == key else key
-            q = urlencode({**{k: v for k, v in params.items() if k not in ("sort",)}, "sort": nxt})
-            head.append(f'<th><a href="?{e(q)}">{e(label)}</a></th>')
+        if key in sortable:
+            q = urlencode({**{k: v for k, v in params.items() if k not in ("sort", "after", "at")}, "sort": key})
+            here = ' class="sorted"' if params.get("sort") == key else ""
+            head.append(f'<th{here}><a href="?{e(q)}" data-sort="{e(key)}">{e(label)}</a></th>')
         else:
             head.append(f"<th>{e(label)}</th>")
     body = "".join(f'<tr data-run="{e(r["run"])}">{_cells(r)}</tr>' for r in rows)
@@ -143,23 +125,41 @@ def filters_form(params: dict[str, str], states: Iterable[str], healths: Iterabl
     def text(name: str, label: str) -> str:
         return f'<label>{e(label)}<input name="{e(name)}" value="{e(params.get(name, ""))}" size="12"></label>'
 
-    return ('<form class="filters" method="get" action="/">' + select("state", states) + select("health", healths)
+    keep = (f'<input type="hidden" name="sort" value="{e(params["sort"])}">' if params.get("sort") else "")
+    return ('<form class="filters" method="get" action="/">' + keep + select("state", states)
+            + select("health", healths)
             + text("owner", "owner") + text("worker", "worker") + text("queue", "queue (target)")
             + text("q", "text in the goal") + '<button type="submit">Filter</button> <a href="/">clear</a></form>')
 
 
-def pager(params: dict[str, str], next_after: str | None, more: int | None, scanned_to: str | None) -> str:
+def pager(params: dict[str, str], nxt: dict[str, str] | None, more: int | None) -> str:
+    """Links to the first page and the next (``nxt``: the parameters that continue the
+    listing), with how many runs follow when they were counted."""
     parts = []
+    base = {k: v for k, v in params.items() if k not in ("after", "at")}
     if params.get("after"):
-        first = {k: v for k, v in params.items() if k != "after"}
-        parts.append(f'<a href="?{e(urlencode(first))}">first page</a>')
-    if next_after is not None:
-        q = urlencode({**params, "after": next_after})
+        parts.append(f'<a href="?{e(urlencode(base))}">first page</a>')
+    if nxt is not None:
+        q = urlencode({**base, **nxt})
         label = f"next page ({more} more)" if more is not None else "next page"
         parts.append(f'<a id="next" href="?{e(q)}">{e(label)}</a>')
-    if scanned_to is not None:
-        parts.append(f'<span class="note">searched up to run {e(scanned_to)}; the next page searches on</span>')
     return f'<div class="pager">{"".join(parts)}</div>'
+
+
+def search_note(searched: int, capped: bool, left: int | None, filled: bool, cap: int, continued: bool) -> str:
+    """How far a page's search (text in the goal, health judged run by run) read, so an
+    empty or short page never passes for "nothing matches"."""
+    if capped:
+        rest = (f"{left:,} more that the other filters select are not searched yet"
+                if left is not None else "the runs after it are not searched yet")
+        text = (f"Searched {searched:,} runs for this page, the most a page reads ({cap:,}); {rest}: "
+                "the next page searches on from there.")
+    elif filled:
+        text = f"Searched {searched:,} runs to fill this page; the next page searches on."
+    else:
+        text = (f"Searched every run the other filters select{' after the previous pages' if continued else ''} "
+                f"({searched:,} on this page).")
+    return f'<p class="note" id="searched" data-searched="{searched}" data-capped="{int(capped)}">{e(text)}</p>'
 
 
 # --- needs attention ----------------------------------------------------------------------

@@ -27,7 +27,8 @@ iframe.report{width:100%;height:900px;border:1px solid #d8dde8;margin-top:10px}
 
 #: The run page's script: follow the run's events (EventSource to this server), add each
 #: as a row (text only: textContent, never markup), reload the embedded report when the
-#: story moved on, and on an address ending in #seq-N select that event in the report.
+#: story moved on, and on an address ending in #seq-N select that event in the report; when
+#: the server drops the page for falling behind, say so and stop.
 JS = r"""
 "use strict";
 const main = document.querySelector("main[data-run]");
@@ -59,6 +60,12 @@ if (main) {
   src.addEventListener("events", ev => {
     for (const e of JSON.parse(ev.data)) addRow(e);
     if (frame) { clearTimeout(reloadTimer); reloadTimer = setTimeout(() => frame.contentWindow.location.reload(), 800); }
+  });
+  // The server stopped following for this page (it fell too far behind): say so, stop.
+  src.addEventListener("dropped", ev => {
+    src.close(); live.textContent = "stopped"; live.className = "live";
+    const p = document.createElement("p"); p.id = "dropped"; p.className = "flash refused";
+    p.textContent = JSON.parse(ev.data); main.insertBefore(p, main.children[1] || null);
   });
   src.addEventListener("status", ev => {
     const s = JSON.parse(ev.data);

@@ -80,6 +80,12 @@ def test_fleet_lists_filters_and_escapes_and_fetches_nothing_else(fleet_db: str,
     page.goto(s.url + "?owner=alice")
     assert sorted(r.get_attribute("data-run") for r in page.locator("#fleet tbody tr").all()) == [
         "docs-1", "docs-3", "docs-5", "needs-creds"]
+    # A heading sorts the whole listing (index-backed): by state, then run id.
+    page.goto(s.url)
+    page.click('#fleet th a[data-sort="state"]')
+    page.wait_for_url("**sort=state**")
+    assert [r.get_attribute("data-run") for r in page.locator("#fleet tbody tr").all()] == [
+        "needs-creds", *(f"docs-{i}" for i in range(6)), "hostile"]
     # The hostile goal is text: shown as written, nothing of it ran or was fetched.
     page.goto(s.url)
     cell = page.locator('#fleet tr[data-run="hostile"] td.goal')
@@ -197,3 +203,22 @@ def test_foreign_origin_is_refused(fleet_db: str, served: Any, page: Any, tmp_pa
         other.wait()
     with Ledger(fleet_db) as lg:
         assert lg.checkpoint("target-run").last_seq == before
+
+
+def test_a_page_the_server_dropped_says_so_and_stops(fleet_db: str, served: Any, page: Any) -> None:
+    """The feed's ``dropped`` event (a page that fell too far behind, tests/serve/test_bounds.py
+    has the server's side) is shown on the page, and the page stops following."""
+    import json
+
+    s = served(fleet_db)
+    said = "this page fell more than 64 batches of events behind the run and stopped following it; reload"
+
+    def dropped(route: Any) -> None:
+        route.fulfill(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"},
+                      body=f"event: dropped\ndata: {json.dumps(said)}\n\n")
+
+    page.route("**/runs/docs-1/feed*", dropped)
+    page.goto(s.url + "runs/docs-1")
+    page.wait_for_selector("#dropped", timeout=5000)
+    assert page.locator("#dropped").inner_text() == said
+    assert page.locator("#live").inner_text() == "stopped"

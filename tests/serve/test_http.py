@@ -155,7 +155,7 @@ def test_operator_action_confirmed_with_csrf_is_the_ledgers_write(tmp_path: Path
         csrf = confirm.split('name="csrf" value="')[1].split('"')[0]
         r = c.post(s.base + "/runs/h1/do/unblock", data={"resolution": "granted", "csrf": csrf},
                    headers={"Origin": s.base})
-        assert r.status_code == 303 and "done=" in r.headers["location"], r.headers["location"]
+        assert r.status_code == 303 and _said(c, s.base, r.headers["location"])[0] == "ok", r.headers["location"]
         # The ledger's rules still decide: a second unblock of an unblocked run is refused, nothing written.
         with Ledger(db) as lg:
             last = lg.checkpoint("h1").last_seq
@@ -165,7 +165,9 @@ def test_operator_action_confirmed_with_csrf_is_the_ledgers_write(tmp_path: Path
             assert lg.checkpoint("h1").state == "planning"
         r = c.post(s.base + "/runs/h1/do/close", data={"disposition": "nope", "reason": "x", "csrf": csrf},
                    headers={"Origin": s.base})
-        assert r.status_code == 303 and "refused=" in r.headers["location"]
+        assert r.status_code == 303
+        kind, text = _said(c, s.base, r.headers["location"])
+        assert kind == "refused" and "disposition" in text, text
         with Ledger(db) as lg:
             assert lg.checkpoint("h1").last_seq == last
 
@@ -193,11 +195,64 @@ def test_token_is_asked_and_traded_for_a_cookie(tmp_path: Path, served: Any) -> 
         r = c.get(s.base + f"/?token={token}&state=blocked")
         assert r.status_code == 303 and r.headers["location"] == "/?state=blocked"
         assert "HttpOnly" in r.headers["set-cookie"] and "SameSite=strict" in r.headers["set-cookie"]
+        # The cookie is this process's session value under a name with the port, never the token.
+        port = s.base.rsplit(":", 1)[1]
+        assert token not in r.headers["set-cookie"]
+        assert list(r.cookies) == [f"handoff_serve_session_{port}"], r.headers["set-cookie"]
         assert c.get(s.base + "/").status_code == 200  # the cookie now
         assert c.get(s.base + "/", headers={"Authorization": f"Bearer {token}"}).status_code == 200
         # The trade never sends the browser to another site ('//host/x' is another host).
         r = c.get(s.base + f"//evil.example/x?token={token}")
         assert r.status_code == 303 and r.headers["location"] == "/evil.example/x"
+
+
+def test_the_cookie_is_a_session_of_this_process_never_the_token(tmp_path: Path, served: Any) -> None:
+    """Two servers on one host with one token: a browser keeps both sessions (its cookies
+    are per host, not per port), a cookie holding the token is no session, and a session of
+    one server opens nothing on the other."""
+    db = str(tmp_path / "s.db")
+    _populate(db)
+    token_file = tmp_path / "token"
+    token = "t0ken-" + "y" * 30
+    token_file.write_text(token + "\n")
+    a, b = served(db, "--token-file", str(token_file)), served(db, "--token-file", str(token_file))
+    with httpx.Client() as c:
+        for s in (a, b):
+            assert c.get(s.base + f"/?token={token}").status_code == 303
+        for s in (a, b):  # b's trade did not overwrite a's session
+            assert c.get(s.base + "/").status_code == 200, s.base
+        sessions = {name: value for name, value in c.cookies.items()}
+        assert len(sessions) == 2 and token not in sessions.values()
+    port_a, port_b = (s.base.rsplit(":", 1)[1] for s in (a, b))
+    with httpx.Client() as c:
+        assert c.get(a.base + "/", headers={"Cookie": f"handoff_serve_session_{port_a}={token}"}).status_code == 401
+        stolen = sessions[f"handoff_serve_session_{port_a}"]
+        assert c.get(b.base + "/", headers={"Cookie": f"handoff_serve_session_{port_b}={stolen}"}).status_code == 401
+        assert c.get(a.base + "/", headers={"Cookie": f"handoff_serve_session_{port_a}={stolen}"}).status_code == 200
+
+
+def test_flash_text_comes_only_from_this_server(tmp_path: Path, served: Any) -> None:
+    """A link cannot make the run page say anything: free text in the address is ignored,
+    and a flash this server signed shows only on its own run, unaltered."""
+    import base64
+
+    db = str(tmp_path / "s.db")
+    _populate(db)
+    s = served(db, "--as", "operator", "--name", "olga")
+    with httpx.Client() as c:
+        page = c.get(s.base + "/runs/h1", params={"done": "PWNED: approved by the CEO", "refused": "PWNED"}).text
+        assert "PWNED" not in page and 'id="flash"' not in page
+        where = _act(c, s.base, "h1", "unblock", {"resolution": "granted"})
+        kind, text = _said(c, s.base, where)
+        assert kind == "ok" and "recorded at seq" in text and "olga" in text
+        flash = where.split("flash=")[1].split("#")[0]
+        payload, mac = flash.split(".")
+        forged = base64.urlsafe_b64encode(b'["h1","done","PWNED"]').decode().rstrip("=")
+        for value in (f"{forged}.{mac}", f"{forged}.", forged, "x" * 5000, f"{payload}.{mac[:-1]}{'1' if mac[-1] != '1' else '2'}"):
+            page = c.get(s.base + "/runs/h1", params={"flash": value}).text
+            assert "PWNED" not in page and 'id="flash"' not in page, value[:80]
+        # Signed for h1, shown on q1: nothing.
+        assert 'id="flash"' not in c.get(s.base + "/runs/q1", params={"flash": flash}).text
 
 
 def test_numbers_in_the_address_that_are_not_plain_digits_are_refused_not_a_crash(tmp_path: Path, served: Any
@@ -241,6 +296,15 @@ def test_the_command_takes_the_root_commands_db(tmp_path: Path) -> None:
     assert result.exit_code == 3 and "missing.db" in result.stderr, (result.exit_code, result.output)
 
 
+def _said(c: httpx.Client, base: str, location: str) -> tuple[str, str]:
+    """What the run page an action sent us to says: (ok or refused, the text), or ("", "")."""
+    import re
+
+    page = c.get(base + location.split("#")[0]).text
+    m = re.search(r'<p class="flash (ok|refused)" id="flash">([^<]*)</p>', page)
+    return (m.group(1), m.group(2)) if m else ("", "")
+
+
 def _act(c: httpx.Client, base: str, run: str, action: str, fields: dict[str, str]) -> str:
     """Confirm then post one action as the run page does; returns where the server sent us."""
     confirm = c.get(base + f"/runs/{run}/confirm/{action}", params=fields)
@@ -268,13 +332,15 @@ def test_every_action_appends_its_event_under_the_operator_or_is_refused(tmp_pat
         lg.submit("v1", tok, "done")
     s = served(db, "--as", "operator", "--name", "olga")
     with httpx.Client() as c, Ledger(db) as lg:
-        assert "done=" in _act(c, s.base, "p1", "pause", {"reason": "hold on", "next_action": "olga looks"})
+        assert "ok" == _said(c, s.base, _act(c, s.base, "p1", "pause",
+                                             {"reason": "hold on", "next_action": "olga looks"}))[0]
         assert lg.checkpoint("p1").state == "blocked"
-        assert "done=" in _act(c, s.base, "p1", "unblock", {"resolution": "looked"})
-        assert "done=" in _act(c, s.base, "c1", "close", {"disposition": "cancelled", "reason": "superseded"})
+        assert "ok" == _said(c, s.base, _act(c, s.base, "p1", "unblock", {"resolution": "looked"}))[0]
+        assert "ok" == _said(c, s.base, _act(c, s.base, "c1", "close",
+                                             {"disposition": "cancelled", "reason": "superseded"}))[0]
         assert lg.checkpoint("c1").state == "cancelled"
         # olga owns v1: her approval is the owner's review.
-        assert "done=" in _act(c, s.base, "v1", "approve", {"notes": "fine"})
+        assert "ok" == _said(c, s.base, _act(c, s.base, "v1", "approve", {"notes": "fine"}))[0]
         assert lg.checkpoint("v1").review.approved is True
         for run in ("p1", "c1"):
             actors = {r.actor for r in lg.log(run) if r.type in ("blocker_raised", "blocker_cleared", "run_closed")}
@@ -283,10 +349,8 @@ def test_every_action_appends_its_event_under_the_operator_or_is_refused(tmp_pat
         working_run(lg, "x1")
         before = lg.checkpoint("x1").last_seq
         where = _act(c, s.base, "x1", "reject", {"notes": "no"})
-        assert "refused=" in where
+        assert _said(c, s.base, where)[0] == "refused"
         assert lg.checkpoint("x1").last_seq == before
-        page = c.get(s.base + where.split("#")[0]).text
-        assert 'class="flash refused"' in page
 
 
 def test_ipv6_loopback_is_served_and_its_host_checked(tmp_path: Path) -> None:
