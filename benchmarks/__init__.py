@@ -13,7 +13,9 @@ SQLite copy of a 100,500-event ledger beside its JSON Lines export), ``projectio
 psycopg and eventsourcing.postgres, in a database of the run's own; ``no server`` when
 there is none) and ``delivery`` (the sanitization scan; a send to
 file:// against recording a delivery by hand) and ``langgraph`` (a graph whose state grows
-1 KiB a step under LedgerSaver and LangGraph's own savers). ``--only AREA`` selects one. To
+1 KiB a step under LedgerSaver and LangGraph's own savers) and ``wal`` (WAL pages and bytes
+and statements per command, SQLite and PostgreSQL) and ``fleet`` (10,000 live runs beating
+and stepping at the default policy, with the watchdog's scan). ``--only AREA`` selects one. To
 add an area, write ``benchmarks/bench_<area>.py`` calling ``harness.register(Scenario(...))``
 and add its module name to ``AREAS``. A peer side names the modules it needs in
 ``Side(requires=...)``; when they are not importable the report says "peer not
@@ -43,6 +45,8 @@ AREAS: tuple[str, ...] = (
     "benchmarks.bench_postgres",
     "benchmarks.bench_delivery",
     "benchmarks.bench_langgraph",
+    "benchmarks.bench_fleet",
+    "benchmarks.bench_wal",
 )
 
 

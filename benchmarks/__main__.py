@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         if (machine["load_avg_1m_at_start"] or 0) > 0.5 * (machine["cpus"] or 1):
             log(f"warning: load average {machine['load_avg_1m_at_start']} on {machine['cpus']} CPUs: "
                 "other work is running and the figures will be noisy")
-        if any(sc.area == "postgres" for sc in scenarios):
+        if any(sc.area == "postgres" or sc.name.startswith("pg-") for sc in scenarios):
             machine["postgresql"] = postgres_server.describe()
         results = [runner.run(sc) for sc in scenarios]
         machine["load_avg_1m_at_end"] = _load()

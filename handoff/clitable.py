@@ -142,7 +142,8 @@ def build(op: ops.Operation, *, ledger: Callable[[], Any], cls: type[click.Comma
             from handoff import render
 
             extra = getattr(render, op.cli_doc)(out.checkpoint)
-        echo_write(out, as_json, said(op, out, params), **extra)
+        unchanged = SAY.format(op.said_unchanged, out=out, **params) if op.said_unchanged else None
+        echo_write(out, as_json, said(op, out, params), unchanged=unchanged, **extra)
 
     f: Any = callback
     for deco in reversed(decorators):

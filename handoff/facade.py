@@ -24,6 +24,9 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import msgspec
+from msgspec import UNSET
+
 from handoff.ledger import events as ev
 from handoff.ledger import jsonl
 from handoff.ledger.backends import open_store
@@ -31,10 +34,12 @@ from handoff.ledger.file_copies import built_beside
 from handoff.ledger.errors import DamageFound, HistoryRefused, InvalidInput, LedgerError, StaleLease, UnknownRun
 from handoff.ledger.inputs import check_path, check_run_id, check_seconds, check_text
 from handoff.ledger.store import (
-    WATCHER_PREFIX, Actor, AppendResult, Decision, EventStore, Head, LeaseToken, Recorded, now_us,
+    WATCHER_PREFIX, Actor, AppendResult, Decision, EventStore, Head, LeaseToken, Liveness, Recorded, now_us,
 )
 from handoff.reducers import admit as admission
 from handoff.reducers import commands as C
+from handoff.reducers import liveness
+from handoff.reducers.liveness import DEFAULT_MARK_S
 from handoff.reducers.checkpoint import AGGREGATE, Checkpoint
 from handoff.reducers.decide import Context, decide
 from handoff.projections import Projector, queries
@@ -69,6 +74,21 @@ class _Decided(Exception):
         self.events = events
 
 
+#: The commands whose rules and events read the liveness kept beside the log.
+_JUDGES_LIVENESS = (C.Heartbeat, C.Observe, C.Recover)
+
+
+def _with_liveness(cmd: C.Command, cp: Checkpoint, live: Liveness | None) -> C.Command:
+    """``cmd`` carrying the liveness the Ledger read for it (whatever its caller set is replaced)."""
+    beats = live.beats if live is not None else UNSET
+    if isinstance(cmd, C.Heartbeat):
+        previous = cp.watch.last_heartbeat_us
+        return msgspec.structs.replace(cmd, beats=(live.beats + 1) if live is not None else 1,
+                                       previous_us=UNSET if previous is None else previous)
+    beat = cp.watch.last_heartbeat_us if cp.lease is not None else None
+    return msgspec.structs.replace(cmd, beat_us=UNSET if beat is None else beat, beats=beats)
+
+
 class Ledger(Verbs, Delivering, GraphValues, Reads, Audit, Copies, Incident):
     """A handoff ledger. Open it, issue commands, read packets.
 
@@ -91,9 +111,13 @@ class Ledger(Verbs, Delivering, GraphValues, Reads, Audit, Copies, Incident):
         clock: Any = None,
         store: EventStore | None = None,
         group_commit: bool = False,
+        beat_mark_s: float = DEFAULT_MARK_S,
     ) -> None:
         self.clock = clock or now_us
         self._holders: dict[tuple[str, int], str] = {}
+        #: Seconds between the summary beats the log keeps while a worker only beats
+        #: (reducers/liveness.py); the other beats are kept beside the log.
+        self.beat_mark_s = check_seconds(beat_mark_s, "beat_mark")
         given_clock = clock
         if store is not None:
             if not isinstance(store, EventStore):
@@ -219,6 +243,14 @@ class Ledger(Verbs, Delivering, GraphValues, Reads, Audit, Copies, Incident):
     def _decider(self, run_id: str, cmd: C.Command, actor: Actor,
                  guard: Callable[[Checkpoint], bool] | None) -> Callable[[Checkpoint, Head | None], Decision]:
         def _decide(cp: Checkpoint, head: Head | None) -> Decision:
+            command = cmd
+            if isinstance(cmd, _JUDGES_LIVENESS):
+                # The liveness kept beside the log, read inside this write: the guard and the
+                # rules judge the run as it stands, and the event records what was judged
+                # (never what a caller put in the command).
+                live = self.store.liveness([run_id]).get(run_id)
+                cp = liveness.overlay(cp, live)
+                command = _with_liveness(cmd, cp, liveness.current(cp, live))
             if guard is not None and not guard(cp):
                 return Decision(())
             load = None
@@ -229,7 +261,7 @@ class Ledger(Verbs, Delivering, GraphValues, Reads, Audit, Copies, Incident):
                 check_run_id(cmd.parent, "parent")
                 if self.store.head(cmd.parent) is not None:
                     parent = self.store.fold(cmd.parent, AGGREGATE, until_seq=cmd.at_seq)
-            events = decide(cp, cmd, Context(actor=actor, owner_load=load, parent=parent))
+            events = decide(cp, command, Context(actor=actor, owner_load=load, parent=parent))
             lease = getattr(cmd, "lease", None) if actor.kind == "worker" else None
             return Decision(tuple(events), lease=lease)
 

@@ -538,8 +538,12 @@ class Lease(HeldLease):
     def heartbeat(self, *, attrs: Mapping[str, Any] | None = None) -> Outcome:
         """Say the lease holder is alive. Heartbeats are liveness, never progress.
 
-        It takes no key: a heartbeat changes no authority, and a repeated one
-        only says again that the holder is alive, which is what a retry means.
+        Most beats write no event: the run's liveness, kept beside the log,
+        moves (outcome unchanged). The log records a beat that ends a silence
+        longer than half the heartbeat timeout, carries other attrs than the
+        last, or is the first in 15 minutes. It takes no key: a heartbeat
+        changes no authority, and a repeated one only says again that the holder
+        is alive, which is what a retry means.
         """
         return self._do(self.core.heartbeat(attrs=attrs))
 

@@ -112,6 +112,9 @@ class Operation:
     mcp: tuple[str, ...] = ()
     issues: tuple[str, ...] = ()
     cli_built: bool = True
+    #: What the CLI prints instead of the generic "nothing to add" when the write was
+    #: accepted and wrote no event (outcome ``unchanged``), a format string as ``said``.
+    said_unchanged: str = ""
     cli_extra: tuple[str, ...] = ()
     reads: str = ""
     cli_doc: str = ""
@@ -167,10 +170,16 @@ OPERATIONS: tuple[Operation, ...] = (
         "heartbeat", "heartbeat", "Heartbeat", "worker",
         "Say the lease holder is alive. Heartbeats are liveness, never progress.",
         (RUN_ID, LEASE, ATTRS, WORKER),
-        details="It takes no key: a heartbeat changes no authority, and a repeated one only says again "
+        details="Most beats write no event: the run's liveness, kept beside the log, moves (outcome "
+                "unchanged). The log records a beat that ends a silence longer than half the heartbeat "
+                "timeout, carries other attrs than the last, or is the first in 15 minutes. "
+                "It takes no key: a heartbeat changes no authority, and a repeated one only says again "
                 "that the holder is alive, which is what a retry means.",
         example="handoff heartbeat $RUN --lease $LEASE",
-        lease_verb="heartbeat", cli="heartbeat", said="heartbeat recorded", mcp=("worker",)),
+        built=False, lease_verb="heartbeat", cli="heartbeat", said="heartbeat recorded",
+        said_unchanged="heartbeat kept beside the log (no event written; last event seq {out.result.last_seq}; "
+                       "state {out.checkpoint.state})",
+        cli_doc="beat_doc", mcp=("worker",)),
     Operation(
         "transition", "transition", "Transition", "worker",
         "Move the run through its lifecycle (queued -> planning -> executing -> verifying).",

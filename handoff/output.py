@@ -35,14 +35,17 @@ def emit(doc: dict[str, Any], as_json: bool, text: str | None) -> None:
         click.echo(printable(text))
 
 
-def echo_write(out: Any, as_json: bool, did: str, **extra: Any) -> None:
-    """Print what a write did: one line, or the write document."""
+def echo_write(out: Any, as_json: bool, did: str, *, unchanged: str | None = None, **extra: Any) -> None:
+    """Print what a write did: one line, or the write document. ``unchanged``: the line
+    for an accepted write that wrote no event, where the generic one would mislead."""
     from handoff import render as R
 
     doc = {**R.write_doc(out), **extra}
     r, cp = out.result, out.checkpoint
     if r.outcome == "duplicate":
         text = f"{r.run_id}: already recorded; nothing new written (state {cp.state})"
+    elif r.outcome == "unchanged" and unchanged:
+        text = f"{r.run_id}: {unchanged}"
     elif r.outcome == "unchanged":
         text = f"{r.run_id}: nothing to add, it is already so; nothing written (at seq {r.last_seq}; state {cp.state})"
     else:

@@ -51,10 +51,11 @@ class Reads:
                 raise InvalidInput(f"run {run_id} did not exist yet at that time", field="as_of")
         if at_seq is not None and at_seq < 1:
             raise InvalidInput("--at must be a seq of 1 or more", field="at")
-        if at_seq is None:
+        if at_seq is None:  # as it stands: the beats kept beside the log joined in
             cp = queries.checkpoint(self.store, run_id)
             if cp is not None:
                 return cp
+            return queries.with_liveness(self.store, [self.store.fold(run_id, AGGREGATE)])[0]
         return self.store.fold(run_id, AGGREGATE, until_seq=at_seq)
 
     def watchers(self, *, until_us: int | None = None) -> dict[str, tuple[int, float]]:

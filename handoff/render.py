@@ -332,6 +332,11 @@ def write_doc(out: Any) -> dict[str, Any]:
     }
 
 
+def beat_doc(cp: Any) -> dict[str, Any]:
+    """After a heartbeat: the run's last beat as it now stands (kept beside the log or logged)."""
+    return {"last_heartbeat_at": iso(cp.watch.last_heartbeat_us)}
+
+
 def delivery_doc(cp: Any) -> dict[str, Any]:
     """The target and the delivery's stage (reducers.delivery.stage: no clock involved)."""
     d = cp.delivery

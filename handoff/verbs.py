@@ -13,11 +13,17 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from msgspec import UNSET
+
 from handoff.ledger import events as ev
 from handoff.ledger.errors import ClaimAlreadyMade, InvalidInput, LedgerError
 from handoff.ledger.inputs import check_attrs, check_idempotency_key, check_run_id, check_seconds, check_seq
-from handoff.ledger.store import WATCHER_PREFIX, Actor, AppendResult, EventStore, LeaseToken, new_lease_secret
+from handoff.ledger.store import (WATCHER_PREFIX, Actor, AppendResult, EventStore, LeaseToken, Liveness,
+                                  encode_beat_attrs, new_lease_secret)
 from handoff.reducers import commands as C
+from handoff.reducers import liveness
+from handoff.reducers.checkpoint import AGGREGATE, Checkpoint
+from handoff.projections import queries
 from handoff.reducers.transitions import check_progress_kinds
 
 from .artifacts import measure
@@ -118,6 +124,7 @@ class Verbs:
             raise self._claim_already_made(run_id, key, out)
         lease = out.checkpoint.lease
         assert lease is not None  # a committed claim ends with its own lease current
+        self._kept_beside(run_id, out.checkpoint)  # the grant is the lease's first sign of life
         return Claimed(LeaseToken(f"{lease}.{secret}"), out)
 
     def _claim_already_made(self, run_id: str, key: str | None, out: Outcome) -> ClaimAlreadyMade:
@@ -210,18 +217,56 @@ class Verbs:
     # out, cost, tool, trace and span ids) as {name: text, number or bool}; the bounds are
     # handoff.ledger.inputs.check_attrs'. They show in the log, the report and the export.
 
-    # --- generated from handoff/operations.py (Ledger verbs): python -m handoff.codegen --write ---
     def heartbeat(self, run_id: str, lease: str, *, attrs: Mapping[str, Any] | None = None,
                   worker: str | None = None) -> Outcome:
         """Say the lease holder is alive. Heartbeats are liveness, never progress.
 
         It takes no key: a heartbeat changes no authority, and a repeated one
         only says again that the holder is alive, which is what a retry means.
+
+        Most beats write no event: the run's liveness, kept beside the log, moves (fenced by
+        the token like any write; the outcome is ``unchanged``). The log records the beat
+        (``committed``) when it ends a silence longer than half the heartbeat timeout,
+        carries other attrs than the last, or is the first in ``beat_mark_s``
+        (reducers/liveness.py); the claim's grant counts as the lease's first beat. A
+        refused beat raises as any write does.
         """
         t = lease_token(lease)
-        cmd = C.Heartbeat(lease=t.lease, attrs=check_attrs(attrs))
-        return self.execute(run_id, cmd, actor=self.worker_actor(run_id, t, worker), token=t)
+        checked = check_attrs(attrs) or None
+        check_run_id(run_id)
+        encoded = encode_beat_attrs(checked)
+        beat = self.store.beat(run_id, t, encoded, mark_us=liveness.mark_us(self.beat_mark_s))
+        if beat is not None:
+            live, seq, h = beat
+            cp = liveness.overlay(self._run_at(run_id, seq, h), live)
+            return Outcome(AppendResult(run_id, "unchanged", cp.last_seq, cp.last_seq, ()), cp)
+        cmd = C.Heartbeat(lease=t.lease, attrs=checked if checked is not None else UNSET)
+        out = self.execute(run_id, cmd, actor=self.worker_actor(run_id, t, worker), token=t)
+        self._kept_beside(run_id, out.checkpoint, encoded, logged=True)
+        return out
 
+    def _run_at(self, run_id: str, seq: int, h: bytes) -> Checkpoint:
+        """The run's checkpoint at this head: the fold this process holds for it, else the
+        view's row (one read), else a fold (a store without current views)."""
+        cp = self.store.state_at(run_id, AGGREGATE, seq, h)
+        if cp is None and self.projector.current:
+            cp = queries.packet_of(self.store, run_id)
+        if cp is None or cp.last_seq != seq:
+            with self.store.read_transaction() as txn:
+                cp = txn.state(run_id, AGGREGATE)
+        return cp
+
+    def _kept_beside(self, run_id: str, cp: Checkpoint, attrs: bytes = b"", *, logged: bool = False) -> None:
+        """After a beat the log recorded (``logged``) or a claim: the liveness row starts
+        again from it, so the next beats need no event. (A crash before this only makes the
+        next beat logged too.)"""
+        since = cp.watch.last_heartbeat_us
+        if cp.lease is None or since is None:
+            return
+        self.store.put_liveness(Liveness(run_id, cp.lease, since, 1 if logged else 0, since, attrs,
+                                         liveness.quiet_us(cp.policy)), one_more=logged)
+
+    # --- generated from handoff/operations.py (Ledger verbs): python -m handoff.codegen --write ---
     def transition(self, run_id: str, lease: str, to: str, *, reason: str = "", key: str | None = None,
                    worker: str | None = None) -> Outcome:
         """Move the run through its lifecycle (queued -> planning -> executing ->

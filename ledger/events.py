@@ -119,9 +119,17 @@ class AuthorityTransferred(Event, tag="authority_transferred"):
 
 
 class HeartbeatRecorded(Event, tag="heartbeat_recorded"):
-    """The lease holder is alive. Says nothing about progress."""
+    """The lease holder is alive. Says nothing about progress.
+
+    Most beats are kept beside the log (``ledger.store.Liveness``); one that is logged says
+    how many beats its lease had sent by then (``beats``) and when the one before it was
+    (``previous_us``), so the gap before it is in the log. Ledgers written before beats were
+    kept beside the log have a logged beat for every beat, without these two fields.
+    """
 
     attrs: Attrs | UnsetType = UNSET
+    beats: int | UnsetType = UNSET
+    previous_us: int | UnsetType = UNSET
 
 
 class StateChanged(Event, tag="state_changed"):
@@ -297,6 +305,9 @@ class WatchdogObserved(Event, tag="watchdog_observed"):
     progress_seq: int
     reason: str = ""
     interval_s: float = 0.0
+    #: The liveness the watchdog judged from: the last beat (µs) and the lease's beats so far.
+    beat_us: int | UnsetType = UNSET
+    beats: int | UnsetType = UNSET
 
 
 class RecoveryDecided(Event, tag="recovery_decided"):
@@ -307,6 +318,9 @@ class RecoveryDecided(Event, tag="recovery_decided"):
     classification: str
     progress_seq: int
     reason: str = ""
+    #: The liveness the decision rests on, as in ``WatchdogObserved``.
+    beat_us: int | UnsetType = UNSET
+    beats: int | UnsetType = UNSET
 
 
 class RunForked(Event, tag="run_forked"):

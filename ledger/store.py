@@ -127,6 +127,38 @@ class Head(msgspec.Struct, frozen=True):
     last_position: int
 
 
+class Liveness(msgspec.Struct, frozen=True):
+    """A run's liveness as its lease holder last reported it: kept beside the log, not in it.
+
+    A heartbeat is an observation, not a fact of the work: most beats only move this row
+    (``EventStore.beat``), fenced by the lease token and committed without waiting for the
+    disk, since a beat lost in a crash reads as the silence a crash is. The log keeps the
+    beats that matter (the lease's grant, the first beat after a silence, changed attrs, one
+    per summary window) and every watchdog decision with the liveness it saw. A row whose
+    ``lease`` is not the run's current lease says nothing about the run.
+    """
+
+    run_id: str
+    lease: int
+    #: The last beat, in the store's clock (µs).
+    beat_us: int
+    #: Beats of this lease so far, logged or not.
+    beats: int
+    #: When the last beat that went into the log was recorded (µs).
+    logged_us: int
+    #: The last beat's attrs as encoded by ``encode_beat_attrs`` (b"" for none).
+    attrs: bytes = b""
+    #: The longest gap between beats that is not a silence (µs): half the run's heartbeat
+    #: timeout, kept in the row so a beat needs nothing else read first.
+    quiet_us: int = 0
+
+
+def encode_beat_attrs(attrs: dict[str, Any] | None) -> bytes:
+    """A beat's attrs in one canonical form, so two beats with the same attrs compare equal
+    (keys sorted; b"" for none)."""
+    return msgspec.json.encode(dict(sorted(attrs.items()))) if attrs else b""
+
+
 class AppendResult(msgspec.Struct, frozen=True):
     """What an append did, in ``outcome``:
 
@@ -616,6 +648,39 @@ class EventStore(abc.ABC):
             if last > after_position or left <= 0:
                 return last
             time.sleep(min(0.05, left))
+
+    # --- liveness beside the log (``Liveness``) ---------------------------------------
+
+    def beat(self, run_id: str, token: LeaseToken, attrs: bytes, *,
+             mark_us: int) -> tuple[Liveness, int, bytes] | None:
+        """Refresh the run's liveness without an event, when nothing about this beat is worth
+        logging; return the row as it now stands, with the run's head (last seq and hash)
+        read in the same statement, so a caller holding the fold at that head needs no read.
+
+        None means the beat must go through the log as a ``heartbeat`` command instead (which
+        also says why a beat cannot be taken): there is no row for this token's lease yet (its
+        first beat), the last beat is more than the row's ``quiet_us`` old (a silence ended), ``attrs``
+        differ from the last beat's, the last logged beat is ``mark_us`` old or more (the
+        summary window), or the token does not prove the run's current lease. The refresh
+        is committed without a sync: a crash may lose it, never tear the file.
+        """
+        return None
+
+    def liveness(self, run_ids: Iterable[str]) -> dict[str, Liveness]:
+        """The liveness rows of these runs (a run without one is left out). A row whose lease
+        is not the run's current lease is stale: readers compare it with the head's."""
+        return {}
+
+    def state_at(self, run_id: str, aggregate: Aggregate[S], last_seq: int, last_hash: bytes) -> S | None:
+        """The fold this store already holds for the run at exactly this head, or None; no I/O."""
+        return None
+
+    def put_liveness(self, live: Liveness, *, one_more: bool = False) -> None:
+        """Store a run's liveness after a beat the log recorded (or a claim), for the run's
+        current lease only: never over a later lease's row. ``one_more`` (a logged beat, the
+        lease's latest): its time is taken as it is and the count is the row's plus one for
+        the same lease (``live.beats`` for another); otherwise the later beat and the larger
+        count are kept. Committed without a sync."""
 
     @abc.abstractmethod
     def close(self) -> None: ...

@@ -344,6 +344,13 @@ class FoldingStore(EventStore):
             return aggregate.evolve_all(aggregate.initial(run_id), self._lineage_steps(run_id, None))
         return aggregate.evolve_all(aggregate.initial(run_id), self.history(run_id))
 
+    def state_at(self, run_id: str, aggregate: Aggregate[S], last_seq: int, last_hash: bytes) -> S | None:
+        with self.lock:
+            cached = self._cached(aggregate, run_id)
+        if cached is None or cached[1] != last_seq or cached[2] != last_hash:
+            return None
+        return cached[3]  # type: ignore[no-any-return]
+
     # --- lineage and the lean fold ----------------------------------------------------
 
     def fold(self, run_id: str, aggregate: Aggregate[S], *, until_seq: int | None = None) -> S:

@@ -10,7 +10,7 @@ from typing import Any
 
 from handoff.ledger.store import EventStore
 from handoff.ledger.view_tables import NOT_NULL, ORDINAL
-from handoff.reducers import stall
+from handoff.reducers import liveness, stall
 from handoff.reducers.checkpoint import Checkpoint
 from handoff.reducers.stall import Health
 
@@ -20,9 +20,43 @@ _PACKET = ("packet",)
 
 
 def checkpoint(store: EventStore, run_id: str) -> Checkpoint | None:
-    """One run's folded checkpoint, from the view (a primary-key lookup and one decode)."""
+    """One run's checkpoint as it stands: the view's fold (a primary-key lookup and one
+    decode) with the last beat kept beside the log (``with_liveness``)."""
+    row = store.views.get("checkpoints", (run_id,), _PACKET)
+    return None if row is None else with_liveness(store, [decode_checkpoint(row[0])])[0]
+
+
+def packet_of(store: EventStore, run_id: str) -> Checkpoint | None:
+    """One run's checkpoint from the view alone, as the log leaves it (no liveness joined)."""
     row = store.views.get("checkpoints", (run_id,), _PACKET)
     return None if row is None else decode_checkpoint(row[0])
+
+
+def with_liveness(store: EventStore, cps: list[Checkpoint]) -> list[Checkpoint]:
+    """The runs as they stand now: each leased run's checkpoint joined with its liveness
+    row (reducers/liveness.overlay), read together. Not for a run as of an earlier seq."""
+    ids = [cp.run_id for cp in cps if cp.lease is not None]
+    if not ids:
+        return cps
+    live = store.liveness(ids)
+    if not live:
+        return cps
+    return [liveness.overlay(cp, live.get(cp.run_id)) for cp in cps]
+
+
+def with_live_beats(store: EventStore, rows: list[tuple[Any, ...]], run: int, lease: int,
+                    beat: int) -> list[tuple[Any, ...]]:
+    """Stall-view rows with the last beat kept beside the log in place of the log's, where
+    it is later and of the row's lease (columns by index: run id, lease, last beat)."""
+    ids = [r[run] for r in rows if r[lease] is not None]
+    live = store.liveness(ids) if ids else {}
+    if not live:
+        return rows
+    out = []
+    for r in rows:
+        b = liveness.overlay_beat(r[lease], r[beat], live.get(r[run]))
+        out.append(r if b == r[beat] else (*r[:beat], b, *r[beat + 1:]))
+    return out
 
 
 def runs(
@@ -41,8 +75,7 @@ def runs(
         if val is not None:
             where[col] = val
     rows = store.views.select("checkpoints", _PACKET, where=where, order=(ORDINAL,))
-    for (blob,) in rows:
-        yield decode_checkpoint(blob)
+    yield from with_liveness(store, [decode_checkpoint(blob) for (blob,) in rows])
 
 
 def due_run_ids(store: EventStore, now_us: int) -> list[str]:
@@ -57,7 +90,7 @@ def stall_candidates(store: EventStore, now_us: int) -> list[Checkpoint]:
     (The stall scan itself judges from the view rows: ``due_signals`` and ``judge_due``.)"""
     rows = store.views.select_joined("stall_watch", (), "checkpoints", _PACKET, key="run_id", where={"live": 1},
                                      between=("next_deadline_us", None, now_us))
-    return [decode_checkpoint(blob) for (blob,) in rows]
+    return with_liveness(store, [decode_checkpoint(blob) for (blob,) in rows])
 
 
 #: The stall view's columns the scan reads from the due index: stall.judge_liveness's
@@ -145,9 +178,12 @@ class DueRun:
 
 def due_signals(store: EventStore, now_us: int) -> list[tuple[Any, ...]]:
     """The due runs' stall rows (``_SCAN``), in the due index's order: one range scan of an
-    index that holds every column read."""
-    return store.views.select("stall_watch", _SCAN, where={"live": 1},
+    index that holds every column read, each row's last beat then joined with the one kept
+    beside the log. (The index's deadlines come from the log's beats, which are never later
+    than the kept ones: a run due by the kept beat is always among these rows.)"""
+    rows = store.views.select("stall_watch", _SCAN, where={"live": 1},
                               between=("next_deadline_us", None, now_us))
+    return with_live_beats(store, rows, _RUN, _LEASE, _BEAT)
 
 
 def judge_due(store: EventStore, rows: list[tuple[Any, ...]], now_us: int) -> list[tuple[Any, Health]]:
@@ -179,7 +215,8 @@ def judge_due(store: EventStore, rows: list[tuple[Any, ...]], now_us: int) -> li
     if not later:
         return out
     views = store.views
-    cps = {k: decode_checkpoint(v[0]) for k, v in views.get_many("checkpoints", full, _PACKET).items()} if full else {}
+    cps = {cp.run_id: cp for cp in with_liveness(store, [decode_checkpoint(v[0]) for v in views.get_many(
+        "checkpoints", full, _PACKET).values()])} if full else {}
     progress = views.get_many("stall_watch", alive, _PROGRESS) if alive else {}
     for i in later:
         r = out[i]
@@ -226,10 +263,11 @@ def leased_signals(store: EventStore) -> list[tuple[str, int, int | None, int]]:
     A watcher samples these each pass and times, by its own monotonic clock, how long each
     value has stood still; see handoff.watchdog.Sightings.
     """
-    return store.views.select(  # type: ignore[return-value]
+    rows = store.views.select(
         "stall_watch", ("run_id", "lease", "last_heartbeat_us", "progress_seq"),
         where={"live": 1, "lease": NOT_NULL},
     )
+    return with_live_beats(store, rows, 0, 1, 2)  # type: ignore[return-value]
 
 
 # --- listings a page at a time ----------------------------------------------------------
@@ -274,8 +312,7 @@ def runs_after(store: EventStore, after: Cursor | None = None, *, include_termin
     while True:
         rows = store.views.select("checkpoints", (ORDINAL, "packet"), where=where, order=(ORDINAL,),
                                   after=after, limit=LISTING_PAGE)
-        for _, blob in rows:
-            yield decode_checkpoint(blob)
+        yield from with_liveness(store, [decode_checkpoint(blob) for _, blob in rows])
         if len(rows) < LISTING_PAGE:
             return
         after = (rows[-1][0],)
@@ -314,7 +351,7 @@ def judged_after(store: EventStore, now_us: int, after: Cursor | None = None) ->
         rows = store.views.select("stall_watch", (ORDINAL, *_SCAN), where={"live": 1},
                                   between=("next_deadline_us", None, now_us), order=(ORDINAL,),
                                   after=after, limit=LISTING_PAGE)
-        yield from judge_due(store, [r[1:] for r in rows], now_us)
+        yield from judge_due(store, with_live_beats(store, [r[1:] for r in rows], _RUN, _LEASE, _BEAT), now_us)
         if len(rows) < LISTING_PAGE:
             return
         after = (rows[-1][0],)
@@ -333,9 +370,7 @@ def due_after(store: EventStore, now_us: int, after: Cursor | None = None) -> It
                                   after=after, limit=LISTING_PAGE)
         ids = [run_id for _, run_id in rows]
         packets = store.views.get_many("checkpoints", ids, _PACKET) if ids else {}
-        for run_id in ids:
-            if run_id in packets:
-                yield decode_checkpoint(packets[run_id][0])
+        yield from with_liveness(store, [decode_checkpoint(packets[run_id][0]) for run_id in ids if run_id in packets])
         if len(rows) < LISTING_PAGE:
             return
         after = (rows[-1][0],)

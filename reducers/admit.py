@@ -67,7 +67,7 @@ def command_of(event: ev.Event, lease: int | None) -> C.Command | None:
         case ev.AuthorityTransferred():
             return C.TransferAuthority(action=e.action, to=e.to)
         case ev.HeartbeatRecorded():
-            return C.Heartbeat(lease=lease, attrs=e.attrs)  # type: ignore[arg-type]
+            return C.Heartbeat(lease=lease, attrs=e.attrs, beats=e.beats, previous_us=e.previous_us)  # type: ignore[arg-type]
         case ev.StateChanged():
             return C.Transition(lease=lease, to=e.to_state, reason=e.reason)  # type: ignore[arg-type]
         case ev.ProgressRecorded():
@@ -106,10 +106,10 @@ def command_of(event: ev.Event, lease: int | None) -> C.Command | None:
             return C.Close(disposition=e.disposition, reason=e.reason)
         case ev.WatchdogObserved():
             return C.Observe(classification=e.classification, progress_seq=e.progress_seq, reason=e.reason,
-                             interval_s=e.interval_s)
+                             interval_s=e.interval_s, beat_us=e.beat_us, beats=e.beats)
         case ev.RecoveryDecided():
             return C.Recover(action=e.action, classification=e.classification, progress_seq=e.progress_seq,
-                             reason=e.reason)
+                             reason=e.reason, beat_us=e.beat_us, beats=e.beats)
         case ev.RunForked():
             return C.Fork(parent=e.parent, at_seq=e.parent_seq)
         case ev.ArtifactWithdrawn():

@@ -44,8 +44,14 @@ class Claim(Command, tag="claim"):
 
 
 class Heartbeat(Command, tag="heartbeat"):
+    """``beats`` and ``previous_us`` are the liveness kept beside the log, as the Ledger read
+    it inside the write (whatever a caller put there is replaced); an import carries the
+    logged event's own."""
+
     lease: int
     attrs: Attrs | UnsetType = UNSET
+    beats: int | UnsetType = UNSET
+    previous_us: int | UnsetType = UNSET
 
 
 class Transition(Command, tag="transition"):
@@ -178,10 +184,15 @@ class Fork(Command, tag="fork"):
 
 
 class Observe(Command, tag="observe"):
+    """``beat_us`` and ``beats``: the liveness judged from, filled in by the Ledger inside
+    the write (as ``Heartbeat``'s)."""
+
     classification: str
     progress_seq: int
     reason: str = ""
     interval_s: float = 0.0
+    beat_us: int | UnsetType = UNSET
+    beats: int | UnsetType = UNSET
 
 
 class Recover(Command, tag="recover"):
@@ -192,6 +203,8 @@ class Recover(Command, tag="recover"):
     progress_seq: int
     reason: str = ""
     lease: int | None = None
+    beat_us: int | UnsetType = UNSET
+    beats: int | UnsetType = UNSET
 
 
 class WithdrawArtifact(Command, tag="withdraw_artifact"):

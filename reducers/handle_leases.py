@@ -84,7 +84,8 @@ def observe(cp: Checkpoint, c: C.Observe, ctx: Context) -> list[ev.Event]:
     return [ev.WatchdogObserved(
         watcher=ctx.actor.name, classification=inputs.choice("classification", c.classification, CLASSIFICATIONS),
         progress_seq=inputs.count("progress_seq", c.progress_seq), reason=inputs.text("reason", c.reason),
-        interval_s=float(c.interval_s),
+        interval_s=float(c.interval_s), beat_us=work.liveness_figure("beat_us", c.beat_us),
+        beats=work.liveness_figure("beats", c.beats),
     )]
 
 
@@ -94,6 +95,7 @@ def recover(cp: Checkpoint, c: C.Recover, ctx: Context) -> list[ev.Event]:
     decided = ev.RecoveryDecided(
         watcher=ctx.actor.name, action=action, classification=inputs.choice("classification", c.classification, CLASSIFICATIONS),
         progress_seq=inputs.count("progress_seq", c.progress_seq), reason=reason,
+        beat_us=work.liveness_figure("beat_us", c.beat_us), beats=work.liveness_figure("beats", c.beats),
     )
     if action == "revoke_lease":
         if cp.lease is None:

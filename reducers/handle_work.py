@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
+
+from msgspec import UNSET
 
 from handoff.ledger import events as ev
 from handoff.ledger import inputs
@@ -113,7 +116,13 @@ def fork(cp: Checkpoint, c: C.Fork, ctx: Context) -> list[ev.Event]:
 
 
 def heartbeat(cp: Checkpoint, c: C.Heartbeat, ctx: Context) -> list[ev.Event]:
-    return [ev.HeartbeatRecorded(attrs=inputs.check_attrs(c.attrs))]
+    return [ev.HeartbeatRecorded(attrs=inputs.check_attrs(c.attrs), beats=liveness_figure("beats", c.beats),
+                                 previous_us=liveness_figure("previous_us", c.previous_us))]
+
+
+def liveness_figure(field: str, value: Any) -> Any:
+    """A liveness figure a logged beat or a watchdog's decision carries (UNSET: none known)."""
+    return value if value is UNSET else inputs.count(field, value)
 
 
 def transition(cp: Checkpoint, c: C.Transition, ctx: Context) -> list[ev.Event]:

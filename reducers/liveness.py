@@ -1,8 +1,8 @@
 """Liveness kept beside the log, and how it joins what the log says. Pure: no I/O, no clock.
 
 A heartbeat is an observation, not a fact of the work. Most beats only move the run's
-liveness row (``ledger.store.Liveness``); the log keeps the ones that matter: the first of
-a lease, the first after a silence longer than ``quiet_us``, a beat whose attrs changed,
+liveness row (``ledger.store.Liveness``); the log keeps the ones that matter (the lease's
+grant stands for its first): the first after a silence longer than ``quiet_us``, a beat whose attrs changed,
 and one per summary window (``mark_us``), each with the beats counted so far and the beat
 before it, so a run's timeline shows when its worker went quiet. The watchdog's decisions
 record the liveness they saw. A reader of the run as it stands now joins the two with
@@ -43,21 +43,36 @@ def current(cp: Checkpoint, live: Liveness | None) -> Liveness | None:
     return live
 
 
+def last_beat(logged: int | None, live: Liveness) -> int:
+    """The run's last beat, from the log's last sign of life (``logged``: a logged beat, the
+    grant, or a beat a watchdog recorded seeing) and the row of the current lease.
+
+    A row that has seen the log's last logged beat or grant (its ``logged_us`` is not older)
+    holds the lease's latest beat in order, even when the clock stepped back since: as the
+    log alone did, the last beat is the last one sent, not the latest timestamp. A row that
+    missed one (a crash between the logged beat and the row's update, or an unsynced row
+    lost) is older than the log there: the later of the two stands."""
+    if logged is None or live.logged_us >= logged:
+        return live.beat_us
+    return max(logged, live.beat_us)
+
+
 def overlay(cp: Checkpoint, live: Liveness | None) -> Checkpoint:
     """The run as it stands: the log's checkpoint with the last beat kept beside it, when
-    that row is of the current lease and later than the last beat the log holds."""
+    that row is of the current lease (``last_beat``)."""
     live = current(cp, live)
-    w = cp.watch
-    if live is None or (w.last_heartbeat_us is not None and live.beat_us <= w.last_heartbeat_us):
+    if live is None:
         return cp
-    return replace(cp, watch=replace(w, last_heartbeat_us=live.beat_us))
+    w = cp.watch
+    beat = last_beat(w.last_heartbeat_us, live)
+    return cp if beat == w.last_heartbeat_us else replace(cp, watch=replace(w, last_heartbeat_us=beat))
 
 
 def overlay_beat(lease: int | None, beat_us: int | None, live: Liveness | None) -> int | None:
-    """The same join for a stall-view row: its last beat, or the kept one when later."""
+    """The same join for a stall-view row (its lease and the log's last beat)."""
     if live is None or lease is None or live.lease != lease:
         return beat_us
-    return live.beat_us if beat_us is None or live.beat_us > beat_us else beat_us
+    return last_beat(beat_us, live)
 
 
 def beats_seen(cp: Checkpoint, live: Liveness | None) -> int | None:

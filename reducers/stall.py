@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
+from msgspec import UNSET
 from msgspec.structs import replace
 
 from handoff.ledger import events as ev
@@ -77,11 +78,21 @@ def _observed(w: Watch, rec: Recorded, e: ev.WatchdogObserved) -> Watch:
     repeats = w.repeats
     if e.classification == "stalled":
         repeats = repeats + 1 if (e.progress_seq == w.progress_seq) else 0
-    return replace(w, repeats=repeats, watcher=e.watcher, watcher_seen_us=rec.recorded_us)
+    return replace(w, repeats=repeats, watcher=e.watcher, watcher_seen_us=rec.recorded_us,
+                   last_heartbeat_us=_seen_beat(w, e))
+
+
+def _seen_beat(w: Watch, e: ev.WatchdogObserved | ev.RecoveryDecided) -> int | None:
+    """The last heartbeat once a watchdog recorded seeing ``e.beat_us`` (a beat kept beside
+    the log): the log then knows the worker was alive then."""
+    beat = w.last_heartbeat_us
+    if e.beat_us is not UNSET and w.lease_since_us is not None and (beat is None or e.beat_us > beat):
+        return e.beat_us
+    return beat
 
 
 def _recovery(w: Watch, rec: Recorded, e: ev.RecoveryDecided) -> Watch:
-    return replace(w, repeats=0) if e.action == "pause" else w
+    return replace(w, repeats=0 if e.action == "pause" else w.repeats, last_heartbeat_us=_seen_beat(w, e))
 
 
 def _forked(w: Watch, rec: Recorded, e: ev.RunForked) -> Watch:

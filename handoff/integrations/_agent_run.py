@@ -130,13 +130,16 @@ class AgentRun:
             await lease.transition(T.EXECUTING)
 
     async def model_answered(self, attrs: dict[str, Any]) -> None:
-        """A heartbeat with the answer's usage; the first answer is the plan."""
+        """The answer's usage, in the log every time: the first answer is the plan, a later
+        one a note. (Not on a heartbeat: a beat whose attrs equal the last one's is kept
+        beside the log, and usage is a fact of the work, summed by the trace.)"""
         lease = self.lease
         assert lease is not None
-        await lease.heartbeat(attrs=attrs or None)
         if await self.state() == T.PLANNING:
             await lease.progress("plan_committed", "the model's first answer", attrs=attrs or None)
             await lease.transition(T.EXECUTING)
+        else:
+            await lease.progress("note", "the model answered", attrs=attrs or None)
 
     async def note(self, text: str, attrs: dict[str, Any] | None = None) -> None:
         """A note, not progress (a tool that failed, something the trace showed), its text

@@ -17,6 +17,10 @@ from .postgres_values import CREATE as VALUES_TABLE
 from .postgres_values import DELETE_FUNCTION as DELETE_VALUES
 from .postgres_values import PUT_FUNCTION as PUT_VALUES
 from .postgres_values import SIGNATURES as VALUES_SIGNATURES
+from .postgres_liveness import BEAT_FUNCTION as BEAT
+from .postgres_liveness import CREATE as LIVENESS_TABLE
+from .postgres_liveness import PUT_FUNCTION as PUT_LIVENESS
+from .postgres_liveness import SIGNATURES as LIVENESS_SIGNATURES
 from .view_functions import views_function
 
 try:  # the driver is an optional extra: pip install '.[postgres]' from the checkout
@@ -26,7 +30,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 
 #: Layout version of the database schema (tables, indexes, triggers), kept in handoff_meta.
-PG_SCHEMA_VERSION = 11
+PG_SCHEMA_VERSION = 12
 #: The advisory lock two sessions creating the schema at once meet on (nothing else
 #: waits on an advisory lock: see MAINTENANCE_LOCK).
 CREATE_LOCK = (0x48414E44, 0)  # "HAND"
@@ -386,6 +390,9 @@ REVOKED = [
     "REVOKE ALL ON FUNCTION handoff_positions(bigint[], bytea[]) FROM PUBLIC",
     *(f"REVOKE ALL ON FUNCTION {sig} FROM PUBLIC" for sig in VALUES_SIGNATURES),
 ]
+#: The same for the functions of schema 12 (kept apart: the migration to schema 6 runs
+#: ``REVOKED`` before these exist).
+LIVENESS_REVOKED = [f"REVOKE ALL ON FUNCTION {sig} FROM PUBLIC" for sig in LIVENESS_SIGNATURES]
 #: The view writes of an append (handoff_views), made anew from the view tables there are
 #: (ledger/postgres/postgres_view_store.py makes each table's handoff_sync_<table>) whenever one is made.
 VIEWS_FUNCTION_EMPTY = views_function(())
@@ -410,6 +417,8 @@ def functions(schema: str) -> dict[str, tuple[str, bool]]:
         "handoff_read": (_format(READ_FUNCTION, schema), False),
         "handoff_put_values": (_format(PUT_VALUES, schema), True),
         "handoff_delete_values": (_format(DELETE_VALUES, schema), True),
+        "handoff_beat": (_format(BEAT, schema), True),
+        "handoff_put_liveness": (_format(PUT_LIVENESS, schema), True),
     }
 
 
@@ -467,6 +476,7 @@ SCHEMA = [
     STAMP_FUNCTION,
     *ROLE_TRIGGERS.values(),
     VALUES_TABLE,
+    LIVENESS_TABLE,
 ]
 
 #: Migrations from an older schema version: {from_version: [statements]}, run in one
@@ -550,6 +560,9 @@ MIGRATIONS: dict[int, list[str]] = {
     # transaction; handoff_delete_values keeps a value a graph event after its erasure names.
     # The run's erasures get an index of their own, so that check reads them alone.
     10: ["{put_values}", "{delete_values}", ERASURES_INDEX],
+    # 12: heartbeats kept beside the log: the liveness table, moved only through handoff_beat
+    # (the lease token checked on the server) and handoff_put_liveness. Roles SQL grants them.
+    11: [LIVENESS_TABLE, "{beat}", "{put_liveness}", *LIVENESS_REVOKED],
 }
 
 
@@ -560,7 +573,8 @@ def migration_step(sql: str, schema: str) -> str:
     name = {"{seal}": "handoff_seal", "{queue}": "handoff_queue", "{append}": "handoff_append", "{read}": "handoff_read",
             "{positions}": "handoff_positions",
             "{reseal}": "handoff_seal", "{requeue}": "handoff_queue", "{put_values}": "handoff_put_values",
-            "{delete_values}": "handoff_delete_values"}.get(sql)
+            "{delete_values}": "handoff_delete_values", "{beat}": "handoff_beat",
+            "{put_liveness}": "handoff_put_liveness"}.get(sql)
     return sql if name is None else or_replace(functions(schema)[name][0])
 
 

@@ -61,6 +61,7 @@ from .rows import (
     recorded_row,
 )
 from .postgres_values import PostgresValues
+from .postgres_liveness import PostgresLiveness
 from .view_functions import EXISTING, views_function
 from .writing import Writes
 from .postgres_schema import (
@@ -70,6 +71,7 @@ from .postgres_schema import (
     MIGRATIONS,
     PG_SCHEMA_VERSION,
     QUEUE_TRIGGERS,
+    LIVENESS_REVOKED,
     REVOKED,
     VIEWS_FUNCTION_EMPTY,
     VIEWS_LOCK,
@@ -84,7 +86,7 @@ S = TypeVar("S")
 
 PAGE = 1000
 
-class PostgresStore(Writes, PostgresValues, FoldingStore):
+class PostgresStore(Writes, PostgresValues, PostgresLiveness, FoldingStore):
     """An EventStore in a PostgreSQL database (``postgresql://user@host:port/dbname``).
 
     One store object owns one connection and may be shared by threads; open one per
@@ -254,7 +256,7 @@ class PostgresStore(Writes, PostgresValues, FoldingStore):
                 if name not in ("handoff_refuse_change", "handoff_stamp_role"):  # (made with the tables)
                     conn.execute(create)
             conn.execute(VIEWS_FUNCTION_EMPTY)
-            for revoke in REVOKED:
+            for revoke in (*REVOKED, *LIVENESS_REVOKED):
                 conn.execute(revoke)
             for sql in QUEUE_TRIGGERS.values():
                 conn.execute(sql)

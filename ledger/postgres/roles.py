@@ -6,6 +6,7 @@ import re
 
 from ..errors import InvalidInput
 from .postgres_values import SIGNATURES as VALUES_SIGNATURES
+from .postgres_liveness import SIGNATURES as LIVENESS_SIGNATURES
 from .postgres_schema import APPEND_SIGNATURE, ident
 
 _ROLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
@@ -76,6 +77,9 @@ def roles_sql(schema: str, prefix: str = "handoff") -> str:
         # Values beside the log: put under their sha256, deleted only as a recorded erasure says.
         f"REVOKE ALL ON FUNCTION {', '.join(f'{s}.{sig}' for sig in VALUES_SIGNATURES)} FROM PUBLIC, {everyone};",
         f"GRANT EXECUTE ON FUNCTION {', '.join(f'{s}.{sig}' for sig in VALUES_SIGNATURES)} TO {appenders};",
+        # Liveness beside the log: a beat proves its lease token on the server.
+        f"REVOKE ALL ON FUNCTION {', '.join(f'{s}.{sig}' for sig in LIVENESS_SIGNATURES)} FROM PUBLIC, {everyone};",
+        f"GRANT EXECUTE ON FUNCTION {', '.join(f'{s}.{sig}' for sig in LIVENESS_SIGNATURES)} TO {appenders};",
         f"REVOKE CREATE ON SCHEMA {s} FROM {everyone};",
         f"-- check: SELECT has_table_privilege('{writer}', {lit}, 'INSERT');  -- false",
         "COMMIT;",

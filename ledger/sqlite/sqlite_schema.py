@@ -44,6 +44,14 @@ MARK_UNKEPT = (
 # every run without holding them all in memory. A run's first position never changes,
 # so head updates never touch this index; only a run's first append adds an entry.
 HEADS_FIRST = "CREATE INDEX IF NOT EXISTS heads_first ON heads(first_position)"
+#: Each run's liveness beside the log (``ledger.store.Liveness``): one row a beat rewrites in
+#: place, so an alive worker's beats neither grow the file nor touch the chains. Additive:
+#: a file made before it gets the table at its next writable open, its version unchanged.
+LIVENESS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS liveness (run_id TEXT PRIMARY KEY, lease INTEGER NOT NULL, "
+    "beat_us INTEGER NOT NULL, beats INTEGER NOT NULL, logged_us INTEGER NOT NULL, attrs BLOB NOT NULL, "
+    "quiet_us INTEGER NOT NULL)"
+)
 #: The triggers that make the events table append-only, exactly as created. verify and
 #: doctor compare the file's triggers with these: one dropped or rewritten is reported.
 APPEND_ONLY_TRIGGERS = {
@@ -82,6 +90,7 @@ CREATE_TABLES = (
     CREATE_UNKEPT,
     VALUES_TABLE,
     ERASURES_INDEX,
+    LIVENESS_TABLE,
 )
 
 
@@ -132,6 +141,9 @@ def prepare(store: SqliteStore, may_create: bool, clock: Callable[[], int]) -> N
     if "run_values" not in tables:  # an additive table: the file schema version stays
         with _immediate(store, "adding the values table") as conn:
             conn.execute(VALUES_TABLE)
+    if "liveness" not in tables:  # additive, as above
+        with _immediate(store, "adding the liveness table") as conn:
+            conn.execute(LIVENESS_TABLE)
     if not conn.execute("SELECT 1 FROM sqlite_master WHERE name='events_erasures'").fetchone():
         with _immediate(store, "adding an index of the runs' erasures") as conn:  # additive, as above
             conn.execute(ERASURES_INDEX)

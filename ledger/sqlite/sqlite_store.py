@@ -13,7 +13,7 @@ import functools
 import itertools
 import os
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
 from .. import events as ev
@@ -24,6 +24,7 @@ from ..importing import ImportHead, ImportRow
 from ..plan import LeaseState, Request
 from ..inputs import check_run_id, check_seq
 from ..store import (DEFAULT_MAX_PAYLOAD, GENESIS_HASH, Aggregate, AppendResult, Capabilities, Decision, Folded,
+                     LeaseToken, Liveness, lease_digest,
                      Head, Problem, Recorded, encode_events, global_link, now_us)
 from . import sqlite_schema, sqlite_values
 from .driver import explain as _explain
@@ -60,6 +61,29 @@ _UPSERT_HEAD = (
     "last_hash=excluded.last_hash, lease=excluded.lease, "
     "lease_holder=excluded.lease_holder, max_lease=excluded.max_lease, "
     "last_position=excluded.last_position"
+)
+#: A beat that needs no event (``EventStore.beat``): the row of this lease, same attrs, the
+#: last beat within the quiet limit and the last logged one within the window, and the token
+#: proving the run's current lease, all in the statement that moves it.
+_BEAT = (
+    "UPDATE liveness SET beat_us=:now, beats=beats+1 "
+    "WHERE run_id=:run AND lease=:lease AND attrs=:attrs AND beat_us >= :now - quiet_us "
+    "AND logged_us > :now - :mark AND EXISTS (SELECT 1 FROM heads WHERE run_id=:run AND lease=:lease "
+    "AND lease_digest=:digest) RETURNING beat_us, beats, logged_us, quiet_us, "
+    "(SELECT last_seq FROM heads WHERE run_id=:run), (SELECT last_hash FROM heads WHERE run_id=:run)"
+)
+#: A logged beat's (or a claim's) liveness, for the run's current lease only, never over a
+#: later lease's row. A logged beat (?8) is the lease's latest: its time is taken as it is
+#: (a clock stepped back moves the row back too, as the log's fold does) and its count is
+#: one more than the row's; otherwise the later beat and the larger count are kept.
+_PUT_LIVENESS = (
+    "INSERT INTO liveness (run_id, lease, beat_us, beats, logged_us, attrs, quiet_us) "
+    "SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7 WHERE EXISTS (SELECT 1 FROM heads WHERE run_id=?1 AND lease=?2) "
+    "ON CONFLICT(run_id) DO UPDATE SET beat_us=CASE WHEN excluded.lease = liveness.lease AND NOT ?8 "
+    "THEN max(liveness.beat_us, excluded.beat_us) ELSE excluded.beat_us END, "
+    "beats=CASE WHEN excluded.lease <> liveness.lease THEN excluded.beats WHEN ?8 THEN liveness.beats + 1 "
+    "ELSE max(liveness.beats, excluded.beats) END, lease=excluded.lease, logged_us=excluded.logged_us, "
+    "attrs=excluded.attrs, quiet_us=excluded.quiet_us WHERE excluded.lease >= liveness.lease"
 )
 _INSERT = (
     "INSERT INTO events (position, run_id, seq, type, actor, lease, idem_key, idem_digest, "
@@ -374,6 +398,69 @@ class SqliteStore(sqlite_values.SqliteValues, FoldingStore):
                                          fence.max_lease, first_position, last_position))
         if fence.digest_moved:
             self.conn.execute("UPDATE heads SET lease_digest=? WHERE run_id=?", (fence.digest, run_id))
+
+    # --- liveness beside the log (ledger.store.Liveness) -------------------------------
+
+    def beat(self, run_id: str, token: LeaseToken, attrs: bytes, *,
+             mark_us: int) -> tuple[Liveness, int, bytes] | None:
+        if self.readonly:
+            return None  # the command path says why
+        now = self._clock()
+        args = {"run": run_id, "lease": token.lease, "digest": lease_digest(token.secret), "attrs": attrs,
+                "now": now, "mark": mark_us}
+        with self._reading("recording a heartbeat"):
+            conn = self.conn
+            if conn.in_transaction:
+                return None  # inside another write (a decide callback): the command path joins it
+            # One statement, its own transaction, not synced: the next synced commit (or a
+            # checkpoint) makes it durable, and a crash before that loses only this beat.
+            conn.execute("PRAGMA synchronous=OFF")
+            try:
+                rows = conn.execute(_BEAT, args).fetchall()  # stepped to the end: committed
+            finally:
+                conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            if rows:
+                try:
+                    self._maybe_wal_checkpoint()  # beats grow the WAL too: a fleet may only beat
+                except LedgerError:
+                    pass  # retried after a later commit, as after a command's
+        if not rows:
+            return None
+        beat_us, beats, logged_us, quiet_us, last_seq, last_hash = rows[0]
+        return Liveness(run_id, token.lease, beat_us, beats, logged_us, attrs, quiet_us), last_seq, bytes(last_hash)
+
+    def liveness(self, run_ids: Iterable[str]) -> dict[str, Liveness]:
+        ids = list(dict.fromkeys(run_ids))
+        out: dict[str, Liveness] = {}
+        with self._reading("reading liveness"):
+            try:
+                for i in range(0, len(ids), 500):
+                    chunk = ids[i:i + 500]
+                    for row in self.conn.execute(
+                        f"SELECT run_id, lease, beat_us, beats, logged_us, attrs, quiet_us FROM liveness "
+                        f"WHERE run_id IN ({','.join('?' * len(chunk))})", chunk,
+                    ):
+                        out[row[0]] = Liveness(row[0], row[1], row[2], row[3], row[4], bytes(row[5]), row[6])
+            except sqlite3.OperationalError:
+                # A file from before the table, opened read-only: no beat was kept beside its log.
+                if self.conn.execute("SELECT 1 FROM sqlite_master WHERE name='liveness'").fetchone():
+                    raise
+        return out
+
+    def put_liveness(self, live: Liveness, *, one_more: bool = False) -> None:
+        if self.readonly:
+            return
+        with self._reading("recording liveness"):
+            conn = self.conn
+            joined = conn.in_transaction
+            if not joined:
+                conn.execute("PRAGMA synchronous=OFF")
+            try:
+                conn.execute(_PUT_LIVENESS, (live.run_id, live.lease, live.beat_us, live.beats, live.logged_us,
+                                             live.attrs, live.quiet_us, one_more))
+            finally:
+                if not joined:
+                    conn.execute(f"PRAGMA synchronous={self.synchronous}")
 
     # --- import: the rows of the core's streamed import (FoldingStore.import_records) ---
 

@@ -86,7 +86,8 @@ def test_the_api_picks_the_same_names(db, monkeypatch):
         lg.unblock("r1", "token given")
         child = lg.fork("r1", 2)
         assert list(lg.log(child))[0].actor == f"operator:{ME}"
-        lg.heartbeat("r1", TOKENS[db])  # no worker= and no HANDOFF_WORKER: the holder, as in the CLI
+        # no worker= and no HANDOFF_WORKER: the holder, as in the CLI (attrs, so the log records the beat)
+        assert lg.heartbeat("r1", TOKENS[db], attrs={"step": "api"}).result.outcome == "committed"
         assert list(lg.log("r1"))[-1].actor == "worker:w1"  # was the login name: API and CLI differed
         with pytest.raises(InvalidInput) as info:
             lg.fork("r1", 2, by="  ")

@@ -168,8 +168,8 @@ def test_log_pages_by_seq(tmp_path):
     h = Handoff(str(tmp_path / "l.db"))
     with h.ledger() as lg:
         lease = _open(lg, "r1", claim=True)
-        for i in range(5):
-            lg.heartbeat("r1", lease, worker="w1")
+        for i in range(5):  # attrs of its own, so the log records each beat (seqs 3 to 7)
+            lg.heartbeat("r1", lease, worker="w1", attrs={"step": i})
     doc = h.json("log", "r1", "--limit", "3")
     assert [e["seq"] for e in doc["events"]] == [1, 2, 3] and doc["next"] == 3
     doc = h.json("log", "r1", "--limit", "3", "--after", "3")

@@ -26,8 +26,8 @@ def _ledger(tmp_path, events: int = 1500) -> str:
     db = str(tmp_path / "l.db")
     with Ledger(db, create=True) as lg:
         lease = working_run(lg, "r1")
-        for i in range(events):
-            lg.heartbeat("r1", lease, worker="w1")
+        for i in range(events):  # attrs of its own, so each beat is an event in the log
+            lg.heartbeat("r1", lease, worker="w1", attrs={"n": i})
     return db
 
 

@@ -22,7 +22,11 @@ def test_the_whole_lifecycle_through_the_verbs(h, tmp_path):
     assert run.startswith("run-")
     lease = h("claim", run, "--worker", "w1").stdout.strip()
     assert lease.startswith("1.") and len(lease) > 30  # the fencing number, then the secret
-    assert "heartbeat recorded" in h("heartbeat", run, "--lease", lease).stdout
+    # A bare beat just after the claim only moves the liveness kept beside the log; one with
+    # new attrs is recorded in the log.
+    kept = h("heartbeat", run, "--lease", lease).stdout
+    assert "heartbeat kept beside the log" in kept and "no event written; last event seq 2" in kept
+    assert "heartbeat recorded" in h("heartbeat", run, "--lease", lease, "--attr", "model=m1").stdout
     assert "moved to planning" in h("transition", run, "--lease", lease, "--to", "planning").stdout
     out = h("progress", run, "--lease", lease, "--kind", "plan_committed", "--detail", "3 parts", "--key", "p1")
     assert "plan_committed recorded" in out.stdout
@@ -117,7 +121,7 @@ def test_status_lists_live_runs_with_filters(h):
 def test_log_and_replay(h):
     with h.ledger() as lg:
         lease = working_run(lg, "r1")
-        lg.heartbeat("r1", lease, worker="w1")
+        lg.heartbeat("r1", lease, worker="w1", attrs={"model": "m1"})  # new attrs: the log records it
         lg.progress("r1", lease, "tool_outcome", "step 1", worker="w1")
     text = h("log", "r1").stdout
     assert text.splitlines()[0].split() == ["SEQ", "TIME", "ACTOR", "LEASE", "TYPE", "SUMMARY"]

@@ -49,17 +49,30 @@ def _wrapper(db: str, actions: str) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True)
 
 
-def _fence_holds(lg: Ledger, actions: list[float], cut_at_wall: float, back_at_wall: float) -> dict[str, object]:
+def _proof_seen(db: str) -> int:
+    """The last heartbeat a watchdog would judge from, read while the wrapper is still cut
+    off (another connection, on the ledger's side of the cut): the run as it stands, its
+    beats kept beside the log included (beats still land between the order to cut and the
+    cut itself). Read before the ledger answers again, so a beat that waited through the
+    outage is not counted as proof."""
+    with Ledger(db) as lg:
+        (run,) = [h.run_id for h in lg.store.list_runs()]
+        w = lg.checkpoint(run).watch
+        assert w.lease_since_us is not None, "the run was never claimed"
+        return max(w.lease_since_us, w.last_heartbeat_us or 0)
+
+
+def _fence_holds(lg: Ledger, actions: list[float], cut_at_wall: float, back_at_wall: float,
+                 last_proof_us: int) -> dict[str, object]:
     """The checks both backends share; returns the evidence. ``cut_at_wall``: when the test
-    started cutting the wrapper off; ``back_at_wall``: when the ledger was reachable again.
-    A heartbeat recorded before ``back_at_wall`` is the last proof the watchdog saw (beats
-    still land between the order to cut and the cut itself); one recorded later is the
-    beat that waited through the outage."""
+    started cutting the wrapper off; ``back_at_wall``: when the ledger was reachable again;
+    ``last_proof_us``: the last heartbeat the watchdog could see before then (``_proof_seen``)."""
     (run,) = [h.run_id for h in lg.store.list_runs()]
     log = list(lg.log(run))
-    beats_before = [r.recorded_us for r in log if r.type == "heartbeat_recorded" and r.recorded_us / 1e6 < back_at_wall]
-    granted = [r.recorded_us for r in log if r.type == "lease_granted"]
-    last_proof_us = max(beats_before + granted)
+    # Whatever beats the log holds from before the outage ended, the kept beat is not older.
+    logged = [r.recorded_us for r in log if r.type in ("heartbeat_recorded", "lease_granted")
+              and r.recorded_us / 1e6 < back_at_wall]
+    assert logged and max(logged) <= last_proof_us, (logged, last_proof_us)
     could_revoke = last_proof_us / 1e6 + TIMEOUT_S
     after_cut = [a for a in actions if a >= cut_at_wall]
     assert after_cut, "the child never acted after the cut: the test proves nothing"
@@ -95,6 +108,7 @@ def test_sqlite_wrapper_stops_its_child_while_another_process_holds_the_lock(tmp
     wait_until(lambda: os.path.exists(marker), what="the lock being held")
     time.sleep(TIMEOUT_S * 2)  # held for twice the heartbeat timeout
     assert w.poll() is None or w.returncode == FENCED_EXIT
+    proof_us = _proof_seen(db)  # a reader is not blocked by the held write lock (WAL)
     back_at = time.time()
     locker.send_signal(signal.SIGKILL)
     locker.wait()
@@ -104,7 +118,7 @@ def test_sqlite_wrapper_stops_its_child_while_another_process_holds_the_lock(tmp
     assert doc["silent_s"] >= TIMEOUT_S * 0.75
     assert "the child is stopped now" in err
     with Ledger(db) as lg:
-        ev = _fence_holds(lg, _actions(actions), cut_at, back_at)
+        ev = _fence_holds(lg, _actions(actions), cut_at, back_at, proof_us)
     evidence.add("self_fence_sqlite", lock_held_s=TIMEOUT_S * 2, heartbeat_timeout_s=TIMEOUT_S,
                  exit=rc, silent_s=doc["silent_s"], signal=doc["signal"], **ev)
 
@@ -123,13 +137,14 @@ def test_postgres_wrapper_stops_its_child_while_its_proxy_blackholes(tmp_path, p
     proxy.blackhole()
     time.sleep(TIMEOUT_S * 2)
     assert w.poll() is None or w.returncode == FENCED_EXIT
+    proof_us = _proof_seen(url)  # over a connection of its own, not through the proxy
     back_at = time.time()
     proxy.heal()
     rc, doc, err = _finish(w)
     assert rc == FENCED_EXIT, err
     assert doc["fenced"] is True and doc["released"] is True
     with Ledger(url) as lg:
-        ev = _fence_holds(lg, _actions(actions), cut_at, back_at)
+        ev = _fence_holds(lg, _actions(actions), cut_at, back_at, proof_us)
     evidence.add("self_fence_postgres", blackhole_s=TIMEOUT_S * 2, heartbeat_timeout_s=TIMEOUT_S,
                  exit=rc, silent_s=doc["silent_s"], signal=doc["signal"], proxy=proxy.counts, **ev)
 

@@ -58,7 +58,10 @@ def base(tmp_path_factory) -> dict[str, Any]:
             for r in RUNS:
                 lg.progress(r, leases[r], "tool_outcome", f"{r} step {i}", key=f"{r}-{i}", worker=f"w-{r}")
         lg.artifact("alpha", leases["alpha"], str(art), worker="w-alpha")
-        lg.heartbeat("beta", leases["beta"], worker="w-beta")
+        # A beat with attrs of its own is logged (a bare one would be kept beside the log),
+        # so beta's log ends with a heartbeat event at seq 8, as the cases below expect.
+        beat = lg.heartbeat("beta", leases["beta"], worker="w-beta", attrs={"phase": "waiting"})
+        assert beat.result.outcome == "committed" and beat.result.last_seq == 8, beat.result
         assert lg.verify() == [] and lg.check() == []
         pos = {(r.run_id, r.seq): r.position for r in lg.store.read_all()}
         last = {h.run_id: h.last_seq for h in lg.store.list_runs()}

@@ -340,20 +340,34 @@ def test_a_postgresql_ledger_of_schema_10_checks_needed_values_after_its_upgrade
 
     from handoff.ledger.postgres import PG_SCHEMA_VERSION
     from handoff.ledger.postgres import postgres_schema as P
+    from handoff.ledger.postgres.postgres_liveness import SIGNATURES as LIVENESS_SIGNATURES
     from tests.pg import fresh_url
 
     url = fresh_url()
     with Ledger(url) as lg:
         cfg, _ = _grow(LedgerSaver(lg), RUN)
         schema = lg.store.x("SELECT current_schema()").fetchone()[0]
+        # A run whose lease was granted before the upgrade: schema 10 kept no liveness row for it.
+        held = lg.open(goal="beats across the upgrade", target="chat:#ops", owner="alice")
+        token = lg.claim(held, "w-held")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(PUT_VALUES_V10.format(schema=P.ident(schema)))
         conn.execute(DELETE_VALUES_V10.format(schema=P.ident(schema)))
         conn.execute(f"DROP INDEX {P.ident(schema)}.events_erasures")  # schema 10 had none
+        # Nor had it heartbeats kept beside the log (schema 12): no table, no functions.
+        conn.execute(f"DROP TABLE {P.ident(schema)}.liveness")
+        for sig in LIVENESS_SIGNATURES:
+            conn.execute(f"DROP FUNCTION {P.ident(schema)}.{sig}")
         conn.execute("UPDATE handoff_meta SET value = '10' WHERE key = 'schema_version'")
     with Ledger(url) as lg:
-        assert lg.store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 11
-        assert lg.verify() == []  # the function is the one this version makes
+        assert lg.store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 12
+        assert lg.verify() == []  # the functions are the ones this version makes
+        # The upgrade's liveness works for the lease it found: its first beat has no row to
+        # move, so it is logged and starts one; the next is kept beside the log.
+        first, second = (lg.heartbeat(held, token).result for _ in range(2))
+        assert (first.outcome, second.outcome) == ("committed", "unchanged"), (first, second)
+        live = lg.store.liveness([held])[held]
+        assert (live.lease, live.beats) == (token.lease, 2), live
         assert lg.store.x("SELECT 1 FROM pg_indexes WHERE indexname = 'events_erasures' "
                           "AND schemaname = current_schema()").fetchone() is not None
         base = _saved(lg, RUN)[-1].values["messages"]

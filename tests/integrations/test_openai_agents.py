@@ -5,6 +5,7 @@ exporter is replaced by ``LedgerTracingProcessor`` alone, so nothing leaves the 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -97,6 +98,7 @@ def test_a_full_run_with_an_sdk_handoff_between_agents_is_recorded_and_submitted
         p = lg.status(run)
         recs = list(lg.log(run))
         joined = tr.build(lg.store.history(run), run).trace_id
+        live = lg.store.liveness([run])[run]
     assert seen.ids == [f"trace_{joined}"]  # handoff otel puts the run in the SDK's own trace
     assert posts == ["a"] and result.final_output == "summary posted"
     assert p["state"] == "succeeded" and p["lease"] is None and p["pending_effects"] == []
@@ -110,11 +112,19 @@ def test_a_full_run_with_an_sdk_handoff_between_agents_is_recorded_and_submitted
     outcomes = {r.event.attrs["gen_ai.tool.name"] for r in recs
                 if r.type == "progress_recorded" and r.event.kind == "tool_outcome"}
     assert outcomes == {"post", "search"}
-    beats = [r.event.attrs for r in recs if r.type == "heartbeat_recorded"]
-    assert len(beats) == 3 and all(a["gen_ai.usage.input_tokens"] == 12 and a["gen_ai.request.model"] == "fake-model-1"
-                                   for a in beats)
-    assert len(beats[0]["trace_id"]) == 32 and all("trace_id" not in a for a in beats[1:])  # handoff otel joins it
-    notes = [r.event for r in recs if r.type == "progress_recorded" and r.event.kind == "note"]
+    # One record per model answer (three), with its usage, every one in the log (usage is a
+    # fact of the work, never a beat that could be kept beside the log): the first is the
+    # plan, the others notes; together they are the artifact's total.
+    answers = [r.event for r in recs if r.type == "progress_recorded"
+               and r.event.detail in ("the model's first answer", "the model answered")]
+    assert [a.kind for a in answers] == ["plan_committed", "note", "note"]
+    usage = [a.attrs for a in answers]
+    assert all(a["gen_ai.usage.input_tokens"] == 12 and a["gen_ai.request.model"] == "fake-model-1" for a in usage)
+    assert len(usage[0]["trace_id"]) == 32 and all("trace_id" not in a for a in usage[1:])  # handoff otel joins it
+    assert sum(a["gen_ai.usage.input_tokens"] for a in usage) == 36
+    assert live.lease == 1, live
+    notes = [r.event for r in recs if r.type == "progress_recorded" and r.event.kind == "note"
+             and r.event.detail != "the model answered"]
     assert [n.detail for n in notes] == ["SDK handoff between agents: the conversation moved from agent triage to "
                                          "agent writer, within this run"]
     art = next(r.event for r in recs if r.type == "artifact_recorded")

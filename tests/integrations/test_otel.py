@@ -37,8 +37,12 @@ BEATS = tr.HEARTBEAT_EVENTS + 7
 
 
 def story(db: str, run_id: str = "r1", *, worker_trace: bool = False) -> dict:
-    """Write the story; returns the keys and tokens that must never reach a trace."""
-    with Ledger(db) as lg:
+    """Write the story; returns the keys and tokens that must never reach a trace.
+
+    Every beat is logged (``beat_mark_s=0``: each is a summary mark), as a worker's beats
+    over a long lease are: the trace draws the beats the log holds, and this story needs
+    more of them than the trace lists one by one."""
+    with Ledger(db, beat_mark_s=0) as lg:
         run = lg.open(goal="Post the summary", target="https://hooks.example/T0/B0/xoxb-secret", owner="alice",
                       run_id=run_id, heartbeat_timeout_s=30, key=f"open-key-{run_id}")
         t1 = lg.claim(run, "agent-1", key=f"claim-key-{run_id}")
@@ -57,7 +61,7 @@ def story(db: str, run_id: str = "r1", *, worker_trace: bool = False) -> dict:
         t2 = lg.claim(run, "agent-2")
         lg.effect_confirm(run, f"fx-key-{run_id}", "done", note="the link is in the channel", lease=t2)
         for _ in range(BEATS):
-            lg.heartbeat(run, t2, attrs={"gen_ai.usage.input_tokens": 10})
+            assert lg.heartbeat(run, t2, attrs={"gen_ai.usage.input_tokens": 10}).result.outcome == "committed"
         if lg.status(run)["state"] != "executing":
             lg.transition(run, t2, "executing")
         out = Path(db).parent / f"{run_id}-summary.md"

@@ -51,6 +51,7 @@ from handoff.ledger.store import (
     EventStore,
     Head,
     LeaseToken,
+    Liveness,
     Recorded,
     Transaction,
     chain_hash,
@@ -496,6 +497,61 @@ class StoreConformance:
                 store.append("fence", [hb()], actor=W1, lease=forged)
             assert info.value.details["why"] == "wrong_token"
             assert one.secret not in info.value.message
+
+    # --- liveness beside the log (EventStore.beat, liveness, put_liveness, state_at) ------
+
+    def test_a_beat_moves_the_liveness_row_of_the_current_lease_only(self, store):
+        one = self.grant(store, "live", 1)
+        head = store.head("live")
+        assert store.liveness(["live", "nobody"]) == {}
+        # No row for the lease yet: the beat must go through the log.
+        assert store.beat("live", one, b"", mark_us=10**12) is None
+        at = store.clock()
+        store.put_liveness(Liveness("live", 1, at, 0, at, b"", 10**9))
+        live, seq, h = store.beat("live", one, b"", mark_us=10**12)
+        assert (live.lease, live.beats, live.logged_us, live.quiet_us) == (1, 1, at, 10**9) and live.beat_us >= at
+        assert (seq, h) == (head.last_seq, head.last_hash)  # the head, read in the same statement
+        assert store.liveness(["live"]) == {"live": live}
+        # Other attrs, a window gone by, a silence past the row's limit: the log's turn.
+        assert store.beat("live", one, b'{"model":"m"}', mark_us=10**12) is None
+        assert store.beat("live", one, b"", mark_us=0) is None
+        store.put_liveness(Liveness("live", 1, at - 10**7, 0, at, b"", 1))  # an earlier beat: kept as is
+        assert store.liveness(["live"])["live"].beat_us == live.beat_us
+        store.put_liveness(Liveness("live", 1, live.beat_us, 0, at, b"", 0))  # a silence limit of 0
+        assert store.beat("live", one, b"", mark_us=10**12) is None or store.clock() == live.beat_us
+        store.put_liveness(Liveness("live", 1, live.beat_us, 0, at, b"", 10**9))
+        # A forged, ended or other run's token moves nothing and writes nothing.
+        before = (list(store.read_run("live")), store.liveness(["live"]))
+        for token in (LeaseToken(f"1.{'A' * 43}"), LeaseToken(f"2.{token_secret('live', 2)}")):
+            assert store.beat("live", token, b"", mark_us=10**12) is None
+        assert store.liveness(["live"]) == before[1]
+        store.append("live", [ev.LeaseRevoked(lease=1, reason="stalled")], actor=WATCHDOG)
+        assert store.beat("live", one, b"", mark_us=10**12) is None
+        assert store.liveness(["live"]) == before[1]
+        assert list(store.read_run("live"))[: len(before[0])] == before[0]
+
+    def test_put_liveness_never_goes_back_to_an_older_lease_or_beat(self, store):
+        self.grant(store, "keep", 1)
+        self.grant(store, "keep", 2, worker="w2")
+        store.put_liveness(Liveness("keep", 1, 500, 3, 500, b"", 7))  # not the current lease: ignored
+        assert store.liveness(["keep"]) == {}
+        store.put_liveness(Liveness("keep", 2, 1_000, 4, 1_000, b"", 7))
+        store.put_liveness(Liveness("keep", 2, 900, 2, 900, b'{"a":1}', 7))  # an earlier beat of it
+        assert store.liveness(["keep"])["keep"] == Liveness("keep", 2, 1_000, 4, 900, b'{"a":1}', 7)
+        store.put_liveness(Liveness("keep", 2, 1_100, 1, 1_100, b"", 7), one_more=True)  # a logged beat
+        assert store.liveness(["keep"])["keep"] == Liveness("keep", 2, 1_100, 5, 1_100, b"", 7)
+        store.put_liveness(Liveness("nobody", 1, 1, 1, 1, b"", 7))  # no such run: nothing stored
+        assert store.liveness(["nobody"]) == {}
+
+    def test_state_at_answers_only_for_the_exact_head(self, store):
+        agg = Count()
+        store.append("cached", [hb(), hb()], actor=W1)
+        assert store.state_at("cached", agg, 2, store.head("cached").last_hash) is None  # never folded here
+        store.execute("cached", agg, lambda state, head: Decision((hb(),)), actor=W1)
+        head = store.head("cached")
+        assert store.state_at("cached", agg, head.last_seq, head.last_hash) == 3  # what the command folded
+        assert store.state_at("cached", agg, head.last_seq - 1, head.last_hash) is None
+        assert store.state_at("cached", agg, head.last_seq, GENESIS_HASH) is None
 
     def test_a_lease_granted_without_a_digest_takes_no_writes(self, store):
         # A lease from before tokens (schema 2): nothing can prove it, so it must be revoked.

@@ -147,7 +147,8 @@ def test_writes_that_keep_every_view_mark_nothing_and_a_bare_write_is_caught_up(
     with Ledger(path) as lg:
         run = lg.open(goal="g", target="t", owner="o", run_id="r1")
         lease = lg.claim(run, "w")
-        lg.heartbeat(run, lease)
+        # a beat whose attrs changed is logged: an inline write of every view, like the two before
+        assert lg.heartbeat(run, lease, attrs={"step": 1}).result.outcome == "committed"
         assert raw(path, f"SELECT count(*) FROM {UNKEPT}") == [(0,)]
         assert set(raw(path, "SELECT position FROM projection_positions")) == {(0,)}  # never moved
         assert lg.projector.positions() == {n: lg.store.last_position() for n in NAMES}

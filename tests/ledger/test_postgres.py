@@ -135,7 +135,7 @@ def test_an_older_ledger_is_migrated_and_keeps_every_position_and_hash(version):
         before = conn.execute("SELECT position, run_id, seq, hash, global_hash FROM events ORDER BY position").fetchall()
         tail = conn.execute("SELECT position, global_hash FROM ledger_tail").fetchone()
     with Ledger(url) as lg:
-        assert lg.store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 11
+        assert lg.store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 12
         assert [(r.position, r.run_id, r.seq, r.hash) for r in lg.store.read_all()] == [
             (p, r, s, bytes(h)) for p, r, s, h, _ in before]
         assert lg.store.ledger_head() == (tail[0], bytes(tail[1]))
@@ -248,7 +248,7 @@ def test_a_schema_4_ledger_is_sealed_by_handoff_append_and_keeps_its_order():
         PostgresStore(url, readonly=True)
     with Ledger(url) as lg:
         store = lg.store
-        assert store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 11
+        assert store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 12
         body = store.x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_queue' "
                         "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
         assert "INSERT INTO unsealed" in body and "advisory" not in body  # the trigger only queues
@@ -367,7 +367,7 @@ def test_a_schema_7_ledger_gets_handoff_views_that_holds_each_tables_upsert():
         conn.execute(old)
         conn.execute("UPDATE handoff_meta SET value = '7' WHERE key = 'schema_version'")
     with Ledger(url) as lg:
-        assert lg.store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 11
+        assert lg.store.diagnostics()["schema_version"] == PG_SCHEMA_VERSION == 12
         body = lg.store.x("SELECT prosrc FROM pg_proc WHERE proname = 'handoff_views' "
                           "AND pronamespace = current_schema()::regnamespace").fetchone()[0]
         assert "handoff_sync_" not in body and all(f"INSERT INTO {t} AS t" in body for t in tables)

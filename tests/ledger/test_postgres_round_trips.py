@@ -49,7 +49,7 @@ def test_a_command_on_a_run_the_session_knows_is_one_round_trip_and_so_is_a_repe
             "keyed repeat": _cost(proxy, lambda: lg.progress(run, lease, "tool_outcome", "ran", key="k1")),
         }
         assert lg.verify() == [] and lg.check() == []
-        assert [r.seq for r in lg.log(run)][-1] == 7  # the repeat wrote nothing
+        assert [r.seq for r in lg.log(run)][-1] == 6  # the beat was kept beside the log; the repeat wrote nothing
         assert lg.store.diagnostics()["writes_decided_again"] == 0
     assert costs == {"heartbeat": 1, "progress": 1, "transition": 1, "keyed": 1, "keyed repeat": 1}, costs
 
@@ -101,7 +101,8 @@ def test_a_write_chains_on_the_head_the_server_has(proxied):
 
 def test_a_refusal_costs_the_read_alone_and_writes_nothing(proxied):
     """A write under a lease that was given up is refused from the head the read brought:
-    one round trip, nothing written."""
+    one round trip, nothing written. A heartbeat tries its own statement first (which
+    cannot say why it was refused), then the command path's read names the reason: two."""
     from handoff.ledger.errors import StaleLease
 
     proxy, url = proxied
@@ -109,12 +110,13 @@ def test_a_refusal_costs_the_read_alone_and_writes_nothing(proxied):
         run = lg.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
         lease = lg.claim(run, "w1")
         lg.release(run, lease)
-        before = lg.store.head(run)
-        proxy.mark()
-        with pytest.raises(StaleLease):
-            lg.heartbeat(run, lease)
-        assert proxy.since_mark()[0] == 1
-        assert lg.store.head(run) == before
+        before, live = lg.store.head(run), lg.store.liveness([run])
+        for write, cost in ((lambda: lg.transition(run, lease, "planning"), 1), (lambda: lg.heartbeat(run, lease), 2)):
+            proxy.mark()
+            with pytest.raises(StaleLease):
+                write()
+            assert proxy.since_mark()[0] == cost
+        assert lg.store.head(run) == before and lg.store.liveness([run]) == live
 
 
 def test_a_new_process_first_command_is_two_round_trips_when_it_names_its_worker(proxied):
@@ -217,16 +219,15 @@ def test_a_write_whose_seal_finds_the_server_gone_after_its_commit_is_reported_c
 def test_a_check_that_fails_on_what_the_session_remembers_is_made_again_on_a_read(proxied):
     """The session remembers lease 1; another process released it and granted lease 2,
     whose token this session now shows. Only the server's head may refuse a write: the
-    check is made again on a read, and the heartbeat lands (a read and a write)."""
+    check is made again on a read, and the transition lands (a read and a write)."""
     proxy, url = proxied
     with Ledger(url) as a, Ledger(url) as b:
         run = a.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
-        first = a.claim(run, "w1")
-        a.heartbeat(run, first)  # a knows the run at lease 1
+        first = a.claim(run, "w1")  # a knows the run at lease 1
         b.release(run, first)
         second = b.claim(run, "w2")
-        assert _cost(proxy, lambda: a.heartbeat(run, second, worker="w2")) == 2
-        assert a.checkpoint(run).lease == b.checkpoint(run).lease and a.checkpoint(run).last_seq == 6
+        assert _cost(proxy, lambda: a.transition(run, second, "planning", worker="w2")) == 2
+        assert a.checkpoint(run).lease == b.checkpoint(run).lease and a.checkpoint(run).last_seq == 5
         assert a.verify() == []
 
 

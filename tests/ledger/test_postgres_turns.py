@@ -167,7 +167,8 @@ def test_a_batch_of_several_id_blocks_reports_its_own_positions(monkeypatch):
 
 
 def test_a_hook_that_reads_positions_gets_whole_numbers():
-    """A hook is given the write's last write id, a whole number, on every write."""
+    """A hook is given the write's last write id, a whole number, on every write (and a beat
+    kept beside the log is no write of the log: no hook runs for it)."""
     from handoff.projections import engine
 
     seen = []
@@ -175,8 +176,10 @@ def test_a_hook_that_reads_positions_gets_whole_numbers():
         lg.store.attach(engine.AGGREGATE, lambda txn, run_id, state, last_position: seen.append(last_position))
         run = lg.open(run_id="r1", goal="g", target="chat:#ops", owner="alice")
         lease = lg.claim(run, "w1")
-        lg.heartbeat(run, lease)
-        lg.heartbeat(run, lease)
+        # beats whose attrs change are logged, each a write of its own
+        assert lg.heartbeat(run, lease, attrs={"step": 1}).result.outcome == "committed"
+        assert lg.heartbeat(run, lease, attrs={"step": 2}).result.outcome == "committed"
+        assert lg.heartbeat(run, lease, attrs={"step": 2}).result.outcome == "unchanged"
     assert len(seen) == 4 and all(type(p) is int for p in seen)
 
 

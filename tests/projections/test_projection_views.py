@@ -8,8 +8,9 @@ import pytest
 
 from handoff import Ledger
 from handoff.ledger.errors import CapacityExceeded, LedgerError
-from handoff.projections import queries, view_rows
+from handoff.projections import engine, queries, view_rows
 from handoff.reducers import delivery as dl
+from handoff.reducers import liveness
 from handoff.reducers.checkpoint import AGGREGATE
 
 from tests.support import S
@@ -61,9 +62,11 @@ def assert_checkpoint_row(clocked_lg: Ledger, run_id: str) -> dict:
     assert head.last_position <= clocked_lg.store.last_position()
     assert r["updated_us"] == cp.last_event_us
     assert r["fork_parent"] == cp.fork_parent
-    # The API's read path is the view, and it must agree with the log.
-    assert clocked_lg.checkpoint(run_id) == cp
-    assert queries.checkpoint(clocked_lg.store, run_id) == cp
+    # The API's read path is the view joined with the beat kept beside the log, and it
+    # must agree with the log's fold joined the same way.
+    now = liveness.overlay(cp, clocked_lg.store.liveness([run_id]).get(run_id))
+    assert clocked_lg.checkpoint(run_id) == now
+    assert queries.checkpoint(clocked_lg.store, run_id) == now
     return r
 
 
@@ -104,9 +107,16 @@ def test_checkpoints_row_follows_every_command(clocked_lg, clock, result_file):
     assert r["state"] == "planning"
     assert r["progress_seq"] == 2  # the state change and the plan both advance
     clock.advance(1)
-    clocked_lg.heartbeat(run, lease)
+    out = clocked_lg.heartbeat(run, lease)  # the lease's first beat: kept beside the log
+    assert out.result.outcome == "unchanged"
+    assert assert_checkpoint_row(clocked_lg, run) == r  # no event, so the row is as it was
+    assert clocked_lg.checkpoint(run).watch.last_heartbeat_us == clock()
+    clock.advance(31)  # a silence longer than half the 60 s timeout: the next beat is logged
+    out = clocked_lg.heartbeat(run, lease)
+    assert out.result.outcome == "committed"
     r2 = assert_checkpoint_row(clocked_lg, run)
     assert r2["progress_seq"] == 2 and r2["updated_us"] == clock()
+    assert clocked_lg.checkpoint(run).watch.last_heartbeat_us == clock()
 
     clocked_lg.transition(run, lease, "executing")
     clocked_lg.artifact(run, lease, result_file)
@@ -386,7 +396,8 @@ def test_runs_filters_and_order(clocked_lg):
     clocked_lg.transition("r2", l2, "executing")
     clocked_lg.close_run("r3", "cancelled", by="carol")
     # Touch the oldest run last: "oldest first" must not turn into "least recently updated".
-    clocked_lg.heartbeat("r0", l0)
+    # (A beat kept beside the log touches no row: this one is logged, its attrs changed.)
+    assert clocked_lg.heartbeat("r0", l0, attrs={"touch": 1}).result.outcome == "committed"
 
     def ids(**kw):
         return [cp.run_id for cp in queries.runs(clocked_lg.store, **kw)]
@@ -437,18 +448,32 @@ def test_watcher_streams_have_no_view_rows(clocked_lg, clock):
     assert dump(clocked_lg.store.path) == after
 
 
-def test_a_heartbeat_rewrites_only_the_views_it_changes(tmp_path):
-    """Inline upkeep compares a run's delivery and owner-load rows with the table and
-    leaves them alone when they are unchanged: a heartbeat touches the event, the head,
-    the checkpoint and stall rows, nothing else."""
-    with Ledger(str(tmp_path / "l.db")) as clocked_lg:
+def test_a_heartbeat_rewrites_only_the_views_it_changes(tmp_path, clock):
+    """A beat kept beside the log writes its liveness row and no view row at all. A logged
+    beat goes through inline upkeep, which compares a run's delivery and owner-load rows
+    with the table and leaves them alone when they are unchanged: it touches the event, the
+    head, the checkpoint and stall rows and the liveness row, nothing else."""
+    path = str(tmp_path / "l.db")
+    with Ledger(path, clock=clock) as clocked_lg:
         clocked_lg.open(goal="G", target="T", owner="o", run_id="r1")
         lease = clocked_lg.claim("r1", "w")
-        clocked_lg.heartbeat("r1", lease)
         conn = clocked_lg.store.conn
+        views, before = dump(path), conn.total_changes
+        beat = clock.advance(1)
+        assert clocked_lg.heartbeat("r1", lease).result.outcome == "unchanged"
+        assert conn.total_changes - before == 1  # the liveness row alone
+        assert dump(path) == views
+        assert clocked_lg.checkpoint("r1").watch.last_heartbeat_us == beat
+
         before = conn.total_changes
-        clocked_lg.heartbeat("r1", lease)
-        # 1 event + 1 head + 1 checkpoint row + 1 stall row; no tracking row since file
-        # schema 2 (a write that keeps every projection marks nothing)
-        assert conn.total_changes - before == 4
+        beat = clock.advance(31)  # a silence longer than half the 60 s timeout: logged
+        assert clocked_lg.heartbeat("r1", lease).result.outcome == "committed"
+        # 1 event + 1 head + 1 checkpoint row + 1 stall row + 1 liveness row; no tracking
+        # row since file schema 2 (a write that keeps every projection marks nothing)
+        assert conn.total_changes - before == 5
+        after = dump(path)
+        # (the views' positions are the log's end where nothing is marked: they move with it)
+        assert {t for t in after if after[t] != views[t]} == {"checkpoints", "stall_watch", engine.TRACKING}
+        assert {pos for _, pos in after[engine.TRACKING]} == {clocked_lg.store.last_position()}
+        assert clocked_lg.checkpoint("r1").watch.last_heartbeat_us == beat
         assert clocked_lg.check() == []

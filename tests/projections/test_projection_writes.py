@@ -220,8 +220,13 @@ def test_a_moved_deadline_moves_the_stall_row_in_its_partial_index(clocked_lg, c
     t1 = clock.advance(1)
     lease = clocked_lg.claim("r1", "w1")
     assert queries.due_run_ids(clocked_lg.store, t1 + 60 * S + 1) == ["r1"]
-    t2 = clock.advance(30)
-    clocked_lg.heartbeat("r1", lease)
+    clock.advance(10)
+    # A beat kept beside the log moves no view row: the stall row keeps the log's deadline,
+    # which is never later than the kept beat's, so the run stays among the scanned rows.
+    assert clocked_lg.heartbeat("r1", lease).result.outcome == "unchanged"
+    assert queries.due_run_ids(clocked_lg.store, t1 + 60 * S + 1) == ["r1"]
+    t2 = clock.advance(31)  # a silence longer than half the timeout: this beat is logged
+    assert clocked_lg.heartbeat("r1", lease).result.outcome == "committed"
     assert queries.due_run_ids(clocked_lg.store, t1 + 60 * S + 1) == []
     assert queries.due_run_ids(clocked_lg.store, t2 + 60 * S + 1) == ["r1"]
     clocked_lg.close_run("r1", "cancelled", by="alice")  # not live: out of the partial index
@@ -233,11 +238,12 @@ def test_a_moved_deadline_moves_the_stall_row_in_its_partial_index(clocked_lg, c
 # --- many-row views ------------------------------------------------------------------------
 
 
-def test_a_lease_that_ends_deletes_its_owner_load_row_and_nothing_else(clocked_lg):
+def test_a_lease_that_ends_deletes_its_owner_load_row_and_nothing_else(clocked_lg, clock):
     a = working_run(clocked_lg, "a")
     working_run(clocked_lg, "b")
     writes = watch_writes(clocked_lg, ["deliveries", "owner_load"])
-    clocked_lg.heartbeat("a", a)
+    clock.advance(31)  # a beat after a silence is logged: its upkeep leaves these rows alone
+    assert clocked_lg.heartbeat("a", a).result.outcome == "committed"
     assert writes() == []
     clocked_lg.release("a", a)
     assert writes() == [("owner_load", "DELETE", "a")]
@@ -279,7 +285,8 @@ def test_a_many_row_view_writes_only_the_rows_that_differ(with_effects, path):
         clocked_lg.effect_start("r1", lease, "k1", "send a mail")
         clocked_lg.effect_start("r1", lease, "k2", "post a note")
         assert writes() == [("effects", "INSERT", "r1"), ("effects", "INSERT", "r1")]
-        clocked_lg.heartbeat("r1", lease)
+        # a logged beat (its attrs changed) refolds the run's rows: none of them differs
+        assert clocked_lg.heartbeat("r1", lease, attrs={"n": 1}).result.outcome == "committed"
         assert writes() == []
         clocked_lg.effect_confirm("r1", "k1", "done", lease=lease)  # k1 goes away, k2 stays as it was
         assert writes() == [("effects", "DELETE", "r1")]
@@ -331,9 +338,9 @@ def test_stale_rows_are_repaired_by_the_next_command(path, clock):
         leases = _stale_history(clocked_lg)
         other_writer(path, *STALE)
         assert {d["run_id"] for d in clocked_lg.check()} == {"a", "b", "c"}
-        clock.advance(1)
-        clocked_lg.heartbeat("a", leases["a"])
-        clocked_lg.heartbeat("c", leases["c"])
+        clock.advance(31)  # beats after a silence longer than half the timeout: commands
+        assert clocked_lg.heartbeat("a", leases["a"]).result.outcome == "committed"
+        assert clocked_lg.heartbeat("c", leases["c"]).result.outcome == "committed"
         clocked_lg.claim("b", "w2")
         assert clocked_lg.check() == []
         assert queries.due_run_ids(clocked_lg.store, clock() + 10**12) == ["a", "b", "c"]

@@ -21,6 +21,7 @@ from handoff.ledger import events as ev
 from handoff.ledger import inputs
 from handoff.ledger.inputs import CONTROL_RE
 from handoff.reducers import transitions as T
+from tests.support import Clock
 
 from .helpers import OPERATOR, OWNER, bring, log, new_ledger, refused
 
@@ -62,13 +63,17 @@ def test_every_verb_that_takes_attrs_stores_them(tmp_path):
 
 
 def test_no_attrs_writes_the_event_as_before(tmp_path):
-    lg = new_ledger(tmp_path)
+    clock = Clock(step_us=0)
+    lg = Ledger(os.path.join(str(tmp_path), "ledger.db"), synchronous="NORMAL", clock=clock)
     run = bring(lg, tmp_path, T.EXECUTING)
+    granted = clock()  # the claim's grant: the lease's liveness starts there
     lg.progress(run.id, run.lease, "tool_outcome", worker=run.worker, attrs={})
-    lg.heartbeat(run.id, run.lease, worker=run.worker)
+    clock.advance(31)  # a silence longer than half the 60 s timeout: the beat is logged
+    assert lg.heartbeat(run.id, run.lease, worker=run.worker).result.outcome == "committed"
     payloads = [r.payload for r in lg.log(run.id)][-2:]
+    # No attrs key on either; a logged beat carries only its count and the beat before it.
     assert payloads == [b'{"type":"progress_recorded","kind":"tool_outcome","detail":"","advances":true}',
-                        b'{"type":"heartbeat_recorded"}']
+                        b'{"type":"heartbeat_recorded","beats":1,"previous_us":%d}' % granted]
 
 
 # --- the bounds ----------------------------------------------------------------------------

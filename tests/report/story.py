@@ -5,6 +5,10 @@ unavailable and revokes its lease, leaving the side effect's outcome unknown; th
 reconciles it; worker-b claims, keeps heart-beating without progress until the watchdog
 marks the run stalled, raises and clears a blocker, then finishes: artifact, evidence,
 result, review, one delivery with a receipt (retried once, which writes nothing).
+
+Every beat carries the worker's token count so far (attrs), so the log records each one
+and the heartbeat lane has them all: a beat that only says "alive" again would be kept
+beside the log (docs/architecture.md, "Liveness beside the log").
 """
 
 from __future__ import annotations
@@ -29,9 +33,9 @@ def incident(lg: Ledger, clock: Clock, tmp: Path, run: str = "inc-4711") -> str:
     lg.transition(run, a, "planning")
     lg.progress(run, a, "plan_committed", "summary, timeline, follow-ups")
     lg.transition(run, a, "executing")
-    for _ in range(3):
+    for i in range(3):
         clock.advance(3)
-        lg.heartbeat(run, a)
+        lg.heartbeat(run, a, attrs={"tokens_out": 100 * (i + 1)})
     lg.progress(run, a, "tool_outcome", "section 1 of 3 drafted")
     lg.effect_start(run, a, "post-draft", "POST /drafts (the draft to the wiki)")
     clock.advance(15)  # worker-a goes silent
@@ -42,9 +46,9 @@ def incident(lg: Ledger, clock: Clock, tmp: Path, run: str = "inc-4711") -> str:
     if lg.checkpoint(run).state != "executing":
         lg.transition(run, b, "executing")
     lg.progress(run, b, "note", "resuming after section 1")
-    for _ in range(12):  # alive, busy, not advancing
+    for i in range(12):  # alive, busy, not advancing
         clock.advance(4)
-        lg.heartbeat(run, b)
+        lg.heartbeat(run, b, attrs={"tokens_out": 50 * (i + 1)})
         lg.progress(run, b, "tool_retry", "vendor API answered 503")
         watch_once(lg, name="ops", now_us=clock(), interval_s=5)
     lg.block(run, "the vendor API is down", "ops restores the API", lease=b)

@@ -26,7 +26,8 @@ def attempt(lg: Ledger, clock: Clock, tmp, run: str, text: str, verdict: str) ->
     lease = lg.claim(run, "w1")
     for state in ("planning", "executing"):
         lg.transition(run, lease, state)
-        lg.heartbeat(run, lease)
+        # attrs of its own: the log records the beat (a bare repeat is kept beside the log)
+        assert lg.heartbeat(run, lease, attrs={"step": state}).result.outcome == "committed"
     lg.progress(run, lease, "tool_outcome", "summary drafted")
     lg.transition(run, lease, "verifying")
     result.write_text(text)

@@ -30,15 +30,18 @@ from tests.support import Clock, Handoff, executable
 
 
 def _two_runs(lg: Ledger, clock: Clock) -> None:
-    """Two runs written in turns, a fork, and a watcher's beat: an incident across streams."""
+    """Two runs written in turns, a fork, and a watcher's beat: an incident across streams.
+
+    Each beat carries attrs of its own, so the log records every one (a beat that only says
+    "alive" again is kept beside the log): the streams interleave event by event."""
     lg.open(run_id="a", goal="First", target="chat:#ops", owner="alice", heartbeat_timeout_s=5)
     lg.open(run_id="b", goal="Second", target="chat:#ops", owner="bob")
     ta = lg.claim("a", "w1")
     tb = lg.claim("b", "w2")
-    for _ in range(3):
+    for i in range(3):
         clock.advance(2)
-        lg.heartbeat("a", ta)
-        lg.heartbeat("b", tb)
+        assert lg.heartbeat("a", ta, attrs={"step": i}).result.outcome == "committed"
+        assert lg.heartbeat("b", tb, attrs={"step": i}).result.outcome == "committed"
     lg.transition("b", tb, "planning")
     clock.advance(10)
     watch_once(lg, name="ops", now_us=clock(), interval_s=5)  # revokes a's lease

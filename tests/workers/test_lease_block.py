@@ -37,6 +37,7 @@ def events(lg: Ledger, run: str) -> list[tuple[str, str, str]]:
 def test_a_block_claims_heartbeats_and_releases(face):
     lg = face.lg
     run = new_run(lg, timeout_s=0.6)  # a heartbeat every 0.2 s
+    seen: dict[str, int] = {}
 
     async def agent():
         async with face.lease(run, worker="agent-1") as lease:
@@ -45,13 +46,20 @@ def test_a_block_claims_heartbeats_and_releases(face):
             await lease.progress("plan_committed", "three sections")
             # Silent for longer than the heartbeat timeout: only the block's beats keep the lease.
             await asyncio.sleep(0.6 * 2)
+            # The beats went beside the log (most write no event): the run as it stands shows
+            # them, counted under this lease, the last one within the timeout.
+            live = lg.store.liveness([run])[run]
+            assert live.lease == 1 and live.beats >= 2, live
+            beat_us = lg.checkpoint(run).watch.last_heartbeat_us
+            assert beat_us >= live.beat_us and lg.clock() - beat_us < 0.6 * 1e6  # (it may beat meanwhile)
+            seen["beats"] = live.beats
             await lease.transition("executing")
 
     asyncio.run(agent())
     got = events(lg, run)
     types = [t for t, _, _ in got]
     assert types[:4] == ["handoff_opened", "lease_granted", "state_changed", "progress_recorded"]
-    assert types.count("heartbeat_recorded") >= 2
+    assert types.count("heartbeat_recorded") < seen["beats"], "every beat was logged"
     assert got[-1][0] == "lease_released" and got[-1][1] == "worker:agent-1"
     assert "finished its lease block" in got[-1][2]
     assert lg.checkpoint(run).lease is None

@@ -91,6 +91,25 @@ async def work(alg: AsyncLedger, run: str, worker: str, world: Path, report: Pat
         await lease.submit("three tools called, the report written")
 
 
+def proof_seen(address: str, run: str) -> int:
+    """The last heartbeat a watchdog would judge from, read while the worker is still cut
+    off, over a connection of the test's own on the ledger's side of the cut: the run as it
+    stands, beats kept beside the log included (most beats write no event). Read before the
+    store comes back, so a call that waited through the cut is not counted as proof."""
+    with Ledger(address) as lg:
+        w = lg.checkpoint(run).watch
+        assert w.lease_since_us is not None, "the run was never claimed"
+        return max(w.lease_since_us, w.last_heartbeat_us or 0)
+
+
+def logged_proofs_agree(log: list, proof_us: int, back_at: float) -> None:
+    """The log's own proofs of life from before the store came back are never later than
+    the run as it stood then: the kept beat only adds to them."""
+    logged = [r.recorded_us for r in log if r.type in ("heartbeat_recorded", "lease_granted")
+              and r.recorded_us / 1e6 < back_at]
+    assert logged and max(logged) <= proof_us, (logged, proof_us)
+
+
 class SqliteCut:
     """Another process takes the write lock, then is frozen holding it (SIGSTOP)."""
 
@@ -143,7 +162,7 @@ def test_an_async_agent_fences_itself_and_a_second_worker_resumes(store_cut, tmp
         run = lg.open(goal="Call three tools and report", target="chat:#ops", owner="alice",
                       heartbeat_timeout_s=TIMEOUT_S, result_path=str(report))
 
-    async def first_worker() -> tuple[BaseException | None, float, float, float]:
+    async def first_worker() -> tuple[BaseException | None, float, float, float, int]:
         alg = AsyncLedger(store_cut.worker_address, **store_cut.options)
         task = asyncio.create_task(work(alg, run, "agent-1", world, report))
         while sum(1 for _, w in actions(world) if w.startswith("tool-2")) < 1:
@@ -154,19 +173,19 @@ def test_an_async_agent_fences_itself_and_a_second_worker_resumes(store_cut, tmp
         cut_done = time.time()
         await asyncio.sleep(TIMEOUT_S * 2)
         assert task.done(), "the agent went on working with the store cut off"
+        proof_us = await asyncio.to_thread(proof_seen, store_cut.address, run)
         back_at = time.time()
         await asyncio.to_thread(store_cut.heal)
         await alg.aclose()  # after the one call in flight (if any) has come back
-        return task.exception(), cut_at, cut_done, back_at
+        return task.exception(), cut_at, cut_done, back_at, proof_us
 
-    error, cut_at, cut_done, back_at = asyncio.run(first_worker())
+    error, cut_at, cut_done, back_at, proof_us = asyncio.run(first_worker())
     assert isinstance(error, LeaseLost) and error.details["why"] == "fenced", repr(error)
 
     with Ledger(store_cut.address) as lg:
         log = list(lg.log(run))
-        proofs = [r.recorded_us for r in log if r.type in ("heartbeat_recorded", "lease_granted")
-                  and r.recorded_us / 1e6 < back_at]
-        could_revoke = max(proofs) / 1e6 + TIMEOUT_S
+        logged_proofs_agree(log, proof_us, back_at)
+        could_revoke = proof_us / 1e6 + TIMEOUT_S
         done = actions(world)
         assert [a for a in done if a[0] >= cut_done], "no tool acted after the cut: the test proves nothing"
         assert max(at for at, _ in done) < could_revoke, (
@@ -176,7 +195,7 @@ def test_an_async_agent_fences_itself_and_a_second_worker_resumes(store_cut, tmp
         assert lg.checkpoint(run).lease == 1  # the fenced worker wrote nothing at its end
 
         # The watchdog, judging the ledger once the timeout has passed, revokes the lease.
-        acts = watch_once(lg, name="wd", now_us=max(proofs) + int(TIMEOUT_S * 1e6) + 1_000_000)
+        acts = watch_once(lg, name="wd", now_us=proof_us + int(TIMEOUT_S * 1e6) + 1_000_000)
         assert ("revoke_lease", "committed") in [(a.action, a.outcome) for a in acts]
 
     async def second_worker() -> None:
@@ -223,12 +242,12 @@ def test_a_sync_block_stops_its_tool_through_on_lost_while_the_file_is_locked(tm
                     assert time.monotonic() - started < 60, "the fence never tripped"
         assert info.value.details["why"] == "fenced"
         time.sleep(TIMEOUT_S)
+        proof_us = proof_seen(cut.db, run)
         back_at = time.time()
         cut.heal()
         log = list(lg.log(run))
-    proofs = [r.recorded_us for r in log if r.type in ("heartbeat_recorded", "lease_granted")
-              and r.recorded_us / 1e6 < back_at]
-    could_revoke = max(proofs) / 1e6 + TIMEOUT_S
+    logged_proofs_agree(log, proof_us, back_at)
+    could_revoke = proof_us / 1e6 + TIMEOUT_S
     done = [at for at, _ in actions(world)]
     assert [at for at in done if at >= cut_done], "the tool never acted after the cut"
     assert max(done) < could_revoke

@@ -17,8 +17,11 @@ import subprocess
 import sys
 import time
 
+from msgspec import UNSET
+
 from handoff import Ledger
 from handoff.ledger.errors import LedgerError
+from handoff.ledger.events import decode
 from handoff.watchdog import watch_once
 from handoff.worker import FENCED_EXIT
 from tests.faults.conftest import ROOT, child_env, handoff, wait_until
@@ -89,7 +92,12 @@ def test_partitioned_lease_holder_is_fenced_out_and_learns_it(pg_url, proxies, p
         (revoke,) = [r for r in log if r.type == "lease_revoked"]
         after = [r for r in log if r.seq > revoke.seq]
         assert all(r.actor != "worker:w1" for r in after), [(r.seq, r.actor, r.type) for r in after]
-        last_proof_us = max(r.recorded_us for r in log if r.actor == "worker:w1" and r.seq < revoke.seq)
+        # w1's last proof of life: its last logged write, or the later beat kept beside the log
+        # that the watchdog judged from (recorded in its decision, so the log shows it).
+        (decided,) = [decode(r.payload) for r in log if r.type == "recovery_decided" and r.seq < revoke.seq]
+        assert decided.action == "revoke_lease" and decided.beat_us is not UNSET, decided
+        last_proof_us = max([r.recorded_us for r in log if r.actor == "worker:w1" and r.seq < revoke.seq]
+                            + [decided.beat_us])
         assert lg.checkpoint(run).worker == "w2"
         assert lg.verify() == []
     acts = _actions(actions)
