@@ -124,8 +124,9 @@ class Verbs:
             raise self._claim_already_made(run_id, key, out)
         lease = out.checkpoint.lease
         assert lease is not None  # a committed claim ends with its own lease current
-        self._kept_beside(run_id, out.checkpoint)  # the grant is the lease's first sign of life
-        return Claimed(LeaseToken(f"{lease}.{secret}"), out)
+        token = LeaseToken(f"{lease}.{secret}")
+        self._kept_beside(run_id, out.checkpoint, token)  # the grant is the lease's first sign of life
+        return Claimed(token, out)
 
     def _claim_already_made(self, run_id: str, key: str | None, out: Outcome) -> ClaimAlreadyMade:
         """The refusal for a keyed claim that already happened: which lease it got, and what
@@ -242,7 +243,7 @@ class Verbs:
             return Outcome(AppendResult(run_id, "unchanged", cp.last_seq, cp.last_seq, ()), cp)
         cmd = C.Heartbeat(lease=t.lease, attrs=checked if checked is not None else UNSET)
         out = self.execute(run_id, cmd, actor=self.worker_actor(run_id, t, worker), token=t)
-        self._kept_beside(run_id, out.checkpoint, encoded, logged=True)
+        self._kept_beside(run_id, out.checkpoint, t, encoded, logged=True)
         return out
 
     def _run_at(self, run_id: str, seq: int, h: bytes) -> Checkpoint:
@@ -256,7 +257,8 @@ class Verbs:
                 cp = txn.state(run_id, AGGREGATE)
         return cp
 
-    def _kept_beside(self, run_id: str, cp: Checkpoint, attrs: bytes = b"", *, logged: bool = False) -> None:
+    def _kept_beside(self, run_id: str, cp: Checkpoint, token: LeaseToken, attrs: bytes = b"", *,
+                     logged: bool = False) -> None:
         """After a beat the log recorded (``logged``) or a claim: the liveness row starts
         again from it, so the next beats need no event. (A crash before this only makes the
         next beat logged too.)"""
@@ -264,7 +266,7 @@ class Verbs:
         if cp.lease is None or since is None:
             return
         self.store.put_liveness(Liveness(run_id, cp.lease, since, 1 if logged else 0, since, attrs,
-                                         liveness.quiet_us(cp.policy)), one_more=logged)
+                                         liveness.quiet_us(cp.policy)), token, one_more=logged)
 
     # --- generated from handoff/operations.py (Ledger verbs): python -m handoff.codegen --write ---
     def transition(self, run_id: str, lease: str, to: str, *, reason: str = "", key: str | None = None,

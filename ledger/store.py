@@ -675,9 +675,9 @@ class EventStore(abc.ABC):
         """The fold this store already holds for the run at exactly this head, or None; no I/O."""
         return None
 
-    def put_liveness(self, live: Liveness, *, one_more: bool = False) -> None:
+    def put_liveness(self, live: Liveness, token: LeaseToken, *, one_more: bool = False) -> None:
         """Store a run's liveness after a beat the log recorded (or a claim), for the run's
-        current lease only: never over a later lease's row. ``one_more`` (a logged beat, the
+        current lease only, whose ``token`` must prove it (else nothing is stored): never over a later lease's row. ``one_more`` (a logged beat, the
         lease's latest): its time is taken as it is and the count is the row's plus one for
         the same lease (``live.beats`` for another); otherwise the later beat and the larger
         count are kept. Committed without a sync."""

@@ -5,8 +5,8 @@ this is only its dialect, mixed into ``PostgresStore``. The roles have no right 
 (docs/postgres.md, roles): a beat goes in through ``handoff_beat``, which hashes the lease
 token's secret on the server and moves the row only while that digest is the run's current
 lease's (the heads row is read ``FOR SHARE``, so a revoke committing meanwhile is waited for
-and then refuses the beat), and a logged beat's row through ``handoff_put_liveness``, which
-never moves a row back to an older lease, nor a lease's row to an earlier beat. Both set ``synchronous_commit`` off for
+and then refuses the beat), and a logged beat's row through ``handoff_put_liveness``, which checks
+the token the same way and never moves a row back to an older lease. Both set ``synchronous_commit`` off for
 their own transaction: a beat lost in a crash is silence, which is what a crash is.
 """
 
@@ -39,14 +39,16 @@ BEGIN
       AND l.logged_us > p_now - p_mark
     RETURNING l.beat_us, l.beats, l.logged_us, l.quiet_us, h_seq, h_hash;
 END $$"""
-PUT_FUNCTION = f"""CREATE FUNCTION handoff_put_liveness(p_run text, p_lease bigint, p_beat bigint, p_beats bigint,
-  p_logged bigint, p_attrs bytea, p_quiet bigint, p_one_more boolean)
+PUT_FUNCTION = f"""CREATE FUNCTION handoff_put_liveness(p_run text, p_lease bigint, p_secret text, p_beat bigint,
+  p_beats bigint, p_logged bigint, p_attrs bytea, p_quiet bigint, p_one_more boolean)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = {{schema}}, pg_temp AS $$
 BEGIN
   PERFORM set_config('synchronous_commit', 'off', true);
-  -- Only a beat the log holds (or a claim's grant) may be stored this way: the lease must be
-  -- the run's current one, so no role can make a revoked or never-granted lease look alive.
-  IF NOT EXISTS (SELECT 1 FROM heads h WHERE h.run_id = p_run AND h.lease = p_lease) THEN
+  -- Only the holder of the run's current lease (its token, hashed here) may store its row:
+  -- no role can make a revoked, never-granted or another worker's lease look alive.
+  PERFORM 1 FROM heads h WHERE h.run_id = p_run AND h.lease = p_lease AND h.lease_digest IS NOT NULL
+    AND h.lease_digest = encode(sha256('\\x{{domain}}'::bytea || convert_to(p_secret, 'UTF8')), 'hex') FOR SHARE;
+  IF NOT FOUND THEN
     RETURN;
   END IF;
   INSERT INTO {TABLE} AS l (run_id, lease, beat_us, beats, logged_us, attrs, quiet_us)
@@ -60,7 +62,7 @@ BEGIN
   WHERE excluded.lease >= l.lease;
 END $$"""
 SIGNATURES = ("handoff_beat(text, bigint, text, bytea, bigint, bigint)",
-              "handoff_put_liveness(text, bigint, bigint, bigint, bigint, bytea, bigint, boolean)")
+              "handoff_put_liveness(text, bigint, text, bigint, bigint, bigint, bytea, bigint, boolean)")
 
 
 class PostgresLiveness:
@@ -95,10 +97,10 @@ class PostgresLiveness:
                           "WHERE run_id = ANY(%s)", (ids,)).fetchall()
         return {r[0]: Liveness(r[0], r[1], r[2], r[3], r[4], bytes(r[5]), r[6]) for r in rows}
 
-    def put_liveness(self, live: Liveness, *, one_more: bool = False) -> None:
-        if self.readonly:
+    def put_liveness(self, live: Liveness, token: LeaseToken, *, one_more: bool = False) -> None:
+        if self.readonly or token.lease != live.lease:
             return
         with self._reading("recording liveness"):
-            self.x("SELECT handoff_put_liveness(%s, %s, %s, %s, %s, %s, %s, %s)",
-                   (live.run_id, live.lease, live.beat_us, live.beats, live.logged_us, live.attrs, live.quiet_us,
-                    one_more))
+            self.x("SELECT handoff_put_liveness(%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                   (live.run_id, live.lease, token.secret, live.beat_us, live.beats, live.logged_us, live.attrs,
+                    live.quiet_us, one_more))

@@ -72,13 +72,15 @@ _BEAT = (
     "AND lease_digest=:digest) RETURNING beat_us, beats, logged_us, quiet_us, "
     "(SELECT last_seq FROM heads WHERE run_id=:run), (SELECT last_hash FROM heads WHERE run_id=:run)"
 )
-#: A logged beat's (or a claim's) liveness, for the run's current lease only, never over a
+#: A logged beat's (or a claim's) liveness, for the run's current lease only (its token's
+#: digest, ?9, as the head holds it), never over a
 #: later lease's row. A logged beat (?8) is the lease's latest: its time is taken as it is
 #: (a clock stepped back moves the row back too, as the log's fold does) and its count is
 #: one more than the row's; otherwise the later beat and the larger count are kept.
 _PUT_LIVENESS = (
     "INSERT INTO liveness (run_id, lease, beat_us, beats, logged_us, attrs, quiet_us) "
-    "SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7 WHERE EXISTS (SELECT 1 FROM heads WHERE run_id=?1 AND lease=?2) "
+    "SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7 WHERE EXISTS (SELECT 1 FROM heads WHERE run_id=?1 AND lease=?2 "
+    "AND lease_digest=?9) "
     "ON CONFLICT(run_id) DO UPDATE SET beat_us=CASE WHEN excluded.lease = liveness.lease AND NOT ?8 "
     "THEN max(liveness.beat_us, excluded.beat_us) ELSE excluded.beat_us END, "
     "beats=CASE WHEN excluded.lease <> liveness.lease THEN excluded.beats WHEN ?8 THEN liveness.beats + 1 "
@@ -447,8 +449,8 @@ class SqliteStore(sqlite_values.SqliteValues, FoldingStore):
                     raise
         return out
 
-    def put_liveness(self, live: Liveness, *, one_more: bool = False) -> None:
-        if self.readonly:
+    def put_liveness(self, live: Liveness, token: LeaseToken, *, one_more: bool = False) -> None:
+        if self.readonly or token.lease != live.lease:
             return
         with self._reading("recording liveness"):
             conn = self.conn
@@ -457,7 +459,7 @@ class SqliteStore(sqlite_values.SqliteValues, FoldingStore):
                 conn.execute("PRAGMA synchronous=OFF")
             try:
                 conn.execute(_PUT_LIVENESS, (live.run_id, live.lease, live.beat_us, live.beats, live.logged_us,
-                                             live.attrs, live.quiet_us, one_more))
+                                             live.attrs, live.quiet_us, one_more, lease_digest(token.secret)))
             finally:
                 if not joined:
                     conn.execute(f"PRAGMA synchronous={self.synchronous}")

@@ -507,7 +507,9 @@ class StoreConformance:
         # No row for the lease yet: the beat must go through the log.
         assert store.beat("live", one, b"", mark_us=10**12) is None
         at = store.clock()
-        store.put_liveness(Liveness("live", 1, at, 0, at, b"", 10**9))
+        store.put_liveness(Liveness("live", 1, at, 0, at, b"", 10**9), LeaseToken(f"1.{'A' * 43}"))  # forged
+        assert store.liveness(["live"]) == {}
+        store.put_liveness(Liveness("live", 1, at, 0, at, b"", 10**9), one)
         live, seq, h = store.beat("live", one, b"", mark_us=10**12)
         assert (live.lease, live.beats, live.logged_us, live.quiet_us) == (1, 1, at, 10**9) and live.beat_us >= at
         assert (seq, h) == (head.last_seq, head.last_hash)  # the head, read in the same statement
@@ -515,11 +517,11 @@ class StoreConformance:
         # Other attrs, a window gone by, a silence past the row's limit: the log's turn.
         assert store.beat("live", one, b'{"model":"m"}', mark_us=10**12) is None
         assert store.beat("live", one, b"", mark_us=0) is None
-        store.put_liveness(Liveness("live", 1, at - 10**7, 0, at, b"", 1))  # an earlier beat: kept as is
+        store.put_liveness(Liveness("live", 1, at - 10**7, 0, at, b"", 1), one)  # an earlier beat: kept as is
         assert store.liveness(["live"])["live"].beat_us == live.beat_us
-        store.put_liveness(Liveness("live", 1, live.beat_us, 0, at, b"", 0))  # a silence limit of 0
+        store.put_liveness(Liveness("live", 1, live.beat_us, 0, at, b"", 0), one)  # a silence limit of 0
         assert store.beat("live", one, b"", mark_us=10**12) is None or store.clock() == live.beat_us
-        store.put_liveness(Liveness("live", 1, live.beat_us, 0, at, b"", 10**9))
+        store.put_liveness(Liveness("live", 1, live.beat_us, 0, at, b"", 10**9), one)
         # A forged, ended or other run's token moves nothing and writes nothing.
         before = (list(store.read_run("live")), store.liveness(["live"]))
         for token in (LeaseToken(f"1.{'A' * 43}"), LeaseToken(f"2.{token_secret('live', 2)}")):
@@ -531,16 +533,18 @@ class StoreConformance:
         assert list(store.read_run("live"))[: len(before[0])] == before[0]
 
     def test_put_liveness_never_goes_back_to_an_older_lease_or_beat(self, store):
-        self.grant(store, "keep", 1)
-        self.grant(store, "keep", 2, worker="w2")
-        store.put_liveness(Liveness("keep", 1, 500, 3, 500, b"", 7))  # not the current lease: ignored
+        one = self.grant(store, "keep", 1)
+        two = self.grant(store, "keep", 2, worker="w2")
+        store.put_liveness(Liveness("keep", 1, 500, 3, 500, b"", 7), one)  # not the current lease: ignored
+        store.put_liveness(Liveness("keep", 2, 500, 3, 500, b"", 7), one)  # another lease's token: ignored
+        store.put_liveness(Liveness("keep", 2, 500, 3, 500, b"", 7), LeaseToken(f"2.{'B' * 43}"))  # forged
         assert store.liveness(["keep"]) == {}
-        store.put_liveness(Liveness("keep", 2, 1_000, 4, 1_000, b"", 7))
-        store.put_liveness(Liveness("keep", 2, 900, 2, 900, b'{"a":1}', 7))  # an earlier beat of it
+        store.put_liveness(Liveness("keep", 2, 1_000, 4, 1_000, b"", 7), two)
+        store.put_liveness(Liveness("keep", 2, 900, 2, 900, b'{"a":1}', 7), two)  # an earlier beat of it
         assert store.liveness(["keep"])["keep"] == Liveness("keep", 2, 1_000, 4, 900, b'{"a":1}', 7)
-        store.put_liveness(Liveness("keep", 2, 1_100, 1, 1_100, b"", 7), one_more=True)  # a logged beat
+        store.put_liveness(Liveness("keep", 2, 1_100, 1, 1_100, b"", 7), two, one_more=True)  # a logged beat
         assert store.liveness(["keep"])["keep"] == Liveness("keep", 2, 1_100, 5, 1_100, b"", 7)
-        store.put_liveness(Liveness("nobody", 1, 1, 1, 1, b"", 7))  # no such run: nothing stored
+        store.put_liveness(Liveness("nobody", 1, 1, 1, 1, b"", 7), one)  # no such run: nothing stored
         assert store.liveness(["nobody"]) == {}
 
     def test_state_at_answers_only_for_the_exact_head(self, store):

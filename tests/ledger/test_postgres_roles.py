@@ -16,6 +16,7 @@ import pytest
 
 from handoff import Ledger
 from handoff.ledger.errors import StoreUnavailable
+from handoff.ledger.store import LeaseToken, Liveness
 from tests.pg import fresh_url
 from tests.support import invoke
 
@@ -323,6 +324,17 @@ def test_a_writer_cannot_write_under_another_workers_lease(roles):
     with Ledger(roles.url("writer")) as lg:
         lg.heartbeat("r0", lease, worker="w1")  # the holder is unaffected
         assert lg.verify() == []
+        # Liveness beside the log: the holder's beat is kept through handoff_beat, as the
+        # writer; a guessed secret moves neither the row nor, through put, a future beat in.
+        assert lg.heartbeat("r0", lease, worker="w1").result.outcome == "unchanged"
+        live = lg.store.liveness(["r0"])
+        forged = LeaseToken(f"{lease.lease}.{'A' * 43}")
+        assert lg.store.beat("r0", forged, b"", mark_us=10**12) is None
+        lg.store.put_liveness(Liveness("r0", lease.lease, 2**60, 9, 2**60, b"", 1), forged)
+        assert lg.store.liveness(["r0"]) == live
+    with psycopg.connect(roles.url("writer"), autocommit=True) as conn:
+        with conn.transaction(), pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("UPDATE liveness SET beat_us = beat_us + 1000000000 WHERE run_id = 'r0'")
 
 
 def test_a_writers_batch_out_of_order_is_refused_and_nothing_is_written(roles):
