@@ -659,7 +659,8 @@ class EventStore(abc.ABC):
 
         None means the beat must go through the log as a ``heartbeat`` command instead (which
         also says why a beat cannot be taken): there is no row for this token's lease yet (its
-        first beat), the last beat is more than the row's ``quiet_us`` old (a silence ended), ``attrs``
+        first beat), the last beat is more than the row's ``quiet_us`` old (a silence ended) or
+        later than now (a clock stepped back), ``attrs``
         differ from the last beat's, the last logged beat is ``mark_us`` old or more (the
         summary window), or the token does not prove the run's current lease. The refresh
         is committed without a sync: a crash may lose it, never tear the file.

@@ -79,20 +79,23 @@ def _observed(w: Watch, rec: Recorded, e: ev.WatchdogObserved) -> Watch:
     if e.classification == "stalled":
         repeats = repeats + 1 if (e.progress_seq == w.progress_seq) else 0
     return replace(w, repeats=repeats, watcher=e.watcher, watcher_seen_us=rec.recorded_us,
-                   last_heartbeat_us=_seen_beat(w, e))
+                   last_heartbeat_us=_seen_beat(w, rec, e))
 
 
-def _seen_beat(w: Watch, e: ev.WatchdogObserved | ev.RecoveryDecided) -> int | None:
+def _seen_beat(w: Watch, rec: Recorded, e: ev.WatchdogObserved | ev.RecoveryDecided) -> int | None:
     """The last heartbeat once a watchdog recorded seeing ``e.beat_us`` (a beat kept beside
-    the log): the log then knows the worker was alive then."""
-    beat = w.last_heartbeat_us
-    if e.beat_us is not UNSET and w.lease_since_us is not None and (beat is None or e.beat_us > beat):
-        return e.beat_us
-    return beat
+    the log): the log then knows the worker was alive then. Only a beat the decision could
+    have seen counts: of the current lease (not before its grant) and not after the
+    decision itself, so no event (appended by a role, or imported) can date a beat ahead."""
+    beat, since = w.last_heartbeat_us, w.lease_since_us
+    seen = e.beat_us
+    if seen is UNSET or since is None or not since <= seen <= rec.recorded_us:
+        return beat
+    return seen if beat is None or seen > beat else beat
 
 
 def _recovery(w: Watch, rec: Recorded, e: ev.RecoveryDecided) -> Watch:
-    return replace(w, repeats=0 if e.action == "pause" else w.repeats, last_heartbeat_us=_seen_beat(w, e))
+    return replace(w, repeats=0 if e.action == "pause" else w.repeats, last_heartbeat_us=_seen_beat(w, rec, e))
 
 
 def _forked(w: Watch, rec: Recorded, e: ev.RunForked) -> Watch:

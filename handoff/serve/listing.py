@@ -82,8 +82,7 @@ def _sorted(lg: Any, order: tuple[str, ...], after: tuple[Any, ...] | None, wher
     while True:
         rows = lg.store.views.select("checkpoints", cols, where=where, order=order, after=after,
                                      limit=queries.LISTING_PAGE)
-        for r in rows:
-            yield decode_checkpoint(r[-1])
+        yield from queries.with_liveness(lg.store, [decode_checkpoint(r[-1]) for r in rows])  # beats kept beside the log
         if len(rows) < queries.LISTING_PAGE:
             return
         after = tuple(rows[-1][:-1])

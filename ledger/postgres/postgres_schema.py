@@ -562,7 +562,15 @@ MIGRATIONS: dict[int, list[str]] = {
     10: ["{put_values}", "{delete_values}", ERASURES_INDEX],
     # 12: heartbeats kept beside the log: the liveness table, moved only through handoff_beat
     # (the lease token checked on the server) and handoff_put_liveness. Roles SQL grants them.
-    11: [LIVENESS_TABLE, "{beat}", "{put_liveness}", *LIVENESS_REVOKED],
+    11: [LIVENESS_TABLE, "{beat}", "{put_liveness}", *LIVENESS_REVOKED,
+         # Whoever may append may beat: the roles SQL of an earlier version granted
+         # handoff_append, so its grantees get the two new functions now (running the roles
+         # SQL again grants the same).
+         "DO $$ DECLARE r record; BEGIN FOR r IN SELECT DISTINCT grantee FROM "
+         "information_schema.role_routine_grants WHERE routine_schema = current_schema() AND "
+         "routine_name = 'handoff_append' AND privilege_type = 'EXECUTE' AND grantee <> current_user LOOP "
+         f"EXECUTE format('GRANT EXECUTE ON FUNCTION {', '.join(LIVENESS_SIGNATURES)} TO %I', r.grantee); "
+         "END LOOP; END $$"],
 }
 
 

@@ -63,11 +63,13 @@ _UPSERT_HEAD = (
     "last_position=excluded.last_position"
 )
 #: A beat that needs no event (``EventStore.beat``): the row of this lease, same attrs, the
-#: last beat within the quiet limit and the last logged one within the window, and the token
+#: last beat within the quiet limit and not later than this one (a clock stepped back: the
+#: log records it, so the stall index's deadline moves back with it), the last logged one
+#: within the window, and the token
 #: proving the run's current lease, all in the statement that moves it.
 _BEAT = (
     "UPDATE liveness SET beat_us=:now, beats=beats+1 "
-    "WHERE run_id=:run AND lease=:lease AND attrs=:attrs AND beat_us >= :now - quiet_us "
+    "WHERE run_id=:run AND lease=:lease AND attrs=:attrs AND beat_us >= :now - quiet_us AND :now >= beat_us "
     "AND logged_us > :now - :mark AND EXISTS (SELECT 1 FROM heads WHERE run_id=:run AND lease=:lease "
     "AND lease_digest=:digest) RETURNING beat_us, beats, logged_us, quiet_us, "
     "(SELECT last_seq FROM heads WHERE run_id=:run), (SELECT last_hash FROM heads WHERE run_id=:run)"
@@ -130,7 +132,8 @@ class SqliteStore(sqlite_values.SqliteValues, FoldingStore):
         FoldingStore.__init__(self)
         self._memory = self.path == ":memory:"
         self._txn = SqliteTransaction(self)
-        self._commits_since_check = 0
+        # A process's first commit checks the WAL's size (a CLI process makes one or two).
+        self._commits_since_check = 63
         self._heads_indexed = False
         self._group: GroupCommit | None = None
         #: The file's schema: an older one stays only on a read-only open (see sqlite_schema.prepare).

@@ -14,6 +14,8 @@ import pytest
 from handoff import Ledger
 from handoff.ledger import errors as E
 from handoff.ledger import events as ev
+from handoff.ledger.store import Actor
+from handoff.reducers.checkpoint import AGGREGATE
 from handoff.reducers import liveness
 from handoff.watchdog import watch_once
 
@@ -185,3 +187,34 @@ def test_logged_beats_and_decisions_survive_export_and_import(setup, backend, tm
     copy.import_lines(lines)
     assert [r.payload for r in copy.log(run)] == [r.payload for r in lg.log(run)]
     assert copy.verify() == []
+
+
+def test_a_clock_stepped_back_logs_the_beat_and_a_silence_after_it_is_found(setup):
+    lg, run, token, clock = setup
+    lg.transition(run, token, "planning")
+    clock.advance(20)
+    assert lg.heartbeat(run, token).result.outcome == "unchanged"
+    clock.advance(-600)  # the host's clock steps back ten minutes
+    assert lg.heartbeat(run, token).result.outcome == "committed"  # so the stall index moves back too
+    clock.advance(20)
+    assert lg.heartbeat(run, token).result.outcome == "unchanged"
+    clock.advance(61)  # then the worker dies: one heartbeat timeout later, it is found
+    assert lg.status(run, now=clock.now)["health"]["classification"] == "unavailable"
+    assert [cp.run_id for cp, h in lg.stalls(now=clock.now) if h.classification == "unavailable"] == [run]
+
+
+def test_no_event_can_date_a_beat_ahead_of_itself(setup):
+    """A watchdog's event says which beat it judged from; the fold takes that beat only when
+    it lies between the lease's grant and the event itself, so an event appended by a role
+    that holds no token (or an edited export) cannot keep a dead worker looking alive."""
+    lg, run, token, clock = setup
+    granted = lg.checkpoint(run).watch.last_heartbeat_us
+    clock.advance(5)
+    for forged in (clock.now + 3600 * S, 2**60, granted - 1):
+        lg.store.append(run, [ev.WatchdogObserved(watcher="w", classification="healthy", progress_seq=0,
+                                                  beat_us=forged, beats=1)], actor=Actor("watchdog", "w"))
+        assert lg.store.fold(run, AGGREGATE).watch.last_heartbeat_us == granted
+    seen = clock.now - 2 * S  # a beat the decision could have seen is taken
+    lg.store.append(run, [ev.WatchdogObserved(watcher="w", classification="healthy", progress_seq=0,
+                                              beat_us=seen, beats=1)], actor=Actor("watchdog", "w"))
+    assert lg.store.fold(run, AGGREGATE).watch.last_heartbeat_us == seen

@@ -94,7 +94,8 @@ class LivenessMachine(RuleBasedStateMachine):
         self.clock.now += gap
         m, now = self.model, self.clock.now
         encoded = encode_beat_attrs(attrs)
-        kept = encoded == m["attrs"] and m["beat"] >= now - QUIET_US and m["logged"] > now - MARK_US
+        kept = (encoded == m["attrs"] and now - QUIET_US <= m["beat"] <= now  # a clock stepped back: logged
+                and m["logged"] > now - MARK_US)
         events = self._log()
         out = self.lg.heartbeat(self.run, self.token, attrs=attrs)
         m["beats"] += 1

@@ -420,3 +420,22 @@ def test_a_value_not_named_by_its_sha256_is_refused_and_nothing_is_stored(roles)
             conn.execute("SELECT handoff_put_values('r0', %s, %s)", ([good, "ab" * 32], [b"real", b"forged"]))
         assert conn.execute("SELECT count(*) FROM run_values").fetchone()[0] == 0
     assert _state(roles.owner) == before
+
+
+def test_a_role_not_yet_granted_the_liveness_functions_still_beats_through_the_log(roles):
+    """A ledger upgraded to schema 12 whose roles SQL has not been run again: the writer may
+    append but not call handoff_beat or handoff_put_liveness. Its beats are then logged, one
+    event each, as before the liveness table existed, instead of failing and fencing it."""
+    import psycopg
+
+    from handoff.ledger.postgres.postgres_liveness import SIGNATURES
+
+    with Ledger(roles.owner) as lg:
+        lease = lg.claim("r0", "w1")
+        before = len(list(lg.log("r0")))
+    with psycopg.connect(roles.owner, autocommit=True) as conn:
+        conn.execute(f"REVOKE EXECUTE ON FUNCTION {', '.join(SIGNATURES)} FROM {roles.prefix}_writer")
+    with Ledger(roles.url("writer")) as lg:
+        outs = [lg.heartbeat("r0", lease, worker="w1").result.outcome for _ in range(3)]
+        assert outs == ["committed"] * 3
+        assert len(list(lg.log("r0"))) == before + 3 and lg.verify() == []

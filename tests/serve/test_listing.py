@@ -91,3 +91,20 @@ def test_a_search_says_how_far_it_read(tmp_path: Path, served: Any) -> None:
         assert _listed(second) == [f"r{SCAN_CAP + 10:05d}"] and _next(second) is None
         assert f"Searched every run the other filters select after the previous pages ({beyond:,} on this page)" \
             in second
+
+
+def test_every_order_shows_the_beat_kept_beside_the_log(tmp_path: Path) -> None:
+    """A worker that only beats (no event) is alive in every order the fleet offers, not
+    only in the default one: each listing joins the kept beat in."""
+    from handoff.serve.listing import SORTS, fleet
+
+    now = [1_800_000_000 * 1_000_000]
+    with Ledger(str(tmp_path / "l.db"), clock=lambda: now[0]) as lg:
+        run = lg.open(run_id="r1", goal="g", target="chat:#a", owner="alice", heartbeat_timeout_s=60)
+        token = lg.claim(run, "w1")
+        for _ in range(6):  # two minutes of beats, none of them in the log
+            now[0] += 20_000_000
+            assert lg.heartbeat(run, token).result.outcome == "unchanged"
+        for sort in ("opened", *SORTS):
+            (row,) = fleet(lg, {"sort": sort}, now[0]).rows
+            assert (row["health"], row["beat"]) == ("healthy", "0s"), (sort, row)
