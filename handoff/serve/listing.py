@@ -158,10 +158,9 @@ def fleet(lg: Any, p: dict[str, str], now: int) -> Listing:
     else:
         judged = ((cp, stall.classify(cp, now_us=now)) for cp in stream())
     rows: list[dict[str, Any]] = []
-    searched, last = 0, None
+    searched = 0
     for cp, h in judged:
         searched += 1
-        last = cp
         if (not health or h.classification == health) and (not text or text in cp.goal.casefold()):
             rows.append(pg.fleet_row(cp, h, now))
             if len(rows) == PAGE:

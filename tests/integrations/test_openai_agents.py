@@ -5,7 +5,6 @@ exporter is replaced by ``LedgerTracingProcessor`` alone, so nothing leaves the 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess

@@ -20,7 +20,7 @@ from handoff.ledger.store import Actor
 from handoff.ledger.view_tables import NOT_NULL, ORDINAL, Index, TableSpec, columns
 from handoff.projections import engine, queries
 from handoff.reducers import liveness
-from tests.support import S, Clock
+from tests.support import Clock
 
 from projection_support import BUILDER, run_events
 
