@@ -80,13 +80,13 @@ _JUDGES_LIVENESS = (C.Heartbeat, C.Observe, C.Recover)
 
 def _with_liveness(cmd: C.Command, cp: Checkpoint, live: Liveness | None) -> C.Command:
     """``cmd`` carrying the liveness the Ledger read for it (whatever its caller set is replaced)."""
-    beats = live.beats if live is not None else UNSET
     if isinstance(cmd, C.Heartbeat):
         previous = cp.watch.last_heartbeat_us
         return msgspec.structs.replace(cmd, beats=(live.beats + 1) if live is not None else 1,
                                        previous_us=UNSET if previous is None else previous)
     beat = cp.watch.last_heartbeat_us if cp.lease is not None else None
-    return msgspec.structs.replace(cmd, beat_us=UNSET if beat is None else beat, beats=beats)
+    return msgspec.structs.replace(cmd, beat_us=UNSET if beat is None else beat,
+                                   beats=live.beats if live is not None else UNSET)
 
 
 class Ledger(Verbs, Delivering, GraphValues, Reads, Audit, Copies, Incident):

@@ -22,8 +22,8 @@ _PACKET = ("packet",)
 def checkpoint(store: EventStore, run_id: str) -> Checkpoint | None:
     """One run's checkpoint as it stands: the view's fold (a primary-key lookup and one
     decode) with the last beat kept beside the log (``with_liveness``)."""
-    row = store.views.get("checkpoints", (run_id,), _PACKET)
-    return None if row is None else with_liveness(store, [decode_checkpoint(row[0])])[0]
+    cp = packet_of(store, run_id)
+    return None if cp is None else with_liveness(store, [cp])[0]
 
 
 def packet_of(store: EventStore, run_id: str) -> Checkpoint | None:

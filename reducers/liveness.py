@@ -60,11 +60,8 @@ def last_beat(logged: int | None, live: Liveness) -> int:
 def overlay(cp: Checkpoint, live: Liveness | None) -> Checkpoint:
     """The run as it stands: the log's checkpoint with the last beat kept beside it, when
     that row is of the current lease (``last_beat``)."""
-    live = current(cp, live)
-    if live is None:
-        return cp
     w = cp.watch
-    beat = last_beat(w.last_heartbeat_us, live)
+    beat = overlay_beat(cp.lease, w.last_heartbeat_us, live)
     return cp if beat == w.last_heartbeat_us else replace(cp, watch=replace(w, last_heartbeat_us=beat))
 
 
@@ -73,9 +70,3 @@ def overlay_beat(lease: int | None, beat_us: int | None, live: Liveness | None) 
     if live is None or lease is None or live.lease != lease:
         return beat_us
     return last_beat(beat_us, live)
-
-
-def beats_seen(cp: Checkpoint, live: Liveness | None) -> int | None:
-    """How many beats the run's current lease has sent, as far as the row knows."""
-    live = current(cp, live)
-    return None if live is None else live.beats
